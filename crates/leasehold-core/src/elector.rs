@@ -1,0 +1,786 @@
+//! The tokio driver: [`Elector`], [`Leader`] and the events everyone can observe.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
+use tokio::task::AbortHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::error::{Error, Result};
+use crate::machine::{DeposedReason, Input, Machine, OpId, Output, Reply, Request};
+use crate::store::{Changes, LeaseStore};
+use crate::timing::{Millis, Timing};
+use crate::types::{CandidateId, Capabilities, LeaseName, Term, random_u64};
+
+/// Who leads a lease, as one candidate sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaderInfo {
+    /// The holder.
+    pub holder: CandidateId,
+    /// Its term.
+    pub term: Term,
+    /// When this candidate first saw it lead (local monotonic time).
+    pub since: Instant,
+}
+
+/// What happens to an election, as one candidate sees it. Subscribe with [`Elector::events`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Event {
+    /// This candidate became leader.
+    Elected {
+        /// The fencing term.
+        term: Term,
+        /// When the grant's reply was processed.
+        at: Instant,
+        /// Until when the leadership may be believed (it moves forward with every renewal).
+        valid_until: Instant,
+    },
+    /// This candidate stopped being leader; emitted once its work has stopped.
+    Deposed {
+        /// The term that ended.
+        term: Term,
+        /// Why.
+        reason: DeposedReason,
+        /// When believed leadership ended ([`Leader::ensure_valid`] failed from then on).
+        believed_until: Instant,
+        /// How long the work took to return after it was cancelled, if it returned by itself.
+        work_stopped_after: Option<Duration>,
+        /// Whether the work had to be aborted at `valid_until`.
+        aborted: bool,
+    },
+    /// The leader this candidate sees changed (`None`: nobody holds the lease).
+    LeaderChanged(Option<LeaderInfo>),
+    /// A store request failed; the election carries on.
+    StoreTrouble {
+        /// The error, as text.
+        error: String,
+    },
+}
+
+/// Builds an [`Elector`]. Every timing field defaults from the TTL (see [`Timing`]).
+#[derive(Debug)]
+#[must_use]
+pub struct ElectorBuilder {
+    store: Arc<dyn LeaseStore>,
+    lease: String,
+    id: Option<String>,
+    ttl: Duration,
+    renew_every: Option<Duration>,
+    retry_every: Option<Duration>,
+    jitter: Option<f64>,
+    drift: Option<f64>,
+    step_down_margin: Option<Duration>,
+    request_timeout: Option<Duration>,
+    stall_timeout: Option<Duration>,
+    lock_delay: Option<Duration>,
+}
+
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty),* $(,)?) => {$(
+        $(#[$doc])*
+        pub fn $name(mut self, value: $ty) -> Self {
+            self.$name = Some(value);
+            self
+        }
+    )*};
+}
+
+impl ElectorBuilder {
+    /// The TTL the store keeps the lease for after each renewal. Default 10 s.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// This candidate's id (default: [`CandidateId::generate`]).
+    pub fn candidate_id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
+    setters! {
+        /// How often the leader renews. Default `ttl / 3`.
+        renew_every: Duration,
+        /// How often followers retry and failed requests are retried. Default `ttl / 5`.
+        retry_every: Duration,
+        /// Random extra fraction of `retry_every`, 0 to 1. Default 0.2.
+        jitter: f64,
+        /// The bound on clock-rate differences, 0 to 0.5. Default 0.01.
+        drift: f64,
+        /// How long before `valid_until` the work is cancelled when renewals fail. Default `ttl / 10`.
+        step_down_margin: Duration,
+        /// How long a store request may take before its outcome counts as unknown. Default `renew_every`.
+        request_timeout: Duration,
+        /// Step down when the work has not called [`Leader::heartbeat`] for this long. Default none.
+        stall_timeout: Duration,
+        /// Wait this long before taking over a lease whose holder expired. Default none.
+        lock_delay: Duration,
+    }
+
+    /// The timing this builder describes, not yet validated.
+    pub fn timing(&self) -> Timing {
+        let mut t = Timing::new(self.ttl);
+        if let Some(v) = self.renew_every {
+            t.renew_every = v;
+            t.request_timeout = v;
+        }
+        t.retry_every = self.retry_every.unwrap_or(t.retry_every);
+        t.jitter = self.jitter.map_or(t.jitter, Millis::from_f64);
+        t.drift = self.drift.map_or(t.drift, Millis::from_f64);
+        t.step_down_margin = self.step_down_margin.unwrap_or(t.step_down_margin);
+        t.request_timeout = self.request_timeout.unwrap_or(t.request_timeout);
+        t.stall_timeout = self.stall_timeout;
+        t.lock_delay = self.lock_delay;
+        t
+    }
+
+    /// Validates everything and builds the elector.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidLeaseName`], [`Error::InvalidCandidateId`], [`Error::InvalidTtl`] (outside
+    /// the store's range) or [`Error::InvalidConfig`] naming the field and its allowed range.
+    pub fn build(self) -> Result<Elector> {
+        for (field, value) in [("jitter", self.jitter), ("drift", self.drift)] {
+            if let Some(v) = value.filter(|v| !v.is_finite() || *v < 0.0) {
+                return Err(Error::config(field, v, "a finite fraction >= 0"));
+            }
+        }
+        let timing = self.timing();
+        let lease = LeaseName::new(self.lease)?;
+        let id = match self.id {
+            Some(id) => CandidateId::new(id)?,
+            None => CandidateId::generate(),
+        };
+        let caps = self.store.capabilities();
+        caps.check_ttl(self.store.name(), timing.ttl)?;
+        timing.validate()?;
+        Ok(Elector {
+            inner: Arc::new(Inner {
+                store: self.store,
+                lease,
+                id,
+                timing,
+                caps,
+                leader: watch::channel(None).0,
+                events: broadcast::channel(1024).0,
+                not_before: Mutex::new(None),
+            }),
+        })
+    }
+}
+
+/// One candidate for one lease: campaigns, holds, renews and steps down.
+///
+/// Cheap to clone. See [`Elector::run`] for the usual way to use it.
+#[derive(Clone, Debug)]
+pub struct Elector {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    store: Arc<dyn LeaseStore>,
+    lease: LeaseName,
+    id: CandidateId,
+    timing: Timing,
+    caps: Capabilities,
+    leader: watch::Sender<Option<LeaderInfo>>,
+    events: broadcast::Sender<Event>,
+    /// After a step-down, the next campaign waits until then so another candidate can win.
+    not_before: Mutex<Option<Instant>>,
+}
+
+/// Why [`Elector::run`] returned.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError<E> {
+    /// The election could not run (invalid configuration).
+    #[error(transparent)]
+    Election(#[from] Error),
+    /// The task returned this error while it was leader.
+    #[error("the leader's task failed: {0}")]
+    Task(E),
+    /// The task panicked while it was leader.
+    #[error("the leader's task panicked")]
+    Panicked,
+}
+
+impl Elector {
+    /// Starts building an elector for `lease` on `store`.
+    pub fn builder(store: Arc<dyn LeaseStore>, lease: impl Into<String>) -> ElectorBuilder {
+        ElectorBuilder {
+            store,
+            lease: lease.into(),
+            id: None,
+            ttl: Duration::from_secs(10),
+            renew_every: None,
+            retry_every: None,
+            jitter: None,
+            drift: None,
+            step_down_margin: None,
+            request_timeout: None,
+            stall_timeout: None,
+            lock_delay: None,
+        }
+    }
+
+    /// The lease.
+    pub fn lease(&self) -> &LeaseName {
+        &self.inner.lease
+    }
+
+    /// This candidate's id.
+    pub fn id(&self) -> &CandidateId {
+        &self.inner.id
+    }
+
+    /// The validated timing.
+    pub fn timing(&self) -> &Timing {
+        &self.inner.timing
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn LeaseStore> {
+        &self.inner.store
+    }
+
+    /// The leader as this candidate sees it, updated while it campaigns or leads.
+    pub fn observe(&self) -> watch::Receiver<Option<LeaderInfo>> {
+        self.inner.leader.subscribe()
+    }
+
+    /// A stream of [`Event`]s from now on (the channel keeps the last 1024).
+    pub fn events(&self) -> broadcast::Receiver<Event> {
+        self.inner.events.subscribe()
+    }
+
+    /// Campaigns until elected and returns the [`Leader`] handle.
+    ///
+    /// Store errors are retried (every `retry_every`) for as long as it takes; an unknown
+    /// outcome is settled by reading the record back. While the handle (or a clone) lives, the
+    /// lease is renewed in the background; when leadership ends, [`Leader::cancelled`] fires.
+    /// Dropping every handle, or [`Leader::resign`], releases the lease.
+    ///
+    /// # Errors
+    ///
+    /// Only when the election cannot run at all.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future withdraws the candidate (and releases a lease granted in
+    /// the meantime).
+    pub async fn campaign(&self) -> Result<Leader> {
+        let (elected_tx, elected_rx) = oneshot::channel();
+        let driver = Driver::new(self.inner.clone())?;
+        let span = info_span!("election", lease = %self.inner.lease, candidate = %self.inner.id);
+        tokio::spawn(driver.run(elected_tx).instrument(span));
+        elected_rx.await.map_err(|_| Error::Store {
+            store: self.inner.store.name(),
+            source: "the election driver stopped before electing".into(),
+        })
+    }
+
+    /// Runs `task` whenever this candidate leads, forever.
+    ///
+    /// Campaigns; when elected, spawns `task(leader)`; renews; when leadership ends for any
+    /// reason the task's [`Leader::cancelled`] fires (at `valid_until - step_down_margin` at the
+    /// latest), and a task still running at `valid_until` is aborted. Then it campaigns again:
+    /// losing the lease never ends `run`.
+    ///
+    /// `run` returns only when the task itself returns while still leader: the lease is released
+    /// and the task's result returned.
+    ///
+    /// # Errors
+    ///
+    /// [`RunError::Task`] with the task's error, [`RunError::Panicked`], or
+    /// [`RunError::Election`] when the election cannot run.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::{sync::Arc, time::Duration};
+    /// use leasehold_core::{Elector, Leader, MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let elector = Elector::builder(Arc::new(MemoryStore::new()), "invoice-scheduler")
+    ///     .ttl(Duration::from_secs(2))
+    ///     .build()?;
+    /// elector
+    ///     .run(|leader: Leader| async move {
+    ///         for batch in 0..3 {
+    ///             leader.ensure_valid(Duration::from_millis(500))?; // before every side effect
+    ///             println!("term {} commits batch {batch}", leader.term());
+    ///             leader.heartbeat();
+    ///         }
+    ///         Ok::<(), leasehold_core::Error>(())
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn run<F, Fut, E>(&self, task: F) -> Result<(), RunError<E>>
+    where
+        F: FnMut(Leader) -> Fut,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: Send + 'static,
+    {
+        self.run_until(task, std::future::pending()).await
+    }
+
+    /// [`Elector::run`] until `shutdown` completes: then the task is cancelled, given until
+    /// `valid_until` to return, the lease released, and `Ok(())` returned.
+    ///
+    /// # Errors
+    ///
+    /// As [`Elector::run`].
+    pub async fn run_until<F, Fut, E>(&self, mut task: F, shutdown: impl Future<Output = ()>) -> Result<(), RunError<E>>
+    where
+        F: FnMut(Leader) -> Fut,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: Send + 'static,
+    {
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            let leader = tokio::select! {
+                leader = self.campaign() => leader?,
+                () = &mut shutdown => return Ok(()),
+            };
+            let control = leader.shared.clone();
+            let mut handle = tokio::spawn(task(leader));
+            *control.abort.lock().expect("abort lock") = Some(handle.abort_handle());
+            let outcome = tokio::select! {
+                outcome = &mut handle => Some(outcome),
+                () = &mut shutdown => None,
+            };
+            let Some(outcome) = outcome else {
+                let _ = control.commands.send(Command::Shutdown);
+                let _ = handle.await;
+                control.stepped_down().await;
+                return Ok(());
+            };
+            let reason = control.stepped_down().await;
+            if reason == Some(DeposedReason::WorkFinished) {
+                return match outcome {
+                    Ok(result) => result.map_err(RunError::Task),
+                    Err(_) => Err(RunError::Panicked),
+                };
+            }
+            debug!(?reason, "leadership ended; campaigning again");
+        }
+    }
+}
+
+/// The handle of a leader: its fencing term, its deadline, and its duties.
+///
+/// Clones share one leadership. Dropping every clone (or [`Leader::resign`]) releases the lease.
+#[derive(Clone, Debug)]
+pub struct Leader {
+    shared: Arc<Shared>,
+    _alive: mpsc::Sender<()>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    lease: LeaseName,
+    holder: CandidateId,
+    term: Term,
+    elected_at: Instant,
+    status: watch::Receiver<Status>,
+    token: CancellationToken,
+    /// Nanoseconds after `elected_at` of the last heartbeat.
+    heartbeat: AtomicU64,
+    commands: mpsc::UnboundedSender<Command>,
+    abort: Mutex<Option<AbortHandle>>,
+}
+
+#[derive(Clone, Debug)]
+struct Status {
+    valid_until: Instant,
+    deposed: Option<DeposedReason>,
+    stepped_down: bool,
+}
+
+#[derive(Debug)]
+enum Command {
+    Resign(oneshot::Sender<()>),
+    Shutdown,
+}
+
+impl Shared {
+    /// Waits until stepping down is complete and returns why it happened.
+    async fn stepped_down(&self) -> Option<DeposedReason> {
+        let mut status = self.status.clone();
+        let _ = status.wait_for(|s| s.stepped_down).await;
+        let reason = status.borrow().deposed.clone();
+        reason
+    }
+}
+
+impl Leader {
+    /// The fencing token: pass it with every write downstream.
+    pub fn term(&self) -> Term {
+        self.shared.term
+    }
+
+    /// The lease.
+    pub fn lease(&self) -> &LeaseName {
+        &self.shared.lease
+    }
+
+    /// This leader's candidate id.
+    pub fn holder(&self) -> &CandidateId {
+        &self.shared.holder
+    }
+
+    /// When this candidate was elected.
+    pub fn elected_at(&self) -> Instant {
+        self.shared.elected_at
+    }
+
+    /// Until when the leadership may be believed: `sent + ttl * (1 - drift)` of the last
+    /// confirmed acquire or renew. Moves forward with every renewal.
+    pub fn valid_until(&self) -> Instant {
+        self.shared.status.borrow().valid_until
+    }
+
+    /// How long the leadership may still be believed (zero once deposed).
+    pub fn remaining(&self) -> Duration {
+        let status = self.shared.status.borrow();
+        if status.deposed.is_some() { Duration::ZERO } else { status.valid_until.saturating_duration_since(Instant::now()) }
+    }
+
+    /// Checks, before a side effect, that this candidate still leads and will for at least
+    /// `min_remaining`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotLeader`] saying why (deposed, or too little time left).
+    pub fn ensure_valid(&self, min_remaining: Duration) -> Result<()> {
+        let status = self.shared.status.borrow();
+        let reason = match &status.deposed {
+            Some(reason) => format!("deposed: {reason}"),
+            None => {
+                let remaining = status.valid_until.saturating_duration_since(Instant::now());
+                if remaining > min_remaining {
+                    return Ok(());
+                }
+                format!("only {remaining:?} left, {min_remaining:?} required")
+            }
+        };
+        Err(Error::NotLeader { lease: self.shared.lease.clone(), term: self.shared.term, reason })
+    }
+
+    /// Whether leadership has ended and the work should stop.
+    pub fn is_cancelled(&self) -> bool {
+        self.shared.token.is_cancelled()
+    }
+
+    /// Completes when leadership ends and the work should stop.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn cancelled(&self) {
+        self.shared.token.cancelled().await;
+    }
+
+    /// A token cancelled when leadership ends, to hand to code that takes one.
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.shared.token.child_token()
+    }
+
+    /// Reports that the work is alive and making progress. With a `stall_timeout`, a leader
+    /// whose work stops calling this steps down.
+    pub fn heartbeat(&self) {
+        let nanos = self.shared.elected_at.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
+        self.shared.heartbeat.fetch_max(nanos, Ordering::Relaxed);
+    }
+
+    /// Gives up leadership now: the work must have stopped. Releases the lease so the next
+    /// candidate can take over at once, and returns when the release is done (or failed).
+    pub async fn resign(self) {
+        let (ack, done) = oneshot::channel();
+        if self.shared.commands.send(Command::Resign(ack)).is_ok() {
+            let _ = done.await;
+        }
+    }
+}
+
+type PendingOp = (OpId, BoxFuture<'static, Reply>);
+
+/// Runs one [`Machine`] for one campaign and its leadership.
+struct Driver {
+    inner: Arc<Inner>,
+    machine: Machine,
+    op: Option<PendingOp>,
+    changes: Option<Changes>,
+    commands_tx: mpsc::UnboundedSender<Command>,
+    commands: mpsc::UnboundedReceiver<Command>,
+    alive: Option<mpsc::Sender<()>>,
+    alive_rx: mpsc::Receiver<()>,
+    leader: Option<LeaderControl>,
+    resign_acks: Vec<oneshot::Sender<()>>,
+    deposed: Option<(Term, DeposedReason, Instant)>,
+    campaign_started: Instant,
+}
+
+struct LeaderControl {
+    shared: Arc<Shared>,
+    status: watch::Sender<Status>,
+    heartbeat_seen: u64,
+    work_stopped: bool,
+}
+
+impl Driver {
+    fn new(inner: Arc<Inner>) -> Result<Self> {
+        let now = Instant::now();
+        let first_attempt = inner.not_before.lock().expect("not_before lock").map_or(now, |t| t.max(now));
+        let machine = Machine::new(
+            inner.timing,
+            inner.caps.expiry,
+            inner.caps.notifications,
+            inner.lease.clone(),
+            inner.id.clone(),
+            first_attempt,
+            random_u64(),
+        )?;
+        let (commands_tx, commands) = mpsc::unbounded_channel();
+        let (alive, alive_rx) = mpsc::channel(1);
+        Ok(Driver {
+            inner,
+            machine,
+            op: None,
+            changes: None,
+            commands_tx,
+            commands,
+            alive: Some(alive),
+            alive_rx,
+            leader: None,
+            resign_acks: Vec::new(),
+            deposed: None,
+            campaign_started: now,
+        })
+    }
+
+    async fn run(mut self, elected: oneshot::Sender<Leader>) {
+        let mut out = Vec::new();
+        if self.inner.caps.notifications != crate::Notifications::None {
+            match self.inner.store.changes(&self.inner.lease, &self.inner.id).await {
+                Ok(Some(changes)) => self.changes = Some(changes),
+                Ok(None) => self.machine.handle(Instant::now(), Input::NotificationsLost, &mut out),
+                Err(e) => {
+                    warn!(error = %e, "change notifications unavailable; polling");
+                    self.machine.handle(Instant::now(), Input::NotificationsLost, &mut out);
+                }
+            }
+        }
+        let mut elected = Some(elected);
+        let mut elected_tx = None;
+        loop {
+            for output in out.drain(..) {
+                if let Some(leader) = self.apply(output) {
+                    elected_tx = Some(leader);
+                }
+            }
+            if let Some(leader) = elected_tx.take() {
+                // A dropped campaign() future drops the leader handle here, which releases.
+                if let Some(tx) = elected.take() {
+                    let _ = tx.send(leader);
+                }
+            }
+            if self.machine.is_stopped() || self.finished() {
+                break;
+            }
+            if self.op.as_ref().map(|(id, _)| *id) != self.machine.pending() {
+                self.op = None;
+            }
+            let input = self.next_input(elected.as_mut()).await;
+            let now = Instant::now();
+            self.feed_heartbeat(now, &mut out);
+            self.machine.handle(now, input, &mut out);
+        }
+        for ack in self.resign_acks.drain(..) {
+            let _ = ack.send(());
+        }
+    }
+
+    fn finished(&self) -> bool {
+        self.leader.as_ref().is_some_and(|l| l.status.borrow().stepped_down)
+    }
+
+    async fn next_input(&mut self, elected: Option<&mut oneshot::Sender<Leader>>) -> Input {
+        let wake = self.machine.next_wake().map(tokio::time::Instant::from_std);
+        let work_running = self.leader.as_ref().is_some_and(|l| !l.work_stopped);
+        let watching_heartbeats = work_running && self.inner.timing.stall_timeout.is_some();
+        let op = &mut self.op;
+        let changes = &mut self.changes;
+        tokio::select! {
+            reply = async { let (id, fut) = op.as_mut().expect("guarded"); (*id, fut.await) }, if op.is_some() => {
+                self.op = None;
+                Input::Reply(reply.0, reply.1)
+            }
+            () = async { tokio::time::sleep_until(wake.expect("guarded")).await }, if wake.is_some() => Input::Tick,
+            change = async { changes.as_mut().expect("guarded").next().await }, if changes.is_some() => match change {
+                Some(()) => Input::Notified,
+                None => {
+                    self.changes = None;
+                    Input::NotificationsLost
+                }
+            },
+            Some(command) = self.commands.recv() => match command {
+                Command::Resign(ack) => {
+                    self.resign_acks.push(ack);
+                    Input::Resign
+                }
+                Command::Shutdown => Input::Shutdown,
+            },
+            None = self.alive_rx.recv(), if work_running && self.alive.is_none() => {
+                if let Some(l) = &mut self.leader {
+                    l.work_stopped = true;
+                }
+                Input::WorkStopped
+            }
+            () = async { elected.expect("guarded").closed().await }, if elected.is_some() => Input::Shutdown,
+            // Wake up now and then so heartbeats are seen before a stall deadline.
+            () = tokio::time::sleep(self.inner.timing.ttl / 20), if watching_heartbeats => Input::Tick,
+        }
+    }
+
+    fn feed_heartbeat(&mut self, _now: Instant, out: &mut Vec<Output>) {
+        let Some(l) = &mut self.leader else { return };
+        let beat = l.shared.heartbeat.load(Ordering::Relaxed);
+        if beat > l.heartbeat_seen {
+            l.heartbeat_seen = beat;
+            let at = l.shared.elected_at + Duration::from_nanos(beat);
+            self.machine.handle(Instant::now(), Input::Heartbeat(at), out);
+        }
+    }
+
+    /// Carries out one output; returns a new leader handle on election.
+    fn apply(&mut self, output: Output) -> Option<Leader> {
+        let lease = self.inner.lease.as_str().to_string();
+        match output {
+            Output::Send(id, request) => {
+                let store = self.inner.store.clone();
+                let lease_name = self.inner.lease.clone();
+                let me = self.inner.id.clone();
+                let fut: BoxFuture<'static, Reply> = Box::pin(async move {
+                    let started = Instant::now();
+                    let reply = match request {
+                        Request::Acquire(r) => Reply::Acquire(store.acquire(&r).await),
+                        Request::Renew(g) => {
+                            let reply = store.renew(&g).await;
+                            metrics::histogram!("leasehold_renew_seconds", "lease" => g.lease.as_str().to_string())
+                                .record(started.elapsed().as_secs_f64());
+                            Reply::Renew(reply)
+                        }
+                        Request::Release(g) => Reply::Release(store.release(&g).await),
+                        Request::Inspect => Reply::Inspect(store.inspect(&lease_name).await),
+                        Request::Withdraw => Reply::Withdraw(store.withdraw(&lease_name, &me).await),
+                    };
+                    metrics::counter!("leasehold_store_requests_total", "store" => store.name()).increment(1);
+                    reply
+                });
+                self.op = Some((id, fut));
+                None
+            }
+            Output::Elected { grant, valid_until } => {
+                let now = Instant::now();
+                info!(term = %grant.term, "elected");
+                metrics::gauge!("leasehold_is_leader", "lease" => lease.clone()).set(1.0);
+                metrics::counter!("leasehold_transitions_total", "lease" => lease.clone(), "to" => "leader").increment(1);
+                metrics::histogram!("leasehold_campaign_seconds", "lease" => lease.clone())
+                    .record((now - self.campaign_started).as_secs_f64());
+                metrics::gauge!("leasehold_lease_remaining_seconds", "lease" => lease)
+                    .set((valid_until - now).as_secs_f64());
+                let (status_tx, status) =
+                    watch::channel(Status { valid_until, deposed: None, stepped_down: false });
+                let shared = Arc::new(Shared {
+                    lease: self.inner.lease.clone(),
+                    holder: self.inner.id.clone(),
+                    term: grant.term,
+                    elected_at: now,
+                    status,
+                    token: CancellationToken::new(),
+                    heartbeat: AtomicU64::new(0),
+                    commands: self.commands_tx.clone(),
+                    abort: Mutex::new(None),
+                });
+                self.leader =
+                    Some(LeaderControl { shared: shared.clone(), status: status_tx, heartbeat_seen: 0, work_stopped: false });
+                self.emit(Event::Elected { term: grant.term, at: now, valid_until });
+                let alive = self.alive.take().expect("elected once per campaign");
+                Some(Leader { shared, _alive: alive })
+            }
+            Output::Extended { valid_until } => {
+                if let Some(l) = &self.leader {
+                    l.status.send_modify(|s| s.valid_until = valid_until);
+                }
+                metrics::gauge!("leasehold_lease_remaining_seconds", "lease" => lease)
+                    .set(valid_until.saturating_duration_since(Instant::now()).as_secs_f64());
+                None
+            }
+            Output::Deposed { term, reason, believed_until } => {
+                warn!(%term, %reason, "deposed");
+                metrics::gauge!("leasehold_is_leader", "lease" => lease.clone()).set(0.0);
+                metrics::counter!("leasehold_transitions_total", "lease" => lease, "to" => "follower").increment(1);
+                if let Some(l) = &self.leader {
+                    l.status.send_modify(|s| s.deposed = Some(reason.clone()));
+                    l.shared.token.cancel();
+                }
+                self.deposed = Some((term, reason, believed_until));
+                None
+            }
+            Output::AbortWork => {
+                if let Some(l) = &self.leader {
+                    if let Some(handle) = l.shared.abort.lock().expect("abort lock").take() {
+                        warn!("the leader's work did not stop by valid_until; aborting it");
+                        handle.abort();
+                    }
+                }
+                None
+            }
+            Output::SteppedDown { term, work_stopped_after, aborted } => {
+                let now = Instant::now();
+                *self.inner.not_before.lock().expect("not_before lock") =
+                    Some(now + self.inner.timing.retry_every);
+                if let Some((_, reason, believed_until)) = self.deposed.take() {
+                    self.emit(Event::Deposed { term, reason, believed_until, work_stopped_after, aborted });
+                }
+                if let Some(l) = &self.leader {
+                    l.status.send_modify(|s| s.stepped_down = true);
+                }
+                None
+            }
+            Output::LeaderChanged(leader) => {
+                let info = leader.map(|(holder, term)| LeaderInfo { holder, term, since: Instant::now() });
+                self.inner.leader.send_replace(info.clone());
+                self.emit(Event::LeaderChanged(info));
+                None
+            }
+            Output::StoreTrouble(error) => {
+                debug!(%error, "store trouble");
+                self.emit(Event::StoreTrouble { error: error.to_string() });
+                None
+            }
+            Output::Stopped => None,
+        }
+    }
+
+    fn emit(&self, event: Event) {
+        let _ = self.inner.events.send(event);
+    }
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver").field("machine", &self.machine).finish_non_exhaustive()
+    }
+}
+

@@ -1,0 +1,21 @@
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+
+mod elector;
+mod error;
+pub mod machine;
+mod memory;
+mod store;
+mod timing;
+mod types;
+
+pub use elector::{Elector, ElectorBuilder, Event, Leader, LeaderInfo, RunError};
+pub use error::{BoxError, Error, Result};
+pub use machine::DeposedReason;
+pub use memory::MemoryStore;
+pub use store::{Changes, LeaseStore};
+pub use timing::{Millis, Timing};
+pub use types::{
+    AcquireRequest, Acquired, CandidateId, Capabilities, EndReason, Expiry, Grant, HolderInfo, LeaseName,
+    MAX_CANDIDATE_ID_LEN, MAX_LEASE_NAME_LEN, Notifications, Observation, Renewed, Term, Transition, random_u64,
+};

@@ -1,0 +1,764 @@
+//! The election as a sans-IO state machine.
+//!
+//! [`Machine`] holds every timing rule of leasehold and does no I/O: it is fed [`Input`]s with
+//! the current [`Instant`] and answers [`Output`]s (requests to send, leadership changes). The
+//! tokio driver behind [`Elector`](crate::Elector) runs it against a real store; the model check
+//! in this crate's tests runs the *same* machine against a modelled store with message delay,
+//! loss, process pauses and clock-rate drift.
+//!
+//! The rules, all in this file:
+//!
+//! - A grant is believed until `sent + ttl * (1 - drift)`, where `sent` is when the acquire or
+//!   renew request was sent, never when its reply arrived.
+//! - A leader renews every `renew_every`; when no renewal has been confirmed by
+//!   `valid_until - step_down_margin`, it is deposed and its work cancelled; work still running at
+//!   `valid_until` is aborted.
+//! - An outcome that is unknown (timeout, broken connection) is settled by reading the record
+//!   back: the lease is lost only when the store proves another holder, or the deadline passes.
+//! - On stores without a clock, a contender takes over only after it has seen the same record
+//!   version unchanged for the holder's full TTL, counted from when the reply that showed it
+//!   arrived.
+//! - After an unclean end (expiry), a contender waits `lock_delay` before taking over.
+//! - A leader whose work stops calling heartbeat for `stall_timeout` steps down; the lease is
+//!   released only once the work has stopped.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::timing::Timing;
+use crate::types::{
+    AcquireRequest, Acquired, CandidateId, EndReason, Expiry, Grant, LeaseName, Notifications,
+    Observation, Renewed, Term,
+};
+
+/// Identifies one store request, so that a late reply to an abandoned request is ignored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OpId(pub u64);
+
+/// A store request the machine wants sent.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Request {
+    /// [`LeaseStore::acquire`](crate::LeaseStore::acquire).
+    Acquire(AcquireRequest),
+    /// [`LeaseStore::renew`](crate::LeaseStore::renew).
+    Renew(Grant),
+    /// [`LeaseStore::release`](crate::LeaseStore::release).
+    Release(Grant),
+    /// [`LeaseStore::inspect`](crate::LeaseStore::inspect) of the machine's lease.
+    Inspect,
+    /// [`LeaseStore::withdraw`](crate::LeaseStore::withdraw) of this candidate.
+    Withdraw,
+}
+
+/// A store's answer to a [`Request`].
+#[derive(Debug)]
+pub enum Reply {
+    /// To [`Request::Acquire`].
+    Acquire(Result<Acquired>),
+    /// To [`Request::Renew`].
+    Renew(Result<Renewed>),
+    /// To [`Request::Release`].
+    Release(Result<()>),
+    /// To [`Request::Inspect`].
+    Inspect(Result<Observation>),
+    /// To [`Request::Withdraw`].
+    Withdraw(Result<()>),
+}
+
+/// What happens to the machine.
+#[derive(Debug)]
+pub enum Input {
+    /// Time passed (nothing else happened).
+    Tick,
+    /// The store notified a change (the machine retries at once when it is a follower).
+    Notified,
+    /// Notifications stopped working (the stream ended): fall back to polling.
+    NotificationsLost,
+    /// A reply to the request with this id.
+    Reply(OpId, Reply),
+    /// The leader's work reported progress at this instant.
+    Heartbeat(Instant),
+    /// The leader resigns (its work has stopped): release the lease now.
+    Resign,
+    /// The leader's work ended on its own (all its handles dropped).
+    WorkStopped,
+    /// Stop campaigning for good: a leader cancels its work and releases the lease once the work
+    /// has stopped; a follower withdraws.
+    Shutdown,
+}
+
+/// Why a leader stopped being leader.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DeposedReason {
+    /// The store proves another holder (or that the lease is gone).
+    Superseded {
+        /// The new holder, if any.
+        by: Option<CandidateId>,
+        /// Its term, if any.
+        term: Option<Term>,
+    },
+    /// No renewal was confirmed by `valid_until - step_down_margin`.
+    RenewFailed {
+        /// The last error, if a request failed (rather than went unanswered).
+        last_error: Option<String>,
+    },
+    /// The store answered with a definite error (e.g. a corrupt record) while renewing.
+    StoreError {
+        /// The error.
+        error: String,
+    },
+    /// The work did not call heartbeat within `stall_timeout`.
+    Stalled,
+    /// The leader resigned.
+    Resigned,
+    /// The work ended on its own.
+    WorkFinished,
+}
+
+impl fmt::Display for DeposedReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeposedReason::Superseded { by: Some(by), term: Some(term) } => {
+                write!(f, "superseded by {by} at term {term}")
+            }
+            DeposedReason::Superseded { .. } => f.write_str("the store no longer records us as holder"),
+            DeposedReason::RenewFailed { last_error: Some(e) } => write!(f, "renew failed: {e}"),
+            DeposedReason::RenewFailed { last_error: None } => f.write_str("renew not confirmed in time"),
+            DeposedReason::StoreError { error } => write!(f, "store error: {error}"),
+            DeposedReason::Stalled => f.write_str("the leader's work stalled (no heartbeat)"),
+            DeposedReason::Resigned => f.write_str("resigned"),
+            DeposedReason::WorkFinished => f.write_str("the leader's work finished"),
+        }
+    }
+}
+
+/// What the machine asks its driver to do, or reports.
+#[derive(Debug)]
+pub enum Output {
+    /// Send this request; feed the reply back as [`Input::Reply`] with the same id. At most one
+    /// request is outstanding; when [`Machine::pending`] no longer names it, drop it.
+    Send(OpId, Request),
+    /// This candidate is now leader.
+    Elected {
+        /// The grant.
+        grant: Grant,
+        /// Until when the leadership may be believed.
+        valid_until: Instant,
+    },
+    /// A renewal was confirmed: the leadership may be believed longer.
+    Extended {
+        /// The new deadline.
+        valid_until: Instant,
+    },
+    /// Leadership ended: stop believing it now and cancel the work.
+    Deposed {
+        /// The term that ended.
+        term: Term,
+        /// Why.
+        reason: DeposedReason,
+        /// The end of believed leadership (now, or the deadline if that passed first).
+        believed_until: Instant,
+    },
+    /// The work did not stop by `valid_until`: drop it.
+    AbortWork,
+    /// Stepping down is complete (the work stopped or was aborted, the lease released if it
+    /// could be); the machine is a follower again.
+    SteppedDown {
+        /// The term that ended.
+        term: Term,
+        /// How long the work took to stop after it was cancelled, if it stopped by itself.
+        work_stopped_after: Option<Duration>,
+        /// Whether the work had to be aborted.
+        aborted: bool,
+    },
+    /// The holder this candidate sees changed (`None`: nobody holds the lease).
+    LeaderChanged(Option<(CandidateId, Term)>),
+    /// A store request failed; the machine carries on (retrying, reading back or stepping down).
+    StoreTrouble(Error),
+    /// The machine stopped for good after [`Input::Shutdown`].
+    Stopped,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Purpose {
+    Acquire,
+    Renew,
+    Release,
+    Withdraw,
+    /// Reading back after an acquire whose outcome is unknown.
+    AcquireReadBack { sent: Instant, term_floor: Term },
+    /// Reading back after a renew whose outcome is unknown.
+    RenewReadBack,
+    /// Checking how the previous holder ended before taking a free lease (lock delay).
+    LockDelayCheck,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Pending {
+    id: OpId,
+    purpose: Purpose,
+    sent: Instant,
+    deadline: Instant,
+}
+
+/// The holder record a follower is watching, for expiry observed by contenders.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Seen {
+    holder: CandidateId,
+    term: Term,
+    version: String,
+    ttl: Duration,
+    /// When the reply that first showed this version arrived.
+    since: Instant,
+    /// When the store itself says it will let go (server-clock stores).
+    store_deadline: Option<Instant>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Following {
+    next_attempt: Instant,
+    seen: Option<Seen>,
+    /// The highest term seen: a read-back only adopts a grant above it.
+    term_floor: Term,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Leading {
+    grant: Grant,
+    valid_until: Instant,
+    next_renew: Instant,
+    last_heartbeat: Instant,
+    last_error: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct SteppingDown {
+    grant: Grant,
+    valid_until: Instant,
+    cancelled_at: Instant,
+    /// Release the lease once the work has stopped (voluntary or stalled step-downs).
+    release: bool,
+    work_stopped: Option<Instant>,
+    aborted: bool,
+    /// Stop for good afterwards instead of following again.
+    then_stop: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum State {
+    Following(Following),
+    Leading(Leading),
+    SteppingDown(SteppingDown),
+    Stopping,
+    Stopped,
+}
+
+/// The election state machine of one candidate for one lease. See the [module docs](self).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Machine {
+    timing: Timing,
+    expiry: Expiry,
+    notifications: Notifications,
+    lease: LeaseName,
+    me: CandidateId,
+    state: State,
+    pending: Option<Pending>,
+    next_op: u64,
+    leader_seen: Option<(CandidateId, Term)>,
+    rng: u64,
+}
+
+/// How long a follower with change notifications that cover expiry waits between safety polls,
+/// in TTLs.
+const SAFETY_POLL_TTLS: u32 = 10;
+
+impl Machine {
+    /// A follower of `lease` that makes its first attempt at `now`.
+    ///
+    /// `expiry` and `notifications` come from the store's
+    /// [`Capabilities`](crate::Capabilities); `seed` seeds the retry jitter.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] when `timing` breaks an invariant.
+    pub fn new(
+        timing: Timing,
+        expiry: Expiry,
+        notifications: Notifications,
+        lease: LeaseName,
+        me: CandidateId,
+        now: Instant,
+        seed: u64,
+    ) -> Result<Self> {
+        timing.validate()?;
+        Ok(Machine {
+            timing,
+            expiry,
+            notifications,
+            lease,
+            me,
+            state: State::Following(Following { next_attempt: now, seen: None, term_floor: Term(0) }),
+            pending: None,
+            next_op: 0,
+            leader_seen: None,
+            rng: seed | 1,
+        })
+    }
+
+    /// The timing the machine runs with.
+    pub fn timing(&self) -> &Timing {
+        &self.timing
+    }
+
+    /// The outstanding request, if any.
+    pub fn pending(&self) -> Option<OpId> {
+        self.pending.as_ref().map(|p| p.id)
+    }
+
+    /// Whether this candidate believes it leads at `now`: it is leader and `now < valid_until`.
+    /// This is what [`Leader::ensure_valid`](crate::Leader::ensure_valid) checks.
+    pub fn believes_leader(&self, now: Instant) -> bool {
+        matches!(&self.state, State::Leading(l) if now < l.valid_until)
+    }
+
+    /// The current term, while leader or stepping down.
+    pub fn term(&self) -> Option<Term> {
+        match &self.state {
+            State::Leading(l) => Some(l.grant.term),
+            State::SteppingDown(s) => Some(s.grant.term),
+            _ => None,
+        }
+    }
+
+    /// Whether the machine has stopped for good.
+    pub fn is_stopped(&self) -> bool {
+        self.state == State::Stopped
+    }
+
+    /// When the machine next needs an [`Input::Tick`] if nothing else happens.
+    pub fn next_wake(&self) -> Option<Instant> {
+        let op = self.pending.as_ref().map(|p| p.deadline);
+        let state = match &self.state {
+            State::Following(f) if self.pending.is_none() => Some(f.next_attempt),
+            State::Leading(l) => {
+                let mut at = l.valid_until - self.timing.step_down_margin;
+                if self.pending.is_none() {
+                    at = at.min(l.next_renew);
+                }
+                if let Some(stall) = self.timing.stall_timeout {
+                    at = at.min(l.last_heartbeat + stall);
+                }
+                Some(at)
+            }
+            State::SteppingDown(s) if s.work_stopped.is_none() && !s.aborted => Some(s.valid_until),
+            _ => None,
+        };
+        match (op, state) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Feeds one input at `now` and appends what to do to `out`.
+    pub fn handle(&mut self, now: Instant, input: Input, out: &mut Vec<Output>) {
+        match input {
+            Input::Tick => {}
+            Input::Notified => {
+                if let State::Following(f) = &mut self.state {
+                    f.next_attempt = f.next_attempt.min(now);
+                }
+            }
+            Input::NotificationsLost => {
+                self.notifications = Notifications::None;
+                if let State::Following(f) = &mut self.state {
+                    f.next_attempt = f.next_attempt.min(now);
+                }
+            }
+            Input::Reply(id, reply) => {
+                if let Some(pending) = self.pending.take_if(|p| p.id == id) {
+                    self.on_reply(now, pending, reply, out);
+                }
+            }
+            Input::Heartbeat(at) => {
+                if let State::Leading(l) = &mut self.state {
+                    l.last_heartbeat = l.last_heartbeat.max(at);
+                }
+            }
+            Input::Resign => self.resign(now, false, out),
+            Input::Shutdown => self.resign(now, true, out),
+            Input::WorkStopped => match &mut self.state {
+                State::Leading(_) => {
+                    self.step_down(now, DeposedReason::WorkFinished, true, false, out);
+                    if let State::SteppingDown(s) = &mut self.state {
+                        s.work_stopped = Some(now);
+                    }
+                }
+                State::SteppingDown(s) if s.work_stopped.is_none() && !s.aborted => s.work_stopped = Some(now),
+                _ => {}
+            },
+        }
+        self.advance(now, out);
+    }
+
+    /// `Resign` (the work has stopped) or `Shutdown` (stop for good, the work may still run).
+    fn resign(&mut self, now: Instant, then_stop: bool, out: &mut Vec<Output>) {
+        let work_stopped = !then_stop;
+        match &mut self.state {
+            State::Leading(_) => {
+                self.step_down(now, DeposedReason::Resigned, true, then_stop, out);
+                if let State::SteppingDown(s) = &mut self.state {
+                    s.work_stopped = work_stopped.then_some(now);
+                }
+            }
+            State::SteppingDown(s) => {
+                s.then_stop |= then_stop;
+                if work_stopped && s.work_stopped.is_none() && !s.aborted {
+                    s.work_stopped = Some(now);
+                }
+            }
+            State::Following(_) if then_stop => {
+                self.pending = None;
+                self.state = State::Stopping;
+            }
+            _ => {}
+        }
+    }
+
+    /// Time-driven transitions, then the next request if none is outstanding.
+    fn advance(&mut self, now: Instant, out: &mut Vec<Output>) {
+        if let Some(pending) = self.pending.take_if(|p| now >= p.deadline) {
+            let timeout = || Error::Timeout { store: "lease", operation: "request", after: now - pending.sent };
+            let reply = match pending.purpose {
+                Purpose::Acquire => Reply::Acquire(Err(timeout())),
+                Purpose::Renew => Reply::Renew(Err(timeout())),
+                Purpose::Release => Reply::Release(Err(timeout())),
+                Purpose::Withdraw => Reply::Withdraw(Err(timeout())),
+                _ => Reply::Inspect(Err(timeout())),
+            };
+            self.on_reply(now, pending, reply, out);
+        }
+        match &mut self.state {
+            State::Leading(l) => {
+                if now >= l.valid_until - self.timing.step_down_margin {
+                    let last_error = l.last_error.clone();
+                    self.step_down(now, DeposedReason::RenewFailed { last_error }, false, false, out);
+                } else if self.timing.stall_timeout.is_some_and(|stall| now >= l.last_heartbeat + stall) {
+                    self.step_down(now, DeposedReason::Stalled, true, false, out);
+                } else if self.pending.is_none() && now >= l.next_renew {
+                    let grant = l.grant.clone();
+                    self.send(now, Purpose::Renew, Request::Renew(grant), out);
+                }
+            }
+            State::Following(f) if self.pending.is_none() && now >= f.next_attempt => {
+                let takeover = f.seen.as_ref().filter(|seen| {
+                    self.expiry == Expiry::ObservedByContenders
+                        && now >= seen.since + seen.ttl + self.timing.lock_delay.unwrap_or_default()
+                });
+                if self.timing.lock_delay.is_some() && f.seen.is_some() && takeover.is_none() {
+                    self.send(now, Purpose::LockDelayCheck, Request::Inspect, out);
+                } else {
+                    let request = AcquireRequest {
+                        lease: self.lease.clone(),
+                        candidate: self.me.clone(),
+                        ttl: self.timing.ttl,
+                        takeover: takeover.map(|seen| seen.version.clone()),
+                    };
+                    self.send(now, Purpose::Acquire, Request::Acquire(request), out);
+                }
+            }
+            State::Stopping if self.pending.is_none() => {
+                self.send(now, Purpose::Withdraw, Request::Withdraw, out);
+            }
+            _ => {}
+        }
+        self.advance_step_down(now, out);
+    }
+
+    fn advance_step_down(&mut self, now: Instant, out: &mut Vec<Output>) {
+        let State::SteppingDown(s) = &mut self.state else { return };
+        if s.work_stopped.is_none() && !s.aborted {
+            if now < s.valid_until {
+                return;
+            }
+            s.aborted = true;
+            out.push(Output::AbortWork);
+        }
+        if s.release && now < s.valid_until && self.pending.is_none() {
+            s.release = false;
+            let grant = s.grant.clone();
+            self.send(now, Purpose::Release, Request::Release(grant), out);
+            return;
+        }
+        if self.pending.is_some() {
+            return; // the release is under way
+        }
+        out.push(Output::SteppedDown {
+            term: s.grant.term,
+            work_stopped_after: s.work_stopped.map(|at| at - s.cancelled_at),
+            aborted: s.aborted,
+        });
+        let (then_stop, term_floor) = (s.then_stop, s.grant.term);
+        if then_stop {
+            self.state = State::Stopped;
+            out.push(Output::Stopped);
+        } else {
+            // Back off before campaigning again, so that a healthy candidate can take over.
+            let next_attempt = now + self.retry_delay();
+            self.state = State::Following(Following { next_attempt, seen: None, term_floor });
+        }
+    }
+
+    fn send(&mut self, now: Instant, purpose: Purpose, request: Request, out: &mut Vec<Output>) {
+        let id = OpId(self.next_op);
+        self.next_op += 1;
+        self.pending = Some(Pending { id, purpose, sent: now, deadline: now + self.timing.request_timeout });
+        out.push(Output::Send(id, request));
+    }
+
+    fn on_reply(&mut self, now: Instant, pending: Pending, reply: Reply, out: &mut Vec<Output>) {
+        match (pending.purpose, reply) {
+            (Purpose::Acquire, Reply::Acquire(result)) => match result {
+                Ok(Acquired::Granted(grant)) => self.granted(now, pending.sent, grant, out),
+                Ok(Acquired::Held(observation)) => self.observe(now, &observation, out),
+                Err(e) if e.is_transient() => {
+                    let term_floor = self.following().map(|f| f.term_floor).unwrap_or_default();
+                    out.push(Output::StoreTrouble(e));
+                    let purpose = Purpose::AcquireReadBack { sent: pending.sent, term_floor };
+                    self.send(now, purpose, Request::Inspect, out);
+                }
+                Err(e) => self.follower_trouble(now, e, out),
+            },
+            (Purpose::AcquireReadBack { sent, term_floor }, Reply::Inspect(result)) => match result {
+                Ok(observation) => match &observation.holder {
+                    Some(h) if h.id == self.me && h.term > term_floor => {
+                        let grant = Grant {
+                            lease: self.lease.clone(),
+                            holder: self.me.clone(),
+                            term: h.term,
+                            ttl: self.timing.ttl,
+                            token: h.version.clone(),
+                        };
+                        self.granted(now, sent, grant, out);
+                    }
+                    _ => self.observe(now, &observation, out),
+                },
+                Err(e) => self.follower_trouble(now, e, out),
+            },
+            (Purpose::LockDelayCheck, Reply::Inspect(result)) => match result {
+                Ok(observation) if observation.holder.is_none() => {
+                    let delay = match observation.previous_end {
+                        Some(EndReason::Released) => Duration::ZERO,
+                        _ => self.timing.lock_delay.unwrap_or_default(),
+                    };
+                    self.observe(now, &observation, out);
+                    if let Some(f) = self.following_mut() {
+                        f.next_attempt = now + delay;
+                    }
+                }
+                Ok(observation) => self.observe(now, &observation, out),
+                Err(e) => self.follower_trouble(now, e, out),
+            },
+            (Purpose::Renew, Reply::Renew(result)) => match result {
+                Ok(Renewed::Renewed(grant)) => {
+                    let believed_ttl = self.timing.believed_ttl();
+                    let renew_every = self.timing.renew_every;
+                    if let State::Leading(l) = &mut self.state {
+                        l.valid_until = l.valid_until.max(pending.sent + believed_ttl);
+                        l.next_renew = pending.sent + renew_every;
+                        l.grant = grant;
+                        l.last_error = None;
+                        out.push(Output::Extended { valid_until: l.valid_until });
+                    }
+                }
+                Ok(Renewed::Lost(observation)) => self.superseded(now, &observation, out),
+                Err(e) if e.is_transient() => {
+                    if let State::Leading(l) = &mut self.state {
+                        l.last_error = Some(e.to_string());
+                    }
+                    out.push(Output::StoreTrouble(e));
+                    self.send(now, Purpose::RenewReadBack, Request::Inspect, out);
+                }
+                Err(e) => {
+                    let error = e.to_string();
+                    out.push(Output::StoreTrouble(e));
+                    self.step_down(now, DeposedReason::StoreError { error }, false, false, out);
+                }
+            },
+            (Purpose::RenewReadBack, Reply::Inspect(result)) => {
+                let retry = now + self.retry_delay();
+                let State::Leading(l) = &mut self.state else { return };
+                match result {
+                    Ok(observation) => match &observation.holder {
+                        Some(h) if h.id == self.me && h.term == l.grant.term => {
+                            // Still ours; the deadline stays where the last confirmed renewal put it.
+                            l.grant.token = h.version.clone();
+                            l.next_renew = retry;
+                        }
+                        _ => self.superseded(now, &observation, out),
+                    },
+                    Err(e) if e.is_transient() => {
+                        l.last_error = Some(e.to_string());
+                        l.next_renew = retry;
+                        out.push(Output::StoreTrouble(e));
+                    }
+                    Err(e) => {
+                        let error = e.to_string();
+                        out.push(Output::StoreTrouble(e));
+                        self.step_down(now, DeposedReason::StoreError { error }, false, false, out);
+                    }
+                }
+            }
+            (Purpose::Release, Reply::Release(result)) => {
+                if let Err(e) = result {
+                    out.push(Output::StoreTrouble(e));
+                }
+            }
+            (Purpose::Withdraw, Reply::Withdraw(result)) => {
+                if let Err(e) = result {
+                    out.push(Output::StoreTrouble(e));
+                }
+                self.state = State::Stopped;
+                out.push(Output::Stopped);
+            }
+            (purpose, reply) => {
+                debug_assert!(false, "reply {reply:?} does not answer {purpose:?}");
+            }
+        }
+    }
+
+    fn granted(&mut self, now: Instant, sent: Instant, grant: Grant, out: &mut Vec<Output>) {
+        let valid_until = sent + self.timing.believed_ttl();
+        if !matches!(self.state, State::Following(_)) {
+            return;
+        }
+        if now + self.timing.step_down_margin >= valid_until {
+            // The reply came too late to lead safely: give the lease back at once.
+            out.push(Output::StoreTrouble(Error::Timeout {
+                store: "lease",
+                operation: "acquire (granted too late to use)",
+                after: now - sent,
+            }));
+            self.send(now, Purpose::Release, Request::Release(grant), out);
+            if let Some(f) = self.following_mut() {
+                f.next_attempt = now;
+            }
+            return;
+        }
+        let next_renew = sent + self.timing.renew_every;
+        self.set_leader_seen(Some((grant.holder.clone(), grant.term)), out);
+        out.push(Output::Elected { grant: grant.clone(), valid_until });
+        self.state =
+            State::Leading(Leading { grant, valid_until, next_renew, last_heartbeat: now, last_error: None });
+    }
+
+    fn superseded(&mut self, now: Instant, observation: &Observation, out: &mut Vec<Output>) {
+        let by = observation.holder.as_ref().map(|h| h.id.clone());
+        let term = observation.holder.as_ref().map(|h| h.term);
+        self.step_down(now, DeposedReason::Superseded { by, term }, false, false, out);
+    }
+
+    fn step_down(
+        &mut self,
+        now: Instant,
+        reason: DeposedReason,
+        release: bool,
+        then_stop: bool,
+        out: &mut Vec<Output>,
+    ) {
+        let State::Leading(l) = &self.state else { return };
+        self.pending = None;
+        out.push(Output::Deposed { term: l.grant.term, reason, believed_until: now.min(l.valid_until) });
+        self.state = State::SteppingDown(SteppingDown {
+            grant: l.grant.clone(),
+            valid_until: l.valid_until,
+            cancelled_at: now,
+            release,
+            work_stopped: None,
+            aborted: false,
+            then_stop,
+        });
+        self.set_leader_seen(None, out);
+    }
+
+    fn follower_trouble(&mut self, now: Instant, error: Error, out: &mut Vec<Output>) {
+        out.push(Output::StoreTrouble(error));
+        let next = now + self.retry_delay();
+        if let Some(f) = self.following_mut() {
+            f.next_attempt = next;
+        }
+    }
+
+    /// Records what a follower saw and picks its next attempt.
+    fn observe(&mut self, now: Instant, observation: &Observation, out: &mut Vec<Output>) {
+        let retry = now + self.retry_delay();
+        let notifications = self.notifications;
+        let expiry = self.expiry;
+        let lock_delay = self.timing.lock_delay.unwrap_or_default();
+        let safety_poll = now + self.timing.ttl * SAFETY_POLL_TTLS;
+        let Some(f) = self.following_mut() else { return };
+        f.term_floor = f.term_floor.max(observation.last_term);
+        match &observation.holder {
+            Some(h) => {
+                f.term_floor = f.term_floor.max(h.term);
+                let store_deadline = h.store_remaining.map(|r| now + r);
+                match &mut f.seen {
+                    Some(seen) if seen.version == h.version && seen.holder == h.id && seen.term == h.term => {
+                        seen.store_deadline = store_deadline;
+                    }
+                    seen => {
+                        *seen = Some(Seen {
+                            holder: h.id.clone(),
+                            term: h.term,
+                            version: h.version.clone(),
+                            ttl: h.ttl,
+                            since: now,
+                            store_deadline,
+                        });
+                    }
+                }
+            }
+            None => f.seen = None,
+        }
+        f.next_attempt = match (&f.seen, expiry, notifications) {
+            (None, _, _) => retry,
+            (Some(seen), Expiry::ObservedByContenders, _) => retry.min(seen.since + seen.ttl + lock_delay),
+            (Some(_), _, Notifications::ReleaseAndExpiry) => safety_poll,
+            (Some(seen), _, Notifications::Release) => seen.store_deadline.map_or(retry, |at| at.max(retry)),
+            (Some(_), _, _) => retry,
+        };
+        let leader = observation.holder.as_ref().map(|h| (h.id.clone(), h.term));
+        self.set_leader_seen(leader, out);
+    }
+
+    fn set_leader_seen(&mut self, leader: Option<(CandidateId, Term)>, out: &mut Vec<Output>) {
+        if self.leader_seen != leader {
+            self.leader_seen = leader.clone();
+            out.push(Output::LeaderChanged(leader));
+        }
+    }
+
+    fn following(&self) -> Option<&Following> {
+        match &self.state {
+            State::Following(f) => Some(f),
+            _ => None,
+        }
+    }
+
+    fn following_mut(&mut self) -> Option<&mut Following> {
+        match &mut self.state {
+            State::Following(f) => Some(f),
+            _ => None,
+        }
+    }
+
+    /// `retry_every` plus up to `jitter * retry_every`, from a xorshift generator.
+    fn retry_delay(&mut self) -> Duration {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        let unit = (self.rng >> 11) as f64 / (1u64 << 53) as f64;
+        self.timing.retry_every + self.timing.retry_every.mul_f64(self.timing.jitter.as_f64() * unit)
+    }
+}

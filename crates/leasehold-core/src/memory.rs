@@ -1,0 +1,264 @@
+//! An in-memory [`LeaseStore`] with the whole contract, for tests and simulation.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::store::{Changes, LeaseStore};
+use crate::types::{
+    AcquireRequest, Acquired, CandidateId, Capabilities, EndReason, Expiry, Grant, HolderInfo, LeaseName,
+    Notifications, Observation, Renewed, Term, Transition, random_u64,
+};
+
+const STORE: &str = "memory";
+
+/// An in-memory lease store shared by clones of it: terms, history, expiry and release
+/// notifications, all in one process.
+///
+/// Time is tokio's, so tests can run it under `tokio::time::pause`. By default the store
+/// expires leases by its own clock ([`Expiry::ServerClock`]); [`MemoryStore::observed_expiry`]
+/// makes one without a clock, where contenders take over after observing an unchanged record
+/// version for a full TTL, as on SQLite and DynamoDB.
+///
+/// It is for unit tests and simulation, never a stand-in for a real backend's own tests.
+///
+/// # Examples
+///
+/// ```
+/// use std::{sync::Arc, time::Duration};
+/// use leasehold_core::{Elector, MemoryStore};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold_core::Result<()> {
+/// let store = Arc::new(MemoryStore::new());
+/// let elector = Elector::builder(store, "demo").ttl(Duration::from_secs(1)).build()?;
+/// let leader = elector.campaign().await?;
+/// assert_eq!(leader.term().0, 1);
+/// leader.resign().await;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct MemoryStore {
+    expiry: Expiry,
+    leases: Arc<Mutex<HashMap<LeaseName, Entry>>>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    holder: Option<Holding>,
+    last_term: Term,
+    previous_end: Option<EndReason>,
+    history: Vec<Transition>,
+    changed: watch::Sender<u64>,
+    corrupt: bool,
+}
+
+#[derive(Clone, Debug)]
+struct Holding {
+    id: CandidateId,
+    term: Term,
+    ttl: Duration,
+    version: String,
+    expires_at: Instant,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore::new()
+    }
+}
+
+impl MemoryStore {
+    /// A store whose own clock expires leases.
+    pub fn new() -> Self {
+        MemoryStore { expiry: Expiry::ServerClock, leases: Arc::default() }
+    }
+
+    /// A store without a clock: contenders take over after observing an unchanged record version
+    /// for a full TTL (the record-version-number method).
+    pub fn observed_expiry() -> Self {
+        MemoryStore { expiry: Expiry::ObservedByContenders, ..MemoryStore::new() }
+    }
+
+    /// Simulates someone overwriting the lease's record with garbage: every later operation on it
+    /// answers [`Error::CorruptRecord`] until [`MemoryStore::repair`].
+    pub fn corrupt(&self, lease: &LeaseName) {
+        self.with_entry(lease, |entry| entry.corrupt = true);
+    }
+
+    /// Undoes [`MemoryStore::corrupt`] by deleting the record (the term counter is kept).
+    pub fn repair(&self, lease: &LeaseName) {
+        self.with_entry(lease, |entry| {
+            entry.corrupt = false;
+            entry.holder = None;
+        });
+    }
+
+    fn with_entry<T>(&self, lease: &LeaseName, f: impl FnOnce(&mut Entry) -> T) -> T {
+        let mut leases = self.leases.lock().expect("memory store lock poisoned");
+        let entry = leases.entry(lease.clone()).or_insert_with(|| Entry {
+            holder: None,
+            last_term: Term(0),
+            previous_end: None,
+            history: Vec::new(),
+            changed: watch::channel(0).0,
+            corrupt: false,
+        });
+        f(entry)
+    }
+
+    /// Runs `f` on a readable, up-to-date entry.
+    fn with_live_entry<T>(&self, lease: &LeaseName, f: impl FnOnce(&mut Entry, Instant) -> T) -> Result<T> {
+        let expiry = self.expiry;
+        self.with_entry(lease, |entry| {
+            if entry.corrupt {
+                return Err(Error::corrupt(STORE, lease, "record is not a leasehold record"));
+            }
+            let now = Instant::now();
+            if expiry == Expiry::ServerClock && entry.holder.as_ref().is_some_and(|h| now >= h.expires_at) {
+                entry.end(EndReason::Expired);
+            }
+            Ok(f(entry, now))
+        })
+    }
+}
+
+impl Entry {
+    fn observation(&self, lease: &LeaseName, now: Instant, expiry: Expiry) -> Observation {
+        Observation {
+            lease: lease.clone(),
+            holder: self.holder.as_ref().map(|h| HolderInfo {
+                id: h.id.clone(),
+                term: h.term,
+                ttl: h.ttl,
+                version: h.version.clone(),
+                store_remaining: (expiry == Expiry::ServerClock).then(|| h.expires_at.saturating_duration_since(now)),
+            }),
+            last_term: self.last_term,
+            previous_end: if self.holder.is_none() { self.previous_end } else { None },
+        }
+    }
+
+    fn end(&mut self, reason: EndReason) {
+        if let Some(h) = self.holder.take() {
+            if let Some(t) = self.history.iter_mut().rev().find(|t| t.term == h.term) {
+                t.ended = Some((SystemTime::now(), reason));
+            }
+            self.previous_end = Some(reason);
+            self.changed.send_modify(|n| *n += 1);
+        }
+    }
+
+    fn grant(&mut self, lease: &LeaseName, id: &CandidateId, ttl: Duration, now: Instant) -> Grant {
+        self.last_term = Term(self.last_term.0 + 1);
+        let holding = Holding { id: id.clone(), term: self.last_term, ttl, version: new_version(), expires_at: now + ttl };
+        self.history.push(Transition { term: holding.term, holder: id.clone(), acquired_at: SystemTime::now(), ended: None });
+        let grant = holding.grant(lease);
+        self.holder = Some(holding);
+        self.changed.send_modify(|n| *n += 1);
+        grant
+    }
+}
+
+impl Holding {
+    fn grant(&self, lease: &LeaseName) -> Grant {
+        Grant { lease: lease.clone(), holder: self.id.clone(), term: self.term, ttl: self.ttl, token: self.version.clone() }
+    }
+
+    fn refresh(&mut self, now: Instant) {
+        self.version = new_version();
+        self.expires_at = now + self.ttl;
+    }
+}
+
+fn new_version() -> String {
+    format!("{:016x}", random_u64())
+}
+
+#[async_trait]
+impl LeaseStore for MemoryStore {
+    fn name(&self) -> &'static str {
+        STORE
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            ttl: Duration::from_millis(1)..=Duration::from_secs(24 * 3600),
+            expiry: self.expiry,
+            notifications: Notifications::Release,
+            fifo: false,
+            can_break: true,
+        }
+    }
+
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
+        self.capabilities().check_ttl(STORE, request.ttl)?;
+        let expiry = self.expiry;
+        let lease = &request.lease;
+        self.with_live_entry(lease, |entry, now| {
+            match &mut entry.holder {
+                None => {}
+                Some(h) if h.id == request.candidate => {
+                    h.ttl = request.ttl;
+                    h.refresh(now);
+                    return Acquired::Granted(h.grant(lease));
+                }
+                Some(h) if request.takeover.as_ref() == Some(&h.version) && expiry == Expiry::ObservedByContenders => {
+                    entry.end(EndReason::Expired);
+                }
+                Some(_) => return Acquired::Held(entry.observation(lease, now, expiry)),
+            }
+            Acquired::Granted(entry.grant(lease, &request.candidate, request.ttl, now))
+        })
+    }
+
+    async fn renew(&self, grant: &Grant) -> Result<Renewed> {
+        let expiry = self.expiry;
+        self.with_live_entry(&grant.lease, |entry, now| match &mut entry.holder {
+            Some(h) if h.id == grant.holder && h.term == grant.term => {
+                h.refresh(now);
+                Renewed::Renewed(h.grant(&grant.lease))
+            }
+            _ => Renewed::Lost(entry.observation(&grant.lease, now, expiry)),
+        })
+    }
+
+    async fn release(&self, grant: &Grant) -> Result<()> {
+        self.with_live_entry(&grant.lease, |entry, _| {
+            if entry.holder.as_ref().is_some_and(|h| h.id == grant.holder && h.term == grant.term) {
+                entry.end(EndReason::Released);
+            }
+        })
+    }
+
+    async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
+        let expiry = self.expiry;
+        self.with_live_entry(lease, |entry, now| entry.observation(lease, now, expiry))
+    }
+
+    async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
+        self.with_live_entry(lease, |entry, _| {
+            let skip = entry.history.len().saturating_sub(limit);
+            entry.history[skip..].to_vec()
+        })
+    }
+
+    async fn changes(&self, lease: &LeaseName, _candidate: &CandidateId) -> Result<Option<Changes>> {
+        let mut rx = self.with_entry(lease, |entry| entry.changed.subscribe());
+        rx.mark_unchanged();
+        let stream = futures::stream::unfold(rx, |mut rx| async move { rx.changed().await.ok().map(|()| ((), rx)) });
+        Ok(Some(Box::pin(stream)))
+    }
+
+    async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
+        self.with_live_entry(lease, |entry, _| {
+            let term = entry.holder.as_ref().map(|h| h.term);
+            entry.end(EndReason::Broken);
+            term
+        })
+    }
+}

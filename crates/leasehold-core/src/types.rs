@@ -1,0 +1,415 @@
+//! The data that flows between the engine and a store.
+
+use std::fmt;
+use std::ops::RangeInclusive;
+use std::str::FromStr;
+use std::time::{Duration, SystemTime};
+
+use crate::error::{Error, Result};
+
+/// The longest lease name, in bytes. Every backend accepts names up to this length.
+pub const MAX_LEASE_NAME_LEN: usize = 128;
+
+/// The longest candidate id, in bytes.
+pub const MAX_CANDIDATE_ID_LEN: usize = 256;
+
+/// A validated lease name: 1 to 128 ASCII letters, digits, `-`, `_` or `.`, not starting with
+/// `.` or `-`.
+///
+/// The same rule holds on every backend, so a name that works on SQLite works on etcd, ZooKeeper,
+/// DynamoDB and Azure (where it becomes a key, a znode, a partition key or a blob name).
+///
+/// # Examples
+///
+/// ```
+/// use leasehold_core::LeaseName;
+///
+/// let name: LeaseName = "invoice-scheduler".parse()?;
+/// assert_eq!(name.as_str(), "invoice-scheduler");
+/// assert!("".parse::<LeaseName>().is_err());
+/// assert!("a/b".parse::<LeaseName>().is_err());
+/// # Ok::<(), leasehold_core::Error>(())
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LeaseName(String);
+
+impl LeaseName {
+    /// Validates `name`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidLeaseName`] saying what is wrong.
+    pub fn new(name: impl Into<String>) -> Result<Self> {
+        let name = name.into();
+        let reason = if name.is_empty() {
+            Some("must not be empty")
+        } else if name.len() > MAX_LEASE_NAME_LEN {
+            Some("must be at most 128 bytes")
+        } else if name.starts_with(['.', '-']) {
+            Some("must not start with '.' or '-'")
+        } else if !name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')) {
+            Some("may only contain ASCII letters, digits, '-', '_' and '.'")
+        } else {
+            None
+        };
+        match reason {
+            Some(reason) => Err(Error::InvalidLeaseName { name, reason }),
+            None => Ok(LeaseName(name)),
+        }
+    }
+
+    /// The name as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for LeaseName {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        LeaseName::new(s)
+    }
+}
+
+impl TryFrom<&str> for LeaseName {
+    type Error = Error;
+    fn try_from(s: &str) -> Result<Self> {
+        LeaseName::new(s)
+    }
+}
+
+impl fmt::Display for LeaseName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for LeaseName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+/// Who is campaigning: a validated id of 1 to 256 bytes without control characters.
+///
+/// Every candidate of one lease must have its own id. [`CandidateId::generate`] makes one from
+/// the host name, the process id and a random suffix.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CandidateId(String);
+
+impl CandidateId {
+    /// Validates `id`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidCandidateId`] saying what is wrong.
+    pub fn new(id: impl Into<String>) -> Result<Self> {
+        let id = id.into();
+        let reason = if id.is_empty() {
+            Some("must not be empty")
+        } else if id.len() > MAX_CANDIDATE_ID_LEN {
+            Some("must be at most 256 bytes")
+        } else if id.chars().any(char::is_control) {
+            Some("must not contain control characters")
+        } else {
+            None
+        };
+        match reason {
+            Some(reason) => Err(Error::InvalidCandidateId { id, reason }),
+            None => Ok(CandidateId(id)),
+        }
+    }
+
+    /// A fresh id, `host-pid-xxxxxx`, unique per call.
+    pub fn generate() -> Self {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty() && !h.chars().any(char::is_control))
+            .unwrap_or_else(|| "host".to_string());
+        CandidateId(format!("{host}-{}-{:06x}", std::process::id(), random_u64() & 0xff_ffff))
+    }
+
+    /// The id as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A non-cryptographic random number (for ids, record versions and jitter).
+pub fn random_u64() -> u64 {
+    use std::collections::hash_map::RandomState;
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut hasher = RandomState::new().build_hasher();
+    hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    hasher.write_u128(SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    hasher.finish()
+}
+
+impl FromStr for CandidateId {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        CandidateId::new(s)
+    }
+}
+
+impl fmt::Display for CandidateId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for CandidateId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+/// A fencing token: every grant of a lease has a term strictly greater than every earlier grant
+/// of the same lease, never reused, also across store restarts.
+///
+/// Pass it to downstream systems with every write so that they can reject a deposed leader's
+/// late writes (`reject if term < highest term seen`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Term(pub u64);
+
+impl fmt::Display for Term {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// The store's word that `holder` holds `lease` at `term`.
+///
+/// A grant says nothing about *how long* the local process may believe it: that is decided by
+/// the engine, from when the request was sent (see [`Leader::valid_until`](crate::Leader::valid_until)).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Grant {
+    /// The lease.
+    pub lease: LeaseName,
+    /// The holder.
+    pub holder: CandidateId,
+    /// The fencing term of this grant.
+    pub term: Term,
+    /// The TTL the store keeps the lease for after each acquire or renew.
+    pub ttl: Duration,
+    /// Backend-specific proof of holding (a record version, a lease id, a znode path). Opaque to
+    /// the engine.
+    pub token: String,
+}
+
+/// The current holder of a lease, as a store reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct HolderInfo {
+    /// Who holds the lease.
+    pub id: CandidateId,
+    /// The holder's term.
+    pub term: Term,
+    /// The TTL the holder asked for.
+    pub ttl: Duration,
+    /// The record version: it changes with every acquire and renew, so a contender that sees it
+    /// unchanged for a full TTL knows the holder stopped renewing. Also the holder's grant token.
+    pub version: String,
+    /// How long the store itself will keep the lease from the moment it answered, where the
+    /// store has a clock (Redis PTTL, Azure). `None` where expiry is observed by contenders.
+    pub store_remaining: Option<Duration>,
+}
+
+/// How the previous term of a lease ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum EndReason {
+    /// The holder released it.
+    Released,
+    /// The holder stopped renewing and the lease expired or was taken over after its TTL.
+    Expired,
+    /// An operator broke the lease.
+    Broken,
+}
+
+impl fmt::Display for EndReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            EndReason::Released => "released",
+            EndReason::Expired => "expired",
+            EndReason::Broken => "broken",
+        })
+    }
+}
+
+/// What a store reports about a lease.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Observation {
+    /// The lease.
+    pub lease: LeaseName,
+    /// The current holder, or `None` when the lease is free.
+    pub holder: Option<HolderInfo>,
+    /// The highest term ever granted for this lease (0 if never).
+    pub last_term: Term,
+    /// When the lease is free: how the last term ended, if the store knows.
+    pub previous_end: Option<EndReason>,
+}
+
+impl Observation {
+    /// An observation of a lease nobody holds.
+    pub fn free(lease: LeaseName, last_term: Term, previous_end: Option<EndReason>) -> Self {
+        Observation { lease, holder: None, last_term, previous_end }
+    }
+}
+
+/// A request to acquire a lease.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct AcquireRequest {
+    /// The lease.
+    pub lease: LeaseName,
+    /// The candidate asking.
+    pub candidate: CandidateId,
+    /// The TTL to hold it for.
+    pub ttl: Duration,
+    /// `Some(version)`: the caller has seen this record version unchanged for a full TTL on its
+    /// own monotonic clock, so the holder is gone: replace it if (and only if) the record still
+    /// has this version. Only stores whose expiry is [`Expiry::ObservedByContenders`] use it.
+    pub takeover: Option<String>,
+}
+
+/// The answer to [`LeaseStore::acquire`](crate::LeaseStore::acquire).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Acquired {
+    /// The lease is ours.
+    Granted(Grant),
+    /// Someone else holds it (or, for FIFO stores, is ahead of us in the queue).
+    Held(Observation),
+}
+
+/// The answer to [`LeaseStore::renew`](crate::LeaseStore::renew).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Renewed {
+    /// Still ours, with the (possibly updated) grant.
+    Renewed(Grant),
+    /// The store proves we no longer hold it.
+    Lost(Observation),
+}
+
+/// Where the expiry of a silent holder is enforced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Expiry {
+    /// The store's own clock expires the lease (Redis PX, Azure blob leases, etcd leases).
+    ServerClock,
+    /// The store ends the holder's session when the client goes silent (ZooKeeper sessions,
+    /// Postgres connections).
+    ServerSession,
+    /// The store has no clock: a contender takes over after it has seen the same record version
+    /// unchanged for a full TTL on its own monotonic clock (DynamoDB, SQLite).
+    ObservedByContenders,
+}
+
+/// Which changes a store notifies candidates of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Notifications {
+    /// None: candidates poll.
+    None,
+    /// Releases (and takeovers), but not expiry: candidates poll for expiry.
+    Release,
+    /// Releases and expiry: idle candidates need not poll at all.
+    ReleaseAndExpiry,
+}
+
+/// What a store can do. The engine and the conformance suite read it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// The TTLs the store accepts.
+    pub ttl: RangeInclusive<Duration>,
+    /// Where expiry is enforced.
+    pub expiry: Expiry,
+    /// Which changes are notified.
+    pub notifications: Notifications,
+    /// Whether candidates queue in FIFO order (the longest waiter is next).
+    pub fifo: bool,
+    /// Whether [`LeaseStore::break_lease`](crate::LeaseStore::break_lease) works.
+    pub can_break: bool,
+}
+
+impl Capabilities {
+    /// Checks `ttl` against [`Capabilities::ttl`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidTtl`] naming the store and the range.
+    pub fn check_ttl(&self, store: &'static str, ttl: Duration) -> Result<()> {
+        if self.ttl.contains(&ttl) {
+            Ok(())
+        } else {
+            Err(Error::InvalidTtl { store, ttl, min: *self.ttl.start(), max: *self.ttl.end() })
+        }
+    }
+}
+
+/// One term in a lease's history: who led, from when, and how it ended.
+///
+/// Times are wall-clock times for the audit trail only; no safety decision ever compares them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transition {
+    /// The term.
+    pub term: Term,
+    /// Who held it.
+    pub holder: CandidateId,
+    /// When it was granted, by the clock of whoever wrote the record.
+    pub acquired_at: SystemTime,
+    /// When and how it ended, if it has.
+    pub ended: Option<(SystemTime, EndReason)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_names() {
+        for ok in ["a", "invoice-scheduler", "A.b_c-9", &"x".repeat(128)] {
+            assert!(LeaseName::new(ok).is_ok(), "{ok}");
+        }
+        for (bad, why) in [
+            ("", "empty"),
+            (&"x".repeat(129) as &str, "128"),
+            ("a/b", "letters"),
+            ("a\nb", "letters"),
+            (".hidden", "start"),
+            ("-x", "start"),
+            ("é", "letters"),
+        ] {
+            let err = LeaseName::new(bad).unwrap_err().to_string();
+            assert!(err.contains(why), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn candidate_ids() {
+        assert!(CandidateId::new("host-1 (eu)").is_ok());
+        assert!(CandidateId::new("").is_err());
+        assert!(CandidateId::new("a\u{7}").is_err());
+        assert!(CandidateId::new("x".repeat(257)).is_err());
+        let (a, b) = (CandidateId::generate(), CandidateId::generate());
+        assert_ne!(a, b);
+        assert!(CandidateId::new(a.as_str()).is_ok());
+    }
+
+    #[test]
+    fn ttl_range() {
+        let caps = Capabilities {
+            ttl: Duration::from_secs(15)..=Duration::from_secs(60),
+            expiry: Expiry::ServerClock,
+            notifications: Notifications::None,
+            fifo: false,
+            can_break: true,
+        };
+        assert!(caps.check_ttl("azure", Duration::from_secs(15)).is_ok());
+        let err = caps.check_ttl("azure", Duration::from_secs(5)).unwrap_err();
+        assert!(matches!(err, Error::InvalidTtl { .. }));
+        assert!(err.to_string().contains("15s..=60s"), "{err}");
+    }
+}
