@@ -1,0 +1,1 @@
+//! The shared conformance suite (under construction).

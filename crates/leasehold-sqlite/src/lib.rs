@@ -1,0 +1,1 @@
+//! SQLite lease store (under construction).
