@@ -202,11 +202,8 @@ impl LeaseStore for MemoryStore {
         self.with_live_entry(lease, |entry, now| {
             match &mut entry.holder {
                 None => {}
-                Some(h) if h.id == request.candidate => {
-                    h.ttl = request.ttl;
-                    h.refresh(now);
-                    return Acquired::Granted(h.grant(lease));
-                }
+                // The candidate's own earlier term ended when its leadership did: a new term.
+                Some(h) if h.id == request.candidate => entry.end(EndReason::Expired),
                 Some(h) if request.takeover.as_ref() == Some(&h.version) && expiry == Expiry::ObservedByContenders => {
                     entry.end(EndReason::Expired);
                 }

@@ -48,8 +48,9 @@ pub trait LeaseStore: Debug + Send + Sync + 'static {
     /// Tries to take the lease for `request.candidate`.
     ///
     /// Takes a free lease; replaces a held one only when `request.takeover` names its current
-    /// record version (observed-expiry stores) or the store itself has expired it.
-    /// Every grant has a term greater than every earlier grant of the lease.
+    /// record version (observed-expiry stores), the store itself has expired it, or the holder is
+    /// `request.candidate` itself (its earlier leadership has ended). Every grant, also a repeated
+    /// one to the same candidate, has a term greater than every earlier grant of the lease.
     ///
     /// # Errors
     ///
