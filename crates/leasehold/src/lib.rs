@@ -1,0 +1,149 @@
+#![doc = include_str!("../../../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+
+pub use leasehold_core::*;
+
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub use leasehold_sqlite as sqlite;
+
+/// The URL schemes `connect` knows, with the Cargo feature that enables each.
+pub const SCHEMES: &[(&str, &str)] = &[
+    ("sqlite", "sqlite"),
+    ("postgres", "postgres"),
+    ("postgresql", "postgres"),
+    ("redis", "redis"),
+    ("rediss", "redis"),
+    ("etcd", "etcd"),
+    ("etcds", "etcd"),
+    ("zk", "zookeeper"),
+    ("zookeeper", "zookeeper"),
+    ("dynamodb", "dynamodb"),
+    ("azblob", "azure"),
+];
+
+/// Connects to the lease store a URL names, picking the backend by the URL's scheme.
+///
+/// # Errors
+///
+/// [`Error::InvalidUrl`] for a URL that cannot be parsed (the error never shows its password);
+/// [`Error::UnsupportedScheme`] naming the feature to enable for a compiled-out or unknown
+/// scheme; the backend's own errors (e.g. [`Error::Unreachable`]) when it cannot connect.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+/// let dir = tempfile::tempdir().unwrap();
+/// let store = leasehold::connect(&format!("sqlite://{}/leases.db", dir.path().display())).await?;
+/// assert_eq!(store.name(), "sqlite");
+///
+/// let err = leasehold::connect("nosuch://host").await.unwrap_err();
+/// assert!(err.to_string().contains("unsupported store scheme"));
+/// # Ok(()) }
+/// ```
+pub async fn connect(url: &str) -> Result<Arc<dyn LeaseStore>> {
+    let scheme = scheme_of(url)?;
+    match scheme.as_str() {
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Ok(Arc::new(leasehold_sqlite::SqliteStore::connect(url).await?)),
+        other => Err(unsupported(other)),
+    }
+}
+
+fn scheme_of(url: &str) -> Result<String> {
+    match url.split_once(':') {
+        Some((scheme, _)) if !scheme.is_empty() && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) => {
+            Ok(scheme.to_ascii_lowercase())
+        }
+        _ => Err(Error::InvalidUrl { url: redact(url), reason: "expected SCHEME://... (e.g. sqlite:///path/leases.db)".into() }),
+    }
+}
+
+fn unsupported(scheme: &str) -> Error {
+    let hint = match SCHEMES.iter().find(|(s, _)| *s == scheme) {
+        Some((_, feature)) if cfg!(feature = "full") || feature_enabled(feature) => {
+            format!("the `{feature}` backend is not available in this version of leasehold yet")
+        }
+        Some((_, feature)) => format!("enable the `{feature}` feature of the leasehold crate"),
+        None => {
+            let known: Vec<&str> = SCHEMES.iter().map(|(s, _)| *s).collect();
+            format!("known schemes: {}", known.join(", "))
+        }
+    };
+    Error::UnsupportedScheme { scheme: scheme.to_string(), hint }
+}
+
+fn feature_enabled(feature: &str) -> bool {
+    match feature {
+        "sqlite" => cfg!(feature = "sqlite"),
+        "postgres" => cfg!(feature = "postgres"),
+        "redis" => cfg!(feature = "redis"),
+        "etcd" => cfg!(feature = "etcd"),
+        "zookeeper" => cfg!(feature = "zookeeper"),
+        "dynamodb" => cfg!(feature = "dynamodb"),
+        "azure" => cfg!(feature = "azure"),
+        _ => false,
+    }
+}
+
+/// Replaces the password of a URL (and any query value that looks secret) with `***`.
+///
+/// ```
+/// assert_eq!(
+///     leasehold::redact("postgres://app:hunter2@db:5432/x?sig=abc&mode=y"),
+///     "postgres://app:***@db:5432/x?sig=***&mode=y"
+/// );
+/// ```
+pub fn redact(url: &str) -> String {
+    let Ok(mut parsed) = url::Url::parse(url) else {
+        // Unparseable: keep only what precedes any credentials.
+        return match url.rsplit_once('@') {
+            Some((_, host)) => format!("***@{host}"),
+            None => url.to_string(),
+        };
+    };
+    if parsed.password().is_some() {
+        let _ = parsed.set_password(Some("***"));
+    }
+    if parsed.query().is_some() {
+        const SECRET: &[&str] = &["sig", "password", "secret", "token", "key", "access_key", "secret_key", "sas", "session_token"];
+        let pairs: Vec<(String, String)> = parsed
+            .query_pairs()
+            .map(|(k, v)| {
+                let secret = SECRET.iter().any(|s| k.eq_ignore_ascii_case(s) || k.to_ascii_lowercase().contains("secret"));
+                (k.into_owned(), if secret { "***".to_string() } else { v.into_owned() })
+            })
+            .collect();
+        let query: Vec<String> = pairs.iter().map(|(k, v)| if v == "***" { format!("{k}=***") } else { format!("{k}={v}") }).collect();
+        parsed.set_query(Some(&query.join("&")));
+    }
+    parsed.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn unknown_and_compiled_out_schemes_name_the_fix() {
+        let err = connect("etcd://127.0.0.1:2379/app").await.unwrap_err();
+        assert!(matches!(err, Error::UnsupportedScheme { .. }), "{err}");
+        assert!(err.to_string().contains("etcd"), "{err}");
+        let err = connect("ftp://x").await.unwrap_err();
+        assert!(err.to_string().contains("known schemes"), "{err}");
+        let err = connect("no scheme here").await.unwrap_err();
+        assert!(matches!(err, Error::InvalidUrl { .. }), "{err}");
+    }
+
+    #[test]
+    fn redaction_hides_passwords() {
+        let r = redact("redis://:s3cret@host:6379/0");
+        assert!(!r.contains("s3cret"), "{r}");
+        let r = redact("not a url user:pw@host");
+        assert!(!r.contains("pw@"), "{r}");
+    }
+}
