@@ -452,7 +452,7 @@ impl Leader {
     /// How long the leadership may still be believed (zero once deposed).
     pub fn remaining(&self) -> Duration {
         let status = self.shared.status.borrow();
-        if status.deposed.is_some() { Duration::ZERO } else { status.valid_until.saturating_duration_since(Instant::now()) }
+        if status.deposed.is_some() { Duration::ZERO } else { status.valid_until.saturating_duration_since(now()) }
     }
 
     /// Checks, before a side effect, that this candidate still leads and will for at least
@@ -466,7 +466,7 @@ impl Leader {
         let reason = match &status.deposed {
             Some(reason) => format!("deposed: {reason}"),
             None => {
-                let remaining = status.valid_until.saturating_duration_since(Instant::now());
+                let remaining = status.valid_until.saturating_duration_since(now());
                 if remaining > min_remaining {
                     return Ok(());
                 }
@@ -498,7 +498,7 @@ impl Leader {
     /// Reports that the work is alive and making progress. With a `stall_timeout`, a leader
     /// whose work stops calling this steps down.
     pub fn heartbeat(&self) {
-        let nanos = self.shared.elected_at.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
+        let nanos = (now() - self.shared.elected_at).as_nanos().min(u128::from(u64::MAX)) as u64;
         self.shared.heartbeat.fetch_max(nanos, Ordering::Relaxed);
     }
 
@@ -513,6 +513,11 @@ impl Leader {
 }
 
 type PendingOp = (OpId, BoxFuture<'static, Reply>);
+
+/// The current instant on tokio's clock, so that the engine runs under `tokio::time::pause`.
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
 
 /// Runs one [`Machine`] for one campaign and its leadership.
 struct Driver {
@@ -539,7 +544,7 @@ struct LeaderControl {
 
 impl Driver {
     fn new(inner: Arc<Inner>) -> Result<Self> {
-        let now = Instant::now();
+        let now = now();
         let first_attempt = inner.not_before.lock().expect("not_before lock").map_or(now, |t| t.max(now));
         let machine = Machine::new(
             inner.timing,
@@ -573,10 +578,10 @@ impl Driver {
         if self.inner.caps.notifications != crate::Notifications::None {
             match self.inner.store.changes(&self.inner.lease, &self.inner.id).await {
                 Ok(Some(changes)) => self.changes = Some(changes),
-                Ok(None) => self.machine.handle(Instant::now(), Input::NotificationsLost, &mut out),
+                Ok(None) => self.machine.handle(now(), Input::NotificationsLost, &mut out),
                 Err(e) => {
                     warn!(error = %e, "change notifications unavailable; polling");
-                    self.machine.handle(Instant::now(), Input::NotificationsLost, &mut out);
+                    self.machine.handle(now(), Input::NotificationsLost, &mut out);
                 }
             }
         }
@@ -601,7 +606,7 @@ impl Driver {
                 self.op = None;
             }
             let input = self.next_input(elected.as_mut()).await;
-            let now = Instant::now();
+            let now = now();
             self.feed_heartbeat(now, &mut out);
             self.machine.handle(now, input, &mut out);
         }
@@ -658,7 +663,7 @@ impl Driver {
         if beat > l.heartbeat_seen {
             l.heartbeat_seen = beat;
             let at = l.shared.elected_at + Duration::from_nanos(beat);
-            self.machine.handle(Instant::now(), Input::Heartbeat(at), out);
+            self.machine.handle(now(), Input::Heartbeat(at), out);
         }
     }
 
@@ -671,13 +676,13 @@ impl Driver {
                 let lease_name = self.inner.lease.clone();
                 let me = self.inner.id.clone();
                 let fut: BoxFuture<'static, Reply> = Box::pin(async move {
-                    let started = Instant::now();
+                    let started = now();
                     let reply = match request {
                         Request::Acquire(r) => Reply::Acquire(store.acquire(&r).await),
                         Request::Renew(g) => {
                             let reply = store.renew(&g).await;
                             metrics::histogram!("leasehold_renew_seconds", "lease" => g.lease.as_str().to_string())
-                                .record(started.elapsed().as_secs_f64());
+                                .record((now() - started).as_secs_f64());
                             Reply::Renew(reply)
                         }
                         Request::Release(g) => Reply::Release(store.release(&g).await),
@@ -691,7 +696,7 @@ impl Driver {
                 None
             }
             Output::Elected { grant, valid_until } => {
-                let now = Instant::now();
+                let now = now();
                 info!(term = %grant.term, "elected");
                 metrics::gauge!("leasehold_is_leader", "lease" => lease.clone()).set(1.0);
                 metrics::counter!("leasehold_transitions_total", "lease" => lease.clone(), "to" => "leader").increment(1);
@@ -723,7 +728,7 @@ impl Driver {
                     l.status.send_modify(|s| s.valid_until = valid_until);
                 }
                 metrics::gauge!("leasehold_lease_remaining_seconds", "lease" => lease)
-                    .set(valid_until.saturating_duration_since(Instant::now()).as_secs_f64());
+                    .set(valid_until.saturating_duration_since(now()).as_secs_f64());
                 None
             }
             Output::Deposed { term, reason, believed_until } => {
@@ -747,7 +752,7 @@ impl Driver {
                 None
             }
             Output::SteppedDown { term, work_stopped_after, aborted } => {
-                let now = Instant::now();
+                let now = now();
                 *self.inner.not_before.lock().expect("not_before lock") =
                     Some(now + self.inner.timing.retry_every);
                 if let Some((_, reason, believed_until)) = self.deposed.take() {
@@ -759,7 +764,7 @@ impl Driver {
                 None
             }
             Output::LeaderChanged(leader) => {
-                let info = leader.map(|(holder, term)| LeaderInfo { holder, term, since: Instant::now() });
+                let info = leader.map(|(holder, term)| LeaderInfo { holder, term, since: now() });
                 self.inner.leader.send_replace(info.clone());
                 self.emit(Event::LeaderChanged(info));
                 None
