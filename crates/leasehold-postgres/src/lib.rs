@@ -1,0 +1,1 @@
+//! postgres lease store (under construction).

@@ -1,0 +1,1 @@
+//! redis lease store (under construction).
