@@ -417,8 +417,7 @@ impl Shared {
     async fn stepped_down(&self) -> Option<DeposedReason> {
         let mut status = self.status.clone();
         let _ = status.wait_for(|s| s.stepped_down).await;
-        let reason = status.borrow().deposed.clone();
-        reason
+        status.borrow().deposed.clone()
     }
 }
 
@@ -754,7 +753,7 @@ impl Driver {
             Output::SteppedDown { term, work_stopped_after, aborted } => {
                 let now = now();
                 *self.inner.not_before.lock().expect("not_before lock") =
-                    Some(now + self.inner.timing.retry_every);
+                    Some(now + self.inner.timing.step_down_backoff());
                 if let Some((_, reason, believed_until)) = self.deposed.take() {
                     self.emit(Event::Deposed { term, reason, believed_until, work_stopped_after, aborted });
                 }

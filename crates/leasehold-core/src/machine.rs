@@ -505,7 +505,7 @@ impl Machine {
             out.push(Output::Stopped);
         } else {
             // Back off before campaigning again, so that a healthy candidate can take over.
-            let next_attempt = now + self.retry_delay();
+            let next_attempt = now + self.timing.step_down_backoff();
             self.state = State::Following(Following { next_attempt, seen: None, term_floor });
         }
     }

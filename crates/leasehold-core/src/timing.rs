@@ -102,6 +102,13 @@ impl Timing {
         self.ttl.mul_f64(1.0 - self.drift.as_f64())
     }
 
+    /// How long a candidate that just stepped down waits before campaigning again:
+    /// `retry_every × (2 + jitter)`, longer than any follower's poll interval, so that a healthy
+    /// follower takes over rather than the candidate that just failed.
+    pub fn step_down_backoff(&self) -> Duration {
+        self.retry_every.mul_f64(2.0 + self.jitter.as_f64())
+    }
+
     /// Checks every invariant.
     ///
     /// # Errors

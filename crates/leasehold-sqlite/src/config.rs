@@ -1,0 +1,403 @@
+//! Where the lease file is and how to open it: `sqlite://` URLs and their options.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use leasehold_core::{Error, Result};
+
+/// The URL schemes this backend handles.
+pub const URL_SCHEMES: &[&str] = &["sqlite"];
+
+/// The default `busy_timeout`: how long a request waits for another process's write lock.
+pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The default number of connections each [`SqliteStore`](crate::SqliteStore) keeps open.
+pub const DEFAULT_POOL_SIZE: u32 = 4;
+
+/// The default number of terms kept per lease in the history table.
+pub const DEFAULT_HISTORY_LIMIT: u32 = 1000;
+
+const MAX_POOL_SIZE: u32 = 64;
+const MAX_BUSY_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// How commits reach the disk (SQLite's `PRAGMA synchronous`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Synchronous {
+    /// Every commit is synced to disk: a granted term survives a power loss, so a term is never
+    /// granted twice. The default.
+    #[default]
+    Full,
+    /// Commits survive a process crash but the last ones may be lost with a power loss or an
+    /// operating-system crash, after which a term could be granted a second time. Faster.
+    Normal,
+}
+
+/// How to open a lease file: its path and options.
+///
+/// Build one with [`SqliteConfig::new`] and the setters, or parse a URL:
+///
+/// | URL | file |
+/// |---|---|
+/// | `sqlite:///var/lib/app/leases.db` | `/var/lib/app/leases.db` |
+/// | `sqlite://leases.db`, `sqlite:leases.db` | `leases.db`, relative to the working directory |
+/// | `sqlite:/var/lib/app/leases.db` | `/var/lib/app/leases.db` |
+///
+/// Query options: `busy_timeout` (`5s`, `500ms`, `2m`, or a bare number of milliseconds),
+/// `pool_size` (1 to 64), `history_limit` (terms kept per lease, `0` keeps all) and
+/// `synchronous` (`full` or `normal`). `%XX` escapes in the path are decoded, so a `?` in a file
+/// name is written `%3F`. In-memory databases (`sqlite::memory:`, `mode=memory`) are rejected:
+/// they are private to one process, and candidates in other processes would never see them.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use leasehold_sqlite::SqliteConfig;
+///
+/// let config: SqliteConfig = "sqlite:///var/lib/app/leases.db?busy_timeout=2s&pool_size=2".parse()?;
+/// assert_eq!(config.path.to_str(), Some("/var/lib/app/leases.db"));
+/// assert_eq!(config.busy_timeout, Duration::from_secs(2));
+/// assert!("sqlite::memory:".parse::<SqliteConfig>().is_err());
+/// # Ok::<(), leasehold_core::Error>(())
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SqliteConfig {
+    /// The lease file, created if it does not exist. Its directory must be writable: SQLite
+    /// keeps the write-ahead log (`-wal`, `-shm`) next to it.
+    pub path: PathBuf,
+    /// How long a request waits for another connection's write lock before it fails as
+    /// [`Error::Timeout`]. Default 5 s; at most 1 h.
+    pub busy_timeout: Duration,
+    /// How many connections the store keeps open, 1 to 64. Default 4.
+    pub pool_size: u32,
+    /// How many terms of each lease the history table keeps; `0` keeps all. Default 1000.
+    pub history_limit: u32,
+    /// How commits reach the disk. Default [`Synchronous::Full`].
+    pub synchronous: Synchronous,
+}
+
+impl SqliteConfig {
+    /// The defaults for the lease file at `path` (created if it does not exist).
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        SqliteConfig {
+            path: path.into(),
+            busy_timeout: DEFAULT_BUSY_TIMEOUT,
+            pool_size: DEFAULT_POOL_SIZE,
+            history_limit: DEFAULT_HISTORY_LIMIT,
+            synchronous: Synchronous::Full,
+        }
+    }
+
+    /// Parses a `sqlite:` URL (see the [type docs](SqliteConfig)).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUrl`] naming what is wrong: another scheme, an empty path, an in-memory
+    /// database, an unknown option or a bad option value.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let invalid = |reason: String| Error::InvalidUrl {
+            url: url.to_string(),
+            reason,
+        };
+        let rest = URL_SCHEMES
+            .iter()
+            .find_map(|scheme| {
+                // Schemes are case-insensitive (RFC 3986); paths are not.
+                let (head, rest) = url.split_at_checked(scheme.len())?;
+                let rest = rest
+                    .strip_prefix(':')
+                    .filter(|_| head.eq_ignore_ascii_case(scheme))?;
+                Some(rest.strip_prefix("//").unwrap_or(rest))
+            })
+            .ok_or_else(|| {
+                invalid("the scheme must be sqlite: (e.g. sqlite:///var/lib/app/leases.db)".into())
+            })?;
+        let (path, query) = match rest.split_once('?') {
+            Some((path, query)) => (path, Some(query)),
+            None => (rest, None),
+        };
+        let path = percent_decode(path).map_err(invalid)?;
+        if path.is_empty() {
+            return Err(invalid(
+                "no file path (e.g. sqlite:///var/lib/app/leases.db)".into(),
+            ));
+        }
+        if path == ":memory:" {
+            return Err(invalid(IN_MEMORY.into()));
+        }
+        let mut config = SqliteConfig::new(path);
+        for pair in query
+            .unwrap_or_default()
+            .split('&')
+            .filter(|pair| !pair.is_empty())
+        {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let value = percent_decode(value).map_err(invalid)?;
+            config = config.set(key, &value).map_err(invalid)?;
+        }
+        Ok(config)
+    }
+
+    fn set(mut self, key: &str, value: &str) -> Result<Self, String> {
+        let bad = |allowed: &str| format!("option {key}={value:?}: expected {allowed}");
+        match key {
+            "busy_timeout" => {
+                self.busy_timeout = parse_duration(value)
+                    .filter(|d| *d <= MAX_BUSY_TIMEOUT)
+                    .ok_or_else(|| {
+                        bad("a duration up to 1h such as 5s, 500ms or 5000 (milliseconds)")
+                    })?;
+            }
+            "pool_size" => {
+                self.pool_size = value
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=MAX_POOL_SIZE).contains(n))
+                    .ok_or_else(|| bad("a number of connections from 1 to 64"))?;
+            }
+            "history_limit" => {
+                self.history_limit = value
+                    .parse()
+                    .map_err(|_| bad("a number of terms (0 keeps all)"))?;
+            }
+            "synchronous" => {
+                self.synchronous = match value.to_ascii_lowercase().as_str() {
+                    "full" => Synchronous::Full,
+                    "normal" => Synchronous::Normal,
+                    _ => return Err(bad("full or normal")),
+                };
+            }
+            "mode" if value == "memory" => return Err(IN_MEMORY.into()),
+            _ => {
+                return Err(format!(
+                    "unknown option {key:?} (known: busy_timeout, pool_size, history_limit, synchronous)"
+                ));
+            }
+        }
+        Ok(self)
+    }
+
+    /// Checks the ranges of the fields.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] naming the field.
+    pub fn validate(&self) -> Result<()> {
+        let invalid = |field, value: String, allowed: &str| {
+            Err(Error::InvalidConfig {
+                field,
+                value,
+                allowed: allowed.to_string(),
+            })
+        };
+        if self.busy_timeout > MAX_BUSY_TIMEOUT {
+            return invalid(
+                "busy_timeout",
+                format!("{:?}", self.busy_timeout),
+                "at most 1h",
+            );
+        }
+        if !(1..=MAX_POOL_SIZE).contains(&self.pool_size) {
+            return invalid(
+                "pool_size",
+                self.pool_size.to_string(),
+                "1 to 64 connections",
+            );
+        }
+        if self.path.as_os_str().is_empty() || self.path == Path::new(":memory:") {
+            return invalid(
+                "path",
+                format!("{:?}", self.path),
+                "a file path (in-memory databases are private to one process)",
+            );
+        }
+        Ok(())
+    }
+}
+
+const IN_MEMORY: &str = "an in-memory database is private to one process, so candidates in other processes \
+                         would never see its leases; use a file path";
+
+impl FromStr for SqliteConfig {
+    type Err = Error;
+
+    fn from_str(url: &str) -> Result<Self> {
+        SqliteConfig::from_url(url)
+    }
+}
+
+impl fmt::Debug for SqliteConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // A file path and a few numbers: nothing secret to redact.
+        f.debug_struct("SqliteConfig")
+            .field("path", &self.path)
+            .field("busy_timeout", &self.busy_timeout)
+            .field("pool_size", &self.pool_size)
+            .field("history_limit", &self.history_limit)
+            .field("synchronous", &self.synchronous)
+            .finish()
+    }
+}
+
+/// `5s`, `500ms`, `2m`, `1h`, or a bare number of milliseconds (as SQLite's own `busy_timeout`).
+fn parse_duration(value: &str) -> Option<Duration> {
+    let split = value
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(value.len());
+    let (number, unit) = value.split_at(split);
+    let number: u64 = number.parse().ok()?;
+    match unit {
+        "" | "ms" => Some(Duration::from_millis(number)),
+        "s" => Some(Duration::from_secs(number)),
+        "m" => number.checked_mul(60).map(Duration::from_secs),
+        "h" => number.checked_mul(3600).map(Duration::from_secs),
+        _ => None,
+    }
+}
+
+fn percent_decode(text: &str) -> Result<String, String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok());
+            let byte = hex.and_then(|h| u8::from_str_radix(h, 16).ok());
+            out.push(byte.ok_or_else(|| format!("bad %-escape at byte {i} of {text:?}"))?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| format!("{text:?} does not decode to UTF-8"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_forms() {
+        for (url, path) in [
+            ("sqlite:///var/lib/app/leases.db", "/var/lib/app/leases.db"),
+            ("sqlite://leases.db", "leases.db"),
+            ("sqlite:leases.db", "leases.db"),
+            ("sqlite:/abs/leases.db", "/abs/leases.db"),
+            ("sqlite:///tmp/a%3Fb%20c.db", "/tmp/a?b c.db"),
+            ("sqlite://./dir/x.db?", "./dir/x.db"),
+            ("SQLite:///Var/Leases.db", "/Var/Leases.db"),
+        ] {
+            let config = SqliteConfig::from_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert_eq!(config.path, Path::new(path), "{url}");
+            assert_eq!(config.busy_timeout, DEFAULT_BUSY_TIMEOUT);
+        }
+    }
+
+    #[test]
+    fn options() {
+        let config: SqliteConfig =
+            "sqlite:x.db?busy_timeout=250ms&pool_size=2&history_limit=0&synchronous=NORMAL"
+                .parse()
+                .unwrap();
+        assert_eq!(config.busy_timeout, Duration::from_millis(250));
+        assert_eq!(config.pool_size, 2);
+        assert_eq!(config.history_limit, 0);
+        assert_eq!(config.synchronous, Synchronous::Normal);
+        for (value, expected) in [
+            ("5s", 5_000),
+            ("5000", 5_000),
+            ("2m", 120_000),
+            ("1h", 3_600_000),
+            ("0", 0),
+        ] {
+            let config =
+                SqliteConfig::from_url(&format!("sqlite:x.db?busy_timeout={value}")).unwrap();
+            assert_eq!(
+                config.busy_timeout,
+                Duration::from_millis(expected),
+                "{value}"
+            );
+        }
+    }
+
+    #[test]
+    fn malformed_urls_name_the_problem() {
+        for (url, why) in [
+            ("postgres://localhost/db", "scheme"),
+            ("sqlitex:foo.db", "scheme"),
+            ("leases.db", "scheme"),
+            ("sqlite:", "no file path"),
+            ("sqlite://", "no file path"),
+            ("sqlite://?busy_timeout=1s", "no file path"),
+            ("sqlite::memory:", "in-memory"),
+            ("sqlite://:memory:", "in-memory"),
+            ("sqlite:x.db?mode=memory", "in-memory"),
+            ("sqlite:x.db?busy_timeout=soon", "busy_timeout"),
+            ("sqlite:x.db?busy_timeout=5d", "busy_timeout"),
+            ("sqlite:x.db?busy_timeout=2h", "busy_timeout"),
+            ("sqlite:x.db?pool_size=0", "pool_size"),
+            ("sqlite:x.db?pool_size=1000", "pool_size"),
+            ("sqlite:x.db?history_limit=-1", "history_limit"),
+            ("sqlite:x.db?synchronous=off", "synchronous"),
+            (
+                "sqlite:x.db?journal_mode=delete",
+                "unknown option \"journal_mode\"",
+            ),
+            ("sqlite:x%zz.db", "%-escape"),
+            ("sqlite:x%ff.db", "UTF-8"),
+        ] {
+            match SqliteConfig::from_url(url) {
+                Err(Error::InvalidUrl { url: shown, reason }) => {
+                    assert_eq!(shown, url);
+                    assert!(reason.contains(why), "{url}: {reason}");
+                }
+                other => panic!("{url}: expected InvalidUrl, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn validate_names_the_field() {
+        let field = |config: SqliteConfig| match config.validate() {
+            Err(Error::InvalidConfig { field, .. }) => field,
+            other => panic!("expected InvalidConfig, got {other:?}"),
+        };
+        let ok = SqliteConfig::new("x.db");
+        ok.validate().unwrap();
+        assert_eq!(
+            field(SqliteConfig {
+                pool_size: 0,
+                ..ok.clone()
+            }),
+            "pool_size"
+        );
+        assert_eq!(
+            field(SqliteConfig {
+                busy_timeout: Duration::from_secs(7200),
+                ..ok.clone()
+            }),
+            "busy_timeout"
+        );
+        assert_eq!(
+            field(SqliteConfig {
+                path: ":memory:".into(),
+                ..ok.clone()
+            }),
+            "path"
+        );
+        assert_eq!(
+            field(SqliteConfig {
+                path: "".into(),
+                ..ok
+            }),
+            "path"
+        );
+    }
+}

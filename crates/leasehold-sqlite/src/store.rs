@@ -1,0 +1,231 @@
+//! [`SqliteStore`]: the [`LeaseStore`] on one SQLite file.
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold_core::{
+    AcquireRequest, Acquired, Capabilities, Error, Expiry, Grant, LeaseName, LeaseStore,
+    Notifications, Observation, Renewed, Result, Term, Transition,
+};
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{ConnectOptions, Connection};
+
+use crate::config::{SqliteConfig, Synchronous};
+use crate::error::{self, STORE};
+use crate::record::{self, Failure, TTL_RANGE};
+use crate::schema;
+use crate::writer::{Op, Outcome, Writer};
+
+/// A [`LeaseStore`] on one SQLite file, shared by every process on the machine that opens it.
+///
+/// Each lease is a row holding its holder, term, TTL and a random record version that changes
+/// with every acquire and renew. Every write runs in a `BEGIN IMMEDIATE` transaction, so writers
+/// from all processes take turns and each compare-and-set sees the latest row. SQLite has no
+/// clock of its own: a contender takes over a silent holder only after it has seen the same
+/// record version unchanged for the holder's full TTL ([`Expiry::ObservedByContenders`]; the
+/// engine does the watching and passes [`AcquireRequest::takeover`]).
+///
+/// Writes that queue up while a transaction commits share the next one (group commit: one disk
+/// sync for many renewals), so one process can hold thousands of leases. They are made by a task
+/// on the tokio runtime that opened the store: use the store on that runtime (once it has shut
+/// down, writes fail as [`Error::Unreachable`]).
+///
+/// The file uses write-ahead logging, a busy timeout and a small connection pool; the tables are
+/// `leasehold_leases`, `leasehold_terms` (history) and `leasehold_meta` (schema version), created
+/// when absent and never altered when present. See [`docs`](crate::docs) for the whole story.
+///
+/// # Examples
+///
+/// ```
+/// use std::{sync::Arc, time::Duration};
+/// use leasehold_core::Elector;
+/// use leasehold_sqlite::SqliteStore;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let path = dir.path().join("leases.db");
+/// let store = SqliteStore::open(&path).await?;
+/// let elector = Elector::builder(Arc::new(store), "nightly-report").ttl(Duration::from_secs(5)).build()?;
+/// let leader = elector.campaign().await?;
+/// println!("leading at term {}", leader.term());
+/// leader.resign().await;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct SqliteStore {
+    /// For reads, and for the writer's transactions; write-ahead logging lets readers go on
+    /// while a transaction commits.
+    pool: SqlitePool,
+    writer: Writer,
+    config: SqliteConfig,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the lease file at `path` with the default options.
+    ///
+    /// # Errors
+    ///
+    /// As [`SqliteStore::open_with`].
+    pub async fn open(path: impl AsRef<Path>) -> Result<Self> {
+        SqliteStore::open_with(SqliteConfig::new(path.as_ref())).await
+    }
+
+    /// Opens the lease file named by a `sqlite:` URL, e.g.
+    /// `sqlite:///var/lib/app/leases.db?busy_timeout=2s` (see [`SqliteConfig`] for the forms and
+    /// options).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUrl`] for a malformed URL, an unknown option or an in-memory database;
+    /// otherwise as [`SqliteStore::open_with`].
+    pub async fn connect(url: &str) -> Result<Self> {
+        SqliteStore::open_with(SqliteConfig::from_str(url)?).await
+    }
+
+    /// Opens (creating if needed) the lease file that `config` describes: switches it to
+    /// write-ahead logging, creates the missing tables and checks the shape of existing ones.
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::InvalidConfig`] for a field out of range;
+    /// - [`Error::Store`] with an [`OpenError`](crate::OpenError) source naming the file when it
+    ///   is not a SQLite database, or cannot be opened or created for writing;
+    /// - [`Error::CorruptRecord`] naming the table when a table of the same name has another
+    ///   shape, or the file was written by a newer schema; nothing is changed;
+    /// - [`Error::Timeout`] when another process holds the write lock past the busy timeout.
+    pub async fn open_with(config: SqliteConfig) -> Result<Self> {
+        config.validate()?;
+        let options = SqliteConnectOptions::new()
+            .filename(&config.path)
+            .create_if_missing(true)
+            .busy_timeout(config.busy_timeout)
+            .synchronous(match config.synchronous {
+                Synchronous::Full => SqliteSynchronous::Full,
+                Synchronous::Normal => SqliteSynchronous::Normal,
+            });
+        let mut setup = options
+            .connect()
+            .await
+            .map_err(|e| error::map_open(e, &config.path, config.busy_timeout))?;
+        let prepared = schema::prepare(&mut setup, &config.path, config.busy_timeout).await;
+        let _ = setup.close().await;
+        prepared?;
+        let pool = SqlitePoolOptions::new()
+            .max_connections(config.pool_size)
+            .min_connections(0)
+            .acquire_timeout(config.busy_timeout.max(Duration::from_secs(1)))
+            // A local file does not go stale; skip the ping before each request.
+            .test_before_acquire(false)
+            .connect_lazy_with(options);
+        let writer = Writer::spawn(pool.clone(), config.clone());
+        Ok(SqliteStore {
+            pool,
+            writer,
+            config,
+        })
+    }
+
+    /// The configuration the store was opened with.
+    pub fn config(&self) -> &SqliteConfig {
+        &self.config
+    }
+
+    /// Closes every connection. Requests made afterwards fail as [`Error::Unreachable`].
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    fn map_read(&self, operation: &'static str) -> impl Fn(Failure) -> Error + use<> {
+        let busy_timeout = self.config.busy_timeout;
+        move |failure| match failure {
+            Failure::Record(e) => e,
+            Failure::Sql(e) => error::map(&e, operation, busy_timeout),
+        }
+    }
+}
+
+/// The answer of the writer to a request it cannot have given.
+fn mismatch(outcome: Outcome) -> Error {
+    Error::store(
+        STORE,
+        format!("internal error: unexpected answer {outcome:?}"),
+    )
+}
+
+#[async_trait]
+impl LeaseStore for SqliteStore {
+    fn name(&self) -> &'static str {
+        STORE
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            ttl: TTL_RANGE,
+            expiry: Expiry::ObservedByContenders,
+            notifications: Notifications::None,
+            fifo: false,
+            can_break: true,
+        }
+    }
+
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
+        self.capabilities().check_ttl(STORE, request.ttl)?;
+        match self.writer.write(Op::Acquire(request.clone())).await? {
+            Outcome::Acquired(acquired) => Ok(acquired),
+            other => Err(mismatch(other)),
+        }
+    }
+
+    async fn renew(&self, grant: &Grant) -> Result<Renewed> {
+        match self.writer.write(Op::Renew(grant.clone())).await? {
+            Outcome::Renewed(renewed) => Ok(renewed),
+            other => Err(mismatch(other)),
+        }
+    }
+
+    async fn release(&self, grant: &Grant) -> Result<()> {
+        match self.writer.write(Op::Release(grant.clone())).await? {
+            Outcome::Released => Ok(()),
+            other => Err(mismatch(other)),
+        }
+    }
+
+    async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
+        let map = self.map_read("inspect");
+        let mut conn = self.pool.acquire().await.map_err(|e| map(e.into()))?;
+        let record = record::read(&mut conn, lease).await.map_err(map)?;
+        Ok(record.observation(lease))
+    }
+
+    async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
+        let map = self.map_read("history");
+        // One read transaction: the row and the history come from one snapshot.
+        let mut tx = self.pool.begin().await.map_err(|e| map(e.into()))?;
+        // Like every operation, refuse to report on a lease whose record cannot be read.
+        record::read(&mut tx, lease).await.map_err(&map)?;
+        let rows = sqlx::query(
+            "SELECT term, holder, acquired_at, ended_at, end_reason FROM leasehold_terms
+             WHERE name = ?1 ORDER BY term DESC LIMIT ?2",
+        )
+        .bind(lease.as_str())
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(|e| map(e.into()))?;
+        let mut transitions = rows
+            .iter()
+            .map(|row| record::decode_transition(lease, row))
+            .collect::<Result<Vec<_>>>()?;
+        transitions.reverse();
+        Ok(transitions)
+    }
+
+    async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
+        match self.writer.write(Op::Break(lease.clone())).await? {
+            Outcome::Broken(term) => Ok(term),
+            other => Err(mismatch(other)),
+        }
+    }
+}

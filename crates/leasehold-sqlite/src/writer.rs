@@ -1,0 +1,291 @@
+//! Writes: every acquire, renew, release and break runs inside a `BEGIN IMMEDIATE` transaction,
+//! and the requests that queue up while one transaction commits share the next one.
+//!
+//! `BEGIN IMMEDIATE` takes SQLite's write lock at once, so writers in all processes take turns
+//! and the row a request reads is the row it replaces: that is the compare-and-set. Sharing a
+//! transaction (group commit) costs one disk sync for many requests, which is what lets one
+//! process hold thousands of leases with `synchronous=full`. Requests in one transaction run one
+//! after the other and see each other's writes, exactly as if each had its own.
+
+use std::time::SystemTime;
+
+use leasehold_core::{
+    AcquireRequest, Acquired, EndReason, Error, Grant, LeaseName, Renewed, Result, Term,
+};
+use sqlx::SqliteConnection;
+use sqlx::sqlite::SqlitePool;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::config::SqliteConfig;
+use crate::error::{self, STORE};
+use crate::record::{self, Failure, Record, new_version, term_value, ttl_value, unix_millis};
+
+/// At most this many requests share a transaction, so that other processes' writes are not held
+/// up for long.
+const MAX_BATCH: usize = 256;
+
+/// A write request.
+#[derive(Debug)]
+pub(crate) enum Op {
+    Acquire(AcquireRequest),
+    Renew(Grant),
+    Release(Grant),
+    Break(LeaseName),
+}
+
+/// The answer to an [`Op`] of the same kind.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    Acquired(Acquired),
+    Renewed(Renewed),
+    Released,
+    Broken(Option<Term>),
+}
+
+impl Op {
+    fn name(&self) -> &'static str {
+        match self {
+            Op::Acquire(_) => "acquire",
+            Op::Renew(_) => "renew",
+            Op::Release(_) => "release",
+            Op::Break(_) => "break_lease",
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Job {
+    op: Op,
+    reply: oneshot::Sender<Result<Outcome>>,
+}
+
+/// The handle of the writer task; the task ends when every handle is dropped.
+#[derive(Clone, Debug)]
+pub(crate) struct Writer {
+    jobs: mpsc::UnboundedSender<Job>,
+}
+
+impl Writer {
+    /// Starts the writer task on the current tokio runtime.
+    pub(crate) fn spawn(pool: SqlitePool, config: SqliteConfig) -> Writer {
+        let (jobs, queue) = mpsc::unbounded_channel();
+        tokio::spawn(run(pool, config, queue));
+        Writer { jobs }
+    }
+
+    /// Queues `op` and waits for its transaction to commit.
+    ///
+    /// Cancel safe in the way the engine needs: a request dropped before its transaction starts
+    /// is skipped; one dropped later may or may not be applied, like any request whose reply
+    /// is lost.
+    pub(crate) async fn write(&self, op: Op) -> Result<Outcome> {
+        let (reply, answer) = oneshot::channel();
+        let stopped = || {
+            Error::unreachable(
+                STORE,
+                "the SQLite writer task has stopped (its tokio runtime shut down)",
+            )
+        };
+        self.jobs.send(Job { op, reply }).map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+}
+
+async fn run(pool: SqlitePool, config: SqliteConfig, mut queue: mpsc::UnboundedReceiver<Job>) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    while queue.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        // A caller that gave up before its transaction started is not applied at all.
+        batch.retain(|job: &Job| !job.reply.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
+        let ops: Vec<&Op> = batch.iter().map(|job| &job.op).collect();
+        let answers = match transaction(&pool, &config, &ops).await {
+            Ok(answers) => answers,
+            // Nothing was committed: every request gets the error.
+            Err(e) => ops
+                .iter()
+                .map(|op| Err(error::map(&e, op.name(), config.busy_timeout)))
+                .collect(),
+        };
+        for (job, answer) in batch.drain(..).zip(answers) {
+            let _ = job.reply.send(answer);
+        }
+    }
+}
+
+/// Runs `ops` in one transaction. A request whose record is corrupt gets its own error (it wrote
+/// nothing); an SQL error abandons the whole transaction.
+async fn transaction(
+    pool: &SqlitePool,
+    config: &SqliteConfig,
+    ops: &[&Op],
+) -> Result<Vec<Result<Outcome>>, sqlx::Error> {
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    let mut answers = Vec::with_capacity(ops.len());
+    for op in ops {
+        let answer = match op {
+            Op::Acquire(request) => acquire(&mut tx, config, request)
+                .await
+                .map(Outcome::Acquired),
+            Op::Renew(grant) => renew(&mut tx, grant).await.map(Outcome::Renewed),
+            Op::Release(grant) => release(&mut tx, grant).await.map(|()| Outcome::Released),
+            Op::Break(lease) => break_lease(&mut tx, lease).await.map(Outcome::Broken),
+        };
+        answers.push(match answer {
+            Ok(outcome) => Ok(outcome),
+            Err(Failure::Record(e)) => Err(e),
+            Err(Failure::Sql(e)) => return Err(e),
+        });
+    }
+    tx.commit().await?;
+    Ok(answers)
+}
+
+async fn acquire(
+    conn: &mut SqliteConnection,
+    config: &SqliteConfig,
+    request: &AcquireRequest,
+) -> Result<Acquired, Failure> {
+    let lease = &request.lease;
+    let record = record::read(conn, lease).await?;
+    let term = next_term(lease, &record)?;
+    match &record.holder {
+        None => {}
+        // The candidate itself: its earlier leadership has ended, since it campaigns again. Or
+        // the caller saw this very version unchanged for the holder's whole TTL.
+        Some(h) if h.id == request.candidate || request.takeover.as_ref() == Some(&h.version) => {
+            end(conn, lease, record.term, EndReason::Expired).await?;
+        }
+        Some(_) => return Ok(Acquired::Held(record.observation(lease))),
+    }
+    let version = new_version();
+    sqlx::query(
+        "INSERT INTO leasehold_leases (name, holder, term, ttl_ms, version, previous_end)
+         VALUES (?1, ?2, ?3, ?4, ?5, NULL)
+         ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, term = excluded.term,
+             ttl_ms = excluded.ttl_ms, version = excluded.version, previous_end = NULL",
+    )
+    .bind(lease.as_str())
+    .bind(request.candidate.as_str())
+    .bind(term_value(term))
+    .bind(ttl_value(request.ttl))
+    .bind(&version)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(
+        "INSERT INTO leasehold_terms (name, term, holder, acquired_at) VALUES (?1, ?2, ?3, ?4)",
+    )
+    .bind(lease.as_str())
+    .bind(term_value(term))
+    .bind(request.candidate.as_str())
+    .bind(unix_millis(SystemTime::now()))
+    .execute(&mut *conn)
+    .await?;
+    let keep = u64::from(config.history_limit);
+    if keep > 0 && term.0 > keep {
+        sqlx::query("DELETE FROM leasehold_terms WHERE name = ?1 AND term <= ?2")
+            .bind(lease.as_str())
+            .bind(term_value(Term(term.0 - keep)))
+            .execute(&mut *conn)
+            .await?;
+    }
+    let (holder, ttl) = (request.candidate.clone(), request.ttl);
+    Ok(Acquired::Granted(Grant {
+        lease: lease.clone(),
+        holder,
+        term,
+        ttl,
+        token: version,
+    }))
+}
+
+/// The term of the next grant, checked before anything is written.
+fn next_term(lease: &LeaseName, record: &Record) -> Result<Term, Failure> {
+    let next = record
+        .last_term
+        .0
+        .checked_add(1)
+        .filter(|t| i64::try_from(*t).is_ok());
+    let grow = || {
+        Error::corrupt(
+            STORE,
+            lease,
+            format!("term {} cannot grow any further", record.last_term),
+        )
+    };
+    Ok(next.map(Term).ok_or_else(grow)?)
+}
+
+async fn renew(conn: &mut SqliteConnection, grant: &Grant) -> Result<Renewed, Failure> {
+    let lease = &grant.lease;
+    let record = record::read(conn, lease).await?;
+    match &record.holder {
+        Some(h) if h.id == grant.holder && record.term == grant.term => {
+            let version = new_version();
+            sqlx::query("UPDATE leasehold_leases SET version = ?2 WHERE name = ?1")
+                .bind(lease.as_str())
+                .bind(&version)
+                .execute(&mut *conn)
+                .await?;
+            Ok(Renewed::Renewed(Grant {
+                ttl: h.ttl,
+                token: version,
+                ..grant.clone()
+            }))
+        }
+        _ => Ok(Renewed::Lost(record.observation(lease))),
+    }
+}
+
+async fn release(conn: &mut SqliteConnection, grant: &Grant) -> Result<(), Failure> {
+    let record = record::read(conn, &grant.lease).await?;
+    if record
+        .holder
+        .as_ref()
+        .is_some_and(|h| h.id == grant.holder && record.term == grant.term)
+    {
+        end(conn, &grant.lease, record.term, EndReason::Released).await?;
+    }
+    Ok(())
+}
+
+async fn break_lease(
+    conn: &mut SqliteConnection,
+    lease: &LeaseName,
+) -> Result<Option<Term>, Failure> {
+    let record = record::read(conn, lease).await?;
+    if record.holder.is_none() {
+        return Ok(None);
+    }
+    end(conn, lease, record.term, EndReason::Broken).await?;
+    Ok(Some(record.term))
+}
+
+/// Ends the current term in the history and frees the lease; the row and its term stay, so the
+/// term never goes back.
+async fn end(
+    conn: &mut SqliteConnection,
+    lease: &LeaseName,
+    term: Term,
+    reason: EndReason,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE leasehold_leases SET holder = NULL, ttl_ms = NULL, version = NULL, previous_end = ?2
+         WHERE name = ?1",
+    )
+    .bind(lease.as_str())
+    .bind(reason.to_string())
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(
+        "UPDATE leasehold_terms SET ended_at = ?3, end_reason = ?4 WHERE name = ?1 AND term = ?2",
+    )
+    .bind(lease.as_str())
+    .bind(term_value(term))
+    .bind(unix_millis(SystemTime::now()))
+    .bind(reason.to_string())
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
