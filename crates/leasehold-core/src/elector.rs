@@ -575,7 +575,16 @@ impl Driver {
     async fn run(mut self, elected: oneshot::Sender<Leader>) {
         let mut out = Vec::new();
         if self.inner.caps.notifications != crate::Notifications::None {
-            match self.inner.store.changes(&self.inner.lease, &self.inner.id).await {
+            // Bounded like any request: a watch that never answers must not stall the campaign.
+            let subscribe = self.inner.store.changes(&self.inner.lease, &self.inner.id);
+            let subscribed = tokio::time::timeout(self.inner.timing.request_timeout, subscribe).await;
+            match subscribed.unwrap_or_else(|_| {
+                Err(Error::Timeout {
+                    store: self.inner.store.name(),
+                    operation: "changes",
+                    after: self.inner.timing.request_timeout,
+                })
+            }) {
                 Ok(Some(changes)) => self.changes = Some(changes),
                 Ok(None) => self.machine.handle(now(), Input::NotificationsLost, &mut out),
                 Err(e) => {
