@@ -1,0 +1,1 @@
+//! azure lease store (under construction).

@@ -1,0 +1,1 @@
+//! dynamodb lease store (under construction).

@@ -1,0 +1,1 @@
+//! etcd lease store (under construction).

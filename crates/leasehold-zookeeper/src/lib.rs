@@ -1,0 +1,1 @@
+//! zookeeper lease store (under construction).
