@@ -1,0 +1,227 @@
+//! `leasehold`: run any command as a leader-only process, and look at or break leases.
+//!
+//! ```text
+//! leasehold run --store sqlite:///var/lib/leasehold/leases.db --lease nightly-report -- ./report.sh
+//! leasehold status nightly-report
+//! leasehold history nightly-report --limit 5
+//! leasehold watch nightly-report
+//! leasehold break nightly-report
+//! ```
+//!
+//! See `docs/cli.md` in the repository for every option, the exit codes, and how the command is
+//! kept from outliving the lease.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+
+mod child;
+mod exit;
+mod guard;
+mod inspect;
+mod output;
+mod run;
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::exit::Failure;
+
+/// Leader election from the shell: run a command on exactly one of many hosts or processes.
+#[derive(Debug, Parser)]
+#[command(
+    name = "leasehold",
+    version,
+    propagate_version = true,
+    max_term_width = 100
+)]
+#[command(
+    after_help = "Exit codes: 0 ok, 1 runtime error, 2 usage or configuration error, \
+                        3 store unreachable, 4 operation not supported by the store, \
+                        5 not elected within `run --wait`; otherwise `run` exits with its \
+                        command's status (128 + N when killed by signal N)."
+)]
+struct Cli {
+    /// The lease store, e.g. sqlite:///var/lib/leasehold/leases.db.
+    #[arg(
+        long,
+        env = "LEASEHOLD_STORE",
+        global = true,
+        value_name = "URL",
+        hide_env_values = true
+    )]
+    store: Option<String>,
+
+    /// Print JSON for scripts instead of tables (`watch`: one JSON object per line).
+    #[arg(long, global = true)]
+    json: bool,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a command while this process leads a lease; stop it before the lease can pass on.
+    ///
+    /// Campaigns for LEASE; when elected, starts CMD in its own process group with
+    /// LEASEHOLD_LEASE, LEASEHOLD_HOLDER and LEASEHOLD_TERM (the fencing token) in its
+    /// environment, and renews the lease while CMD runs. When leadership ends, CMD's group gets
+    /// SIGTERM, then SIGKILL after --kill-grace, early enough that it is gone before the lease
+    /// could be granted to anyone else. If this process dies, even by SIGKILL, CMD is killed too.
+    ///
+    /// When CMD exits, the lease is released and leasehold exits with CMD's status (with
+    /// --keep-running: campaigns again and restarts CMD). SIGINT, SIGTERM or SIGHUP stop CMD the
+    /// same way, release the lease and exit with 128 + the signal number; a second signal kills
+    /// CMD at once.
+    Run(RunArgs),
+
+    /// Show who holds each lease, at which term, and for how long the store keeps it.
+    Status {
+        /// The leases to show (the store cannot list them; name at least one).
+        #[arg(required = true, value_name = "LEASE")]
+        leases: Vec<String>,
+    },
+
+    /// Show the recorded terms of a lease: who led, when, and how each term ended.
+    History {
+        /// The lease.
+        lease: String,
+        /// How many of the most recent terms to show.
+        #[arg(long, default_value_t = 20, value_name = "N")]
+        limit: usize,
+    },
+
+    /// Print a line whenever the leader of a lease changes, until interrupted.
+    Watch {
+        /// The lease.
+        lease: String,
+        /// How often to ask the store [default: the holder's ttl / 5, within 100ms..=2s; 1s while
+        /// nobody holds the lease]. Stores with change notifications are also listened to.
+        #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+        interval: Option<Duration>,
+    },
+
+    /// Force the holder of a lease out (an operator's tool; not every store can).
+    ///
+    /// The term ends as `broken` and the lease is free at once. The deposed holder learns it at
+    /// its next renewal; a `leasehold run` holder then stops its command, but that may take up to
+    /// its renew interval plus its kill grace, while a new leader can start at once.
+    Break {
+        /// The lease.
+        lease: String,
+    },
+
+    /// Internal: the small supervisor `run` puts at the head of the command's process group.
+    #[command(name = "__child-guard", hide = true)]
+    ChildGuard(guard::GuardArgs),
+}
+
+/// The arguments of `leasehold run`.
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// The lease to campaign for (letters, digits, '-', '_', '.').
+    #[arg(long, value_name = "NAME")]
+    lease: String,
+
+    /// This candidate's id, shown to others as the holder [default: HOST-PID-RANDOM].
+    #[arg(long, value_name = "ID")]
+    id: Option<String>,
+
+    /// How long the store keeps the lease after each renewal (renewed every ttl / 3).
+    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    ttl: Duration,
+
+    /// How long CMD gets between SIGTERM and SIGKILL when leadership ends [default: 2s, or
+    /// ttl / 5 when smaller]. Must fit in the lease: see docs/cli.md.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    kill_grace: Option<Duration>,
+
+    /// When CMD exits, campaign again and restart it instead of exiting.
+    #[arg(long)]
+    keep_running: bool,
+
+    /// Give up when not elected within DURATION of starting: exit with status 5 without running
+    /// CMD [default: campaign for as long as it takes].
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    wait: Option<Duration>,
+
+    /// Do not print what happens to the election on stderr.
+    #[arg(long, short)]
+    quiet: bool,
+
+    /// The command to run while leader, and its arguments (after `--`).
+    #[arg(required = true, last = true, value_name = "CMD", value_parser = clap::value_parser!(OsString))]
+    command: Vec<OsString>,
+}
+
+/// Parses `10s`, `500ms`, `1m`, `1h 30m`.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let duration =
+        humantime::parse_duration(text.trim()).map_err(|e| format!("{e} (e.g. 10s, 500ms, 1m)"))?;
+    if duration.is_zero() {
+        return Err("must be greater than zero".into());
+    }
+    Ok(duration)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let code = match cli.command {
+        Command::ChildGuard(args) => guard::main(args),
+        command => match dispatch(cli.store, cli.json, command) {
+            Ok(code) => code,
+            Err(failure) => failure.report(),
+        },
+    };
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+fn dispatch(store: Option<String>, json: bool, command: Command) -> Result<i32, Failure> {
+    let store = store
+        .ok_or_else(|| Failure::usage("no store given: pass --store URL or set LEASEHOLD_STORE"))?;
+    // One thread: the command's supervisor is spawned from this (main) thread, which lives as
+    // long as the process, so its parent-death signal fires only when the process dies.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::runtime(format!("cannot start the runtime: {e}")))?;
+    runtime.block_on(async move {
+        match command {
+            Command::Run(args) => run::run(&store, args).await,
+            Command::Status { leases } => inspect::status(&store, &leases, json).await,
+            Command::History { lease, limit } => {
+                inspect::history(&store, &lease, limit, json).await
+            }
+            Command::Watch { lease, interval } => {
+                inspect::watch(&store, &lease, interval, json).await
+            }
+            Command::Break { lease } => inspect::break_lease(&store, &lease, json).await,
+            Command::ChildGuard(_) => unreachable!("handled before the runtime starts"),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("1m 30s"), Ok(Duration::from_secs(90)));
+        assert!(parse_duration("10").unwrap_err().contains("e.g. 10s"));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("soon").is_err());
+    }
+}
