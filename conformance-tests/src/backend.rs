@@ -199,9 +199,7 @@ fn configured_url(env_var: &str) -> Option<String> {
     if let Ok(dir) = std::env::current_dir() {
         starts.push(dir);
     }
-    starts
-        .iter()
-        .find_map(|start| env_file_value(start, env_var))
+    starts.iter().find_map(|start| env_file_value(start, env_var))
 }
 
 /// Looks for `target/services/env` in `start` and its ancestors and reads `key` from it.
@@ -219,8 +217,7 @@ fn env_file_value(start: &Path, key: &str) -> Option<String> {
 
 /// Tries a TCP connection to the first host of `url`.
 fn reachable(url: &str) -> std::result::Result<(), String> {
-    let addr =
-        host_port(url).ok_or_else(|| "cannot find a host and port in the URL".to_string())?;
+    let addr = host_port(url).ok_or_else(|| "cannot find a host and port in the URL".to_string())?;
     let addrs: Vec<SocketAddr> = addr
         .to_socket_addrs()
         .map_err(|e| format!("cannot resolve {addr}: {e}"))?
@@ -239,9 +236,7 @@ fn reachable(url: &str) -> std::result::Result<(), String> {
 fn host_port(url: &str) -> Option<String> {
     let (scheme, rest) = url.split_once("://")?;
     let authority = rest.split(['/', '?', '#']).next()?;
-    let authority = authority
-        .rsplit_once('@')
-        .map_or(authority, |(_, host)| host);
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
     let first = authority.split(',').next()?.trim();
     if first.is_empty() {
         return None;
@@ -281,10 +276,7 @@ mod tests {
             host_port("etcd://127.0.0.1:22479,127.0.0.1:22579/app").as_deref(),
             Some("127.0.0.1:22479")
         );
-        assert_eq!(
-            host_port("postgres://u:p@db/leases").as_deref(),
-            Some("db:5432")
-        );
+        assert_eq!(host_port("postgres://u:p@db/leases").as_deref(), Some("db:5432"));
         assert_eq!(
             host_port("http://[::1]:21000/devstoreaccount1?sv=x").as_deref(),
             Some("[::1]:21000")
@@ -294,8 +286,7 @@ mod tests {
 
     #[test]
     fn env_file_lookup() {
-        let dir =
-            std::env::temp_dir().join(format!("leasehold-conf-{:x}", leasehold_core::random_u64()));
+        let dir = std::env::temp_dir().join(format!("leasehold-conf-{:x}", leasehold_core::random_u64()));
         let nested = dir.join("a/b");
         std::fs::create_dir_all(dir.join("target/services")).unwrap();
         std::fs::create_dir_all(&nested).unwrap();
@@ -321,10 +312,7 @@ mod tests {
         if std::env::var("CI").is_ok() {
             return;
         }
-        assert_eq!(
-            require_server("nothing", "LEASEHOLD_CONFORMANCE_TEST_UNSET_URL"),
-            None
-        );
+        assert_eq!(require_server("nothing", "LEASEHOLD_CONFORMANCE_TEST_UNSET_URL"), None);
         assert!(
             reachable("redis://127.0.0.1:1").is_err(),
             "port 1 on loopback is closed"

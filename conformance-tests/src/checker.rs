@@ -131,14 +131,10 @@ impl SafetyChecker {
             events,
             flushes,
         ));
-        self.inner
-            .recorders
-            .lock()
-            .expect("recorders lock")
-            .push(Recorder {
-                flush,
-                task: task.abort_handle(),
-            });
+        self.inner.recorders.lock().expect("recorders lock").push(Recorder {
+            flush,
+            task: task.abort_handle(),
+        });
     }
 
     /// Waits until every event emitted so far has been recorded.
@@ -162,12 +158,7 @@ impl SafetyChecker {
     /// Every event recorded so far, in the order received per candidate.
     pub async fn records(&self) -> Vec<Record> {
         self.flush().await;
-        self.inner
-            .state
-            .lock()
-            .expect("checker lock")
-            .records
-            .clone()
+        self.inner.state.lock().expect("checker lock").records.clone()
     }
 
     /// Every believed-leadership interval so far, ordered by start.
@@ -187,12 +178,7 @@ impl SafetyChecker {
 
     /// The intervals of `lease` during which someone believed it led at some instant of
     /// `[from, to)` (open intervals last until now).
-    pub async fn believed_between(
-        &self,
-        lease: &LeaseName,
-        from: Instant,
-        to: Instant,
-    ) -> Vec<Interval> {
+    pub async fn believed_between(&self, lease: &LeaseName, from: Instant, to: Instant) -> Vec<Interval> {
         let now = Instant::now();
         self.intervals_of(lease)
             .await
@@ -215,13 +201,7 @@ impl SafetyChecker {
         let epoch = intervals.first().map_or(now, |i| i.start);
         let at = |t: Instant| format!("+{:.3}s", t.saturating_duration_since(epoch).as_secs_f64());
         let show = |i: &Interval| match i.end {
-            Some(end) => format!(
-                "{} term {} [{} .. {}]",
-                i.candidate,
-                i.term,
-                at(i.start),
-                at(end)
-            ),
+            Some(end) => format!("{} term {} [{} .. {}]", i.candidate, i.term, at(i.start), at(end)),
             None => format!(
                 "{} term {} [{} .. still leading at {}]",
                 i.candidate,
@@ -237,10 +217,7 @@ impl SafetyChecker {
         for (lease, list) in &by_lease {
             for (n, a) in list.iter().enumerate() {
                 for b in &list[n + 1..] {
-                    if a.candidate != b.candidate
-                        && b.start < a.end_or(now)
-                        && a.start < b.end_or(now)
-                    {
+                    if a.candidate != b.candidate && b.start < a.end_or(now) && a.start < b.end_or(now) {
                         failures.push(format!(
                             "lease {lease}: two candidates believed they led at once: {} and {}",
                             show(a),
@@ -357,11 +334,7 @@ impl SafetyChecker {
 
 impl fmt::Display for Interval {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} led {} at term {}",
-            self.candidate, self.lease, self.term
-        )
+        write!(f, "{} led {} at term {}", self.candidate, self.lease, self.term)
     }
 }
 
@@ -388,9 +361,7 @@ async fn record(
             Err(failure) => state.failures.push(failure),
         }
     };
-    let lagged = |n: u64| {
-        format!("lease {lease}: the checker lost {n} events of {candidate} (broadcast lag)")
-    };
+    let lagged = |n: u64| format!("lease {lease}: the checker lost {n} events of {candidate} (broadcast lag)");
     let mut closed = false;
     loop {
         tokio::select! {

@@ -10,8 +10,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt;
 use leasehold_core::{
-    AcquireRequest, Acquired, CandidateId, Capabilities, Changes, Error, Grant, LeaseName,
-    LeaseStore, Observation, Renewed, Result, Term, Transition,
+    AcquireRequest, Acquired, CandidateId, Capabilities, Changes, Error, Grant, LeaseName, LeaseStore, Observation,
+    Renewed, Result, Term, Transition,
 };
 use tokio::sync::watch;
 
@@ -304,9 +304,7 @@ impl FaultyStore {
             Fault::Pass => {}
             Fault::Delay(d) => tokio::time::sleep(d).await,
             Fault::Blackhole => {
-                self.faults
-                    .lifted(Direction::Request, Fault::Blackhole)
-                    .await;
+                self.faults.lifted(Direction::Request, Fault::Blackhole).await;
                 return Err(self.unreachable("request dropped by a blackhole"));
             }
             Fault::Reset => {
@@ -352,8 +350,7 @@ impl LeaseStore for FaultyStore {
     }
 
     async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
-        self.call(Op::Withdraw, || self.inner.withdraw(lease, candidate))
-            .await
+        self.call(Op::Withdraw, || self.inner.withdraw(lease, candidate)).await
     }
 
     async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
@@ -361,41 +358,35 @@ impl LeaseStore for FaultyStore {
     }
 
     async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
-        self.call(Op::History, || self.inner.history(lease, limit))
-            .await
+        self.call(Op::History, || self.inner.history(lease, limit)).await
     }
 
     async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {
-        let Some(changes) = self
-            .call(Op::Changes, || self.inner.changes(lease, candidate))
-            .await?
-        else {
+        let Some(changes) = self.call(Op::Changes, || self.inner.changes(lease, candidate)).await? else {
             return Ok(None);
         };
         let faults = self.faults.clone();
-        let stream =
-            futures::stream::unfold((changes, faults), |(mut changes, faults)| async move {
-                loop {
-                    changes.next().await?;
-                    let state = faults.state();
-                    if state.request == Fault::Reset || state.reply == Fault::Reset {
-                        return None;
-                    }
-                    if state.request == Fault::Blackhole || state.reply == Fault::Blackhole {
-                        continue;
-                    }
-                    if let Fault::Delay(d) = state.reply {
-                        tokio::time::sleep(d).await;
-                    }
-                    return Some(((), (changes, faults)));
+        let stream = futures::stream::unfold((changes, faults), |(mut changes, faults)| async move {
+            loop {
+                changes.next().await?;
+                let state = faults.state();
+                if state.request == Fault::Reset || state.reply == Fault::Reset {
+                    return None;
                 }
-            });
+                if state.request == Fault::Blackhole || state.reply == Fault::Blackhole {
+                    continue;
+                }
+                if let Fault::Delay(d) = state.reply {
+                    tokio::time::sleep(d).await;
+                }
+                return Some(((), (changes, faults)));
+            }
+        });
         Ok(Some(Box::pin(stream)))
     }
 
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
-        self.call(Op::BreakLease, || self.inner.break_lease(lease))
-            .await
+        self.call(Op::BreakLease, || self.inner.break_lease(lease)).await
     }
 }
 
@@ -427,11 +418,7 @@ mod tests {
     async fn request_blackhole_never_reaches_the_store() {
         let (memory, faulty, faults, lease) = setup();
         faults.set(Direction::Request, Fault::Blackhole);
-        let pending = tokio::time::timeout(
-            Duration::from_millis(100),
-            faulty.acquire(&request(&lease, "a")),
-        )
-        .await;
+        let pending = tokio::time::timeout(Duration::from_millis(100), faulty.acquire(&request(&lease, "a"))).await;
         assert!(pending.is_err(), "a blackholed request must pend");
         assert!(
             memory.inspect(&lease).await.unwrap().holder.is_none(),
@@ -447,10 +434,7 @@ mod tests {
             faults.heal();
         };
         let (result, ()) = tokio::join!(call, heal);
-        assert!(
-            matches!(result, Err(Error::Unreachable { .. })),
-            "{result:?}"
-        );
+        assert!(matches!(result, Err(Error::Unreachable { .. })), "{result:?}");
         assert!(memory.inspect(&lease).await.unwrap().holder.is_none());
     }
 
@@ -458,11 +442,7 @@ mod tests {
     async fn reply_blackhole_applies_the_request() {
         let (memory, faulty, faults, lease) = setup();
         faults.set(Direction::Reply, Fault::Blackhole);
-        let pending = tokio::time::timeout(
-            Duration::from_millis(100),
-            faulty.acquire(&request(&lease, "a")),
-        )
-        .await;
+        let pending = tokio::time::timeout(Duration::from_millis(100), faulty.acquire(&request(&lease, "a"))).await;
         assert!(pending.is_err(), "a blackholed reply must pend");
         let holder = memory
             .inspect(&lease)
@@ -478,19 +458,13 @@ mod tests {
         let (memory, faulty, faults, lease) = setup();
         faults.set(Direction::Request, Fault::Reset);
         let err = faulty.acquire(&request(&lease, "a")).await.unwrap_err();
-        assert!(
-            err.is_transient() && err.to_string().contains("before"),
-            "{err}"
-        );
+        assert!(err.is_transient() && err.to_string().contains("before"), "{err}");
         assert!(memory.inspect(&lease).await.unwrap().holder.is_none());
 
         faults.set(Direction::Both, Fault::Pass);
         faults.set(Direction::Reply, Fault::Reset);
         let err = faulty.acquire(&request(&lease, "a")).await.unwrap_err();
-        assert!(
-            err.is_transient() && err.to_string().contains("applied"),
-            "{err}"
-        );
+        assert!(err.is_transient() && err.to_string().contains("applied"), "{err}");
         assert!(memory.inspect(&lease).await.unwrap().holder.is_some());
 
         faults.set(Direction::Request, Fault::Delay(Duration::from_millis(60)));
@@ -499,11 +473,7 @@ mod tests {
         faulty.inspect(&lease).await.unwrap();
         assert!(started.elapsed() >= Duration::from_millis(100));
         let counts = faults.counts();
-        assert_eq!(
-            (counts.acquire, counts.inspect, counts.total()),
-            (2, 1, 3),
-            "{counts}"
-        );
+        assert_eq!((counts.acquire, counts.inspect, counts.total()), (2, 1, 3), "{counts}");
         faults.reset_counts();
         assert_eq!(faults.counts().total(), 0);
         assert_eq!(faulty.name(), "memory");
@@ -513,9 +483,7 @@ mod tests {
     #[tokio::test]
     async fn changes_are_silenced_by_a_blackhole() {
         let (memory, faulty, faults, lease) = setup();
-        let other = LeaseStore::acquire(&*memory, &request(&lease, "b"))
-            .await
-            .unwrap();
+        let other = LeaseStore::acquire(&*memory, &request(&lease, "b")).await.unwrap();
         let Acquired::Granted(grant) = other else {
             panic!("free lease")
         };

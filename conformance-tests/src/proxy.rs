@@ -151,13 +151,7 @@ async fn accept_loop(
                 faults.clone(),
                 kill.clone(),
             ));
-            let replies = tokio::spawn(pump(
-                server_read,
-                client_write,
-                Direction::Reply,
-                faults,
-                kill,
-            ));
+            let replies = tokio::spawn(pump(server_read, client_write, Direction::Reply, faults, kill));
             // Aborting this task must stop both pumps.
             let _guard = AbortOnDrop(vec![requests.abort_handle(), replies.abort_handle()]);
             let _ = tokio::join!(requests, replies);
@@ -359,9 +353,7 @@ mod tests {
         let (proxy, mut stream) = proxy().await;
         let faults = proxy.faults();
         faults.set(Direction::Both, Fault::Blackhole);
-        let lost =
-            tokio::time::timeout(Duration::from_millis(300), round_trip(&mut stream, b"lost"))
-                .await;
+        let lost = tokio::time::timeout(Duration::from_millis(300), round_trip(&mut stream, b"lost")).await;
         assert!(
             lost.is_err(),
             "a blackholed connection must stay silent, not close: {lost:?}"
@@ -372,9 +364,7 @@ mod tests {
 
         // Replies only: the server gets the request, the client never hears back.
         faults.set(Direction::Reply, Fault::Blackhole);
-        let lost =
-            tokio::time::timeout(Duration::from_millis(300), round_trip(&mut stream, b"gone"))
-                .await;
+        let lost = tokio::time::timeout(Duration::from_millis(300), round_trip(&mut stream, b"gone")).await;
         assert!(lost.is_err());
         faults.heal();
         assert_eq!(round_trip(&mut stream, b"again").await.unwrap(), b"again");
@@ -399,10 +389,7 @@ mod tests {
             .unwrap()
             .unwrap_err();
         assert!(
-            matches!(
-                err.kind(),
-                io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
-            ),
+            matches!(err.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe),
             "{err}"
         );
 

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use futures::future::{BoxFuture, join_all};
 use leasehold_core::{
-    AcquireRequest, Acquired, CandidateId, Capabilities, DeposedReason, Elector, ElectorBuilder,
-    EndReason, Error, Event, Leader, LeaseName, LeaseStore, Renewed, Term, random_u64,
+    AcquireRequest, Acquired, CandidateId, Capabilities, DeposedReason, Elector, ElectorBuilder, EndReason, Error,
+    Event, Leader, LeaseName, LeaseStore, Renewed, Term, random_u64,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -56,9 +56,7 @@ pub const SCENARIOS: &[&str] = &[
 /// assert_eq!(pick_ttl(&caps, Duration::from_secs(1)), Duration::from_secs(1));
 /// ```
 pub fn pick_ttl(capabilities: &Capabilities, at_least: Duration) -> Duration {
-    at_least
-        .max(*capabilities.ttl.start())
-        .min(*capabilities.ttl.end())
+    at_least.max(*capabilities.ttl.start()).min(*capabilities.ttl.end())
 }
 
 /// What every scenario starts from: the backend, a fresh lease, the TTL and the checker.
@@ -103,11 +101,7 @@ impl Scene {
     }
 
     fn log(&self, msg: impl Display) {
-        eprintln!(
-            "[{} +{:.3}s] {msg}",
-            self.prefix,
-            self.started.elapsed().as_secs_f64()
-        );
+        eprintln!("[{} +{:.3}s] {msg}", self.prefix, self.started.elapsed().as_secs_f64());
     }
 
     fn lease_name(&self) -> LeaseName {
@@ -199,11 +193,7 @@ impl Scene {
             for i in &intervals {
                 let at = |t: Instant| secs(t.saturating_duration_since(self.started));
                 let end = i.end.map_or_else(|| "open".to_string(), at);
-                let why = i
-                    .reason
-                    .as_ref()
-                    .map(ToString::to_string)
-                    .unwrap_or_default();
+                let why = i.reason.as_ref().map(ToString::to_string).unwrap_or_default();
                 self.log(format_args!(
                     "  {} term {} [{} .. {}] {why}",
                     i.candidate,
@@ -306,11 +296,7 @@ impl Runner {
                 panic!("{} stopped running: {e}", running.id());
             }
         });
-        Runner {
-            elector,
-            stop,
-            handle,
-        }
+        Runner { elector, stop, handle }
     }
 
     async fn stop(self, scene: &Scene) {
@@ -324,12 +310,7 @@ impl Runner {
     }
 }
 
-async fn next_note(
-    scene: &Scene,
-    notes: &mut mpsc::UnboundedReceiver<Note>,
-    what: &str,
-    limit: Duration,
-) -> Note {
+async fn next_note(scene: &Scene, notes: &mut mpsc::UnboundedReceiver<Note>, what: &str, limit: Duration) -> Note {
     scene
         .within(what, limit, notes.recv())
         .await
@@ -387,10 +368,7 @@ pub async fn acquire_release_reacquire(backend: Arc<dyn Backend>) {
         .inspect(&lease)
         .await
         .unwrap_or_else(|e| panic!("{p}: inspect of a new lease: {e}"));
-    assert!(
-        free.holder.is_none(),
-        "{p}: a new lease must be free: {free:?}"
-    );
+    assert!(free.holder.is_none(), "{p}: a new lease must be free: {free:?}");
 
     let g1 = match store_a.acquire(&request(&lease, &a, scene.ttl)).await {
         Ok(Acquired::Granted(g)) => g,
@@ -512,11 +490,7 @@ pub async fn acquire_release_reacquire(backend: Arc<dyn Backend>) {
     let n = history.len();
     assert!(n >= 2, "{p}: history must list both terms: {history:?}");
     let (first, last) = (&history[n - 2], &history[n - 1]);
-    assert_eq!(
-        (first.term, &first.holder),
-        (g1.term, &a),
-        "{p}: history: {history:?}"
-    );
+    assert_eq!((first.term, &first.holder), (g1.term, &a), "{p}: history: {history:?}");
     assert!(
         matches!(first.ended, Some((_, EndReason::Released))),
         "{p}: term {} ended by release: {first:?}",
@@ -563,10 +537,7 @@ pub async fn renew_keeps_lease(backend: Arc<dyn Backend>) {
     let mut least = scene.ttl;
     while Instant::now() < until {
         if let Err(e) = leader.ensure_valid(scene.ttl / 10) {
-            panic!(
-                "{p}: leadership not valid after {}: {e}",
-                secs(scene.started.elapsed())
-            );
+            panic!("{p}: leadership not valid after {}: {e}", secs(scene.started.elapsed()));
         }
         least = least.min(leader.remaining());
         tokio::time::sleep(scene.ttl / 20).await;
@@ -592,10 +563,7 @@ pub async fn renew_keeps_lease(backend: Arc<dyn Backend>) {
         .filter(|(_, e)| matches!(e, Event::Deposed { .. }))
         .collect();
     assert_eq!(elected, 1, "{p}: exactly one election in 10 TTLs");
-    assert!(
-        deposed.is_empty(),
-        "{p}: no deposition in 10 TTLs: {deposed:?}"
-    );
+    assert!(deposed.is_empty(), "{p}: no deposition in 10 TTLs: {deposed:?}");
     scene.log(format_args!(
         "led 10 TTLs at term {term}; least remaining validity {}",
         secs(least)
@@ -699,11 +667,7 @@ pub async fn crash_successor_after_valid_until(backend: Arc<dyn Backend>) {
     let crashed = Instant::now();
     faults_a.set(Direction::Both, Fault::Blackhole);
     let leader_b = scene
-        .within(
-            "B taking over from the crashed leader",
-            scene.ttl * 4,
-            elected_b,
-        )
+        .within("B taking over from the crashed leader", scene.ttl * 4, elected_b)
         .await
         .expect("B campaigns");
     let a_valid_until = leader_a.valid_until();
@@ -792,10 +756,7 @@ pub async fn partitioned_leader_steps_down(backend: Arc<dyn Backend>) {
     let beat = scene.ttl / 10;
     let (notes_tx, mut notes) = mpsc::unbounded_channel();
     let (store_a, faults_a) = scene.connect_faulty().await;
-    let a = Runner::spawn(
-        scene.elector(store_a, "A"),
-        steady_task("A", beat, notes_tx.clone()),
-    );
+    let a = Runner::spawn(scene.elector(store_a, "A"), steady_task("A", beat, notes_tx.clone()));
     let (who, a_term, _) = next_start(&scene, &mut notes, "A being elected", scene.ttl * 3).await;
     assert_eq!(who, "A");
     let b = Runner::spawn(
@@ -806,13 +767,7 @@ pub async fn partitioned_leader_steps_down(backend: Arc<dyn Backend>) {
 
     let partitioned = Instant::now();
     faults_a.set(Direction::Both, Fault::Blackhole);
-    let note = next_note(
-        &scene,
-        &mut notes,
-        "A's task being cancelled",
-        scene.ttl * 2,
-    )
-    .await;
+    let note = next_note(&scene, &mut notes, "A's task being cancelled", scene.ttl * 2).await;
     let Note::Cancelled {
         who,
         term,
@@ -834,10 +789,7 @@ pub async fn partitioned_leader_steps_down(backend: Arc<dyn Backend>) {
     );
     let (who, b_term, b_at) = next_start(&scene, &mut notes, "B taking over", scene.ttl * 3).await;
     assert_eq!(who, "B", "{p}: the healthy candidate takes over");
-    assert!(
-        b_term > a_term,
-        "{p}: B's term {b_term} must exceed A's {a_term}"
-    );
+    assert!(b_term > a_term, "{p}: B's term {b_term} must exceed A's {a_term}");
     assert!(b_at >= valid_until, "{p}: B elected before A's valid_until");
     scene.log(format_args!(
         "A cancelled {} after the partition, {} before its valid_until; B elected {} after the partition",
@@ -855,10 +807,7 @@ pub async fn partitioned_leader_steps_down(backend: Arc<dyn Backend>) {
         .within(
             what,
             scene.ttl * 3,
-            seen.wait_for(|l| {
-                l.as_ref()
-                    .is_some_and(|l| l.holder == b_id && l.term == b_term)
-            }),
+            seen.wait_for(|l| l.as_ref().is_some_and(|l| l.holder == b_id && l.term == b_term)),
         )
         .await
         .expect("A's elector lives");
@@ -1124,10 +1073,9 @@ pub async fn lost_reply_resolved_by_read_back(backend: Arc<dyn Backend>) {
             "reply {fault:?} for 0.35 TTL: {} renewals and {} read-backs lost; {outcome}; B {}",
             during.renew - before.renew,
             during.inspect - before.inspect,
-            b_won.as_ref().map_or("follows".to_string(), |l| format!(
-                "took over at term {}",
-                l.term()
-            ))
+            b_won
+                .as_ref()
+                .map_or("follows".to_string(), |l| format!("took over at term {}", l.term()))
         ));
         assert!(
             during.renew > before.renew,
@@ -1156,9 +1104,7 @@ pub async fn lost_reply_resolved_by_read_back(backend: Arc<dyn Backend>) {
     let lease_name = LeaseName::new(lease.clone()).expect("valid lease name");
     let observer = scene.connect().await;
     let blocker = CandidateId::new("blocker").expect("valid id");
-    let Ok(Acquired::Granted(blocking)) =
-        observer.acquire(&request(&lease_name, &blocker, ttl)).await
-    else {
+    let Ok(Acquired::Granted(blocking)) = observer.acquire(&request(&lease_name, &blocker, ttl)).await else {
         panic!("{p}: cannot take a fresh lease");
     };
     let (store_c, faults_c) = scene.connect_faulty().await;
@@ -1218,10 +1164,7 @@ pub async fn lost_reply_resolved_by_read_back(backend: Arc<dyn Backend>) {
         secs(bound)
     );
     tokio::time::sleep(ttl).await;
-    assert!(
-        elected_d.try_recv().is_err(),
-        "{p}: D was elected while C led"
-    );
+    assert!(elected_d.try_recv().is_err(), "{p}: D was elected while C led");
     campaign_d.abort();
     leader_c.resign().await;
     scene.finish().await;
@@ -1274,11 +1217,7 @@ pub async fn terms_increase_and_history(backend: Arc<dyn Backend>) {
     let store = scene.connect().await;
     scene
         .within("the lease being free at the end", scene.ttl * 2, async {
-            while store
-                .inspect(&lease)
-                .await
-                .map_or(true, |o| o.holder.is_some())
-            {
+            while store.inspect(&lease).await.map_or(true, |o| o.holder.is_some()) {
                 tokio::time::sleep(scene.ttl / 20).await;
             }
         })
@@ -1293,11 +1232,7 @@ pub async fn terms_increase_and_history(backend: Arc<dyn Backend>) {
         })
         .collect();
     elected.sort_by_key(|(at, ..)| *at);
-    assert!(
-        elected.len() >= TRANSITIONS,
-        "{p}: only {} elections",
-        elected.len()
-    );
+    assert!(elected.len() >= TRANSITIONS, "{p}: only {} elections", elected.len());
     for pair in elected.windows(2) {
         assert!(
             pair[1].1 > pair[0].1,
@@ -1377,19 +1312,13 @@ pub async fn corrupt_record_is_typed_error(backend: Arc<dyn Backend>) {
         .unwrap_or_else(|e| panic!("{p}: cannot corrupt the record: {e}"));
     let expect_corrupt = |what: &str, result: Result<String, Error>| match result {
         Err(Error::CorruptRecord { lease: named, .. }) => {
-            assert_eq!(
-                named, scene.lease,
-                "{p}: {what}: the error must name the lease"
-            );
+            assert_eq!(named, scene.lease, "{p}: {what}: the error must name the lease");
         }
         other => {
             panic!("{p}: {what} of a garbage record must fail with CorruptRecord, got {other:?}")
         }
     };
-    expect_corrupt(
-        "inspect",
-        raw.inspect(&lease).await.map(|o| format!("{o:?}")),
-    );
+    expect_corrupt("inspect", raw.inspect(&lease).await.map(|o| format!("{o:?}")));
     let intruder = CandidateId::new("intruder").expect("valid id");
     expect_corrupt(
         "acquire",
@@ -1414,10 +1343,7 @@ pub async fn corrupt_record_is_typed_error(backend: Arc<dyn Backend>) {
         .iter()
         .filter(|(_, e)| matches!(e, Event::Elected { at, .. } if *at > corrupted))
         .collect();
-    assert!(
-        late.is_empty(),
-        "{p}: elected on a garbage record: {late:?}"
-    );
+    assert!(late.is_empty(), "{p}: elected on a garbage record: {late:?}");
     let reason = events.iter().find_map(|(who, e)| match e {
         Event::Deposed { reason, .. } if who == a.id() => Some(reason.clone()),
         _ => None,
@@ -1468,10 +1394,7 @@ pub async fn invalid_inputs(backend: Arc<dyn Backend>) {
         }
     }
     let ok = "x".repeat(128);
-    assert!(
-        LeaseName::new(ok.as_str()).is_ok(),
-        "{p}: 128 bytes are allowed"
-    );
+    assert!(LeaseName::new(ok.as_str()).is_ok(), "{p}: 128 bytes are allowed");
 
     let lease = scene.lease_name();
     let who = CandidateId::new("candidate").expect("valid id");
@@ -1479,16 +1402,11 @@ pub async fn invalid_inputs(backend: Arc<dyn Backend>) {
     let mut bad_ttls = vec![("above the maximum", max.checked_add(Duration::from_secs(1)))];
     match min.checked_sub(Duration::from_millis(1)) {
         Some(below) => bad_ttls.push(("below the minimum", Some(below))),
-        None => {
-            scene.log("the store accepts any TTL down to zero: no TTL below its minimum to try")
-        }
+        None => scene.log("the store accepts any TTL down to zero: no TTL below its minimum to try"),
     }
     for (what, ttl) in bad_ttls {
         let Some(ttl) = ttl else { continue };
-        match Elector::builder(store.clone(), scene.lease.clone())
-            .ttl(ttl)
-            .build()
-        {
+        match Elector::builder(store.clone(), scene.lease.clone()).ttl(ttl).build() {
             Err(Error::InvalidTtl {
                 ttl: rejected,
                 min: lo,
@@ -1505,9 +1423,7 @@ pub async fn invalid_inputs(backend: Arc<dyn Backend>) {
         }
         match store.acquire(&request(&lease, &who, ttl)).await {
             Err(Error::InvalidTtl { ttl: rejected, .. }) => assert_eq!(rejected, ttl),
-            other => panic!(
-                "{p}: acquire with a TTL {what} ({ttl:?}) must fail with InvalidTtl, got {other:?}"
-            ),
+            other => panic!("{p}: acquire with a TTL {what} ({ttl:?}) must fail with InvalidTtl, got {other:?}"),
         }
     }
     let seen = store
@@ -1526,8 +1442,7 @@ pub async fn invalid_inputs(backend: Arc<dyn Backend>) {
     {
         Err(
             e @ Error::InvalidConfig {
-                field: "renew_every",
-                ..
+                field: "renew_every", ..
             },
         ) => {
             assert!(
@@ -1535,9 +1450,7 @@ pub async fn invalid_inputs(backend: Arc<dyn Backend>) {
                 "{p}: the message names the field: {e}"
             );
         }
-        other => panic!(
-            "{p}: renew_every >= ttl must be a config error naming renew_every, got {other:?}"
-        ),
+        other => panic!("{p}: renew_every >= ttl must be a config error naming renew_every, got {other:?}"),
     }
     match Elector::builder(store.clone(), scene.lease.clone())
         .ttl(scene.ttl)
@@ -1561,13 +1474,7 @@ pub async fn thousand_leases(backend: Arc<dyn Backend>) {
     let p = &scene.prefix;
     let store = scene.connect().await;
     let electors: Vec<Elector> = (0..LEASES)
-        .map(|i| {
-            scene.watched(scene.builder(
-                store.clone(),
-                &scene.other_lease(&i.to_string()),
-                "holder",
-            ))
-        })
+        .map(|i| scene.watched(scene.builder(store.clone(), &scene.other_lease(&i.to_string()), "holder")))
         .collect();
     let started = Instant::now();
     let leaders = scene
@@ -1581,10 +1488,7 @@ pub async fn thousand_leases(backend: Arc<dyn Backend>) {
         .into_iter()
         .map(|l| l.unwrap_or_else(|e| panic!("{p}: campaign: {e}")))
         .collect();
-    scene.log(format_args!(
-        "{LEASES} leases granted in {}",
-        secs(started.elapsed())
-    ));
+    scene.log(format_args!("{LEASES} leases granted in {}", secs(started.elapsed())));
     tokio::time::sleep(scene.ttl * 3).await;
     let lost: Vec<_> = leaders
         .iter()
@@ -1682,32 +1586,14 @@ pub async fn stalled_task_steps_down(backend: Arc<dyn Backend>) {
         .stall_timeout(stall_timeout);
     let b = Runner::spawn(scene.watched(b_builder), steady_task("B", beat, notes_tx));
 
-    let note = next_note(
-        &scene,
-        &mut notes,
-        "the stalled leader being cancelled",
-        ttl * 3,
-    )
-    .await;
-    let Note::Cancelled {
-        who, at: cancelled, ..
-    } = note
-    else {
+    let note = next_note(&scene, &mut notes, "the stalled leader being cancelled", ttl * 3).await;
+    let Note::Cancelled { who, at: cancelled, .. } = note else {
         panic!("{p}: expected the stalled leader to be cancelled first, got {note:?}");
     };
     assert_eq!(who, "A");
-    let (who, b_term, b_at) = next_start(
-        &scene,
-        &mut notes,
-        "B taking over from the stalled leader",
-        ttl * 3,
-    )
-    .await;
+    let (who, b_term, b_at) = next_start(&scene, &mut notes, "B taking over from the stalled leader", ttl * 3).await;
     assert_eq!(who, "B", "{p}: the healthy candidate takes over");
-    assert!(
-        b_term > a_term,
-        "{p}: B's term {b_term} must exceed A's {a_term}"
-    );
+    assert!(b_term > a_term, "{p}: B's term {b_term} must exceed A's {a_term}");
     scene.log(format_args!(
         "A cancelled {} after its election (stall_timeout {}), B elected {} later at term {b_term}",
         secs(cancelled - a_at),
@@ -1722,9 +1608,7 @@ pub async fn stalled_task_steps_down(backend: Arc<dyn Backend>) {
         .await
         .into_iter()
         .find_map(|(who, e)| match e {
-            Event::Deposed { term, reason, .. } if who.as_str() == "A" && term == a_term => {
-                Some(reason)
-            }
+            Event::Deposed { term, reason, .. } if who.as_str() == "A" && term == a_term => Some(reason),
             _ => None,
         });
     assert_eq!(

@@ -65,8 +65,7 @@ impl CommandGroup {
         let pid = guard
             .id()
             .ok_or_else(|| Failure::runtime("the child guard exited at once"))?;
-        let pgid =
-            Pid::from_raw(i32::try_from(pid).map_err(|_| Failure::runtime("pid out of range"))?);
+        let pgid = Pid::from_raw(i32::try_from(pid).map_err(|_| Failure::runtime("pid out of range"))?);
         Ok(CommandGroup {
             guard,
             pgid,
@@ -148,9 +147,7 @@ impl Drop for CommandGroup {
 
 /// The exit code a shell would report for `status`: the code, or 128 + the signal number.
 pub(crate) fn exit_code(status: ExitStatus) -> i32 {
-    status
-        .code()
-        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+    status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }
 
 /// Describes `status` for a log line.
@@ -189,10 +186,7 @@ pub(crate) fn check_program(program: &OsString) -> Result<(), Failure> {
     if std::env::split_paths(&path).any(|dir| executable(&dir.join(name))) {
         Ok(())
     } else {
-        Err(Failure::new(
-            NOT_FOUND,
-            format!("command not found: {shown}"),
-        ))
+        Err(Failure::new(NOT_FOUND, format!("command not found: {shown}")))
     }
 }
 
@@ -205,10 +199,7 @@ mod tests {
         assert_eq!(exit_code(ExitStatus::from_raw(7 << 8)), 7);
         assert_eq!(exit_code(ExitStatus::from_raw(9)), 137);
         assert_eq!(describe(ExitStatus::from_raw(15)), "was killed by SIGTERM");
-        assert_eq!(
-            describe(ExitStatus::from_raw(3 << 8)),
-            "exited with status 3"
-        );
+        assert_eq!(describe(ExitStatus::from_raw(3 << 8)), "exited with status 3");
     }
 
     #[test]
@@ -216,19 +207,12 @@ mod tests {
         assert!(check_program(&"sh".into()).is_ok());
         assert!(check_program(&"/bin/sh".into()).is_ok());
         assert_eq!(
-            check_program(&"no-such-command-xyz".into())
-                .unwrap_err()
-                .code,
+            check_program(&"no-such-command-xyz".into()).unwrap_err().code,
             NOT_FOUND
         );
+        assert_eq!(check_program(&"/no/such/file".into()).unwrap_err().code, NOT_FOUND);
         assert_eq!(
-            check_program(&"/no/such/file".into()).unwrap_err().code,
-            NOT_FOUND
-        );
-        assert_eq!(
-            check_program(&"/etc/passwd".into())
-                .map_err(|f| f.code)
-                .err(),
+            check_program(&"/etc/passwd".into()).map_err(|f| f.code).err(),
             Some(NOT_EXECUTABLE)
         );
     }

@@ -30,11 +30,7 @@ pub(crate) struct Failure {
 impl Failure {
     pub(crate) fn new(code: i32, message: impl Display) -> Self {
         // One line, whatever the cause's text holds.
-        let message = message
-            .to_string()
-            .split_whitespace()
-            .collect::<Vec<_>>()
-            .join(" ");
+        let message = message.to_string().split_whitespace().collect::<Vec<_>>().join(" ");
         Failure { code, message }
     }
 
@@ -58,10 +54,7 @@ impl Failure {
             USAGE => USAGE,
             _ => UNREACHABLE,
         };
-        Failure::new(
-            code,
-            format!("cannot connect to {}: {error}", leasehold::redact(url)),
-        )
+        Failure::new(code, format!("cannot connect to {}: {error}", leasehold::redact(url)))
     }
 
     /// Prints the line and returns the exit code.
@@ -98,15 +91,9 @@ mod tests {
         };
         assert_eq!(Failure::connect("x", &bad_url).code, USAGE);
         let unreachable = Error::unreachable("redis", "connection refused");
-        assert_eq!(
-            Failure::connect("redis://h", &unreachable).code,
-            UNREACHABLE
-        );
+        assert_eq!(Failure::connect("redis://h", &unreachable).code, UNREACHABLE);
         let open = Error::store("sqlite", "cannot open /x/y.db for writing");
-        assert_eq!(
-            Failure::connect("sqlite:///x/y.db", &open).code,
-            UNREACHABLE
-        );
+        assert_eq!(Failure::connect("sqlite:///x/y.db", &open).code, UNREACHABLE);
         assert_eq!(code_of(&open), RUNTIME);
         assert_eq!(
             code_of(&Error::Unsupported {

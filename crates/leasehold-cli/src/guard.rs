@@ -47,10 +47,7 @@ pub(crate) struct GuardArgs {
 
 /// Runs the guard; returns its exit code.
 pub(crate) fn main(args: GuardArgs) -> i32 {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("leasehold: child guard: cannot start: {e}");
@@ -79,10 +76,7 @@ async fn guard(args: GuardArgs) -> i32 {
         return RUNTIME; // `run` died before the command could start: start nothing.
     }
     let program = &args.command[0];
-    let mut child = match tokio::process::Command::new(program)
-        .args(&args.command[1..])
-        .spawn()
-    {
+    let mut child = match tokio::process::Command::new(program).args(&args.command[1..]).spawn() {
         Ok(child) => child,
         Err(e) => {
             eprintln!("leasehold: cannot run {}: {e}", program.to_string_lossy());
@@ -160,9 +154,7 @@ fn group_members(group: Pid) -> Vec<Pid> {
             std::fs::read_to_string(format!("/proc/{pid}/stat"))
                 .ok()
                 .and_then(|stat| parse_stat(&stat))
-                .is_some_and(|(state, pgrp)| {
-                    pgrp == group.as_raw() && !matches!(state, 'Z' | 'X' | 'x')
-                })
+                .is_some_and(|(state, pgrp)| pgrp == group.as_raw() && !matches!(state, 'Z' | 'X' | 'x'))
         })
         .collect()
 }

@@ -18,17 +18,12 @@ pub(crate) fn lease_name(name: &str) -> Result<LeaseName, Failure> {
 
 /// Connects to the store at `url`.
 pub(crate) async fn connect(url: &str) -> Result<Arc<dyn LeaseStore>, Failure> {
-    leasehold::connect(url)
-        .await
-        .map_err(|e| Failure::connect(url, &e))
+    leasehold::connect(url).await.map_err(|e| Failure::connect(url, &e))
 }
 
 /// `leasehold status LEASE...`.
 pub(crate) async fn status(url: &str, leases: &[String], json: bool) -> Result<i32, Failure> {
-    let leases = leases
-        .iter()
-        .map(|l| lease_name(l))
-        .collect::<Result<Vec<_>, _>>()?;
+    let leases = leases.iter().map(|l| lease_name(l)).collect::<Result<Vec<_>, _>>()?;
     let store = connect(url).await?;
     let mut seen = Vec::new();
     for lease in &leases {
@@ -43,10 +38,7 @@ pub(crate) async fn status(url: &str, leases: &[String], json: bool) -> Result<i
         line(&Value::Array(rows).to_string());
     } else {
         let rows: Vec<Vec<String>> = seen.iter().map(status_row).collect();
-        line(&table(
-            &["LEASE", "STATE", "HOLDER", "TERM", "TTL", "TIME LEFT"],
-            &rows,
-        ));
+        line(&table(&["LEASE", "STATE", "HOLDER", "TERM", "TTL", "TIME LEFT"], &rows));
     }
     Ok(0)
 }
@@ -95,12 +87,7 @@ fn status_json(o: &Observation) -> Value {
 }
 
 /// `leasehold history LEASE [--limit N]`.
-pub(crate) async fn history(
-    url: &str,
-    lease: &str,
-    limit: usize,
-    json: bool,
-) -> Result<i32, Failure> {
+pub(crate) async fn history(url: &str, lease: &str, limit: usize, json: bool) -> Result<i32, Failure> {
     let lease = lease_name(lease)?;
     let store = connect(url).await?;
     let terms = store
@@ -128,10 +115,7 @@ pub(crate) async fn history(
                 ]
             })
             .collect();
-        line(&table(
-            &["TERM", "HOLDER", "ACQUIRED", "ENDED", "HOW"],
-            &rows,
-        ));
+        line(&table(&["TERM", "HOLDER", "ACQUIRED", "ENDED", "HOW"], &rows));
     }
     Ok(0)
 }
@@ -170,9 +154,7 @@ pub(crate) async fn break_lease(url: &str, lease: &str, json: bool) -> Result<i3
         );
     } else {
         match (broken, holder) {
-            (Some(term), Some(holder)) => line(&format!(
-                "broke lease {lease}: term {term} of {holder} ended"
-            )),
+            (Some(term), Some(holder)) => line(&format!("broke lease {lease}: term {term} of {holder} ended")),
             (Some(term), None) => line(&format!("broke lease {lease}: term {term} ended")),
             (None, _) => line(&format!("lease {lease} is free: nothing to break")),
         }
@@ -181,18 +163,11 @@ pub(crate) async fn break_lease(url: &str, lease: &str, json: bool) -> Result<i3
 }
 
 /// `leasehold watch LEASE`: a line whenever the holder or term changes, until SIGINT/SIGTERM.
-pub(crate) async fn watch(
-    url: &str,
-    lease: &str,
-    interval: Option<Duration>,
-    json: bool,
-) -> Result<i32, Failure> {
+pub(crate) async fn watch(url: &str, lease: &str, interval: Option<Duration>, json: bool) -> Result<i32, Failure> {
     let lease = lease_name(lease)?;
     let store = connect(url).await?;
-    let (Ok(mut interrupt), Ok(mut terminate)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
+    let (Ok(mut interrupt), Ok(mut terminate)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
+    else {
         return Err(Failure::runtime("cannot handle signals"));
     };
     let watcher = CandidateId::new(format!("leasehold-watch-{}", std::process::id()))
@@ -226,11 +201,10 @@ pub(crate) async fn watch(
                 }
             }
         }
-        let every =
-            interval.unwrap_or_else(|| match last.as_ref().and_then(|o| o.holder.as_ref()) {
-                Some(h) => (h.ttl / 5).clamp(Duration::from_millis(100), Duration::from_secs(2)),
-                None => Duration::from_secs(1),
-            });
+        let every = interval.unwrap_or_else(|| match last.as_ref().and_then(|o| o.holder.as_ref()) {
+            Some(h) => (h.ttl / 5).clamp(Duration::from_millis(100), Duration::from_secs(2)),
+            None => Duration::from_secs(1),
+        });
         tokio::select! {
             () = tokio::time::sleep(every) => {}
             change = async { changes.as_mut().expect("guarded").next().await }, if changes.is_some() => {
@@ -253,11 +227,7 @@ fn key(o: &Observation) -> (Option<&CandidateId>, Term) {
 }
 
 /// How the term that `before` showed ended, looked up in the history (`None` if unknown).
-async fn how_it_ended(
-    store: &dyn LeaseStore,
-    before: &Observation,
-    now: &Observation,
-) -> Option<String> {
+async fn how_it_ended(store: &dyn LeaseStore, before: &Observation, now: &Observation) -> Option<String> {
     let term = before.holder.as_ref()?.term;
     if now.holder.is_none()
         && let Some(end) = now.previous_end
@@ -269,12 +239,7 @@ async fn how_it_ended(
     Some(how.to_string())
 }
 
-fn report_change(
-    now: &Observation,
-    before: Option<&Observation>,
-    ended: Option<String>,
-    json: bool,
-) {
+fn report_change(now: &Observation, before: Option<&Observation>, ended: Option<String>, json: bool) {
     let at = SystemTime::now();
     let previous = before.and_then(|b| b.holder.as_ref());
     if json {
@@ -333,11 +298,7 @@ mod tests {
     fn status_shows_unknown_time_left_without_a_store_clock() {
         let row = status_row(&held(7));
         assert_eq!(row, ["jobs", "held", "host-1", "7", "10s", "unknown"]);
-        let free = Observation::free(
-            LeaseName::new("jobs").unwrap(),
-            Term(7),
-            Some(EndReason::Released),
-        );
+        let free = Observation::free(LeaseName::new("jobs").unwrap(), Term(7), Some(EndReason::Released));
         assert_eq!(status_row(&free)[1], "free (released)");
         let v = status_json(&free);
         assert_eq!(v["state"], "free");

@@ -31,18 +31,11 @@ use crate::exit::Failure;
 
 /// Leader election from the shell: run a command on exactly one of many hosts or processes.
 #[derive(Debug, Parser)]
-#[command(
-    name = "leasehold",
-    version,
-    propagate_version = true,
-    max_term_width = 100
-)]
-#[command(
-    after_help = "Exit codes: 0 ok, 1 runtime error, 2 usage or configuration error, \
+#[command(name = "leasehold", version, propagate_version = true, max_term_width = 100)]
+#[command(after_help = "Exit codes: 0 ok, 1 runtime error, 2 usage or configuration error, \
                         3 store unreachable, 4 operation not supported by the store, \
                         5 not elected within `run --wait`; otherwise `run` exits with its \
-                        command's status (128 + N when killed by signal N)."
-)]
+                        command's status (128 + N when killed by signal N).")]
 struct Cli {
     /// The lease store, e.g. sqlite:///var/lib/leasehold/leases.db.
     #[arg(
@@ -159,8 +152,7 @@ struct RunArgs {
 
 /// Parses `10s`, `500ms`, `1m`, `1h 30m`.
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    let duration =
-        humantime::parse_duration(text.trim()).map_err(|e| format!("{e} (e.g. 10s, 500ms, 1m)"))?;
+    let duration = humantime::parse_duration(text.trim()).map_err(|e| format!("{e} (e.g. 10s, 500ms, 1m)"))?;
     if duration.is_zero() {
         return Err("must be greater than zero".into());
     }
@@ -180,8 +172,7 @@ fn main() -> ExitCode {
 }
 
 fn dispatch(store: Option<String>, json: bool, command: Command) -> Result<i32, Failure> {
-    let store = store
-        .ok_or_else(|| Failure::usage("no store given: pass --store URL or set LEASEHOLD_STORE"))?;
+    let store = store.ok_or_else(|| Failure::usage("no store given: pass --store URL or set LEASEHOLD_STORE"))?;
     // One thread: the command's supervisor is spawned from this (main) thread, which lives as
     // long as the process, so its parent-death signal fires only when the process dies.
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -192,12 +183,8 @@ fn dispatch(store: Option<String>, json: bool, command: Command) -> Result<i32, 
         match command {
             Command::Run(args) => run::run(&store, args).await,
             Command::Status { leases } => inspect::status(&store, &leases, json).await,
-            Command::History { lease, limit } => {
-                inspect::history(&store, &lease, limit, json).await
-            }
-            Command::Watch { lease, interval } => {
-                inspect::watch(&store, &lease, interval, json).await
-            }
+            Command::History { lease, limit } => inspect::history(&store, &lease, limit, json).await,
+            Command::Watch { lease, interval } => inspect::watch(&store, &lease, interval, json).await,
             Command::Break { lease } => inspect::break_lease(&store, &lease, json).await,
             Command::ChildGuard(_) => unreachable!("handled before the runtime starts"),
         }

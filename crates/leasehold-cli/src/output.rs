@@ -32,10 +32,7 @@ pub(crate) fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
         text.trim_end().to_string()
     };
     let mut lines = vec![render(&mut headers.iter().copied())];
-    lines.extend(
-        rows.iter()
-            .map(|row| render(&mut row.iter().map(String::as_str))),
-    );
+    lines.extend(rows.iter().map(|row| render(&mut row.iter().map(String::as_str))));
     lines.join("\n")
 }
 
@@ -86,11 +83,7 @@ mod tests {
 
     #[test]
     fn tables_align() {
-        let rows = vec![vec![
-            "a".to_string(),
-            "long value".to_string(),
-            "x".to_string(),
-        ]];
+        let rows = vec![vec!["a".to_string(), "long value".to_string(), "x".to_string()]];
         assert_eq!(
             table(&["ONE", "TWO", "THREE"], &rows),
             "ONE  TWO         THREE\na    long value  x"
@@ -112,9 +105,6 @@ mod tests {
             wall(SystemTime::UNIX_EPOCH + Duration::from_secs(86_400)),
             "1970-01-02T00:00:00Z"
         );
-        assert_eq!(
-            unix_ms(SystemTime::UNIX_EPOCH + Duration::from_millis(1500)),
-            1500
-        );
+        assert_eq!(unix_ms(SystemTime::UNIX_EPOCH + Duration::from_millis(1500)), 1500);
     }
 }

@@ -129,11 +129,7 @@ pub(crate) async fn run(url: &str, args: RunArgs) -> Result<i32, Failure> {
             }
         };
         let shutdown = {
-            let (stop, finished, give_up) = (
-                stop.requested.clone(),
-                ctx.finished.clone(),
-                ctx.give_up.clone(),
-            );
+            let (stop, finished, give_up) = (stop.requested.clone(), ctx.finished.clone(), ctx.give_up.clone());
             async move {
                 tokio::select! {
                     () = stop.cancelled() => {}
@@ -147,10 +143,7 @@ pub(crate) async fn run(url: &str, args: RunArgs) -> Result<i32, Failure> {
             Err(RunError::Task(failure)) => return Err(failure),
             Err(RunError::Panicked) => return Err(Failure::runtime("the supervisor panicked")),
             Err(RunError::Election(e)) => {
-                return Err(Failure::store(
-                    format!("cannot campaign for lease {lease}"),
-                    &e,
-                ));
+                return Err(Failure::store(format!("cannot campaign for lease {lease}"), &e));
             }
         }
         if let Some(signal) = stop.signal() {
@@ -276,11 +269,7 @@ async fn log_events(elector: Elector) {
             Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
         };
         match event {
-            Event::Elected {
-                term,
-                valid_until,
-                at,
-            } => {
+            Event::Elected { term, valid_until, at } => {
                 last_trouble = None;
                 eprintln!(
                     "leasehold: {me} leads {lease} at term {term} (valid for {})",
@@ -321,15 +310,10 @@ struct Shutdown {
 
 impl Shutdown {
     fn listen() -> Result<Self, Failure> {
-        let kinds = [
-            SignalKind::interrupt(),
-            SignalKind::terminate(),
-            SignalKind::hangup(),
-        ];
+        let kinds = [SignalKind::interrupt(), SignalKind::terminate(), SignalKind::hangup()];
         let mut streams = Vec::new();
         for kind in kinds {
-            let stream = signal(kind)
-                .map_err(|e| Failure::runtime(format!("cannot handle signals: {e}")))?;
+            let stream = signal(kind).map_err(|e| Failure::runtime(format!("cannot handle signals: {e}")))?;
             streams.push((kind.as_raw_value(), stream));
         }
         let shutdown = Shutdown {
@@ -385,8 +369,7 @@ mod tests {
         for ms in [600, 1_000, 2_000, 10_000, 60_000] {
             let ttl = Duration::from_millis(ms);
             let kill = KillTiming::new(ttl, None);
-            kill.check(&timing(ttl))
-                .unwrap_or_else(|f| panic!("{ms}ms: {f:?}"));
+            kill.check(&timing(ttl)).unwrap_or_else(|f| panic!("{ms}ms: {f:?}"));
         }
         assert_eq!(
             KillTiming::new(Duration::from_secs(10), None).grace,

@@ -21,10 +21,7 @@ fn every_subcommand_has_help() {
             .unwrap();
         assert!(output.status.success(), "{sub}: {output:?}");
         let text = stdout(&output);
-        assert!(
-            text.contains(&format!("Usage: leasehold {sub}")),
-            "{sub}: {text}"
-        );
+        assert!(text.contains(&format!("Usage: leasehold {sub}")), "{sub}: {text}");
         assert!(text.contains("--store <URL>"), "{sub}: {text}");
     }
     let output = Command::new(bin()).arg("--help").output().unwrap();
@@ -38,11 +35,7 @@ fn fails(store: &str, args: &[&str], code: i32) -> String {
         .args(args)
         .output()
         .unwrap();
-    assert_eq!(
-        output.status.code(),
-        Some(code),
-        "{store} {args:?}: {output:?}"
-    );
+    assert_eq!(output.status.code(), Some(code), "{store} {args:?}: {output:?}");
     one_error_line(&output)
 }
 
@@ -55,19 +48,14 @@ fn bad_stores_fail_with_one_clear_line() {
     );
 
     let stderr = fails("nosuch://host/x", &["status", "x"], 2);
-    assert!(
-        stderr.contains("unsupported store scheme \"nosuch\""),
-        "{stderr}"
-    );
+    assert!(stderr.contains("unsupported store scheme \"nosuch\""), "{stderr}");
 
     let stderr = fails(
         "sqlite:///nonexistent-leasehold-dir/sub/leases.db",
         &["history", "x"],
         3,
     );
-    assert!(stderr.starts_with(
-        "leasehold: cannot connect to sqlite:///nonexistent-leasehold-dir/sub/leases.db: "
-    ));
+    assert!(stderr.starts_with("leasehold: cannot connect to sqlite:///nonexistent-leasehold-dir/sub/leases.db: "));
     let stderr = fails(
         "sqlite:///nonexistent-leasehold-dir/sub/leases.db",
         &["run", "--lease", "x", "--", "true"],
@@ -77,20 +65,12 @@ fn bad_stores_fail_with_one_clear_line() {
 
     // Unsupported in this build (2) or unreachable (3), but never with the password shown.
     let output = Command::new(bin())
-        .args([
-            "--store",
-            "postgres://app:hunter2@127.0.0.1:1/db",
-            "status",
-            "x",
-        ])
+        .args(["--store", "postgres://app:hunter2@127.0.0.1:1/db", "status", "x"])
         .output()
         .unwrap();
     assert!(matches!(output.status.code(), Some(2 | 3)), "{output:?}");
     let stderr = one_error_line(&output);
-    assert!(
-        !stderr.contains("hunter2") && stderr.contains("app:***@"),
-        "{stderr}"
-    );
+    assert!(!stderr.contains("hunter2") && stderr.contains("app:***@"), "{stderr}");
 
     let output = Command::new(bin())
         .args(["status", "x"])
@@ -123,10 +103,7 @@ fn bad_arguments_are_usage_errors() {
 fn status_history_watch_and_break_on_a_real_lease() {
     let store = Store::sqlite();
     let path = store.path("ledger");
-    let script = format!(
-        "echo \"$LEASEHOLD_TERM $$\" >> '{}'; exec sleep 60",
-        path.display()
-    );
+    let script = format!("echo \"$LEASEHOLD_TERM $$\" >> '{}'; exec sleep 60", path.display());
     let mut run = store.spawn_run(
         "holder",
         &[
@@ -214,15 +191,11 @@ fn status_history_watch_and_break_on_a_real_lease() {
     assert!(output.status.success(), "{output:?}");
     assert_eq!(
         stdout(&output).trim(),
-        format!(
-            "broke lease reports: term {} of test-holder ended",
-            first.term
-        )
+        format!("broke lease reports: term {} of test-holder ended", first.term)
     );
 
     // The holder learns at its next renewal, stops its command, and (alone) wins again.
-    wait_for(Duration::from_secs(5), || !alive(first.pid))
-        .expect("the broken leader's command is stopped");
+    wait_for(Duration::from_secs(5), || !alive(first.pid)).expect("the broken leader's command is stopped");
     wait_for(Duration::from_secs(10), || ledger(&path).len() >= 2).expect("the command runs again");
     let second = ledger(&path)[1];
     assert!(second.term > first.term);
@@ -251,10 +224,7 @@ fn status_history_watch_and_break_on_a_real_lease() {
             .eq(["TERM", "HOLDER", "ACQUIRED", "ENDED", "HOW"]),
         "{text}"
     );
-    assert!(
-        text.contains("broken") && text.contains("holding"),
-        "{text}"
-    );
+    assert!(text.contains("broken") && text.contains("holding"), "{text}");
     let output = store.leasehold(&["--json", "history", "reports", "--limit", "1"]);
     let history: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(history.as_array().unwrap().len(), 1);
@@ -280,11 +250,7 @@ fn status_history_watch_and_break_on_a_real_lease() {
         "lease reports is free: nothing to break"
     );
 
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(watch.id() as i32),
-        Signal::SIGTERM,
-    )
-    .unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(watch.id() as i32), Signal::SIGTERM).unwrap();
     assert_eq!(watch.wait().unwrap().code(), Some(0));
 }
 

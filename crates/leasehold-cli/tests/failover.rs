@@ -15,9 +15,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
-use support::{
-    Candidate, Entry, LeaderProcesses, Store, alive, appender, fresh_lease, ledger, wait_for,
-};
+use support::{Candidate, Entry, LeaderProcesses, Store, alive, appender, fresh_lease, ledger, wait_for};
 
 const TTL: Duration = Duration::from_secs(1);
 /// The engine's default `retry_every` (ttl / 5) plus its 20 % jitter.
@@ -48,8 +46,7 @@ fn candidates(store: &Store, lease: &str, n: usize) -> Vec<Candidate> {
 
 fn first_leader(store: &Store) -> Entry {
     let path = store.path("ledger");
-    wait_for(Duration::from_secs(15), || !ledger(&path).is_empty())
-        .expect("no leader's command started");
+    wait_for(Duration::from_secs(15), || !ledger(&path).is_empty()).expect("no leader's command started");
     *ledger(&path).last().unwrap()
 }
 
@@ -80,17 +77,13 @@ fn crash_failover(store: &Store, lease: &str) -> Vec<Duration> {
             .expect("the leader is one of ours");
         kill(Pid::from_raw(leader.leasehold), Signal::SIGKILL).unwrap();
         let killed = Instant::now();
-        let died = wait_for(KILL_BOUND, || !alive(leader.shell) && !alive(leader.group))
-            .unwrap_or_else(|| {
-                panic!(
-                    "round {round}: the command outlived its leasehold (pid {})",
-                    leader.shell
-                )
-            });
-        wait_for(TTL + RETRY + SLACK, || {
-            ledger(&path).iter().any(|e| e.term > last.term)
-        })
-        .unwrap_or_else(|| {
+        let died = wait_for(KILL_BOUND, || !alive(leader.shell) && !alive(leader.group)).unwrap_or_else(|| {
+            panic!(
+                "round {round}: the command outlived its leasehold (pid {})",
+                leader.shell
+            )
+        });
+        wait_for(TTL + RETRY + SLACK, || ledger(&path).iter().any(|e| e.term > last.term)).unwrap_or_else(|| {
             let logs: Vec<String> = running.iter().map(Candidate::log_text).collect();
             panic!(
                 "round {round}: no successor within {:?}; logs: {logs:#?}",
@@ -98,10 +91,7 @@ fn crash_failover(store: &Store, lease: &str) -> Vec<Duration> {
             )
         });
         let takeover = killed.elapsed();
-        let successor = ledger(&path)
-            .into_iter()
-            .find(|e| e.term > last.term)
-            .unwrap();
+        let successor = ledger(&path).into_iter().find(|e| e.term > last.term).unwrap();
         println!(
             "[{}] round {round}: SIGKILL of leader (term {}): its command was gone after {died:?}; \
              successor's command (term {}) started after {takeover:?} (ttl {TTL:?})",
@@ -144,30 +134,24 @@ fn paused_leader_kills_its_command_at_once_when_resumed() {
     killpg(Pid::from_raw(leader.group), Signal::SIGSTOP).unwrap();
     let stopped = Instant::now();
     let old_lines = |entries: &[Entry]| entries.iter().filter(|e| e.term == old.term).count();
-    wait_for(TTL + RETRY + SLACK, || {
-        ledger(&path).iter().any(|e| e.term > old.term)
-    })
-    .unwrap_or_else(|| {
+    wait_for(TTL + RETRY + SLACK, || ledger(&path).iter().any(|e| e.term > old.term)).unwrap_or_else(|| {
         let logs: Vec<String> = running.iter().map(Candidate::log_text).collect();
         panic!("no successor while the leader was paused; logs: {logs:#?}")
     });
     let successor_after = stopped.elapsed();
     // Stay paused well past the old lease.
-    std::thread::sleep(
-        (stopped + 2 * TTL + Duration::from_millis(500)).saturating_duration_since(Instant::now()),
-    );
+    std::thread::sleep((stopped + 2 * TTL + Duration::from_millis(500)).saturating_duration_since(Instant::now()));
     let before_resume = old_lines(&ledger(&path));
 
     killpg(Pid::from_raw(leader.leasehold), Signal::SIGCONT).unwrap();
     killpg(Pid::from_raw(leader.group), Signal::SIGCONT).unwrap();
     let resumed = Instant::now();
-    let gone = wait_for(KILL_BOUND, || !alive(leader.shell) && !alive(leader.group))
-        .unwrap_or_else(|| {
-            panic!(
-                "the old command (pid {}) still runs {KILL_BOUND:?} after resuming",
-                leader.shell
-            )
-        });
+    let gone = wait_for(KILL_BOUND, || !alive(leader.shell) && !alive(leader.group)).unwrap_or_else(|| {
+        panic!(
+            "the old command (pid {}) still runs {KILL_BOUND:?} after resuming",
+            leader.shell
+        )
+    });
     std::thread::sleep((resumed + KILL_BOUND).saturating_duration_since(Instant::now()));
     let at_bound = ledger(&path);
     let new_at_bound = at_bound.len() - old_lines(&at_bound);
@@ -200,14 +184,7 @@ fn paused_leader_kills_its_command_at_once_when_resumed() {
         alive(leader.leasehold),
         "the resumed leasehold should campaign again, not exit"
     );
-    let log = std::fs::read_to_string(
-        &running
-            .iter()
-            .find(|c| c.pid() == leader.leasehold)
-            .unwrap()
-            .log,
-    )
-    .unwrap();
+    let log = std::fs::read_to_string(&running.iter().find(|c| c.pid() == leader.leasehold).unwrap().log).unwrap();
     assert!(log.contains("lost paused"), "{log}");
     assert!(
         log.contains("SIGKILL"),
@@ -218,9 +195,7 @@ fn paused_leader_kills_its_command_at_once_when_resumed() {
 /// The crash scenario on a networked store named by `var`, if set and supported by this build.
 fn networked(var: &str) {
     let Ok(url) = std::env::var(var) else {
-        eprintln!(
-            "SKIPPED: set {var} to run the crash fail-over of `leasehold run` against that store"
-        );
+        eprintln!("SKIPPED: set {var} to run the crash fail-over of `leasehold run` against that store");
         return;
     };
     let store = Store::at(&url);
@@ -233,10 +208,7 @@ fn networked(var: &str) {
         );
         return;
     }
-    assert!(
-        probe.status.success(),
-        "{var}: `leasehold status` failed: {stderr}"
-    );
+    assert!(probe.status.success(), "{var}: `leasehold status` failed: {stderr}");
     let _serial = serial();
     crash_failover(&store, &fresh_lease("cli-failover"));
 }

@@ -36,22 +36,8 @@ fn exits_with_the_commands_status_and_releases() {
     assert_eq!(history.len(), 1);
     assert_eq!(history[0]["end_reason"], "released");
 
-    let output = store.leasehold(&[
-        "run",
-        "--lease",
-        "job",
-        "--ttl",
-        "2s",
-        "--",
-        "sh",
-        "-c",
-        "kill -9 $$",
-    ]);
-    assert_eq!(
-        output.status.code(),
-        Some(137),
-        "killed by SIGKILL: 128 + 9"
-    );
+    let output = store.leasehold(&["run", "--lease", "job", "--ttl", "2s", "--", "sh", "-c", "kill -9 $$"]);
+    assert_eq!(output.status.code(), Some(137), "killed by SIGKILL: 128 + 9");
     assert_eq!(history_json(&store, "job")[1]["term"], 2);
 }
 
@@ -74,8 +60,7 @@ fn keep_running_restarts_the_command_with_a_new_term() {
             &script,
         ],
     );
-    wait_for(Duration::from_secs(15), || ledger(&path).len() >= 3)
-        .expect("three runs of the command");
+    wait_for(Duration::from_secs(15), || ledger(&path).len() >= 3).expect("three runs of the command");
     run.signal(Signal::SIGTERM);
     assert_eq!(run.wait_exit(Duration::from_secs(5)), Some(143));
     let terms: Vec<u64> = ledger(&path).iter().map(|e| e.term).collect();
@@ -93,35 +78,18 @@ fn sigterm_stops_the_command_gracefully_and_releases() {
         "trap 'echo \"0 $$\" >> {0}; exit 0' TERM; echo \"$LEASEHOLD_TERM $$\" >> {0}; while true; do sleep 0.05; done",
         path.display()
     );
-    let mut run = store.spawn_run(
-        "g",
-        &[
-            "--lease", "graceful", "--ttl", "2s", "--", "sh", "-c", &script,
-        ],
-    );
+    let mut run = store.spawn_run("g", &["--lease", "graceful", "--ttl", "2s", "--", "sh", "-c", &script]);
     wait_for(Duration::from_secs(10), || !ledger(&path).is_empty()).expect("the command starts");
     run.signal(Signal::SIGTERM);
-    assert_eq!(
-        run.wait_exit(Duration::from_secs(5)),
-        Some(143),
-        "{}",
-        run.log_text()
-    );
+    assert_eq!(run.wait_exit(Duration::from_secs(5)), Some(143), "{}", run.log_text());
     let entries = ledger(&path);
     assert_eq!(
         entries.last().map(|e| e.term),
         Some(0),
         "the command saw SIGTERM: {entries:?}"
     );
-    assert!(
-        run.log_text().contains("after SIGTERM"),
-        "{}",
-        run.log_text()
-    );
-    assert_eq!(
-        history_json(&store, "graceful")[0]["end_reason"],
-        "released"
-    );
+    assert!(run.log_text().contains("after SIGTERM"), "{}", run.log_text());
+    assert_eq!(history_json(&store, "graceful")[0]["end_reason"], "released");
 }
 
 #[test]
@@ -158,11 +126,7 @@ fn a_command_that_ignores_sigterm_is_killed_after_the_grace() {
         "SIGKILL came before the grace: {took:?}"
     );
     assert!(!alive(shell));
-    assert!(
-        run.log_text().contains("after SIGKILL"),
-        "{}",
-        run.log_text()
-    );
+    assert!(run.log_text().contains("after SIGKILL"), "{}", run.log_text());
 }
 
 #[test]
@@ -170,43 +134,21 @@ fn what_the_command_leaves_behind_is_ended_before_the_release() {
     let store = Store::sqlite();
     let pidfile = store.path("background");
     let script = format!("sleep 30 & echo $! > '{}'; exit 0", pidfile.display());
-    let output = store.leasehold(&[
-        "run", "--lease", "bg", "--ttl", "1s", "--", "sh", "-c", &script,
-    ]);
+    let output = store.leasehold(&["run", "--lease", "bg", "--ttl", "1s", "--", "sh", "-c", &script]);
     assert_eq!(output.status.code(), Some(0), "{output:?}");
-    let background: i32 = std::fs::read_to_string(&pidfile)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    assert!(
-        !alive(background),
-        "the background job outlived the leadership"
-    );
+    let background: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    assert!(!alive(background), "the background job outlived the leadership");
 }
 
 #[test]
 fn a_signal_while_campaigning_exits_without_starting_anything() {
     let store = Store::sqlite();
     let path = store.path("ledger");
-    let script = format!(
-        "echo \"$LEASEHOLD_TERM $$\" >> '{}'; sleep 30",
-        path.display()
-    );
-    let mut holder = store.spawn_run(
-        "h",
-        &["--lease", "busy", "--ttl", "1s", "--", "sh", "-c", &script],
-    );
-    wait_for(Duration::from_secs(10), || !ledger(&path).is_empty())
-        .expect("the first command starts");
-    let mut waiting = store.spawn_run(
-        "w",
-        &["--lease", "busy", "--ttl", "1s", "--", "sh", "-c", &script],
-    );
-    wait_for(Duration::from_secs(5), || {
-        waiting.log_text().contains("waiting")
-    })
-    .expect("the second one waits");
+    let script = format!("echo \"$LEASEHOLD_TERM $$\" >> '{}'; sleep 30", path.display());
+    let mut holder = store.spawn_run("h", &["--lease", "busy", "--ttl", "1s", "--", "sh", "-c", &script]);
+    wait_for(Duration::from_secs(10), || !ledger(&path).is_empty()).expect("the first command starts");
+    let mut waiting = store.spawn_run("w", &["--lease", "busy", "--ttl", "1s", "--", "sh", "-c", &script]);
+    wait_for(Duration::from_secs(5), || waiting.log_text().contains("waiting")).expect("the second one waits");
     waiting.signal(Signal::SIGINT);
     assert_eq!(waiting.wait_exit(Duration::from_secs(5)), Some(130));
     assert_eq!(ledger(&path).len(), 1);
@@ -218,18 +160,9 @@ fn a_signal_while_campaigning_exits_without_starting_anything() {
 fn wait_gives_up_when_another_holds_the_lease() {
     let store = Store::sqlite();
     let path = store.path("ledger");
-    let script = format!(
-        "echo \"$LEASEHOLD_TERM $$\" >> '{}'; sleep 30",
-        path.display()
-    );
-    let _holder = store.spawn_run(
-        "h",
-        &[
-            "--lease", "nightly", "--ttl", "1s", "--", "sh", "-c", &script,
-        ],
-    );
-    wait_for(Duration::from_secs(10), || !ledger(&path).is_empty())
-        .expect("the first command starts");
+    let script = format!("echo \"$LEASEHOLD_TERM $$\" >> '{}'; sleep 30", path.display());
+    let _holder = store.spawn_run("h", &["--lease", "nightly", "--ttl", "1s", "--", "sh", "-c", &script]);
+    wait_for(Duration::from_secs(10), || !ledger(&path).is_empty()).expect("the first command starts");
     let started = Instant::now();
     let output = store.leasehold(&[
         "run", "--lease", "nightly", "--ttl", "1s", "--wait", "500ms", "--", "sh", "-c", &script,
@@ -251,23 +184,10 @@ fn wait_gives_up_when_another_holds_the_lease() {
 #[test]
 fn a_grace_that_does_not_fit_in_the_lease_is_refused() {
     let store = Store::sqlite();
-    let output = store.leasehold(&[
-        "run",
-        "--lease",
-        "x",
-        "--ttl",
-        "1s",
-        "--kill-grace",
-        "1s",
-        "--",
-        "true",
-    ]);
+    let output = store.leasehold(&["run", "--lease", "x", "--ttl", "1s", "--kill-grace", "1s", "--", "true"]);
     assert_eq!(output.status.code(), Some(2));
     let stderr = one_error_line(&output);
-    assert!(
-        stderr.contains("--kill-grace 1s does not fit in --ttl 1s"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("--kill-grace 1s does not fit in --ttl 1s"), "{stderr}");
 }
 
 #[test]

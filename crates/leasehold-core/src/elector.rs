@@ -170,12 +170,16 @@ impl ElectorBuilder {
                 timing,
                 caps,
                 leader: watch::channel(None).0,
-                events: broadcast::channel(1024).0,
+                events: broadcast::channel(EVENT_CAPACITY).0,
                 not_before: Mutex::new(None),
             }),
         })
     }
 }
+
+/// How many events a subscriber may fall behind by. tokio allocates every slot up front, so this
+/// is most of an idle elector's memory.
+const EVENT_CAPACITY: usize = 128;
 
 /// One candidate for one lease: campaigns, holds, renews and steps down.
 ///
@@ -256,7 +260,7 @@ impl Elector {
         self.inner.leader.subscribe()
     }
 
-    /// A stream of [`Event`]s from now on (the channel keeps the last 1024).
+    /// A stream of [`Event`]s from now on (a subscriber more than 128 events behind misses the oldest).
     pub fn events(&self) -> broadcast::Receiver<Event> {
         self.inner.events.subscribe()
     }
@@ -451,7 +455,11 @@ impl Leader {
     /// How long the leadership may still be believed (zero once deposed).
     pub fn remaining(&self) -> Duration {
         let status = self.shared.status.borrow();
-        if status.deposed.is_some() { Duration::ZERO } else { status.valid_until.saturating_duration_since(now()) }
+        if status.deposed.is_some() {
+            Duration::ZERO
+        } else {
+            status.valid_until.saturating_duration_since(now())
+        }
     }
 
     /// Checks, before a side effect, that this candidate still leads and will for at least
@@ -472,7 +480,11 @@ impl Leader {
                 format!("only {remaining:?} left, {min_remaining:?} required")
             }
         };
-        Err(Error::NotLeader { lease: self.shared.lease.clone(), term: self.shared.term, reason })
+        Err(Error::NotLeader {
+            lease: self.shared.lease.clone(),
+            term: self.shared.term,
+            reason,
+        })
     }
 
     /// Whether leadership has ended and the work should stop.
@@ -544,7 +556,11 @@ struct LeaderControl {
 impl Driver {
     fn new(inner: Arc<Inner>) -> Result<Self> {
         let now = now();
-        let first_attempt = inner.not_before.lock().expect("not_before lock").map_or(now, |t| t.max(now));
+        let first_attempt = inner
+            .not_before
+            .lock()
+            .expect("not_before lock")
+            .map_or(now, |t| t.max(now));
         let machine = Machine::new(
             inner.timing,
             inner.caps.expiry,
@@ -707,13 +723,17 @@ impl Driver {
                 let now = now();
                 info!(term = %grant.term, "elected");
                 metrics::gauge!("leasehold_is_leader", "lease" => lease.clone()).set(1.0);
-                metrics::counter!("leasehold_transitions_total", "lease" => lease.clone(), "to" => "leader").increment(1);
+                metrics::counter!("leasehold_transitions_total", "lease" => lease.clone(), "to" => "leader")
+                    .increment(1);
                 metrics::histogram!("leasehold_campaign_seconds", "lease" => lease.clone())
                     .record((now - self.campaign_started).as_secs_f64());
                 metrics::gauge!("leasehold_lease_remaining_seconds", "lease" => lease)
                     .set((valid_until - now).as_secs_f64());
-                let (status_tx, status) =
-                    watch::channel(Status { valid_until, deposed: None, stepped_down: false });
+                let (status_tx, status) = watch::channel(Status {
+                    valid_until,
+                    deposed: None,
+                    stepped_down: false,
+                });
                 let shared = Arc::new(Shared {
                     lease: self.inner.lease.clone(),
                     holder: self.inner.id.clone(),
@@ -725,9 +745,17 @@ impl Driver {
                     commands: self.commands_tx.clone(),
                     abort: Mutex::new(None),
                 });
-                self.leader =
-                    Some(LeaderControl { shared: shared.clone(), status: status_tx, heartbeat_seen: 0, work_stopped: false });
-                self.emit(Event::Elected { term: grant.term, at: now, valid_until });
+                self.leader = Some(LeaderControl {
+                    shared: shared.clone(),
+                    status: status_tx,
+                    heartbeat_seen: 0,
+                    work_stopped: false,
+                });
+                self.emit(Event::Elected {
+                    term: grant.term,
+                    at: now,
+                    valid_until,
+                });
                 let alive = self.alive.take().expect("elected once per campaign");
                 Some(Leader { shared, _alive: alive })
             }
@@ -739,7 +767,11 @@ impl Driver {
                     .set(valid_until.saturating_duration_since(now()).as_secs_f64());
                 None
             }
-            Output::Deposed { term, reason, believed_until } => {
+            Output::Deposed {
+                term,
+                reason,
+                believed_until,
+            } => {
                 warn!(%term, %reason, "deposed");
                 metrics::gauge!("leasehold_is_leader", "lease" => lease.clone()).set(0.0);
                 metrics::counter!("leasehold_transitions_total", "lease" => lease, "to" => "follower").increment(1);
@@ -759,12 +791,22 @@ impl Driver {
                 }
                 None
             }
-            Output::SteppedDown { term, work_stopped_after, aborted } => {
+            Output::SteppedDown {
+                term,
+                work_stopped_after,
+                aborted,
+            } => {
                 let now = now();
                 *self.inner.not_before.lock().expect("not_before lock") =
                     Some(now + self.inner.timing.step_down_backoff());
                 if let Some((_, reason, believed_until)) = self.deposed.take() {
-                    self.emit(Event::Deposed { term, reason, believed_until, work_stopped_after, aborted });
+                    self.emit(Event::Deposed {
+                        term,
+                        reason,
+                        believed_until,
+                        work_stopped_after,
+                        aborted,
+                    });
                 }
                 if let Some(l) = &self.leader {
                     l.status.send_modify(|s| s.stepped_down = true);
@@ -772,14 +814,20 @@ impl Driver {
                 None
             }
             Output::LeaderChanged(leader) => {
-                let info = leader.map(|(holder, term)| LeaderInfo { holder, term, since: now() });
+                let info = leader.map(|(holder, term)| LeaderInfo {
+                    holder,
+                    term,
+                    since: now(),
+                });
                 self.inner.leader.send_replace(info.clone());
                 self.emit(Event::LeaderChanged(info));
                 None
             }
             Output::StoreTrouble(error) => {
                 debug!(%error, "store trouble");
-                self.emit(Event::StoreTrouble { error: error.to_string() });
+                self.emit(Event::StoreTrouble {
+                    error: error.to_string(),
+                });
                 None
             }
             Output::Stopped => None,
@@ -793,7 +841,8 @@ impl Driver {
 
 impl std::fmt::Debug for Driver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Driver").field("machine", &self.machine).finish_non_exhaustive()
+        f.debug_struct("Driver")
+            .field("machine", &self.machine)
+            .finish_non_exhaustive()
     }
 }
-

@@ -156,20 +156,34 @@ impl Error {
 
     /// Wraps a client error as [`Error::Unreachable`].
     pub fn unreachable(store: &'static str, source: impl Into<BoxError>) -> Self {
-        Error::Unreachable { store, source: source.into() }
+        Error::Unreachable {
+            store,
+            source: source.into(),
+        }
     }
 
     /// Wraps a client error as [`Error::Store`].
     pub fn store(store: &'static str, source: impl Into<BoxError>) -> Self {
-        Error::Store { store, source: source.into() }
+        Error::Store {
+            store,
+            source: source.into(),
+        }
     }
 
     /// Builds an [`Error::CorruptRecord`].
     pub fn corrupt(store: &'static str, lease: impl std::fmt::Display, detail: impl Into<String>) -> Self {
-        Error::CorruptRecord { store, lease: lease.to_string(), detail: detail.into() }
+        Error::CorruptRecord {
+            store,
+            lease: lease.to_string(),
+            detail: detail.into(),
+        }
     }
 
     pub(crate) fn config(field: &'static str, value: impl std::fmt::Debug, allowed: impl Into<String>) -> Self {
-        Error::InvalidConfig { field, value: format!("{value:?}"), allowed: allowed.into() }
+        Error::InvalidConfig {
+            field,
+            value: format!("{value:?}"),
+            allowed: allowed.into(),
+        }
     }
 }

@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::timing::Timing;
 use crate::types::{
-    AcquireRequest, Acquired, CandidateId, EndReason, Expiry, Grant, LeaseName, Notifications,
-    Observation, Renewed, Term,
+    AcquireRequest, Acquired, CandidateId, EndReason, Expiry, Grant, LeaseName, Notifications, Observation, Renewed,
+    Term,
 };
 
 /// Identifies one store request, so that a late reply to an abandoned request is ignored.
@@ -120,7 +120,10 @@ pub enum DeposedReason {
 impl fmt::Display for DeposedReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            DeposedReason::Superseded { by: Some(by), term: Some(term) } => {
+            DeposedReason::Superseded {
+                by: Some(by),
+                term: Some(term),
+            } => {
                 write!(f, "superseded by {by} at term {term}")
             }
             DeposedReason::Superseded { .. } => f.write_str("the store no longer records us as holder"),
@@ -188,7 +191,10 @@ enum Purpose {
     Release,
     Withdraw,
     /// Reading back after an acquire whose outcome is unknown.
-    AcquireReadBack { sent: Instant, term_floor: Term },
+    AcquireReadBack {
+        sent: Instant,
+        term_floor: Term,
+    },
     /// Reading back after a renew whose outcome is unknown.
     RenewReadBack,
     /// Checking how the previous holder ended before taking a free lease (lock delay).
@@ -222,6 +228,9 @@ struct Following {
     seen: Option<Seen>,
     /// The highest term seen: a read-back only adopts a grant above it.
     term_floor: Term,
+    /// With a lock delay: when a check found the lease free, the instant from which it may be
+    /// acquired. `None`: check first (an Inspect), whatever notifications say.
+    cleared_from: Option<Instant>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -299,7 +308,12 @@ impl Machine {
             notifications,
             lease,
             me,
-            state: State::Following(Following { next_attempt: now, seen: None, term_floor: Term(0) }),
+            state: State::Following(Following {
+                next_attempt: now,
+                seen: None,
+                term_floor: Term(0),
+                cleared_from: None,
+            }),
             pending: None,
             next_op: 0,
             leader_seen: None,
@@ -418,10 +432,8 @@ impl Machine {
                     s.work_stopped = Some(now);
                 }
             }
-            State::Following(_) if then_stop => {
-                self.pending = None;
-                self.state = State::Stopping;
-            }
+            // An acquire still in flight is waited for: a late grant is released before withdrawing.
+            State::Following(_) if then_stop => self.state = State::Stopping,
             _ => {}
         }
     }
@@ -429,7 +441,11 @@ impl Machine {
     /// Time-driven transitions, then the next request if none is outstanding.
     fn advance(&mut self, now: Instant, out: &mut Vec<Output>) {
         if let Some(pending) = self.pending.take_if(|p| now >= p.deadline) {
-            let timeout = || Error::Timeout { store: "lease", operation: "request", after: now - pending.sent };
+            let timeout = || Error::Timeout {
+                store: "lease",
+                operation: "request",
+                after: now - pending.sent,
+            };
             let reply = match pending.purpose {
                 Purpose::Acquire => Reply::Acquire(Err(timeout())),
                 Purpose::Renew => Reply::Renew(Err(timeout())),
@@ -444,7 +460,11 @@ impl Machine {
                 if now >= l.valid_until - self.timing.step_down_margin {
                     let last_error = l.last_error.clone();
                     self.step_down(now, DeposedReason::RenewFailed { last_error }, false, false, out);
-                } else if self.timing.stall_timeout.is_some_and(|stall| now >= l.last_heartbeat + stall) {
+                } else if self
+                    .timing
+                    .stall_timeout
+                    .is_some_and(|stall| now >= l.last_heartbeat + stall)
+                {
                     self.step_down(now, DeposedReason::Stalled, true, false, out);
                 } else if self.pending.is_none() && now >= l.next_renew {
                     let grant = l.grant.clone();
@@ -456,8 +476,12 @@ impl Machine {
                     self.expiry == Expiry::ObservedByContenders
                         && now >= seen.since + seen.ttl + self.timing.lock_delay.unwrap_or_default()
                 });
-                if self.timing.lock_delay.is_some() && f.seen.is_some() && takeover.is_none() {
+                let lock_delay = self.timing.lock_delay.is_some() && takeover.is_none();
+                if lock_delay && f.cleared_from.is_none() {
                     self.send(now, Purpose::LockDelayCheck, Request::Inspect, out);
+                } else if lock_delay && f.cleared_from.is_some_and(|from| now < from) {
+                    // Still inside the lock delay (a notification woke us early).
+                    f.next_attempt = f.cleared_from.unwrap_or(now);
                 } else {
                     let request = AcquireRequest {
                         lease: self.lease.clone(),
@@ -477,7 +501,9 @@ impl Machine {
     }
 
     fn advance_step_down(&mut self, now: Instant, out: &mut Vec<Output>) {
-        let State::SteppingDown(s) = &mut self.state else { return };
+        let State::SteppingDown(s) = &mut self.state else {
+            return;
+        };
         if s.work_stopped.is_none() && !s.aborted {
             if now < s.valid_until {
                 return;
@@ -506,14 +532,24 @@ impl Machine {
         } else {
             // Back off before campaigning again, so that a healthy candidate can take over.
             let next_attempt = now + self.timing.step_down_backoff();
-            self.state = State::Following(Following { next_attempt, seen: None, term_floor });
+            self.state = State::Following(Following {
+                next_attempt,
+                seen: None,
+                term_floor,
+                cleared_from: None,
+            });
         }
     }
 
     fn send(&mut self, now: Instant, purpose: Purpose, request: Request, out: &mut Vec<Output>) {
         let id = OpId(self.next_op);
         self.next_op += 1;
-        self.pending = Some(Pending { id, purpose, sent: now, deadline: now + self.timing.request_timeout });
+        self.pending = Some(Pending {
+            id,
+            purpose,
+            sent: now,
+            deadline: now + self.timing.request_timeout,
+        });
         out.push(Output::Send(id, request));
     }
 
@@ -525,7 +561,10 @@ impl Machine {
                 Err(e) if e.is_transient() => {
                     let term_floor = self.following().map(|f| f.term_floor).unwrap_or_default();
                     out.push(Output::StoreTrouble(e));
-                    let purpose = Purpose::AcquireReadBack { sent: pending.sent, term_floor };
+                    let purpose = Purpose::AcquireReadBack {
+                        sent: pending.sent,
+                        term_floor,
+                    };
                     self.send(now, purpose, Request::Inspect, out);
                 }
                 Err(e) => self.follower_trouble(now, e, out),
@@ -555,6 +594,7 @@ impl Machine {
                     self.observe(now, &observation, out);
                     if let Some(f) = self.following_mut() {
                         f.next_attempt = now + delay;
+                        f.cleared_from = Some(now + delay);
                     }
                 }
                 Ok(observation) => self.observe(now, &observation, out),
@@ -569,7 +609,9 @@ impl Machine {
                         l.next_renew = pending.sent + renew_every;
                         l.grant = grant;
                         l.last_error = None;
-                        out.push(Output::Extended { valid_until: l.valid_until });
+                        out.push(Output::Extended {
+                            valid_until: l.valid_until,
+                        });
                     }
                 }
                 Ok(Renewed::Lost(observation)) => self.superseded(now, &observation, out),
@@ -630,6 +672,10 @@ impl Machine {
 
     fn granted(&mut self, now: Instant, sent: Instant, grant: Grant, out: &mut Vec<Output>) {
         let valid_until = sent + self.timing.believed_ttl();
+        if self.state == State::Stopping {
+            self.send(now, Purpose::Release, Request::Release(grant), out);
+            return;
+        }
         if !matches!(self.state, State::Following(_)) {
             return;
         }
@@ -648,9 +694,17 @@ impl Machine {
         }
         let next_renew = sent + self.timing.renew_every;
         self.set_leader_seen(Some((grant.holder.clone(), grant.term)), out);
-        out.push(Output::Elected { grant: grant.clone(), valid_until });
-        self.state =
-            State::Leading(Leading { grant, valid_until, next_renew, last_heartbeat: now, last_error: None });
+        out.push(Output::Elected {
+            grant: grant.clone(),
+            valid_until,
+        });
+        self.state = State::Leading(Leading {
+            grant,
+            valid_until,
+            next_renew,
+            last_heartbeat: now,
+            last_error: None,
+        });
     }
 
     fn superseded(&mut self, now: Instant, observation: &Observation, out: &mut Vec<Output>) {
@@ -669,7 +723,19 @@ impl Machine {
     ) {
         let State::Leading(l) = &self.state else { return };
         self.pending = None;
-        out.push(Output::Deposed { term: l.grant.term, reason, believed_until: now.min(l.valid_until) });
+        // When the store proved who leads now, observers learn it at once.
+        let reason_leader = match &reason {
+            DeposedReason::Superseded {
+                by: Some(by),
+                term: Some(term),
+            } => Some((by.clone(), *term)),
+            _ => None,
+        };
+        out.push(Output::Deposed {
+            term: l.grant.term,
+            reason,
+            believed_until: now.min(l.valid_until),
+        });
         self.state = State::SteppingDown(SteppingDown {
             grant: l.grant.clone(),
             valid_until: l.valid_until,
@@ -679,7 +745,7 @@ impl Machine {
             aborted: false,
             then_stop,
         });
-        self.set_leader_seen(None, out);
+        self.set_leader_seen(reason_leader, out);
     }
 
     fn follower_trouble(&mut self, now: Instant, error: Error, out: &mut Vec<Output>) {
@@ -702,6 +768,7 @@ impl Machine {
         match &observation.holder {
             Some(h) => {
                 f.term_floor = f.term_floor.max(h.term);
+                f.cleared_from = None;
                 let store_deadline = h.store_remaining.map(|r| now + r);
                 match &mut f.seen {
                     Some(seen) if seen.version == h.version && seen.holder == h.id && seen.term == h.term => {

@@ -75,13 +75,19 @@ impl Default for MemoryStore {
 impl MemoryStore {
     /// A store whose own clock expires leases.
     pub fn new() -> Self {
-        MemoryStore { expiry: Expiry::ServerClock, leases: Arc::default() }
+        MemoryStore {
+            expiry: Expiry::ServerClock,
+            leases: Arc::default(),
+        }
     }
 
     /// A store without a clock: contenders take over after observing an unchanged record version
     /// for a full TTL (the record-version-number method).
     pub fn observed_expiry() -> Self {
-        MemoryStore { expiry: Expiry::ObservedByContenders, ..MemoryStore::new() }
+        MemoryStore {
+            expiry: Expiry::ObservedByContenders,
+            ..MemoryStore::new()
+        }
     }
 
     /// Simulates someone overwriting the lease's record with garbage: every later operation on it
@@ -155,8 +161,19 @@ impl Entry {
 
     fn grant(&mut self, lease: &LeaseName, id: &CandidateId, ttl: Duration, now: Instant) -> Grant {
         self.last_term = Term(self.last_term.0 + 1);
-        let holding = Holding { id: id.clone(), term: self.last_term, ttl, version: new_version(), expires_at: now + ttl };
-        self.history.push(Transition { term: holding.term, holder: id.clone(), acquired_at: SystemTime::now(), ended: None });
+        let holding = Holding {
+            id: id.clone(),
+            term: self.last_term,
+            ttl,
+            version: new_version(),
+            expires_at: now + ttl,
+        };
+        self.history.push(Transition {
+            term: holding.term,
+            holder: id.clone(),
+            acquired_at: SystemTime::now(),
+            ended: None,
+        });
         let grant = holding.grant(lease);
         self.holder = Some(holding);
         self.changed.send_modify(|n| *n += 1);
@@ -166,7 +183,13 @@ impl Entry {
 
 impl Holding {
     fn grant(&self, lease: &LeaseName) -> Grant {
-        Grant { lease: lease.clone(), holder: self.id.clone(), term: self.term, ttl: self.ttl, token: self.version.clone() }
+        Grant {
+            lease: lease.clone(),
+            holder: self.id.clone(),
+            term: self.term,
+            ttl: self.ttl,
+            token: self.version.clone(),
+        }
     }
 
     fn refresh(&mut self, now: Instant) {
@@ -226,7 +249,11 @@ impl LeaseStore for MemoryStore {
 
     async fn release(&self, grant: &Grant) -> Result<()> {
         self.with_live_entry(&grant.lease, |entry, _| {
-            if entry.holder.as_ref().is_some_and(|h| h.id == grant.holder && h.term == grant.term) {
+            if entry
+                .holder
+                .as_ref()
+                .is_some_and(|h| h.id == grant.holder && h.term == grant.term)
+            {
                 entry.end(EndReason::Released);
             }
         })

@@ -7,8 +7,7 @@ use futures::stream::BoxStream;
 
 use crate::error::{Error, Result};
 use crate::types::{
-    AcquireRequest, Acquired, CandidateId, Capabilities, Grant, LeaseName, Observation, Renewed, Term,
-    Transition,
+    AcquireRequest, Acquired, CandidateId, Capabilities, Grant, LeaseName, Observation, Renewed, Term, Transition,
 };
 
 /// A stream that yields whenever something a candidate waits for may have changed: the lease was
@@ -114,6 +113,9 @@ pub trait LeaseStore: Debug + Send + Sync + 'static {
     ///
     /// [`Error::Unsupported`] where the backend cannot break leases.
     async fn break_lease(&self, _lease: &LeaseName) -> Result<Option<Term>> {
-        Err(Error::Unsupported { store: self.name(), operation: "break_lease" })
+        Err(Error::Unsupported {
+            store: self.name(),
+            operation: "break_lease",
+        })
     }
 }

@@ -141,7 +141,11 @@ impl Timing {
             ));
         }
         if self.retry_every == zero || self.retry_every > self.ttl {
-            return Err(Error::config("retry_every", self.retry_every, format!("0 < retry_every <= ttl ({:?})", self.ttl)));
+            return Err(Error::config(
+                "retry_every",
+                self.retry_every,
+                format!("0 < retry_every <= ttl ({:?})", self.ttl),
+            ));
         }
         if self.jitter > Millis(1000) {
             return Err(Error::config("jitter", self.jitter.as_f64(), "0 <= jitter <= 1"));
@@ -195,28 +199,123 @@ mod tests {
     fn every_invariant_names_its_field() {
         let ok = Timing::new(Duration::from_secs(10));
         let s = Duration::from_secs;
-        assert_eq!(field_of(Timing { ttl: Duration::ZERO, ..ok }), "ttl");
-        assert_eq!(field_of(Timing { drift: Millis(500), ..ok }), "drift");
-        assert_eq!(field_of(Timing { step_down_margin: s(10), ..ok }), "step_down_margin");
-        assert_eq!(field_of(Timing { renew_every: s(10), ..ok }), "renew_every");
-        assert_eq!(field_of(Timing { renew_every: s(9), ..ok }), "renew_every");
-        assert_eq!(field_of(Timing { renew_every: Duration::ZERO, ..ok }), "renew_every");
-        assert_eq!(field_of(Timing { retry_every: Duration::ZERO, ..ok }), "retry_every");
-        assert_eq!(field_of(Timing { retry_every: s(11), ..ok }), "retry_every");
-        assert_eq!(field_of(Timing { jitter: Millis(1001), ..ok }), "jitter");
-        assert_eq!(field_of(Timing { request_timeout: Duration::ZERO, ..ok }), "request_timeout");
-        assert_eq!(field_of(Timing { request_timeout: s(11), ..ok }), "request_timeout");
-        assert_eq!(field_of(Timing { stall_timeout: Some(Duration::ZERO), ..ok }), "stall_timeout");
-        assert_eq!(field_of(Timing { lock_delay: Some(s(61)), ..ok }), "lock_delay");
+        assert_eq!(
+            field_of(Timing {
+                ttl: Duration::ZERO,
+                ..ok
+            }),
+            "ttl"
+        );
+        assert_eq!(
+            field_of(Timing {
+                drift: Millis(500),
+                ..ok
+            }),
+            "drift"
+        );
+        assert_eq!(
+            field_of(Timing {
+                step_down_margin: s(10),
+                ..ok
+            }),
+            "step_down_margin"
+        );
+        assert_eq!(
+            field_of(Timing {
+                renew_every: s(10),
+                ..ok
+            }),
+            "renew_every"
+        );
+        assert_eq!(
+            field_of(Timing {
+                renew_every: s(9),
+                ..ok
+            }),
+            "renew_every"
+        );
+        assert_eq!(
+            field_of(Timing {
+                renew_every: Duration::ZERO,
+                ..ok
+            }),
+            "renew_every"
+        );
+        assert_eq!(
+            field_of(Timing {
+                retry_every: Duration::ZERO,
+                ..ok
+            }),
+            "retry_every"
+        );
+        assert_eq!(
+            field_of(Timing {
+                retry_every: s(11),
+                ..ok
+            }),
+            "retry_every"
+        );
+        assert_eq!(
+            field_of(Timing {
+                jitter: Millis(1001),
+                ..ok
+            }),
+            "jitter"
+        );
+        assert_eq!(
+            field_of(Timing {
+                request_timeout: Duration::ZERO,
+                ..ok
+            }),
+            "request_timeout"
+        );
+        assert_eq!(
+            field_of(Timing {
+                request_timeout: s(11),
+                ..ok
+            }),
+            "request_timeout"
+        );
+        assert_eq!(
+            field_of(Timing {
+                stall_timeout: Some(Duration::ZERO),
+                ..ok
+            }),
+            "stall_timeout"
+        );
+        assert_eq!(
+            field_of(Timing {
+                lock_delay: Some(s(61)),
+                ..ok
+            }),
+            "lock_delay"
+        );
         // Boundaries that are allowed.
-        Timing { drift: Millis(499), step_down_margin: Duration::ZERO, renew_every: s(4), ..ok }.validate().unwrap();
+        Timing {
+            drift: Millis(499),
+            step_down_margin: Duration::ZERO,
+            renew_every: s(4),
+            ..ok
+        }
+        .validate()
+        .unwrap();
         Timing { drift: Millis(0), ..ok }.validate().unwrap();
-        Timing { retry_every: s(10), jitter: Millis(1000), request_timeout: s(10), ..ok }.validate().unwrap();
+        Timing {
+            retry_every: s(10),
+            jitter: Millis(1000),
+            request_timeout: s(10),
+            ..ok
+        }
+        .validate()
+        .unwrap();
     }
 
     #[test]
     fn error_message_states_the_range() {
-        let t = Timing { drift: Millis(700), ..Timing::default() };
+        let t = Timing {
+            drift: Millis(700),
+            ..Timing::default()
+        };
         let msg = t.validate().unwrap_err().to_string();
         assert!(msg.contains("drift") && msg.contains("0.5"), "{msg}");
     }

@@ -47,7 +47,10 @@ impl LeaseName {
             Some("must be at most 128 bytes")
         } else if name.starts_with(['.', '-']) {
             Some("must not start with '.' or '-'")
-        } else if !name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')) {
+        } else if !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        {
             Some("may only contain ASCII letters, digits, '-', '_' and '.'")
         } else {
             None
@@ -128,7 +131,11 @@ impl CandidateId {
             .map(|h| h.trim().to_string())
             .filter(|h| !h.is_empty() && !h.chars().any(char::is_control))
             .unwrap_or_else(|| "host".to_string());
-        CandidateId(format!("{host}-{}-{:06x}", std::process::id(), random_u64() & 0xff_ffff))
+        CandidateId(format!(
+            "{host}-{}-{:06x}",
+            std::process::id(),
+            random_u64() & 0xff_ffff
+        ))
     }
 
     /// The id as a string.
@@ -145,7 +152,12 @@ pub fn random_u64() -> u64 {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let mut hasher = RandomState::new().build_hasher();
     hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    hasher.write_u128(SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    hasher.write_u128(
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
     hasher.finish()
 }
 
@@ -256,7 +268,12 @@ pub struct Observation {
 impl Observation {
     /// An observation of a lease nobody holds.
     pub fn free(lease: LeaseName, last_term: Term, previous_end: Option<EndReason>) -> Self {
-        Observation { lease, holder: None, last_term, previous_end }
+        Observation {
+            lease,
+            holder: None,
+            last_term,
+            previous_end,
+        }
     }
 }
 
@@ -344,7 +361,12 @@ impl Capabilities {
         if self.ttl.contains(&ttl) {
             Ok(())
         } else {
-            Err(Error::InvalidTtl { store, ttl, min: *self.ttl.start(), max: *self.ttl.end() })
+            Err(Error::InvalidTtl {
+                store,
+                ttl,
+                min: *self.ttl.start(),
+                max: *self.ttl.end(),
+            })
         }
     }
 }

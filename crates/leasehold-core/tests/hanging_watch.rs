@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::{
-    AcquireRequest, Acquired, CandidateId, Capabilities, Changes, Elector, Grant, LeaseName,
-    LeaseStore, MemoryStore, Observation, Renewed, Result, Transition,
+    AcquireRequest, Acquired, CandidateId, Capabilities, Changes, Elector, Grant, LeaseName, LeaseStore, MemoryStore,
+    Observation, Renewed, Result, Transition,
 };
 
 /// A store whose change-notification call never answers, as a watch request lost in a network
@@ -38,11 +38,7 @@ impl LeaseStore for ChangesNeverAnswer {
     async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
         self.0.history(lease, limit).await
     }
-    async fn changes(
-        &self,
-        _lease: &LeaseName,
-        _candidate: &CandidateId,
-    ) -> Result<Option<Changes>> {
+    async fn changes(&self, _lease: &LeaseName, _candidate: &CandidateId) -> Result<Option<Changes>> {
         std::future::pending().await
     }
 }

@@ -159,7 +159,12 @@ impl Election {
                 }
                 s.last_term += 1;
                 let term = s.last_term;
-                let record = Record { holder: from, term, version, expires_at: s.now + ttl };
+                let record = Record {
+                    holder: from,
+                    term,
+                    version,
+                    expires_at: s.now + ttl,
+                };
                 let grant = self.grant(&record);
                 s.record = Some(record);
                 ModelReply::Acquire(Acquired::Granted(grant))
@@ -174,7 +179,10 @@ impl Election {
                 _ => ModelReply::Renew(Renewed::Lost(self.observation(s))),
             },
             Request::Release(g) => {
-                if s.record.as_ref().is_some_and(|r| r.holder == from && Term(r.term) == g.term) {
+                if s.record
+                    .as_ref()
+                    .is_some_and(|r| r.holder == from && Term(r.term) == g.term)
+                {
                     s.record = None;
                     s.previous_end = Some(EndReason::Released);
                 }
@@ -218,8 +226,16 @@ impl Model for Election {
     fn init_states(&self) -> Vec<State> {
         let machines = (0..self.candidates)
             .map(|i| {
-                Machine::new(self.timing, self.expiry, Notifications::None, lease(), candidate(i), local_now(0, i), 7)
-                    .unwrap()
+                Machine::new(
+                    self.timing,
+                    self.expiry,
+                    Notifications::None,
+                    lease(),
+                    candidate(i),
+                    local_now(0, i),
+                    7,
+                )
+                .unwrap()
             })
             .collect();
         vec![State {
@@ -325,7 +341,10 @@ impl Model for Election {
     fn properties(&self) -> Vec<Property<Self>> {
         vec![
             Property::always("at most one candidate believes it leads", |_, s: &State| {
-                (0..s.machines.len()).filter(|&i| s.machines[i].believes_leader(local_now(s.now, i))).count() <= 1
+                (0..s.machines.len())
+                    .filter(|&i| s.machines[i].believes_leader(local_now(s.now, i)))
+                    .count()
+                    <= 1
             }),
             Property::always("terms strictly increase", |_, s: &State| !s.term_went_back),
             Property::sometimes("a leader is elected", |_, s: &State| s.max_elected_term >= 1),
@@ -363,7 +382,15 @@ fn check(model: Election, max_states: usize) -> (usize, Vec<&'static str>) {
 }
 
 fn model(expiry: Expiry, drift: u32) -> Election {
-    Election { expiry, timing: timing(drift), horizon_ms: 3_000, candidates: 3, losses: 1, resigns: 1, pauses: 1 }
+    Election {
+        expiry,
+        timing: timing(drift),
+        horizon_ms: 3_000,
+        candidates: 3,
+        losses: 1,
+        resigns: 1,
+        pauses: 1,
+    }
 }
 
 #[test]
@@ -391,7 +418,19 @@ fn ignoring_drift_is_caught() {
     // Clock rates differ by 10% but the machine is told 0%: a slow holder believes longer than
     // the store keeps its lease, and the checker must find the double leadership. Two candidates
     // and no message loss keep the search small enough to be exhaustive.
-    let (states, found) = check(Election { horizon_ms: 1_500, candidates: 2, losses: 0, resigns: 0, ..model(Expiry::ServerClock, 0) }, 4_000_000);
+    let (states, found) = check(
+        Election {
+            horizon_ms: 1_500,
+            candidates: 2,
+            losses: 0,
+            resigns: 0,
+            ..model(Expiry::ServerClock, 0)
+        },
+        4_000_000,
+    );
     println!("broken model: {states} unique states explored; discoveries: {found:?}");
-    assert!(found.contains(&"at most one candidate believes it leads"), "no counterexample found");
+    assert!(
+        found.contains(&"at most one candidate believes it leads"),
+        "no counterexample found"
+    );
 }

@@ -108,33 +108,23 @@ impl SqliteConfig {
             .find_map(|scheme| {
                 // Schemes are case-insensitive (RFC 3986); paths are not.
                 let (head, rest) = url.split_at_checked(scheme.len())?;
-                let rest = rest
-                    .strip_prefix(':')
-                    .filter(|_| head.eq_ignore_ascii_case(scheme))?;
+                let rest = rest.strip_prefix(':').filter(|_| head.eq_ignore_ascii_case(scheme))?;
                 Some(rest.strip_prefix("//").unwrap_or(rest))
             })
-            .ok_or_else(|| {
-                invalid("the scheme must be sqlite: (e.g. sqlite:///var/lib/app/leases.db)".into())
-            })?;
+            .ok_or_else(|| invalid("the scheme must be sqlite: (e.g. sqlite:///var/lib/app/leases.db)".into()))?;
         let (path, query) = match rest.split_once('?') {
             Some((path, query)) => (path, Some(query)),
             None => (rest, None),
         };
         let path = percent_decode(path).map_err(invalid)?;
         if path.is_empty() {
-            return Err(invalid(
-                "no file path (e.g. sqlite:///var/lib/app/leases.db)".into(),
-            ));
+            return Err(invalid("no file path (e.g. sqlite:///var/lib/app/leases.db)".into()));
         }
         if path == ":memory:" {
             return Err(invalid(IN_MEMORY.into()));
         }
         let mut config = SqliteConfig::new(path);
-        for pair in query
-            .unwrap_or_default()
-            .split('&')
-            .filter(|pair| !pair.is_empty())
-        {
+        for pair in query.unwrap_or_default().split('&').filter(|pair| !pair.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
             let value = percent_decode(value).map_err(invalid)?;
             config = config.set(key, &value).map_err(invalid)?;
@@ -148,9 +138,7 @@ impl SqliteConfig {
             "busy_timeout" => {
                 self.busy_timeout = parse_duration(value)
                     .filter(|d| *d <= MAX_BUSY_TIMEOUT)
-                    .ok_or_else(|| {
-                        bad("a duration up to 1h such as 5s, 500ms or 5000 (milliseconds)")
-                    })?;
+                    .ok_or_else(|| bad("a duration up to 1h such as 5s, 500ms or 5000 (milliseconds)"))?;
             }
             "pool_size" => {
                 self.pool_size = value
@@ -160,9 +148,7 @@ impl SqliteConfig {
                     .ok_or_else(|| bad("a number of connections from 1 to 64"))?;
             }
             "history_limit" => {
-                self.history_limit = value
-                    .parse()
-                    .map_err(|_| bad("a number of terms (0 keeps all)"))?;
+                self.history_limit = value.parse().map_err(|_| bad("a number of terms (0 keeps all)"))?;
             }
             "synchronous" => {
                 self.synchronous = match value.to_ascii_lowercase().as_str() {
@@ -195,18 +181,10 @@ impl SqliteConfig {
             })
         };
         if self.busy_timeout > MAX_BUSY_TIMEOUT {
-            return invalid(
-                "busy_timeout",
-                format!("{:?}", self.busy_timeout),
-                "at most 1h",
-            );
+            return invalid("busy_timeout", format!("{:?}", self.busy_timeout), "at most 1h");
         }
         if !(1..=MAX_POOL_SIZE).contains(&self.pool_size) {
-            return invalid(
-                "pool_size",
-                self.pool_size.to_string(),
-                "1 to 64 connections",
-            );
+            return invalid("pool_size", self.pool_size.to_string(), "1 to 64 connections");
         }
         if self.path.as_os_str().is_empty() || self.path == Path::new(":memory:") {
             return invalid(
@@ -245,9 +223,7 @@ impl fmt::Debug for SqliteConfig {
 
 /// `5s`, `500ms`, `2m`, `1h`, or a bare number of milliseconds (as SQLite's own `busy_timeout`).
 fn parse_duration(value: &str) -> Option<Duration> {
-    let split = value
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(value.len());
+    let split = value.find(|c: char| !c.is_ascii_digit()).unwrap_or(value.len());
     let (number, unit) = value.split_at(split);
     let number: u64 = number.parse().ok()?;
     match unit {
@@ -265,9 +241,7 @@ fn percent_decode(text: &str) -> Result<String, String> {
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i] == b'%' {
-            let hex = bytes
-                .get(i + 1..i + 3)
-                .and_then(|h| std::str::from_utf8(h).ok());
+            let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
             let byte = hex.and_then(|h| u8::from_str_radix(h, 16).ok());
             out.push(byte.ok_or_else(|| format!("bad %-escape at byte {i} of {text:?}"))?);
             i += 3;
@@ -302,10 +276,9 @@ mod tests {
 
     #[test]
     fn options() {
-        let config: SqliteConfig =
-            "sqlite:x.db?busy_timeout=250ms&pool_size=2&history_limit=0&synchronous=NORMAL"
-                .parse()
-                .unwrap();
+        let config: SqliteConfig = "sqlite:x.db?busy_timeout=250ms&pool_size=2&history_limit=0&synchronous=NORMAL"
+            .parse()
+            .unwrap();
         assert_eq!(config.busy_timeout, Duration::from_millis(250));
         assert_eq!(config.pool_size, 2);
         assert_eq!(config.history_limit, 0);
@@ -317,13 +290,8 @@ mod tests {
             ("1h", 3_600_000),
             ("0", 0),
         ] {
-            let config =
-                SqliteConfig::from_url(&format!("sqlite:x.db?busy_timeout={value}")).unwrap();
-            assert_eq!(
-                config.busy_timeout,
-                Duration::from_millis(expected),
-                "{value}"
-            );
+            let config = SqliteConfig::from_url(&format!("sqlite:x.db?busy_timeout={value}")).unwrap();
+            assert_eq!(config.busy_timeout, Duration::from_millis(expected), "{value}");
         }
     }
 
@@ -346,10 +314,7 @@ mod tests {
             ("sqlite:x.db?pool_size=1000", "pool_size"),
             ("sqlite:x.db?history_limit=-1", "history_limit"),
             ("sqlite:x.db?synchronous=off", "synchronous"),
-            (
-                "sqlite:x.db?journal_mode=delete",
-                "unknown option \"journal_mode\"",
-            ),
+            ("sqlite:x.db?journal_mode=delete", "unknown option \"journal_mode\""),
             ("sqlite:x%zz.db", "%-escape"),
             ("sqlite:x%ff.db", "UTF-8"),
         ] {
@@ -392,12 +357,6 @@ mod tests {
             }),
             "path"
         );
-        assert_eq!(
-            field(SqliteConfig {
-                path: "".into(),
-                ..ok
-            }),
-            "path"
-        );
+        assert_eq!(field(SqliteConfig { path: "".into(), ..ok }), "path");
     }
 }

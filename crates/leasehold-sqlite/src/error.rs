@@ -87,9 +87,7 @@ pub(crate) fn map(error: &sqlx::Error, operation: &'static str, busy_timeout: Du
                 operation,
                 after: busy_timeout,
             },
-            Some(code::IOERR | code::FULL | code::CANTOPEN | code::PROTOCOL) => {
-                Error::unreachable(STORE, source())
-            }
+            Some(code::IOERR | code::FULL | code::CANTOPEN | code::PROTOCOL) => Error::unreachable(STORE, source()),
             _ => Error::store(STORE, source()),
         },
         _ => Error::store(STORE, source()),
@@ -97,11 +95,7 @@ pub(crate) fn map(error: &sqlx::Error, operation: &'static str, busy_timeout: Du
 }
 
 /// Maps an error while opening the file, naming it where the file itself is the problem.
-pub(crate) fn map_open(
-    error: sqlx::Error,
-    path: &std::path::Path,
-    busy_timeout: Duration,
-) -> Error {
+pub(crate) fn map_open(error: sqlx::Error, path: &std::path::Path, busy_timeout: Duration) -> Error {
     let detail = error.to_string();
     match primary_code(&error) {
         Some(code::NOTADB | code::CORRUPT) => Error::store(

@@ -13,8 +13,7 @@ mod writer;
 pub mod docs {}
 
 pub use config::{
-    DEFAULT_BUSY_TIMEOUT, DEFAULT_HISTORY_LIMIT, DEFAULT_POOL_SIZE, SqliteConfig, Synchronous,
-    URL_SCHEMES,
+    DEFAULT_BUSY_TIMEOUT, DEFAULT_HISTORY_LIMIT, DEFAULT_POOL_SIZE, SqliteConfig, Synchronous, URL_SCHEMES,
 };
 pub use error::OpenError;
 pub use record::TTL_RANGE;

@@ -5,8 +5,7 @@ use std::ops::RangeInclusive;
 use std::time::{Duration, SystemTime};
 
 use leasehold_core::{
-    CandidateId, EndReason, Error, HolderInfo, LeaseName, Observation, Result, Term, Transition,
-    random_u64,
+    CandidateId, EndReason, Error, HolderInfo, LeaseName, Observation, Result, Term, Transition, random_u64,
 };
 use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, SqliteConnection, TypeInfo, ValueRef};
@@ -14,8 +13,7 @@ use sqlx::{Row, SqliteConnection, TypeInfo, ValueRef};
 use crate::error::STORE;
 
 /// The TTLs this store accepts.
-pub const TTL_RANGE: RangeInclusive<Duration> =
-    Duration::from_millis(1)..=Duration::from_secs(24 * 3600);
+pub const TTL_RANGE: RangeInclusive<Duration> = Duration::from_millis(1)..=Duration::from_secs(24 * 3600);
 
 /// A lease row, validated.
 #[derive(Debug)]
@@ -38,10 +36,7 @@ pub(crate) struct Holding {
 
 /// Reads and validates the row of `lease`. A lease without a row is free, at the highest term its
 /// history records (so that a deleted row does not send the term back).
-pub(crate) async fn read(
-    conn: &mut SqliteConnection,
-    lease: &LeaseName,
-) -> Result<Record, Failure> {
+pub(crate) async fn read(conn: &mut SqliteConnection, lease: &LeaseName) -> Result<Record, Failure> {
     // One statement: the row and the highest recorded term come from one snapshot.
     let row = sqlx::query(
         "SELECT l.holder, l.term, l.ttl_ms, l.version, l.previous_end,
@@ -82,8 +77,7 @@ impl Record {
         let corrupt = |detail: String| Error::corrupt(STORE, lease, detail);
         let history_term = match integer(row, 5, "leasehold_terms.term").map_err(corrupt)? {
             None => Term(0),
-            Some(t) => term_from(t)
-                .ok_or_else(|| corrupt(format!("leasehold_terms.term {t} is negative")))?,
+            Some(t) => term_from(t).ok_or_else(|| corrupt(format!("leasehold_terms.term {t} is negative")))?,
         };
         if integer(row, 6, "name").map_err(corrupt)? != Some(1) {
             return Ok(Record {
@@ -99,9 +93,7 @@ impl Record {
         let term = term_from(term).ok_or_else(|| corrupt(format!("term {term} is negative")))?;
         let previous_end = match text(row, 4, "previous_end").map_err(corrupt)? {
             None => None,
-            Some(reason) => {
-                Some(parse_end_reason(&reason).map_err(|e| corrupt(format!("previous_end: {e}")))?)
-            }
+            Some(reason) => Some(parse_end_reason(&reason).map_err(|e| corrupt(format!("previous_end: {e}")))?),
         };
         let holder = match (
             text(row, 0, "holder"),
@@ -155,11 +147,7 @@ impl Record {
                 store_remaining: None,
             }),
             last_term: self.last_term,
-            previous_end: if self.holder.is_none() {
-                self.previous_end
-            } else {
-                None
-            },
+            previous_end: if self.holder.is_none() { self.previous_end } else { None },
         }
     }
 }
@@ -167,8 +155,7 @@ impl Record {
 /// Decodes `(term, holder, acquired_at, ended_at, end_reason)` of `leasehold_terms`.
 pub(crate) fn decode_transition(lease: &LeaseName, row: &SqliteRow) -> Result<Transition> {
     let corrupt = |detail: String| Error::corrupt(STORE, lease, format!("history: {detail}"));
-    let required =
-        |index, field| integer(row, index, field)?.ok_or_else(|| format!("{field} is NULL"));
+    let required = |index, field| integer(row, index, field)?.ok_or_else(|| format!("{field} is NULL"));
     let term = required(0, "term").map_err(corrupt)?;
     let term = term_from(term)
         .filter(|t| t.0 > 0)
@@ -176,8 +163,7 @@ pub(crate) fn decode_transition(lease: &LeaseName, row: &SqliteRow) -> Result<Tr
     let holder = text(row, 1, "holder")
         .map_err(corrupt)?
         .ok_or_else(|| corrupt(format!("term {term}: holder is NULL")))?;
-    let holder =
-        CandidateId::new(holder).map_err(|e| corrupt(format!("term {term}: holder: {e}")))?;
+    let holder = CandidateId::new(holder).map_err(|e| corrupt(format!("term {term}: holder: {e}")))?;
     let acquired_at = system_time(required(2, "acquired_at").map_err(corrupt)?)
         .ok_or_else(|| corrupt(format!("term {term}: acquired_at is negative")))?;
     let ended_at = integer(row, 3, "ended_at").map_err(corrupt)?;
@@ -185,10 +171,8 @@ pub(crate) fn decode_transition(lease: &LeaseName, row: &SqliteRow) -> Result<Tr
     let ended = match (ended_at, end_reason) {
         (None, None) => None,
         (Some(at), Some(reason)) => {
-            let at = system_time(at)
-                .ok_or_else(|| corrupt(format!("term {term}: ended_at is negative")))?;
-            let reason = parse_end_reason(&reason)
-                .map_err(|e| corrupt(format!("term {term}: end_reason: {e}")))?;
+            let at = system_time(at).ok_or_else(|| corrupt(format!("term {term}: ended_at is negative")))?;
+            let reason = parse_end_reason(&reason).map_err(|e| corrupt(format!("term {term}: end_reason: {e}")))?;
             Some((at, reason))
         }
         _ => {

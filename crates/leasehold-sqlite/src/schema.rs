@@ -73,37 +73,25 @@ const TABLES: &[Table] = &[
 
 /// Switches the file to write-ahead logging, then creates the missing tables and checks the
 /// existing ones, all in one transaction so that processes opening a new file together agree.
-pub(crate) async fn prepare(
-    conn: &mut SqliteConnection,
-    path: &Path,
-    busy_timeout: Duration,
-) -> Result<()> {
+pub(crate) async fn prepare(conn: &mut SqliteConnection, path: &Path, busy_timeout: Duration) -> Result<()> {
     let map = |e| error::map_open(e, path, busy_timeout);
     enable_wal(conn, path, busy_timeout).await?;
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(map)?;
     for table in TABLES {
-        let kind: Option<String> =
-            sqlx::query_scalar("SELECT type FROM sqlite_master WHERE name = ?1")
-                .bind(table.name)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(map)?;
+        let kind: Option<String> = sqlx::query_scalar("SELECT type FROM sqlite_master WHERE name = ?1")
+            .bind(table.name)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map)?;
         match kind.as_deref() {
             None => {
-                sqlx::query(table.create)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(map)?;
+                sqlx::query(table.create).execute(&mut *tx).await.map_err(map)?;
             }
             Some("table") => check_columns(&mut tx, table, path).await?,
             Some(other) => {
                 return Err(foreign(
                     table.name,
-                    format!(
-                        "{} in {} is a {other}, not a table",
-                        table.name,
-                        path.display()
-                    ),
+                    format!("{} in {} is a {other}, not a table", table.name, path.display()),
                 ));
             }
         }
@@ -151,17 +139,11 @@ pub(crate) async fn prepare(
 /// `PRAGMA journal_mode = WAL` takes an exclusive lock that SQLite's busy handler does not wait
 /// for, so when several processes open a new file at once, the losers wait here (once, at
 /// open; lease operations never loop).
-async fn enable_wal(
-    conn: &mut SqliteConnection,
-    path: &Path,
-    busy_timeout: Duration,
-) -> Result<()> {
+async fn enable_wal(conn: &mut SqliteConnection, path: &Path, busy_timeout: Duration) -> Result<()> {
     let started = Instant::now();
     loop {
         let mode: Result<String, sqlx::Error> = async {
-            let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
-                .fetch_one(&mut *conn)
-                .await?;
+            let mode: String = sqlx::query_scalar("PRAGMA journal_mode").fetch_one(&mut *conn).await?;
             if mode.eq_ignore_ascii_case("wal") {
                 return Ok(mode);
             }
@@ -190,12 +172,11 @@ async fn enable_wal(
 }
 
 async fn check_columns(conn: &mut SqliteConnection, table: &Table, path: &Path) -> Result<()> {
-    let rows =
-        sqlx::query(r#"SELECT name, type, "notnull", pk FROM pragma_table_info(?1) ORDER BY cid"#)
-            .bind(table.name)
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(|e| error::map_open(e, path, Duration::ZERO))?;
+    let rows = sqlx::query(r#"SELECT name, type, "notnull", pk FROM pragma_table_info(?1) ORDER BY cid"#)
+        .bind(table.name)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(|e| error::map_open(e, path, Duration::ZERO))?;
     let found: Vec<(String, String, bool, i64)> = rows
         .iter()
         .map(|row| {

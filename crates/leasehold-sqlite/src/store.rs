@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::{
-    AcquireRequest, Acquired, Capabilities, Error, Expiry, Grant, LeaseName, LeaseStore,
-    Notifications, Observation, Renewed, Result, Term, Transition,
+    AcquireRequest, Acquired, Capabilities, Error, Expiry, Grant, LeaseName, LeaseStore, Notifications, Observation,
+    Renewed, Result, Term, Transition,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection};
@@ -120,11 +120,7 @@ impl SqliteStore {
             .test_before_acquire(false)
             .connect_lazy_with(options);
         let writer = Writer::spawn(pool.clone(), config.clone());
-        Ok(SqliteStore {
-            pool,
-            writer,
-            config,
-        })
+        Ok(SqliteStore { pool, writer, config })
     }
 
     /// The configuration the store was opened with.
@@ -148,10 +144,7 @@ impl SqliteStore {
 
 /// The answer of the writer to a request it cannot have given.
 fn mismatch(outcome: Outcome) -> Error {
-    Error::store(
-        STORE,
-        format!("internal error: unexpected answer {outcome:?}"),
-    )
+    Error::store(STORE, format!("internal error: unexpected answer {outcome:?}"))
 }
 
 #[async_trait]

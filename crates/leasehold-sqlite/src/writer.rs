@@ -9,9 +9,7 @@
 
 use std::time::SystemTime;
 
-use leasehold_core::{
-    AcquireRequest, Acquired, EndReason, Error, Grant, LeaseName, Renewed, Result, Term,
-};
+use leasehold_core::{AcquireRequest, Acquired, EndReason, Error, Grant, LeaseName, Renewed, Result, Term};
 use sqlx::SqliteConnection;
 use sqlx::sqlite::SqlitePool;
 use tokio::sync::{mpsc, oneshot};
@@ -125,9 +123,7 @@ async fn transaction(
     let mut answers = Vec::with_capacity(ops.len());
     for op in ops {
         let answer = match op {
-            Op::Acquire(request) => acquire(&mut tx, config, request)
-                .await
-                .map(Outcome::Acquired),
+            Op::Acquire(request) => acquire(&mut tx, config, request).await.map(Outcome::Acquired),
             Op::Renew(grant) => renew(&mut tx, grant).await.map(Outcome::Renewed),
             Op::Release(grant) => release(&mut tx, grant).await.map(|()| Outcome::Released),
             Op::Break(lease) => break_lease(&mut tx, lease).await.map(Outcome::Broken),
@@ -173,15 +169,13 @@ async fn acquire(
     .bind(&version)
     .execute(&mut *conn)
     .await?;
-    sqlx::query(
-        "INSERT INTO leasehold_terms (name, term, holder, acquired_at) VALUES (?1, ?2, ?3, ?4)",
-    )
-    .bind(lease.as_str())
-    .bind(term_value(term))
-    .bind(request.candidate.as_str())
-    .bind(unix_millis(SystemTime::now()))
-    .execute(&mut *conn)
-    .await?;
+    sqlx::query("INSERT INTO leasehold_terms (name, term, holder, acquired_at) VALUES (?1, ?2, ?3, ?4)")
+        .bind(lease.as_str())
+        .bind(term_value(term))
+        .bind(request.candidate.as_str())
+        .bind(unix_millis(SystemTime::now()))
+        .execute(&mut *conn)
+        .await?;
     let keep = u64::from(config.history_limit);
     if keep > 0 && term.0 > keep {
         sqlx::query("DELETE FROM leasehold_terms WHERE name = ?1 AND term <= ?2")
@@ -202,11 +196,7 @@ async fn acquire(
 
 /// The term of the next grant, checked before anything is written.
 fn next_term(lease: &LeaseName, record: &Record) -> Result<Term, Failure> {
-    let next = record
-        .last_term
-        .0
-        .checked_add(1)
-        .filter(|t| i64::try_from(*t).is_ok());
+    let next = record.last_term.0.checked_add(1).filter(|t| i64::try_from(*t).is_ok());
     let grow = || {
         Error::corrupt(
             STORE,
@@ -250,10 +240,7 @@ async fn release(conn: &mut SqliteConnection, grant: &Grant) -> Result<(), Failu
     Ok(())
 }
 
-async fn break_lease(
-    conn: &mut SqliteConnection,
-    lease: &LeaseName,
-) -> Result<Option<Term>, Failure> {
+async fn break_lease(conn: &mut SqliteConnection, lease: &LeaseName) -> Result<Option<Term>, Failure> {
     let record = record::read(conn, lease).await?;
     if record.holder.is_none() {
         return Ok(None);
@@ -264,12 +251,7 @@ async fn break_lease(
 
 /// Ends the current term in the history and frees the lease; the row and its term stay, so the
 /// term never goes back.
-async fn end(
-    conn: &mut SqliteConnection,
-    lease: &LeaseName,
-    term: Term,
-    reason: EndReason,
-) -> Result<(), sqlx::Error> {
+async fn end(conn: &mut SqliteConnection, lease: &LeaseName, term: Term, reason: EndReason) -> Result<(), sqlx::Error> {
     sqlx::query(
         "UPDATE leasehold_leases SET holder = NULL, ttl_ms = NULL, version = NULL, previous_end = ?2
          WHERE name = ?1",
@@ -278,14 +260,12 @@ async fn end(
     .bind(reason.to_string())
     .execute(&mut *conn)
     .await?;
-    sqlx::query(
-        "UPDATE leasehold_terms SET ended_at = ?3, end_reason = ?4 WHERE name = ?1 AND term = ?2",
-    )
-    .bind(lease.as_str())
-    .bind(term_value(term))
-    .bind(unix_millis(SystemTime::now()))
-    .bind(reason.to_string())
-    .execute(&mut *conn)
-    .await?;
+    sqlx::query("UPDATE leasehold_terms SET ended_at = ?3, end_reason = ?4 WHERE name = ?1 AND term = ?2")
+        .bind(lease.as_str())
+        .bind(term_value(term))
+        .bind(unix_millis(SystemTime::now()))
+        .bind(reason.to_string())
+        .execute(&mut *conn)
+        .await?;
     Ok(())
 }

@@ -33,11 +33,7 @@ fn worker() {
         return;
     };
     let mut parts = spec.splitn(3, '\n');
-    let (id, db, dir) = (
-        parts.next().unwrap(),
-        parts.next().unwrap(),
-        parts.next().unwrap(),
-    );
+    let (id, db, dir) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
     let (id, db, dir) = (id.to_string(), PathBuf::from(db), PathBuf::from(dir));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -75,10 +71,7 @@ fn fenced_append(dir: &Path, leader: &Leader) {
     let (file, line) = if term >= last {
         ("ledger", format!("{term} {}\n", leader.holder()))
     } else {
-        (
-            "overlaps",
-            format!("{term} {} found {last}\n", leader.holder()),
-        )
+        ("overlaps", format!("{term} {} found {last}\n", leader.holder()))
     };
     // One write of one short line to a file opened for appending: lines never interleave.
     let mut file = OpenOptions::new()
@@ -156,18 +149,13 @@ fn three_processes_fail_over() {
         // Let the leader renew a few times, then kill it.
         std::thread::sleep(TTL * 2);
         let current = ledger(dir.path()).last().cloned().unwrap();
-        assert_eq!(
-            current,
-            (term, holder.clone()),
-            "leadership moved without a kill"
-        );
+        assert_eq!(current, (term, holder.clone()), "leadership moved without a kill");
         let index: usize = holder.trim_start_matches("worker-").parse().unwrap();
         let killed_at = Instant::now();
         workers.kill(index);
 
         let bound = TTL + RETRY + SLACK;
-        let (next_term, next_holder, seen_at) =
-            wait_for_leader(dir.path(), term, bound + Duration::from_secs(5));
+        let (next_term, next_holder, seen_at) = wait_for_leader(dir.path(), term, bound + Duration::from_secs(5));
         let takeover = seen_at - killed_at;
         println!(
             "round {round}: killed {holder} (term {term}); {next_holder} took over at term {next_term} after {takeover:?}"

@@ -108,10 +108,7 @@ async fn a_path_that_cannot_be_written_is_named() {
             matches!(open_error(&error), OpenError::CannotWrite { path: p, .. } if p == &path),
             "{error}"
         );
-        assert!(
-            error.to_string().contains(&path.display().to_string()),
-            "{error}"
-        );
+        assert!(error.to_string().contains(&path.display().to_string()), "{error}");
     }
 }
 
@@ -130,10 +127,7 @@ async fn a_foreign_table_of_the_same_name_is_reported_and_kept() {
         .unwrap();
     conn.close().await.unwrap();
 
-    let detail = corrupt_table(
-        SqliteStore::open(&path).await.unwrap_err(),
-        "leasehold_leases",
-    );
+    let detail = corrupt_table(SqliteStore::open(&path).await.unwrap_err(), "leasehold_leases");
     assert!(
         detail.contains("owner TEXT") && detail.contains("holder TEXT"),
         "{detail}"
@@ -158,10 +152,7 @@ async fn a_table_with_one_column_changed_is_reported() {
         .await
         .unwrap();
     conn.close().await.unwrap();
-    let detail = corrupt_table(
-        SqliteStore::open(&path).await.unwrap_err(),
-        "leasehold_terms",
-    );
+    let detail = corrupt_table(SqliteStore::open(&path).await.unwrap_err(), "leasehold_terms");
     assert!(detail.contains("note TEXT"), "{detail}");
 }
 
@@ -175,10 +166,7 @@ async fn a_view_of_the_same_name_is_reported() {
         .await
         .unwrap();
     conn.close().await.unwrap();
-    let detail = corrupt_table(
-        SqliteStore::open(&path).await.unwrap_err(),
-        "leasehold_meta",
-    );
+    let detail = corrupt_table(SqliteStore::open(&path).await.unwrap_err(), "leasehold_meta");
     assert!(detail.contains("is a view"), "{detail}");
 }
 
@@ -193,10 +181,7 @@ async fn a_newer_schema_is_reported() {
         .await
         .unwrap();
     conn.close().await.unwrap();
-    let detail = corrupt_table(
-        SqliteStore::open(&path).await.unwrap_err(),
-        "leasehold_meta",
-    );
+    let detail = corrupt_table(SqliteStore::open(&path).await.unwrap_err(), "leasehold_meta");
     assert!(detail.contains("schema_version is 2"), "{detail}");
 }
 
@@ -234,9 +219,7 @@ async fn invalid_config_names_the_field() {
     let mut config = SqliteConfig::new("unused.db");
     config.pool_size = 0;
     match SqliteStore::open_with(config).await {
-        Err(Error::InvalidConfig {
-            field: "pool_size", ..
-        }) => {}
+        Err(Error::InvalidConfig { field: "pool_size", .. }) => {}
         other => panic!("expected InvalidConfig for pool_size, got {other:?}"),
     }
 }
@@ -244,9 +227,7 @@ async fn invalid_config_names_the_field() {
 #[tokio::test]
 async fn ttl_outside_the_range_is_rejected() {
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(dir.path().join("leases.db"))
-        .await
-        .unwrap();
+    let store = SqliteStore::open(dir.path().join("leases.db")).await.unwrap();
     for ttl in [
         Duration::ZERO,
         Duration::from_micros(999),
@@ -274,9 +255,7 @@ async fn ttl_outside_the_range_is_rejected() {
 async fn many_stores_open_a_new_file_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("leases.db");
-    let opens: Vec<_> = (0..12)
-        .map(|_| tokio::spawn(SqliteStore::open(path.clone())))
-        .collect();
+    let opens: Vec<_> = (0..12).map(|_| tokio::spawn(SqliteStore::open(path.clone()))).collect();
     for open in opens {
         open.await.unwrap().unwrap();
     }

@@ -4,8 +4,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use leasehold_core::{
-    AcquireRequest, Acquired, CandidateId, EndReason, Error, Expiry, Grant, LeaseName, LeaseStore,
-    Observation, Renewed, Term,
+    AcquireRequest, Acquired, CandidateId, EndReason, Error, Expiry, Grant, LeaseName, LeaseStore, Observation,
+    Renewed, Term,
 };
 use leasehold_sqlite::{SqliteConfig, SqliteStore};
 use sqlx::{Connection, SqliteConnection};
@@ -50,9 +50,7 @@ async fn raw(path: &Path) -> SqliteConnection {
 }
 
 async fn open(dir: &tempfile::TempDir) -> SqliteStore {
-    SqliteStore::open(dir.path().join("leases.db"))
-        .await
-        .unwrap()
+    SqliteStore::open(dir.path().join("leases.db")).await.unwrap()
 }
 
 #[tokio::test]
@@ -60,10 +58,7 @@ async fn capabilities() {
     let dir = tempfile::tempdir().unwrap();
     let caps = open(&dir).await.capabilities();
     assert_eq!(caps.expiry, Expiry::ObservedByContenders);
-    assert_eq!(
-        caps.ttl,
-        Duration::from_millis(1)..=Duration::from_secs(24 * 3600)
-    );
+    assert_eq!(caps.ttl, Duration::from_millis(1)..=Duration::from_secs(24 * 3600));
     assert!(caps.can_break && !caps.fifo);
 }
 
@@ -93,18 +88,9 @@ async fn acquire_hold_renew_release_reacquire() {
         panic!("renew lost")
     };
     assert_eq!(renewed.term, Term(1));
-    assert_ne!(
-        renewed.token, a.token,
-        "every renew writes a new record version"
-    );
+    assert_ne!(renewed.token, a.token, "every renew writes a new record version");
     assert_eq!(
-        store
-            .inspect(&lease())
-            .await
-            .unwrap()
-            .holder
-            .unwrap()
-            .version,
+        store.inspect(&lease()).await.unwrap().holder.unwrap().version,
         renewed.token
     );
 
@@ -124,16 +110,10 @@ async fn acquire_hold_renew_release_reacquire() {
 
     let history = store.history(&lease(), 10).await.unwrap();
     assert_eq!(
-        history
-            .iter()
-            .map(|t| (t.term, t.holder.clone()))
-            .collect::<Vec<_>>(),
+        history.iter().map(|t| (t.term, t.holder.clone())).collect::<Vec<_>>(),
         [(Term(1), id("a")), (Term(2), id("b"))]
     );
-    assert_eq!(
-        history[0].ended.map(|(_, reason)| reason),
-        Some(EndReason::Released)
-    );
+    assert_eq!(history[0].ended.map(|(_, reason)| reason), Some(EndReason::Released));
     assert!(history[0].acquired_at <= history[0].ended.unwrap().0);
     assert_eq!(history[1].ended, None);
 }
@@ -150,10 +130,7 @@ async fn the_holder_acquiring_again_gets_a_new_term() {
         panic!("the old term renewed")
     };
     let history = store.history(&lease(), 10).await.unwrap();
-    assert_eq!(
-        history[0].ended.map(|(_, reason)| reason),
-        Some(EndReason::Expired)
-    );
+    assert_eq!(history[0].ended.map(|(_, reason)| reason), Some(EndReason::Expired));
 }
 
 #[tokio::test]
@@ -175,21 +152,12 @@ async fn takeover_needs_the_current_version() {
     let Renewed::Lost(lost) = store.renew(&a2).await.unwrap() else {
         panic!("a renewed after takeover")
     };
-    assert_eq!(
-        lost.holder.map(|h| (h.id, h.term)),
-        Some((id("b"), Term(2)))
-    );
+    assert_eq!(lost.holder.map(|h| (h.id, h.term)), Some((id("b"), Term(2))));
     store.release(&a2).await.unwrap(); // a's late release must not free b's lease
-    assert_eq!(
-        store.inspect(&lease()).await.unwrap().holder.unwrap().id,
-        id("b")
-    );
+    assert_eq!(store.inspect(&lease()).await.unwrap().holder.unwrap().id, id("b"));
 
     let history = store.history(&lease(), 10).await.unwrap();
-    assert_eq!(
-        history[0].ended.map(|(_, reason)| reason),
-        Some(EndReason::Expired)
-    );
+    assert_eq!(history[0].ended.map(|(_, reason)| reason), Some(EndReason::Expired));
 }
 
 #[tokio::test]
@@ -209,10 +177,7 @@ async fn break_lease() {
     };
     assert_eq!(granted(&store, "b", None).await.term, Term(2));
     let history = store.history(&lease(), 10).await.unwrap();
-    assert_eq!(
-        history[0].ended.map(|(_, reason)| reason),
-        Some(EndReason::Broken)
-    );
+    assert_eq!(history[0].ended.map(|(_, reason)| reason), Some(EndReason::Broken));
 }
 
 #[tokio::test]
@@ -224,10 +189,7 @@ async fn two_stores_on_one_file_see_each_others_leases() {
     assert_eq!(seen.holder.unwrap().id, id("a"));
     one.release(&a).await.unwrap();
     assert_eq!(granted(&two, "b", None).await.term, Term(2));
-    assert_eq!(
-        one.inspect(&lease()).await.unwrap().holder.unwrap().id,
-        id("b")
-    );
+    assert_eq!(one.inspect(&lease()).await.unwrap().holder.unwrap().id, id("b"));
     assert_eq!(one.history(&lease(), 5).await.unwrap().len(), 2);
 }
 
@@ -265,18 +227,10 @@ async fn history_is_oldest_first_limited_and_pruned() {
         let grant = granted(&store, "a", None).await;
         store.release(&grant).await.unwrap();
     }
-    let terms = |history: Vec<leasehold_core::Transition>| {
-        history.iter().map(|t| t.term.0).collect::<Vec<_>>()
-    };
-    assert_eq!(
-        terms(store.history(&lease(), 100).await.unwrap()),
-        [4, 5, 6, 7]
-    );
+    let terms = |history: Vec<leasehold_core::Transition>| history.iter().map(|t| t.term.0).collect::<Vec<_>>();
+    assert_eq!(terms(store.history(&lease(), 100).await.unwrap()), [4, 5, 6, 7]);
     assert_eq!(terms(store.history(&lease(), 2).await.unwrap()), [6, 7]);
-    assert_eq!(
-        terms(store.history(&lease(), 0).await.unwrap()),
-        Vec::<u64>::new()
-    );
+    assert_eq!(terms(store.history(&lease(), 0).await.unwrap()), Vec::<u64>::new());
     assert_eq!(
         terms(store.history(&"other".parse().unwrap(), 10).await.unwrap()),
         Vec::<u64>::new()
@@ -295,20 +249,14 @@ async fn garbage_in_the_row_is_a_corrupt_record() {
         ("UPDATE leasehold_leases SET term = 1.5", "term is a REAL"),
         ("UPDATE leasehold_leases SET term = -3", "term -3"),
         ("UPDATE leasehold_leases SET holder = ''", "holder"),
-        (
-            "UPDATE leasehold_leases SET holder = 'bell' || char(7)",
-            "holder",
-        ),
+        ("UPDATE leasehold_leases SET holder = 'bell' || char(7)", "holder"),
         ("UPDATE leasehold_leases SET holder = x'ff00'", "holder"),
         (
             "UPDATE leasehold_leases SET holder = CAST('abc' AS BLOB)",
             "holder is a BLOB value",
         ),
         ("UPDATE leasehold_leases SET version = NULL", "version"),
-        (
-            "UPDATE leasehold_leases SET version = 'xyz'",
-            "version \"xyz\"",
-        ),
+        ("UPDATE leasehold_leases SET version = 'xyz'", "version \"xyz\""),
         ("UPDATE leasehold_leases SET ttl_ms = 0", "ttl_ms 0"),
         (
             "UPDATE leasehold_leases SET ttl_ms = 'soon'",
@@ -322,10 +270,7 @@ async fn garbage_in_the_row_is_a_corrupt_record() {
             "UPDATE leasehold_leases SET holder = NULL",
             "must be all set or all NULL",
         ),
-        (
-            "UPDATE leasehold_terms SET term = 'x'",
-            "leasehold_terms.term",
-        ),
+        ("UPDATE leasehold_terms SET term = 'x'", "leasehold_terms.term"),
     ];
     for (sql, why) in cases {
         let dir = tempfile::tempdir().unwrap();
@@ -338,10 +283,7 @@ async fn garbage_in_the_row_is_a_corrupt_record() {
             .unwrap();
 
         let results: Vec<(&str, Result<(), Error>)> = vec![
-            (
-                "acquire",
-                store.acquire(&request("b", None)).await.map(drop),
-            ),
+            ("acquire", store.acquire(&request("b", None)).await.map(drop)),
             ("renew", store.renew(&grant).await.map(drop)),
             ("release", store.release(&grant).await),
             ("inspect", store.inspect(&lease()).await.map(drop)),
@@ -356,10 +298,7 @@ async fn garbage_in_the_row_is_a_corrupt_record() {
                     detail,
                 }) => {
                     assert_eq!(name, "jobs", "{sql}: {operation}");
-                    assert!(
-                        detail.contains(why),
-                        "{sql}: {operation}: {detail:?} lacks {why:?}"
-                    );
+                    assert!(detail.contains(why), "{sql}: {operation}: {detail:?} lacks {why:?}");
                 }
                 other => panic!("{sql}: {operation}: expected CorruptRecord, got {other:?}"),
             }
@@ -383,10 +322,7 @@ async fn garbage_in_the_history_is_a_corrupt_record() {
             "UPDATE leasehold_terms SET end_reason = 'exploded', ended_at = 1",
             "unknown end reason \"exploded\"",
         ),
-        (
-            "UPDATE leasehold_terms SET ended_at = 5",
-            "ended_at and end_reason",
-        ),
+        ("UPDATE leasehold_terms SET ended_at = 5", "ended_at and end_reason"),
         (
             "UPDATE leasehold_terms SET acquired_at = 'yesterday'",
             "acquired_at is the text",
@@ -402,9 +338,7 @@ async fn garbage_in_the_history_is_a_corrupt_record() {
             .unwrap();
         match store.history(&lease(), 10).await {
             Err(Error::CorruptRecord {
-                lease: name,
-                detail,
-                ..
+                lease: name, detail, ..
             }) => {
                 assert_eq!(name, "jobs");
                 assert!(detail.contains(why), "{sql}: {detail:?} lacks {why:?}");
@@ -424,10 +358,7 @@ async fn a_lock_held_too_long_is_a_transient_timeout() {
     config.busy_timeout = Duration::from_millis(100);
     let store = SqliteStore::open_with(config).await.unwrap();
     let mut other = raw(&path).await;
-    sqlx::query("BEGIN IMMEDIATE")
-        .execute(&mut other)
-        .await
-        .unwrap();
+    sqlx::query("BEGIN IMMEDIATE").execute(&mut other).await.unwrap();
     let error = store.acquire(&request("a", None)).await.unwrap_err();
     assert!(
         matches!(
@@ -453,16 +384,7 @@ async fn a_closed_store_is_unreachable() {
     let store = open(&dir).await;
     store.close().await;
     let error = store.inspect(&lease()).await.unwrap_err();
-    assert!(
-        matches!(
-            error,
-            Error::Unreachable {
-                store: "sqlite",
-                ..
-            }
-        ),
-        "{error:?}"
-    );
+    assert!(matches!(error, Error::Unreachable { store: "sqlite", .. }), "{error:?}");
     assert!(error.is_transient());
 }
 
@@ -477,11 +399,7 @@ async fn racing_candidates_one_winner() {
     }
     for round in 0..10 {
         let name: LeaseName = format!("race-{round}").parse().unwrap();
-        let clients = if round % 2 == 0 {
-            &stores[..]
-        } else {
-            &stores[..1]
-        };
+        let clients = if round % 2 == 0 { &stores[..] } else { &stores[..1] };
         let tasks: Vec<_> = (0..16)
             .map(|i| {
                 let store = clients[i % clients.len()].clone();
@@ -559,23 +477,9 @@ fn a_store_outliving_its_runtime_is_unreachable() {
         .enable_all()
         .build()
         .unwrap();
-    let error = second
-        .block_on(store.acquire(&request("a", None)))
-        .unwrap_err();
-    assert!(
-        matches!(
-            error,
-            Error::Unreachable {
-                store: "sqlite",
-                ..
-            }
-        ),
-        "{error:?}"
-    );
+    let error = second.block_on(store.acquire(&request("a", None))).unwrap_err();
+    assert!(matches!(error, Error::Unreachable { store: "sqlite", .. }), "{error:?}");
     assert!(error.to_string().contains("runtime"), "{error}");
     // Reads still work: they need no task.
-    assert_eq!(
-        second.block_on(store.inspect(&lease())).unwrap().holder,
-        None
-    );
+    assert_eq!(second.block_on(store.inspect(&lease())).unwrap().holder, None);
 }

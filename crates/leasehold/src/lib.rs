@@ -56,10 +56,15 @@ pub async fn connect(url: &str) -> Result<Arc<dyn LeaseStore>> {
 
 fn scheme_of(url: &str) -> Result<String> {
     match url.split_once(':') {
-        Some((scheme, _)) if !scheme.is_empty() && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) => {
+        Some((scheme, _))
+            if !scheme.is_empty() && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) =>
+        {
             Ok(scheme.to_ascii_lowercase())
         }
-        _ => Err(Error::InvalidUrl { url: redact(url), reason: "expected SCHEME://... (e.g. sqlite:///path/leases.db)".into() }),
+        _ => Err(Error::InvalidUrl {
+            url: redact(url),
+            reason: "expected SCHEME://... (e.g. sqlite:///path/leases.db)".into(),
+        }),
     }
 }
 
@@ -74,7 +79,10 @@ fn unsupported(scheme: &str) -> Error {
             format!("known schemes: {}", known.join(", "))
         }
     };
-    Error::UnsupportedScheme { scheme: scheme.to_string(), hint }
+    Error::UnsupportedScheme {
+        scheme: scheme.to_string(),
+        hint,
+    }
 }
 
 fn feature_enabled(feature: &str) -> bool {
@@ -110,15 +118,36 @@ pub fn redact(url: &str) -> String {
         let _ = parsed.set_password(Some("***"));
     }
     if parsed.query().is_some() {
-        const SECRET: &[&str] = &["sig", "password", "secret", "token", "key", "access_key", "secret_key", "sas", "session_token"];
+        const SECRET: &[&str] = &[
+            "sig",
+            "password",
+            "secret",
+            "token",
+            "key",
+            "access_key",
+            "secret_key",
+            "sas",
+            "session_token",
+        ];
         let pairs: Vec<(String, String)> = parsed
             .query_pairs()
             .map(|(k, v)| {
-                let secret = SECRET.iter().any(|s| k.eq_ignore_ascii_case(s) || k.to_ascii_lowercase().contains("secret"));
+                let secret = SECRET
+                    .iter()
+                    .any(|s| k.eq_ignore_ascii_case(s) || k.to_ascii_lowercase().contains("secret"));
                 (k.into_owned(), if secret { "***".to_string() } else { v.into_owned() })
             })
             .collect();
-        let query: Vec<String> = pairs.iter().map(|(k, v)| if v == "***" { format!("{k}=***") } else { format!("{k}={v}") }).collect();
+        let query: Vec<String> = pairs
+            .iter()
+            .map(|(k, v)| {
+                if v == "***" {
+                    format!("{k}=***")
+                } else {
+                    format!("{k}={v}")
+                }
+            })
+            .collect();
         parsed.set_query(Some(&query.join("&")));
     }
     parsed.to_string()

@@ -103,11 +103,7 @@ impl Candidate {
         let started = Instant::now();
         while started.elapsed() < limit {
             if let Some(status) = child.try_wait().unwrap() {
-                return Some(
-                    status
-                        .code()
-                        .unwrap_or_else(|| 128 + status.signal().unwrap()),
-                );
+                return Some(status.code().unwrap_or_else(|| 128 + status.signal().unwrap()));
             }
             std::thread::sleep(Duration::from_millis(10));
         }

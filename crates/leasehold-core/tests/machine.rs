@@ -1,0 +1,1147 @@
+//! Unit tests of the sans-IO election machine ([`Machine`]), one per state transition.
+//!
+//! No runtime and no store: each test builds instants as `base + ms`, feeds [`Input`]s and
+//! asserts on the exact [`Output`]s, on `next_wake()` and on `believes_leader()`.
+//!
+//! The timing used by most tests is round on purpose: TTL 10 s, drift 20% (so a grant is believed
+//! for exactly 8 s after its request was *sent*), renew every 3 s, retry every 2 s without
+//! jitter, step-down margin 1 s, request timeout 3 s. A leader that stepped down campaigns again
+//! after `step_down_backoff()` = `retry_every * (2 + jitter)` = 4 s.
+
+use std::time::{Duration, Instant};
+
+use leasehold_core::machine::{DeposedReason, Input, Machine, OpId, Output, Reply, Request};
+use leasehold_core::{
+    AcquireRequest, Acquired, CandidateId, EndReason, Error, Expiry, Grant, HolderInfo, LeaseName, Millis,
+    Notifications, Observation, Renewed, Term, Timing,
+};
+
+const TTL: Duration = Duration::from_secs(10);
+/// `timing().step_down_backoff()`, in ms.
+const BACKOFF: u64 = 4_000;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn timing() -> Timing {
+    Timing {
+        ttl: TTL,
+        renew_every: ms(3_000),
+        retry_every: ms(2_000),
+        jitter: Millis(0),
+        drift: Millis(200),
+        step_down_margin: ms(1_000),
+        request_timeout: ms(3_000),
+        stall_timeout: None,
+        lock_delay: None,
+    }
+}
+
+fn lease() -> LeaseName {
+    LeaseName::new("jobs").unwrap()
+}
+
+fn me() -> CandidateId {
+    CandidateId::new("me").unwrap()
+}
+
+fn other() -> CandidateId {
+    CandidateId::new("other").unwrap()
+}
+
+fn grant(term: u64, token: &str) -> Grant {
+    Grant {
+        lease: lease(),
+        holder: me(),
+        term: Term(term),
+        ttl: TTL,
+        token: token.to_string(),
+    }
+}
+
+fn holder(id: CandidateId, term: u64, version: &str, store_remaining: Option<Duration>) -> HolderInfo {
+    HolderInfo {
+        id,
+        term: Term(term),
+        ttl: TTL,
+        version: version.to_string(),
+        store_remaining,
+    }
+}
+
+/// The lease held by `holder`.
+fn held(holder: HolderInfo) -> Observation {
+    Observation {
+        lease: lease(),
+        last_term: holder.term,
+        holder: Some(holder),
+        previous_end: None,
+    }
+}
+
+fn free(last_term: u64, previous_end: EndReason) -> Observation {
+    Observation::free(lease(), Term(last_term), Some(previous_end))
+}
+
+fn acquire(takeover: Option<&str>) -> Request {
+    Request::Acquire(AcquireRequest {
+        lease: lease(),
+        candidate: me(),
+        ttl: TTL,
+        takeover: takeover.map(str::to_string),
+    })
+}
+
+fn unreachable() -> Error {
+    Error::unreachable("memory", "connection reset by peer")
+}
+
+/// [`Output`] in a comparable form, instants as offsets from the harness's base.
+#[derive(Debug, PartialEq)]
+enum Ev {
+    Send(OpId, Request),
+    Elected {
+        grant: Grant,
+        valid_until: Duration,
+    },
+    Extended(Duration),
+    Deposed {
+        term: Term,
+        reason: DeposedReason,
+        believed_until: Duration,
+    },
+    AbortWork,
+    SteppedDown {
+        term: Term,
+        work_stopped_after: Option<Duration>,
+        aborted: bool,
+    },
+    LeaderChanged(Option<(CandidateId, Term)>),
+    /// A store error, by kind: "timeout", "unreachable", "corrupt" or "other".
+    Trouble(&'static str),
+    Stopped,
+}
+
+struct Harness {
+    base: Instant,
+    m: Machine,
+}
+
+impl Harness {
+    fn new(timing: Timing, expiry: Expiry, notifications: Notifications) -> Self {
+        let base = Instant::now();
+        let m = Machine::new(timing, expiry, notifications, lease(), me(), base, 7).unwrap();
+        Harness { base, m }
+    }
+
+    /// A follower of a store with a clock and no notifications (it polls).
+    fn follower() -> Self {
+        Harness::new(timing(), Expiry::ServerClock, Notifications::None)
+    }
+
+    /// A leader of term 1 (token "v1"), whose acquire was sent at 0 and granted at 0: it
+    /// believes until 8 000 ms and renews first at 3 000 ms.
+    fn leader_with(timing: Timing) -> Self {
+        let mut h = Harness::new(timing, Expiry::ServerClock, Notifications::None);
+        let op = h.send_at(0);
+        let out = h.reply(0, op, Reply::Acquire(Ok(Acquired::Granted(grant(1, "v1")))));
+        assert!(out.iter().any(|e| matches!(e, Ev::Elected { .. })), "{out:?}");
+        h
+    }
+
+    fn leader() -> Self {
+        Harness::leader_with(timing())
+    }
+
+    fn at(&self, t: u64) -> Instant {
+        self.base + ms(t)
+    }
+
+    fn step(&mut self, t: u64, input: Input) -> Vec<Ev> {
+        let mut out = Vec::new();
+        self.m.handle(self.at(t), input, &mut out);
+        out.into_iter().map(|o| self.ev(o)).collect()
+    }
+
+    fn tick(&mut self, t: u64) -> Vec<Ev> {
+        self.step(t, Input::Tick)
+    }
+
+    fn reply(&mut self, t: u64, op: OpId, reply: Reply) -> Vec<Ev> {
+        self.step(t, Input::Reply(op, reply))
+    }
+
+    /// Ticks at `t` and expects exactly one request to be sent; returns its id.
+    fn send_at(&mut self, t: u64) -> OpId {
+        match self.tick(t).as_slice() {
+            [Ev::Send(op, _)] => *op,
+            out => panic!("expected one request at {t} ms, got {out:?}"),
+        }
+    }
+
+    /// The next wake-up, in ms after base.
+    fn wake(&self) -> Option<u64> {
+        self.m.next_wake().map(|at| (at - self.base).as_millis() as u64)
+    }
+
+    fn believes(&self, t: u64) -> bool {
+        self.m.believes_leader(self.at(t))
+    }
+
+    fn ev(&self, output: Output) -> Ev {
+        let since = |at: Instant| at - self.base;
+        match output {
+            Output::Send(op, request) => Ev::Send(op, request),
+            Output::Elected { grant, valid_until } => Ev::Elected {
+                grant,
+                valid_until: since(valid_until),
+            },
+            Output::Extended { valid_until } => Ev::Extended(since(valid_until)),
+            Output::Deposed {
+                term,
+                reason,
+                believed_until,
+            } => Ev::Deposed {
+                term,
+                reason,
+                believed_until: since(believed_until),
+            },
+            Output::AbortWork => Ev::AbortWork,
+            Output::SteppedDown {
+                term,
+                work_stopped_after,
+                aborted,
+            } => Ev::SteppedDown {
+                term,
+                work_stopped_after,
+                aborted,
+            },
+            Output::LeaderChanged(leader) => Ev::LeaderChanged(leader),
+            Output::StoreTrouble(error) => Ev::Trouble(match error {
+                Error::Timeout { .. } => "timeout",
+                Error::Unreachable { .. } => "unreachable",
+                Error::CorruptRecord { .. } => "corrupt",
+                _ => "other",
+            }),
+            Output::Stopped => Ev::Stopped,
+        }
+    }
+}
+
+fn sends(out: &[Ev]) -> Vec<&Request> {
+    out.iter()
+        .filter_map(|e| match e {
+            Ev::Send(_, r) => Some(r),
+            _ => None,
+        })
+        .collect()
+}
+
+fn sent_op(out: &[Ev]) -> OpId {
+    match out.iter().find_map(|e| match e {
+        Ev::Send(op, _) => Some(*op),
+        _ => None,
+    }) {
+        Some(op) => op,
+        None => panic!("no request sent in {out:?}"),
+    }
+}
+
+fn superseded(by: CandidateId, term: u64) -> DeposedReason {
+    DeposedReason::Superseded {
+        by: Some(by),
+        term: Some(Term(term)),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Campaigning
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn first_attempt_is_made_at_creation_time() {
+    let mut h = Harness::follower();
+    assert_eq!(h.wake(), Some(0));
+    assert_eq!(h.m.pending(), None);
+    assert!(!h.believes(0));
+    assert_eq!(h.tick(0), vec![Ev::Send(OpId(0), acquire(None))]);
+    assert_eq!(h.m.pending(), Some(OpId(0)));
+    // Nothing to do until the request times out.
+    assert_eq!(h.wake(), Some(3_000));
+    assert_eq!(h.tick(1_000), vec![]);
+}
+
+#[test]
+fn granted_elects_until_send_time_plus_believed_ttl() {
+    let mut h = Harness::follower();
+    let op = h.send_at(0);
+    // The reply arrives late, 2 s after the request was sent: the deadline still counts from the send.
+    let out = h.reply(2_000, op, Reply::Acquire(Ok(Acquired::Granted(grant(1, "v1")))));
+    assert_eq!(TTL.mul_f64(1.0 - 0.2), ms(8_000));
+    assert_eq!(
+        out,
+        vec![
+            Ev::LeaderChanged(Some((me(), Term(1)))),
+            Ev::Elected {
+                grant: grant(1, "v1"),
+                valid_until: ms(8_000)
+            },
+        ]
+    );
+    assert!(h.believes(2_000));
+    assert!(h.believes(7_999));
+    assert!(!h.believes(8_000));
+    assert_eq!(h.m.term(), Some(Term(1)));
+    // The first renewal is due renew_every after the acquire was sent, not after its reply.
+    assert_eq!(h.wake(), Some(3_000));
+}
+
+#[test]
+fn elected_deadline_uses_default_drift_of_one_percent() {
+    let t = Timing {
+        jitter: Millis(0),
+        ..Timing::new(TTL)
+    };
+    let mut h = Harness::new(t, Expiry::ServerClock, Notifications::None);
+    let op = h.send_at(0);
+    let out = h.reply(1_000, op, Reply::Acquire(Ok(Acquired::Granted(grant(1, "v1")))));
+    let expected = TTL.mul_f64(1.0 - 0.01);
+    assert!(
+        out.contains(&Ev::Elected {
+            grant: grant(1, "v1"),
+            valid_until: expected
+        }),
+        "{out:?}"
+    );
+    assert!(expected < TTL);
+}
+
+#[test]
+fn grant_too_late_to_use_is_released_not_elected() {
+    // Just in time: 6 999 + margin 1 000 < 8 000.
+    let mut h = Harness::follower();
+    let op = h.send_at(0);
+    let out = h.reply(6_999, op, Reply::Acquire(Ok(Acquired::Granted(grant(1, "v1")))));
+    assert!(
+        out.contains(&Ev::Elected {
+            grant: grant(1, "v1"),
+            valid_until: ms(8_000)
+        }),
+        "{out:?}"
+    );
+
+    // Too late: now + step_down_margin >= valid_until.
+    let mut h = Harness::follower();
+    let op = h.send_at(0);
+    let out = h.reply(7_000, op, Reply::Acquire(Ok(Acquired::Granted(grant(1, "v1")))));
+    assert_eq!(
+        out,
+        vec![
+            Ev::Trouble("timeout"),
+            Ev::Send(OpId(1), Request::Release(grant(1, "v1")))
+        ]
+    );
+    assert!(!h.believes(7_000));
+    assert_eq!(h.m.term(), None);
+    // Once released, it campaigns again at once.
+    let out = h.reply(7_100, OpId(1), Reply::Release(Ok(())));
+    assert_eq!(out, vec![Ev::Send(OpId(2), acquire(None))]);
+}
+
+#[test]
+fn held_reports_the_leader_and_retries_after_retry_every() {
+    let mut h = Harness::follower();
+    let op = h.send_at(0);
+    let seen = held(holder(other(), 5, "v1", Some(ms(9_000))));
+    let out = h.reply(500, op, Reply::Acquire(Ok(Acquired::Held(seen.clone()))));
+    assert_eq!(out, vec![Ev::LeaderChanged(Some((other(), Term(5))))]);
+    assert!(!h.believes(500));
+    assert_eq!(h.wake(), Some(2_500));
+    assert_eq!(h.tick(2_499), vec![]);
+    let out = h.tick(2_500);
+    assert_eq!(out, vec![Ev::Send(OpId(1), acquire(None))]);
+    // The same leader again: no new LeaderChanged.
+    assert_eq!(
+        h.reply(2_600, OpId(1), Reply::Acquire(Ok(Acquired::Held(seen)))),
+        vec![]
+    );
+    assert_eq!(h.wake(), Some(4_600));
+}
+
+#[test]
+fn observed_expiry_takes_over_after_a_full_ttl_counted_from_the_first_reply() {
+    let mut h = Harness::new(timing(), Expiry::ObservedByContenders, Notifications::None);
+    let seen = || Reply::Acquire(Ok(Acquired::Held(held(holder(other(), 3, "v1", None)))));
+    // Every reply arrives 500 ms after its request. The first one that shows v1 arrives at 1 000,
+    // so a takeover is allowed from 11 000 (not from 10 000, a TTL after the first request).
+    let op = h.send_at(0);
+    assert_eq!(
+        h.reply(1_000, op, seen()),
+        vec![Ev::LeaderChanged(Some((other(), Term(3))))]
+    );
+    for (send, expected_wake) in [(3_000, 5_500), (5_500, 8_000), (8_000, 10_500)] {
+        assert_eq!(h.wake(), Some(send));
+        let out = h.tick(send);
+        assert_eq!(sends(&out), vec![&acquire(None)], "at {send}");
+        assert_eq!(h.reply(send + 500, sent_op(&out), seen()), vec![]);
+        assert_eq!(h.wake(), Some(expected_wake));
+    }
+    // At 10 500 a TTL has passed since the first *request*, but not since the first reply.
+    let out = h.tick(10_500);
+    assert_eq!(sends(&out), vec![&acquire(None)]);
+    // The reply at 11 000 still shows v1: a full TTL has passed, take over at once, naming v1.
+    let out = h.reply(11_000, sent_op(&out), seen());
+    assert_eq!(sends(&out), vec![&acquire(Some("v1"))]);
+    let out = h.reply(
+        11_000,
+        sent_op(&out),
+        Reply::Acquire(Ok(Acquired::Granted(grant(4, "v9")))),
+    );
+    assert!(
+        out.contains(&Ev::Elected {
+            grant: grant(4, "v9"),
+            valid_until: ms(19_000)
+        }),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn observed_expiry_changed_version_restarts_the_count() {
+    let mut h = Harness::new(timing(), Expiry::ObservedByContenders, Notifications::None);
+    /// Ticks at `t`, answers the acquire at once with `version` held, returns the request.
+    fn poll(h: &mut Harness, t: u64, version: &str) -> Request {
+        let out = h.tick(t);
+        let request = sends(&out)[0].clone();
+        let obs = held(holder(other(), 3, version, None));
+        let _ = h.reply(t, sent_op(&out), Reply::Acquire(Ok(Acquired::Held(obs))));
+        request
+    }
+    // v1 first seen at 0; the holder renews (v2) at 8 000, just before v1 would have expired.
+    for t in [0, 2_000, 4_000, 6_000] {
+        assert_eq!(poll(&mut h, t, "v1"), acquire(None), "at {t}");
+    }
+    assert_eq!(poll(&mut h, 8_000, "v2"), acquire(None));
+    // At 10 000, v1's TTL is over but v2 was seen only 2 s ago: no takeover.
+    for t in [10_000, 12_000, 14_000, 16_000] {
+        assert_eq!(poll(&mut h, t, "v2"), acquire(None), "at {t}");
+    }
+    assert_eq!(h.wake(), Some(18_000));
+    // A full TTL after v2 was first seen: take over, carrying v2.
+    assert_eq!(poll(&mut h, 18_000, "v2"), acquire(Some("v2")));
+}
+
+#[test]
+fn release_notifications_wait_for_the_store_deadline() {
+    let mut h = Harness::new(timing(), Expiry::ServerClock, Notifications::Release);
+    let op = h.send_at(0);
+    let obs = held(holder(other(), 2, "v1", Some(ms(7_000))));
+    assert_eq!(h.reply(1_000, op, Reply::Acquire(Ok(Acquired::Held(obs)))).len(), 1);
+    // The store lets go 7 s after it answered: no polling before then.
+    assert_eq!(h.wake(), Some(8_000));
+    assert_eq!(h.tick(7_999), vec![]);
+    let out = h.tick(8_000);
+    assert_eq!(sends(&out), vec![&acquire(None)]);
+    // A store deadline sooner than retry_every is not polled faster than retry_every.
+    let obs = held(holder(other(), 2, "v2", Some(ms(500))));
+    let _ = h.reply(8_000, sent_op(&out), Reply::Acquire(Ok(Acquired::Held(obs))));
+    assert_eq!(h.wake(), Some(10_000));
+}
+
+#[test]
+fn notified_follower_attempts_at_once() {
+    let mut h = Harness::new(timing(), Expiry::ServerClock, Notifications::Release);
+    let op = h.send_at(0);
+    let obs = held(holder(other(), 2, "v1", Some(ms(9_000))));
+    let _ = h.reply(0, op, Reply::Acquire(Ok(Acquired::Held(obs))));
+    assert_eq!(h.wake(), Some(9_000));
+    assert_eq!(h.step(2_000, Input::Notified), vec![Ev::Send(OpId(1), acquire(None))]);
+    let out = h.reply(2_000, OpId(1), Reply::Acquire(Ok(Acquired::Granted(grant(3, "v3")))));
+    assert!(
+        out.contains(&Ev::Elected {
+            grant: grant(3, "v3"),
+            valid_until: ms(10_000)
+        }),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn expiry_notifications_poll_rarely_until_notifications_are_lost() {
+    let mut h = Harness::new(timing(), Expiry::ServerClock, Notifications::ReleaseAndExpiry);
+    let op = h.send_at(0);
+    let obs = || Reply::Acquire(Ok(Acquired::Held(held(holder(other(), 2, "v1", Some(ms(9_000)))))));
+    let _ = h.reply(0, op, obs());
+    // The store notifies expiry too: only a safety poll, 10 TTLs later.
+    assert_eq!(h.wake(), Some(100_000));
+    // The notification stream ended: attempt at once, then poll every retry_every.
+    let out = h.step(3_000, Input::NotificationsLost);
+    assert_eq!(sends(&out), vec![&acquire(None)]);
+    let _ = h.reply(3_000, sent_op(&out), obs());
+    assert_eq!(h.wake(), Some(5_000));
+}
+
+#[test]
+fn definite_acquire_error_retries_after_retry_every() {
+    let mut h = Harness::follower();
+    let op = h.send_at(0);
+    let out = h.reply(
+        100,
+        op,
+        Reply::Acquire(Err(Error::corrupt("memory", "jobs", "garbage"))),
+    );
+    assert_eq!(out, vec![Ev::Trouble("corrupt")]);
+    assert_eq!(h.m.pending(), None);
+    assert_eq!(h.wake(), Some(2_100));
+    assert_eq!(sends(&h.tick(2_100)), vec![&acquire(None)]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Leading
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn leader_renews_at_send_time_plus_renew_every() {
+    let mut h = Harness::follower();
+    let op = h.send_at(0);
+    let _ = h.reply(2_000, op, Reply::Acquire(Ok(Acquired::Granted(grant(1, "v1")))));
+    assert_eq!(h.wake(), Some(3_000));
+    assert_eq!(h.tick(2_999), vec![]);
+    assert_eq!(h.tick(3_000), vec![Ev::Send(OpId(1), Request::Renew(grant(1, "v1")))]);
+    // While the renewal is out, the machine wakes for its timeout or the step-down, whichever first.
+    assert_eq!(h.wake(), Some(6_000));
+}
+
+#[test]
+fn renewed_extends_valid_until_from_the_renew_send_time() {
+    let mut h = Harness::leader();
+    let op = h.send_at(3_000);
+    // Reply 1.5 s late: the new deadline is 3 000 + 8 000, not 4 500 + 8 000.
+    let out = h.reply(4_500, op, Reply::Renew(Ok(Renewed::Renewed(grant(1, "v2")))));
+    assert_eq!(out, vec![Ev::Extended(ms(11_000))]);
+    assert!(h.believes(10_999));
+    assert!(!h.believes(11_000));
+    // Next renewal renew_every after the last one was sent, with the renewed grant's token.
+    assert_eq!(h.wake(), Some(6_000));
+    assert_eq!(h.tick(6_000), vec![Ev::Send(OpId(2), Request::Renew(grant(1, "v2")))]);
+}
+
+#[test]
+fn lost_renewal_deposes_superseded_with_the_new_holder_and_no_release() {
+    let mut h = Harness::leader();
+    let op = h.send_at(3_000);
+    let obs = held(holder(other(), 2, "w1", Some(ms(10_000))));
+    let out = h.reply(3_200, op, Reply::Renew(Ok(Renewed::Lost(obs))));
+    let deposed = Ev::Deposed {
+        term: Term(1),
+        reason: superseded(other(), 2),
+        believed_until: ms(3_200),
+    };
+    assert_eq!(out.first(), Some(&deposed), "{out:?}");
+    assert!(sends(&out).is_empty(), "no release after losing the lease: {out:?}");
+    assert!(!h.believes(3_200));
+    // Stepping down: the work gets until valid_until to stop.
+    assert_eq!(h.m.term(), Some(Term(1)));
+    assert_eq!(h.wake(), Some(8_000));
+    let out = h.step(3_300, Input::WorkStopped);
+    assert_eq!(
+        out,
+        vec![Ev::SteppedDown {
+            term: Term(1),
+            work_stopped_after: Some(ms(100)),
+            aborted: false
+        }]
+    );
+    // A follower again, backing off by retry_every.
+    assert_eq!(h.m.term(), None);
+    assert_eq!(h.wake(), Some(3_300 + BACKOFF));
+    assert_eq!(sends(&h.tick(3_300 + BACKOFF)), vec![&acquire(None)]);
+}
+
+/// The store has just proved who leads now, yet observers are told that nobody does.
+#[test]
+fn superseded_leader_reports_the_new_holder() {
+    let mut h = Harness::leader();
+    let op = h.send_at(3_000);
+    let obs = held(holder(other(), 2, "w1", Some(ms(10_000))));
+    let out = h.reply(3_200, op, Reply::Renew(Ok(Renewed::Lost(obs))));
+    let changes: Vec<_> = out.iter().filter(|e| matches!(e, Ev::LeaderChanged(_))).collect();
+    assert_eq!(changes, vec![&Ev::LeaderChanged(Some((other(), Term(2))))], "{out:?}");
+}
+
+#[test]
+fn transient_renew_error_reads_the_record_back() {
+    let mut h = Harness::leader();
+    let op = h.send_at(3_000);
+    let out = h.reply(3_100, op, Reply::Renew(Err(unreachable())));
+    assert_eq!(
+        out,
+        vec![Ev::Trouble("unreachable"), Ev::Send(OpId(2), Request::Inspect)]
+    );
+    assert!(h.believes(3_100), "an unknown outcome does not depose");
+}
+
+#[test]
+fn renew_timeout_reads_the_record_back() {
+    let mut h = Harness::leader();
+    let _ = h.send_at(3_000);
+    assert_eq!(h.wake(), Some(6_000));
+    assert_eq!(h.tick(5_999), vec![]);
+    assert_eq!(
+        h.tick(6_000),
+        vec![Ev::Trouble("timeout"), Ev::Send(OpId(2), Request::Inspect)]
+    );
+    assert!(h.believes(6_000));
+}
+
+#[test]
+fn read_back_showing_us_keeps_the_deadline_and_retries_soon() {
+    let mut h = Harness::leader();
+    let op = h.send_at(3_000);
+    let _ = h.reply(3_100, op, Reply::Renew(Err(unreachable())));
+    let ours = held(holder(me(), 1, "v2", Some(ms(9_900))));
+    // Still ours, but the renewal is not confirmed: no Extended, the deadline stays at 8 000.
+    assert_eq!(h.reply(3_200, OpId(2), Reply::Inspect(Ok(ours))), vec![]);
+    assert!(h.believes(7_999));
+    assert!(!h.believes(8_000));
+    // Renew again after retry_every, with the version read back.
+    assert_eq!(h.wake(), Some(5_200));
+    assert_eq!(h.tick(5_200), vec![Ev::Send(OpId(3), Request::Renew(grant(1, "v2")))]);
+    let out = h.reply(5_300, OpId(3), Reply::Renew(Ok(Renewed::Renewed(grant(1, "v3")))));
+    assert_eq!(out, vec![Ev::Extended(ms(13_200))]);
+}
+
+#[test]
+fn read_back_showing_another_holder_deposes_superseded() {
+    let mut h = Harness::leader();
+    let op = h.send_at(3_000);
+    let _ = h.reply(3_100, op, Reply::Renew(Err(unreachable())));
+    let theirs = held(holder(other(), 2, "w1", Some(ms(9_900))));
+    let out = h.reply(3_200, OpId(2), Reply::Inspect(Ok(theirs)));
+    let deposed = Ev::Deposed {
+        term: Term(1),
+        reason: superseded(other(), 2),
+        believed_until: ms(3_200),
+    };
+    assert_eq!(out.first(), Some(&deposed), "{out:?}");
+    assert!(sends(&out).is_empty());
+    assert!(!h.believes(3_200));
+}
+
+#[test]
+fn unconfirmed_renewal_deposes_at_the_margin_then_aborts_at_valid_until() {
+    let mut h = Harness::leader();
+    let renew = h.send_at(3_000);
+    // The renewal times out at 6 000; the read-back goes unanswered too.
+    let out = h.tick(6_000);
+    assert_eq!(out, vec![Ev::Trouble("timeout"), Ev::Send(OpId(2), Request::Inspect)]);
+    assert_eq!(h.wake(), Some(7_000));
+    assert_eq!(h.tick(6_999), vec![]);
+    let out = h.tick(7_000);
+    match out.as_slice() {
+        [
+            Ev::Deposed {
+                term: Term(1),
+                reason: DeposedReason::RenewFailed { last_error: Some(e) },
+                believed_until,
+            },
+            Ev::LeaderChanged(None),
+        ] => {
+            assert!(e.contains("did not answer"), "{e}");
+            assert_eq!(*believed_until, ms(7_000));
+        }
+        other => panic!("expected RenewFailed, got {other:?}"),
+    }
+    assert!(!h.believes(7_000));
+    assert_eq!(h.m.pending(), None, "the read-back is abandoned");
+    // Late replies to abandoned requests change nothing.
+    assert_eq!(
+        h.reply(7_100, renew, Reply::Renew(Ok(Renewed::Renewed(grant(1, "v2"))))),
+        vec![]
+    );
+    assert_eq!(h.reply(7_100, OpId(2), Reply::Inspect(Err(unreachable()))), vec![]);
+    // The work did not stop by valid_until: abort it.
+    assert_eq!(h.wake(), Some(8_000));
+    assert_eq!(h.tick(7_999), vec![]);
+    assert_eq!(
+        h.tick(8_000),
+        vec![
+            Ev::AbortWork,
+            Ev::SteppedDown {
+                term: Term(1),
+                work_stopped_after: None,
+                aborted: true
+            }
+        ]
+    );
+    assert_eq!(h.wake(), Some(8_000 + BACKOFF));
+    // A WorkStopped after the abort is ignored.
+    assert_eq!(h.step(8_100, Input::WorkStopped), vec![]);
+}
+
+#[test]
+fn work_stopped_before_valid_until_steps_down_with_its_duration() {
+    let mut h = Harness::leader();
+    let _ = h.send_at(3_000);
+    let _ = h.tick(6_000);
+    assert_eq!(h.tick(7_000).len(), 2);
+    let out = h.step(7_400, Input::WorkStopped);
+    assert_eq!(
+        out,
+        vec![Ev::SteppedDown {
+            term: Term(1),
+            work_stopped_after: Some(ms(400)),
+            aborted: false
+        }]
+    );
+    assert_eq!(h.wake(), Some(7_400 + BACKOFF));
+}
+
+#[test]
+fn definite_renew_error_deposes_with_store_error() {
+    let mut h = Harness::leader();
+    let op = h.send_at(3_000);
+    let out = h.reply(
+        3_100,
+        op,
+        Reply::Renew(Err(Error::corrupt("memory", "jobs", "garbage"))),
+    );
+    match out.as_slice() {
+        [
+            Ev::Trouble("corrupt"),
+            Ev::Deposed {
+                term: Term(1),
+                reason: DeposedReason::StoreError { error },
+                believed_until,
+            },
+            Ev::LeaderChanged(None),
+        ] => {
+            assert!(error.contains("garbage"), "{error}");
+            assert_eq!(*believed_until, ms(3_100));
+        }
+        other => panic!("expected StoreError, got {other:?}"),
+    }
+    assert!(!h.believes(3_100));
+    // No release: the record cannot be read, so nothing is written to it.
+    assert_eq!(h.step(3_200, Input::WorkStopped).len(), 1);
+}
+
+#[test]
+fn stalled_work_is_deposed_and_the_lease_released_once_it_stops() {
+    let t = Timing {
+        stall_timeout: Some(ms(4_000)),
+        ..timing()
+    };
+    let mut h = Harness::leader_with(t);
+    assert_eq!(h.wake(), Some(3_000));
+    let op = h.send_at(3_000);
+    assert_eq!(
+        h.reply(3_000, op, Reply::Renew(Ok(Renewed::Renewed(grant(1, "v2"))))),
+        vec![Ev::Extended(ms(11_000))]
+    );
+    // No heartbeat since the election at 0: stalled at 4 000, before the next renewal at 6 000.
+    assert_eq!(h.wake(), Some(4_000));
+    assert_eq!(h.tick(3_999), vec![]);
+    let out = h.tick(4_000);
+    assert_eq!(
+        out,
+        vec![
+            Ev::Deposed {
+                term: Term(1),
+                reason: DeposedReason::Stalled,
+                believed_until: ms(4_000)
+            },
+            Ev::LeaderChanged(None),
+        ]
+    );
+    assert!(!h.believes(4_000));
+    // The lease is released only once the work has stopped.
+    assert_eq!(h.wake(), Some(11_000));
+    assert_eq!(
+        h.step(4_500, Input::WorkStopped),
+        vec![Ev::Send(OpId(2), Request::Release(grant(1, "v2")))]
+    );
+    assert_eq!(
+        h.reply(4_600, OpId(2), Reply::Release(Ok(()))),
+        vec![Ev::SteppedDown {
+            term: Term(1),
+            work_stopped_after: Some(ms(500)),
+            aborted: false
+        }]
+    );
+    assert_eq!(h.wake(), Some(4_600 + BACKOFF));
+}
+
+#[test]
+fn heartbeat_postpones_the_stall() {
+    let t = Timing {
+        stall_timeout: Some(ms(4_000)),
+        ..timing()
+    };
+    let mut h = Harness::leader_with(t);
+    assert_eq!(
+        h.step(3_000, Input::Heartbeat(h.at(3_000))),
+        vec![Ev::Send(OpId(1), Request::Renew(grant(1, "v1")))]
+    );
+    let _ = h.reply(3_000, OpId(1), Reply::Renew(Ok(Renewed::Renewed(grant(1, "v2")))));
+    // An older heartbeat does not move the stall deadline back.
+    assert_eq!(h.step(3_500, Input::Heartbeat(h.at(1_000))), vec![]);
+    assert_eq!(h.tick(4_000), vec![], "not stalled: heartbeat at 3 000");
+    let op = h.send_at(6_000);
+    let _ = h.reply(6_000, op, Reply::Renew(Ok(Renewed::Renewed(grant(1, "v3")))));
+    assert_eq!(h.wake(), Some(7_000));
+    let out = h.tick(7_000);
+    assert!(
+        out.contains(&Ev::Deposed {
+            term: Term(1),
+            reason: DeposedReason::Stalled,
+            believed_until: ms(7_000)
+        }),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn resign_releases_at_once_then_backs_off_as_a_follower() {
+    let mut h = Harness::leader();
+    let out = h.step(1_000, Input::Resign);
+    assert_eq!(
+        out,
+        vec![
+            Ev::Deposed {
+                term: Term(1),
+                reason: DeposedReason::Resigned,
+                believed_until: ms(1_000)
+            },
+            Ev::LeaderChanged(None),
+            Ev::Send(OpId(1), Request::Release(grant(1, "v1"))),
+        ]
+    );
+    assert!(!h.believes(1_000));
+    assert_eq!(
+        h.reply(1_100, OpId(1), Reply::Release(Ok(()))),
+        vec![Ev::SteppedDown {
+            term: Term(1),
+            work_stopped_after: Some(Duration::ZERO),
+            aborted: false
+        }]
+    );
+    // Longer than any follower's poll, so a healthy follower takes over rather than this one.
+    assert_eq!(timing().step_down_backoff(), ms(BACKOFF));
+    assert_eq!(ms(BACKOFF), timing().retry_every * 2);
+    assert_eq!(h.wake(), Some(1_100 + BACKOFF));
+    assert_eq!(h.tick(1_099 + BACKOFF), vec![]);
+    assert_eq!(h.tick(1_100 + BACKOFF), vec![Ev::Send(OpId(2), acquire(None))]);
+}
+
+#[test]
+fn shutdown_as_follower_withdraws_then_stops() {
+    let mut h = Harness::follower();
+    let acquire_op = h.send_at(0);
+    // The acquire in flight is waited for (its grant would have to be released) ...
+    assert_eq!(h.step(500, Input::Shutdown), vec![]);
+    assert_eq!(h.m.pending(), Some(acquire_op));
+    let held_reply = Reply::Acquire(Ok(Acquired::Held(held(holder(other(), 1, "v1", None)))));
+    // ... and, as it was not granted, the candidate withdraws.
+    assert_eq!(
+        h.reply(550, acquire_op, held_reply),
+        vec![Ev::Send(OpId(1), Request::Withdraw)]
+    );
+    assert_eq!(h.m.pending(), Some(OpId(1)));
+    assert_eq!(h.reply(600, OpId(1), Reply::Withdraw(Ok(()))), vec![Ev::Stopped]);
+    assert!(h.m.is_stopped());
+    assert_eq!(h.wake(), None);
+    assert_eq!(h.tick(60_000), vec![]);
+}
+
+/// `Elector::campaign` promises that dropping it "releases a lease granted in the meantime"; but
+/// a Shutdown abandons the acquire in flight, so a grant that comes back is never released and
+/// blocks every other candidate for a full TTL.
+#[test]
+fn shutdown_with_an_acquire_in_flight_releases_a_late_grant() {
+    let mut h = Harness::follower();
+    let acquire_op = h.send_at(0);
+    let mut requests = Vec::new();
+    let mut out = h.step(100, Input::Shutdown);
+    out.extend(h.reply(200, acquire_op, Reply::Acquire(Ok(Acquired::Granted(grant(1, "v1"))))));
+    // Answer whatever is asked until the machine stops.
+    for t in 300..400 {
+        for e in std::mem::take(&mut out) {
+            match e {
+                Ev::Send(op, request) => {
+                    let reply = match &request {
+                        Request::Release(_) => Reply::Release(Ok(())),
+                        Request::Withdraw => Reply::Withdraw(Ok(())),
+                        Request::Acquire(_) => Reply::Acquire(Ok(Acquired::Granted(grant(2, "v2")))),
+                        other => panic!("unexpected {other:?}"),
+                    };
+                    requests.push(request);
+                    out.extend(h.reply(t, op, reply));
+                }
+                Ev::Elected { .. } => panic!("elected after shutdown"),
+                _ => {}
+            }
+        }
+        if h.m.is_stopped() {
+            break;
+        }
+    }
+    assert!(h.m.is_stopped());
+    assert!(
+        requests.contains(&Request::Release(grant(1, "v1"))),
+        "the late grant was not released: {requests:?}"
+    );
+}
+
+#[test]
+fn shutdown_as_leader_cancels_waits_for_the_work_then_releases_and_stops() {
+    let mut h = Harness::leader();
+    let out = h.step(1_000, Input::Shutdown);
+    assert_eq!(
+        out,
+        vec![
+            Ev::Deposed {
+                term: Term(1),
+                reason: DeposedReason::Resigned,
+                believed_until: ms(1_000)
+            },
+            Ev::LeaderChanged(None),
+        ],
+        "no release while the work may still run"
+    );
+    assert!(!h.believes(1_000));
+    assert_eq!(h.wake(), Some(8_000));
+    assert_eq!(
+        h.step(1_500, Input::WorkStopped),
+        vec![Ev::Send(OpId(1), Request::Release(grant(1, "v1")))]
+    );
+    assert_eq!(
+        h.reply(1_600, OpId(1), Reply::Release(Ok(()))),
+        vec![
+            Ev::SteppedDown {
+                term: Term(1),
+                work_stopped_after: Some(ms(500)),
+                aborted: false
+            },
+            Ev::Stopped
+        ]
+    );
+    assert!(h.m.is_stopped());
+    assert_eq!(h.wake(), None);
+}
+
+#[test]
+fn shutdown_as_leader_aborts_work_still_running_at_valid_until() {
+    let mut h = Harness::leader();
+    assert_eq!(h.step(1_000, Input::Shutdown).len(), 2);
+    // Past valid_until a release could come after someone else's grant: none is sent.
+    assert_eq!(
+        h.tick(8_000),
+        vec![
+            Ev::AbortWork,
+            Ev::SteppedDown {
+                term: Term(1),
+                work_stopped_after: None,
+                aborted: true
+            },
+            Ev::Stopped
+        ]
+    );
+    assert!(h.m.is_stopped());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ambiguous acquires
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn acquire_timeout_reads_back_and_adopts_our_grant_from_the_original_send_time() {
+    let mut h = Harness::follower();
+    let _ = h.send_at(0);
+    assert_eq!(
+        h.tick(3_000),
+        vec![Ev::Trouble("timeout"), Ev::Send(OpId(1), Request::Inspect)]
+    );
+    let ours = held(holder(me(), 1, "v1", Some(ms(7_000))));
+    let out = h.reply(3_500, OpId(1), Reply::Inspect(Ok(ours)));
+    // valid_until = acquire sent at 0 + 8 000, not the read-back's 3 000 or 3 500; and the first
+    // renewal, due renew_every after that send, is overdue: it goes out at once.
+    assert_eq!(
+        out,
+        vec![
+            Ev::LeaderChanged(Some((me(), Term(1)))),
+            Ev::Elected {
+                grant: grant(1, "v1"),
+                valid_until: ms(8_000)
+            },
+            Ev::Send(OpId(2), Request::Renew(grant(1, "v1"))),
+        ]
+    );
+    assert!(h.believes(7_999));
+    assert!(!h.believes(8_000));
+}
+
+#[test]
+fn acquire_read_back_with_an_old_term_is_not_adopted() {
+    // Term 5 was ours and ended (resigned): the floor is now 5.
+    let mut h = Harness::follower();
+    let op = h.send_at(0);
+    let _ = h.reply(0, op, Reply::Acquire(Ok(Acquired::Granted(grant(5, "v5")))));
+    let _ = h.step(1_000, Input::Resign);
+    let _ = h.reply(1_000, OpId(1), Reply::Release(Ok(())));
+    let t = 1_000 + BACKOFF;
+    let _ = h.send_at(t);
+    assert_eq!(
+        h.tick(t + 3_000),
+        vec![Ev::Trouble("timeout"), Ev::Send(OpId(3), Request::Inspect)]
+    );
+    // The read-back shows us, but at the old term 5: that is not the grant we asked for.
+    let stale = held(holder(me(), 5, "v5", Some(ms(3_000))));
+    let out = h.reply(t + 3_100, OpId(3), Reply::Inspect(Ok(stale)));
+    assert!(!out.iter().any(|e| matches!(e, Ev::Elected { .. })), "{out:?}");
+    assert!(!h.believes(t + 3_100));
+    assert_eq!(h.m.term(), None);
+    // It keeps campaigning, every retry_every.
+    assert_eq!(h.wake(), Some(t + 5_100));
+    assert_eq!(sends(&h.tick(t + 5_100)), vec![&acquire(None)]);
+}
+
+#[test]
+fn stale_reply_is_ignored() {
+    let mut h = Harness::follower();
+    let acquire_op = h.send_at(0);
+    assert_eq!(
+        h.tick(3_000),
+        vec![Ev::Trouble("timeout"), Ev::Send(OpId(1), Request::Inspect)]
+    );
+    // The abandoned acquire's grant arrives after all: it is not the pending request.
+    let out = h.reply(3_100, acquire_op, Reply::Acquire(Ok(Acquired::Granted(grant(1, "v1")))));
+    assert_eq!(out, vec![]);
+    assert_eq!(h.m.pending(), Some(OpId(1)));
+    assert!(!h.believes(3_100));
+    // A reply to an id never sent is ignored too.
+    assert_eq!(h.reply(3_200, OpId(99), Reply::Inspect(Err(unreachable()))), vec![]);
+    assert_eq!(h.m.pending(), Some(OpId(1)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lock delay
+// ---------------------------------------------------------------------------------------------
+
+fn lock_delay_follower(expiry: Expiry) -> Harness {
+    let t = Timing {
+        lock_delay: Some(ms(5_000)),
+        ..timing()
+    };
+    let mut h = Harness::new(t, expiry, Notifications::None);
+    let op = h.send_at(0);
+    let store_remaining = (expiry == Expiry::ServerClock).then_some(ms(1_000));
+    let obs = held(holder(other(), 1, "v1", store_remaining));
+    let _ = h.reply(0, op, Reply::Inspect(Ok(obs)));
+    h
+}
+
+#[test]
+fn lock_delay_with_a_holder_seen_the_next_attempt_is_an_inspect() {
+    let mut h = lock_delay_follower(Expiry::ServerClock);
+    assert_eq!(h.wake(), Some(2_000));
+    assert_eq!(h.tick(2_000), vec![Ev::Send(OpId(1), Request::Inspect)]);
+    // Still held: keep checking, never acquire.
+    let obs = held(holder(other(), 1, "v2", Some(ms(9_000))));
+    assert_eq!(h.reply(2_000, OpId(1), Reply::Inspect(Ok(obs))), vec![]);
+    assert_eq!(h.tick(4_000), vec![Ev::Send(OpId(2), Request::Inspect)]);
+}
+
+#[test]
+fn lock_delay_free_after_release_acquires_at_once() {
+    let mut h = lock_delay_follower(Expiry::ServerClock);
+    let _ = h.tick(2_000);
+    let out = h.reply(2_100, OpId(1), Reply::Inspect(Ok(free(1, EndReason::Released))));
+    assert_eq!(out, vec![Ev::LeaderChanged(None), Ev::Send(OpId(2), acquire(None))]);
+}
+
+#[test]
+fn lock_delay_free_after_expiry_acquires_only_after_the_delay() {
+    let mut h = lock_delay_follower(Expiry::ServerClock);
+    let _ = h.tick(2_000);
+    let out = h.reply(2_100, OpId(1), Reply::Inspect(Ok(free(1, EndReason::Expired))));
+    assert_eq!(out, vec![Ev::LeaderChanged(None)]);
+    assert_eq!(h.wake(), Some(7_100));
+    assert_eq!(h.tick(7_099), vec![]);
+    assert_eq!(h.tick(7_100), vec![Ev::Send(OpId(2), acquire(None))]);
+}
+
+#[test]
+fn lock_delay_applies_after_a_broken_lease_too() {
+    let mut h = lock_delay_follower(Expiry::ServerClock);
+    let _ = h.tick(2_000);
+    let _ = h.reply(2_000, OpId(1), Reply::Inspect(Ok(free(1, EndReason::Broken))));
+    assert_eq!(h.wake(), Some(7_000));
+}
+
+#[test]
+fn lock_delay_observed_expiry_takes_over_after_ttl_plus_delay() {
+    let mut h = lock_delay_follower(Expiry::ObservedByContenders);
+    let unchanged = || Reply::Inspect(Ok(held(holder(other(), 1, "v1", None))));
+    for t in (2_000..=14_000).step_by(2_000) {
+        assert_eq!(h.wake(), Some(t));
+        assert_eq!(sends(&h.tick(t)), vec![&Request::Inspect], "at {t}");
+        let _ = h.reply(t, h.m.pending().unwrap(), unchanged());
+    }
+    // v1 first seen at 0: takeover at ttl + lock_delay = 15 000.
+    assert_eq!(h.wake(), Some(15_000));
+    assert_eq!(sends(&h.tick(15_000)), vec![&acquire(Some("v1"))]);
+}
+
+/// A change notification (the contract allows spurious ones; MemoryStore sends one when it
+/// notices an expiry) makes a follower that is waiting out the lock delay acquire at once.
+#[test]
+fn lock_delay_is_not_cut_short_by_a_notification() {
+    let t = Timing {
+        lock_delay: Some(ms(5_000)),
+        ..timing()
+    };
+    let mut h = Harness::new(t, Expiry::ServerClock, Notifications::Release);
+    let op = h.send_at(0);
+    let obs = held(holder(other(), 1, "v1", Some(ms(2_000))));
+    let _ = h.reply(0, op, Reply::Inspect(Ok(obs)));
+    assert_eq!(h.tick(2_000), vec![Ev::Send(OpId(1), Request::Inspect)]);
+    let _ = h.reply(2_000, OpId(1), Reply::Inspect(Ok(free(1, EndReason::Expired))));
+    assert_eq!(h.wake(), Some(7_000));
+    // The store notifies the expiry it just noticed.
+    let mut out = h.step(2_000, Input::Notified);
+    for t in (2_000..7_000).step_by(100) {
+        out.extend(h.tick(t));
+        assert!(
+            !sends(&out).iter().any(|r| matches!(r, Request::Acquire(_))),
+            "acquired at {t} ms: {out:?}"
+        );
+        if let Some(op) = h.m.pending() {
+            out = h.reply(t, op, Reply::Inspect(Ok(free(1, EndReason::Expired))));
+        } else {
+            out.clear();
+        }
+    }
+    assert!(!sends(&out).iter().any(|r| matches!(r, Request::Acquire(_))), "{out:?}");
+}
+
+/// A candidate that starts (or re-campaigns after its own deposition: every campaign of an
+/// `Elector` starts a fresh machine) after the holder expired never learns how the previous term
+/// ended, and takes the lease at once.
+#[test]
+fn lock_delay_applies_to_a_fresh_candidate() {
+    let t = Timing {
+        lock_delay: Some(ms(5_000)),
+        ..timing()
+    };
+    let mut h = Harness::new(t, Expiry::ServerClock, Notifications::None);
+    let out = h.tick(0);
+    assert_eq!(
+        sends(&out),
+        vec![&Request::Inspect],
+        "the first attempt must check how the last term ended"
+    );
+    let _ = h.reply(0, OpId(0), Reply::Inspect(Ok(free(1, EndReason::Expired))));
+    assert_eq!(h.wake(), Some(5_000));
+}
