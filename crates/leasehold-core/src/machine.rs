@@ -15,6 +15,9 @@
 //!   `valid_until` is aborted.
 //! - An outcome that is unknown (timeout, broken connection) is settled by reading the record
 //!   back: the lease is lost only when the store proves another holder, or the deadline passes.
+//!   A candidate adopts a grant it finds by reading back only if its term is above every term
+//!   seen before, and believes it from the send time of the oldest acquire whose outcome was
+//!   unknown (any of them may be the one the store applied).
 //! - On stores without a clock, a contender takes over only after it has seen the same record
 //!   version unchanged for the holder's full TTL, counted from when the reply that showed it
 //!   arrived.
@@ -190,10 +193,11 @@ enum Purpose {
     Renew,
     Release,
     Withdraw,
-    /// Reading back after an acquire whose outcome is unknown.
+    /// Reading back after an acquire whose outcome is unknown: `sent` is the send time of the
+    /// oldest acquire whose outcome is still unknown (any of them may be the one applied).
     AcquireReadBack {
         sent: Instant,
-        term_floor: Term,
+        term_floor: Option<Term>,
     },
     /// Reading back after a renew whose outcome is unknown.
     RenewReadBack,
@@ -226,8 +230,12 @@ struct Seen {
 struct Following {
     next_attempt: Instant,
     seen: Option<Seen>,
-    /// The highest term seen: a read-back only adopts a grant above it.
-    term_floor: Term,
+    /// The highest term seen, once anything was seen: a read-back only adopts a grant of ours
+    /// above it. `None` (nothing seen yet): a grant of ours found by a read-back could be an old
+    /// one, so it is not adopted; the next acquire gets a new term instead.
+    term_floor: Option<Term>,
+    /// The send time of the oldest acquire whose outcome is unknown.
+    unsettled_since: Option<Instant>,
     /// With a lock delay: when a check found the lease free, the instant from which it may be
     /// acquired. `None`: check first (an Inspect), whatever notifications say.
     cleared_from: Option<Instant>,
@@ -311,7 +319,8 @@ impl Machine {
             state: State::Following(Following {
                 next_attempt: now,
                 seen: None,
-                term_floor: Term(0),
+                term_floor: None,
+                unsettled_since: None,
                 cleared_from: None,
             }),
             pending: None,
@@ -525,7 +534,7 @@ impl Machine {
             work_stopped_after: s.work_stopped.map(|at| at - s.cancelled_at),
             aborted: s.aborted,
         });
-        let (then_stop, term_floor) = (s.then_stop, s.grant.term);
+        let (then_stop, term_floor) = (s.then_stop, Some(s.grant.term));
         if then_stop {
             self.state = State::Stopped;
             out.push(Output::Stopped);
@@ -536,6 +545,7 @@ impl Machine {
                 next_attempt,
                 seen: None,
                 term_floor,
+                unsettled_since: None,
                 cleared_from: None,
             });
         }
@@ -559,19 +569,22 @@ impl Machine {
                 Ok(Acquired::Granted(grant)) => self.granted(now, pending.sent, grant, out),
                 Ok(Acquired::Held(observation)) => self.observe(now, &observation, out),
                 Err(e) if e.is_transient() => {
-                    let term_floor = self.following().map(|f| f.term_floor).unwrap_or_default();
-                    out.push(Output::StoreTrouble(e));
-                    let purpose = Purpose::AcquireReadBack {
-                        sent: pending.sent,
-                        term_floor,
+                    let (sent, term_floor) = match self.following_mut() {
+                        Some(f) => {
+                            let oldest = *f.unsettled_since.get_or_insert(pending.sent);
+                            (oldest, f.term_floor)
+                        }
+                        None => (pending.sent, None),
                     };
+                    out.push(Output::StoreTrouble(e));
+                    let purpose = Purpose::AcquireReadBack { sent, term_floor };
                     self.send(now, purpose, Request::Inspect, out);
                 }
                 Err(e) => self.follower_trouble(now, e, out),
             },
             (Purpose::AcquireReadBack { sent, term_floor }, Reply::Inspect(result)) => match result {
                 Ok(observation) => match &observation.holder {
-                    Some(h) if h.id == self.me && h.term > term_floor => {
+                    Some(h) if h.id == self.me && term_floor.is_some_and(|floor| h.term > floor) => {
                         let grant = Grant {
                             lease: self.lease.clone(),
                             holder: self.me.clone(),
@@ -764,10 +777,13 @@ impl Machine {
         let lock_delay = self.timing.lock_delay.unwrap_or_default();
         let safety_poll = now + self.timing.ttl * SAFETY_POLL_TTLS;
         let Some(f) = self.following_mut() else { return };
-        f.term_floor = f.term_floor.max(observation.last_term);
+        let seen_term = observation
+            .holder
+            .as_ref()
+            .map_or(observation.last_term, |h| h.term.max(observation.last_term));
+        f.term_floor = Some(f.term_floor.unwrap_or_default().max(seen_term));
         match &observation.holder {
             Some(h) => {
-                f.term_floor = f.term_floor.max(h.term);
                 f.cleared_from = None;
                 let store_deadline = h.store_remaining.map(|r| now + r);
                 match &mut f.seen {
@@ -803,13 +819,6 @@ impl Machine {
         if self.leader_seen != leader {
             self.leader_seen = leader.clone();
             out.push(Output::LeaderChanged(leader));
-        }
-    }
-
-    fn following(&self) -> Option<&Following> {
-        match &self.state {
-            State::Following(f) => Some(f),
-            _ => None,
         }
     }
 

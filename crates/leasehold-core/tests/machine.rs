@@ -958,6 +958,43 @@ fn shutdown_as_leader_aborts_work_still_running_at_valid_until() {
 #[test]
 fn acquire_timeout_reads_back_and_adopts_our_grant_from_the_original_send_time() {
     let mut h = Harness::follower();
+    // Seen held by another at term 1: the floor is 1.
+    let op = h.send_at(0);
+    let _ = h.reply(
+        0,
+        op,
+        Reply::Acquire(Ok(Acquired::Held(held(holder(other(), 1, "v0", None))))),
+    );
+    assert_eq!(sends(&h.tick(2_000)), vec![&acquire(None)]);
+    assert_eq!(
+        h.tick(5_000),
+        vec![Ev::Trouble("timeout"), Ev::Send(OpId(2), Request::Inspect)]
+    );
+    let ours = held(holder(me(), 2, "v1", Some(ms(7_000))));
+    let out = h.reply(5_500, OpId(2), Reply::Inspect(Ok(ours)));
+    // valid_until = acquire sent at 2 000 + 8 000, not the read-back's 5 000 or 5 500; and the
+    // first renewal, due renew_every after that send, is overdue: it goes out at once.
+    assert_eq!(
+        out,
+        vec![
+            Ev::LeaderChanged(Some((me(), Term(2)))),
+            Ev::Elected {
+                grant: grant(2, "v1"),
+                valid_until: ms(10_000)
+            },
+            Ev::Send(OpId(3), Request::Renew(grant(2, "v1"))),
+        ]
+    );
+    assert!(h.believes(9_999));
+    assert!(!h.believes(10_000));
+}
+
+/// A candidate that has seen nothing cannot tell a grant its acquire just made from an old one
+/// of its own (a crashed earlier run with the same id, a campaign before a store outage): it
+/// adopts neither, and its next acquire gets a new term.
+#[test]
+fn acquire_read_back_before_anything_was_seen_is_not_adopted() {
+    let mut h = Harness::follower();
     let _ = h.send_at(0);
     assert_eq!(
         h.tick(3_000),
@@ -965,21 +1002,34 @@ fn acquire_timeout_reads_back_and_adopts_our_grant_from_the_original_send_time()
     );
     let ours = held(holder(me(), 1, "v1", Some(ms(7_000))));
     let out = h.reply(3_500, OpId(1), Reply::Inspect(Ok(ours)));
-    // valid_until = acquire sent at 0 + 8 000, not the read-back's 3 000 or 3 500; and the first
-    // renewal, due renew_every after that send, is overdue: it goes out at once.
-    assert_eq!(
-        out,
-        vec![
-            Ev::LeaderChanged(Some((me(), Term(1)))),
-            Ev::Elected {
-                grant: grant(1, "v1"),
-                valid_until: ms(8_000)
-            },
-            Ev::Send(OpId(2), Request::Renew(grant(1, "v1"))),
-        ]
+    assert!(!out.iter().any(|e| matches!(e, Ev::Elected { .. })), "{out:?}");
+    assert!(!h.believes(3_500));
+    assert_eq!(sends(&h.tick(5_500)), vec![&acquire(None)]);
+}
+
+/// Two acquires with unknown outcomes: either may be the one applied, so a grant found by reading
+/// back is believed from the older one's send time.
+#[test]
+fn acquire_read_back_counts_from_the_oldest_unknown_acquire() {
+    let mut h = Harness::follower();
+    let op = h.send_at(0);
+    let _ = h.reply(
+        0,
+        op,
+        Reply::Acquire(Ok(Acquired::Held(held(holder(other(), 1, "v0", None))))),
     );
-    assert!(h.believes(7_999));
-    assert!(!h.believes(8_000));
+    let _ = h.tick(2_000); // acquire sent at 2 000
+    let _ = h.tick(5_000); // times out: read back
+    let still_other = held(holder(other(), 1, "v0", None));
+    let _ = h.reply(5_100, OpId(2), Reply::Inspect(Ok(still_other)));
+    assert_eq!(sends(&h.tick(7_100)), vec![&acquire(None)]); // acquire sent at 7 100
+    let _ = h.tick(10_100); // times out too
+    let ours = held(holder(me(), 2, "v1", None));
+    let out = h.reply(10_200, OpId(4), Reply::Inspect(Ok(ours)));
+    // From 2 000 (the older unknown acquire): 2 000 + 8 000 = 10 000 has passed: not usable,
+    // released at once.
+    assert!(!out.iter().any(|e| matches!(e, Ev::Elected { .. })), "{out:?}");
+    assert!(sends(&out).iter().any(|r| matches!(r, Request::Release(_))), "{out:?}");
 }
 
 #[test]
