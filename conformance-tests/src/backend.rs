@@ -45,7 +45,8 @@ pub trait Backend: Send + Sync + 'static {
     ///
     /// The default wraps [`Backend::connect`] in the in-process [`FaultyStore`]; networked
     /// backends route the client through a [`FaultProxy`](crate::FaultProxy) instead, so that
-    /// the client library itself sees the broken network.
+    /// the client library itself sees the broken network, and wrap the store in
+    /// [`FaultyStore::counting`] with the proxy's `Faults`, so that scenarios can count requests.
     ///
     /// # Errors
     ///

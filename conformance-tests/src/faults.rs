@@ -277,12 +277,28 @@ impl Faults {
 pub struct FaultyStore {
     inner: Arc<dyn LeaseStore>,
     faults: Faults,
+    inject: bool,
 }
 
 impl FaultyStore {
     /// Wraps `inner`, disrupted by `faults`.
     pub fn new(inner: Arc<dyn LeaseStore>, faults: Faults) -> Self {
-        FaultyStore { inner, faults }
+        FaultyStore {
+            inner,
+            faults,
+            inject: true,
+        }
+    }
+
+    /// Wraps `inner` only to count its requests in `faults`, injecting nothing: for a store
+    /// whose traffic already goes through a [`FaultProxy`](crate::FaultProxy) switched by the
+    /// same `faults` (scenarios read the counts; a proxy sees bytes, not requests).
+    pub fn counting(inner: Arc<dyn LeaseStore>, faults: Faults) -> Self {
+        FaultyStore {
+            inner,
+            faults,
+            inject: false,
+        }
     }
 
     /// The switchboard of this store.
@@ -300,6 +316,9 @@ impl FaultyStore {
         F: Future<Output = Result<T>>,
     {
         self.faults.record_request(op);
+        if !self.inject {
+            return operation().await;
+        }
         match self.faults.get(Direction::Request) {
             Fault::Pass => {}
             Fault::Delay(d) => tokio::time::sleep(d).await,
@@ -365,6 +384,9 @@ impl LeaseStore for FaultyStore {
         let Some(changes) = self.call(Op::Changes, || self.inner.changes(lease, candidate)).await? else {
             return Ok(None);
         };
+        if !self.inject {
+            return Ok(Some(changes));
+        }
         let faults = self.faults.clone();
         let stream = futures::stream::unfold((changes, faults), |(mut changes, faults)| async move {
             loop {

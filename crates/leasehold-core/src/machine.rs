@@ -236,6 +236,9 @@ struct Following {
     term_floor: Option<Term>,
     /// The send time of the oldest acquire whose outcome is unknown.
     unsettled_since: Option<Instant>,
+    /// A change was notified while a request was under way: its reply may predate the change,
+    /// so retry right after it.
+    notified: bool,
     /// With a lock delay: when a check found the lease free, the instant from which it may be
     /// acquired. `None`: check first (an Inspect), whatever notifications say.
     cleared_from: Option<Instant>,
@@ -321,6 +324,7 @@ impl Machine {
                 seen: None,
                 term_floor: None,
                 unsettled_since: None,
+                notified: false,
                 cleared_from: None,
             }),
             pending: None,
@@ -389,8 +393,10 @@ impl Machine {
         match input {
             Input::Tick => {}
             Input::Notified => {
+                let busy = self.pending.is_some();
                 if let State::Following(f) = &mut self.state {
                     f.next_attempt = f.next_attempt.min(now);
+                    f.notified |= busy;
                 }
             }
             Input::NotificationsLost => {
@@ -546,6 +552,7 @@ impl Machine {
                 seen: None,
                 term_floor,
                 unsettled_since: None,
+                notified: false,
                 cleared_from: None,
             });
         }
@@ -811,6 +818,9 @@ impl Machine {
             (Some(seen), _, Notifications::Release) => seen.store_deadline.map_or(retry, |at| at.max(retry)),
             (Some(_), _, _) => retry,
         };
+        if std::mem::take(&mut f.notified) {
+            f.next_attempt = now;
+        }
         let leader = observation.holder.as_ref().map(|h| (h.id.clone(), h.term));
         self.set_leader_seen(leader, out);
     }

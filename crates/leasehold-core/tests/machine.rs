@@ -1195,3 +1195,15 @@ fn lock_delay_applies_to_a_fresh_candidate() {
     let _ = h.reply(0, OpId(0), Reply::Inspect(Ok(free(1, EndReason::Expired))));
     assert_eq!(h.wake(), Some(5_000));
 }
+
+/// A release notified while an acquire is under way: the acquire's reply (Held, answered before
+/// the release) must not put the follower to sleep until the old holder's store deadline.
+#[test]
+fn notification_during_a_request_is_not_lost() {
+    let mut h = Harness::new(timing(), Expiry::ServerClock, Notifications::Release);
+    let op = h.send_at(0);
+    assert_eq!(h.step(5, Input::Notified), vec![]);
+    let before_release = held(holder(other(), 1, "v1", Some(ms(9_000))));
+    let out = h.reply(10, op, Reply::Acquire(Ok(Acquired::Held(before_release))));
+    assert_eq!(sends(&out), vec![&acquire(None)], "retried at once: {out:?}");
+}
