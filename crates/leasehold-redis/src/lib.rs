@@ -1,1 +1,19 @@
-//! redis lease store (under construction).
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+
+mod changes;
+mod config;
+mod conn;
+mod error;
+mod scripts;
+mod store;
+
+#[doc = include_str!("../docs.md")]
+pub mod docs {}
+
+pub use config::{
+    DEFAULT_HISTORY_LIMIT, DEFAULT_PORT, DEFAULT_PREFIX, DEFAULT_TIMEOUT, LeaseKeys, RedisConfig, URL_SCHEMES,
+};
+pub use error::RedisStoreError;
+pub use store::{RedisStore, TTL_RANGE};

@@ -10,6 +10,10 @@ pub use leasehold_core::*;
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use leasehold_sqlite as sqlite;
 
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use leasehold_redis as redis;
+
 /// The URL schemes `connect` knows, with the Cargo feature that enables each.
 pub const SCHEMES: &[(&str, &str)] = &[
     ("sqlite", "sqlite"),
@@ -47,11 +51,16 @@ pub const SCHEMES: &[(&str, &str)] = &[
 /// ```
 pub async fn connect(url: &str) -> Result<Arc<dyn LeaseStore>> {
     let scheme = scheme_of(url)?;
-    match scheme.as_str() {
-        #[cfg(feature = "sqlite")]
-        "sqlite" => Ok(Arc::new(leasehold_sqlite::SqliteStore::connect(url).await?)),
-        other => Err(unsupported(other)),
+    let scheme = scheme.as_str();
+    #[cfg(feature = "sqlite")]
+    if leasehold_sqlite::URL_SCHEMES.contains(&scheme) {
+        return Ok(Arc::new(leasehold_sqlite::SqliteStore::connect(url).await?));
     }
+    #[cfg(feature = "redis")]
+    if leasehold_redis::URL_SCHEMES.contains(&scheme) {
+        return Ok(Arc::new(leasehold_redis::RedisStore::connect(url).await?));
+    }
+    Err(unsupported(scheme))
 }
 
 fn scheme_of(url: &str) -> Result<String> {

@@ -1,0 +1,590 @@
+//! Where the Redis server is and how to talk to it: `redis://` and `rediss://` URLs, their
+//! options, the key names, and redaction of the password.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use leasehold_core::{Error, LeaseName, Result};
+
+/// The URL schemes this backend handles: `redis` (plain TCP) and `rediss` (TLS, with the `tls`
+/// feature).
+pub const URL_SCHEMES: &[&str] = &["redis", "rediss"];
+
+/// The port used when a URL names none (for both schemes, as the `redis` crate does).
+pub const DEFAULT_PORT: u16 = 6379;
+
+/// The default prefix of every key and channel leasehold uses.
+pub const DEFAULT_PREFIX: &str = "leasehold:";
+
+/// The default time a request (or a connection attempt) may take before its outcome counts as
+/// unknown and the connection is replaced.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The default number of terms kept per lease in the history stream.
+pub const DEFAULT_HISTORY_LIMIT: u32 = 1000;
+
+const MIN_TIMEOUT: Duration = Duration::from_millis(10);
+const MAX_TIMEOUT: Duration = Duration::from_secs(600);
+const MAX_PREFIX_LEN: usize = 64;
+const OPTIONS: &str = "prefix, timeout, history_limit, restart_guard";
+
+/// How to reach a Redis server and how to lay out leasehold's keys on it.
+///
+/// Build one with [`RedisConfig::new`] and adjust the fields, or parse a URL:
+///
+/// | URL | server |
+/// |---|---|
+/// | `redis://127.0.0.1:6379` | plain TCP, database 0 |
+/// | `redis://:secret@cache.internal:6380/2` | password only (`AUTH secret`), database 2 |
+/// | `redis://app:secret@cache.internal/0?prefix=billing:` | ACL user `app`, keys `billing:...` |
+/// | `rediss://cache.example.com:6380` | TLS (needs the `tls` feature) |
+///
+/// The user name and password are percent-decoded. The path is the database number (`/` or
+/// none means 0). Query options:
+///
+/// - `prefix`: the prefix of every key and channel, default `leasehold:`; up to 64 printable
+///   ASCII characters, no spaces or braces (braces are used as hash tags).
+/// - `timeout`: how long one request or connection attempt may take, default `1s`; `500ms`,
+///   `2s`, `1m` or bare milliseconds, from 10 ms to 10 min. A request that takes longer fails as
+///   [`Error::Timeout`] and its connection is replaced.
+/// - `history_limit`: terms kept per lease in the history stream, default 1000; `0` keeps all.
+/// - `restart_guard`: `true` (default) or `false`; see the [crate docs](crate::docs).
+///
+/// `Debug` and `Display` never show the password; errors about a URL show it as `***`.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use leasehold_redis::RedisConfig;
+///
+/// let config: RedisConfig = "redis://app:s3cret@cache.internal:6380/2?prefix=billing:&timeout=250ms".parse()?;
+/// assert_eq!((config.host.as_str(), config.port, config.db), ("cache.internal", 6380, 2));
+/// assert_eq!(config.timeout, Duration::from_millis(250));
+/// assert_eq!(config.to_string(), "redis://app:***@cache.internal:6380/2?prefix=billing:&timeout=250ms&history_limit=1000&restart_guard=true");
+/// assert!(!format!("{config:?}").contains("s3cret"));
+/// # Ok::<(), leasehold_core::Error>(())
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisConfig {
+    /// The server's host name or IP address.
+    pub host: String,
+    /// The server's port. Default 6379.
+    pub port: u16,
+    /// Whether to connect with TLS (`rediss://`). Needs the `tls` feature.
+    pub tls: bool,
+    /// The ACL user, if any (Redis 6 and later).
+    pub username: Option<String>,
+    /// The password, if any. Never printed.
+    pub password: Option<String>,
+    /// The database number. Default 0.
+    pub db: u32,
+    /// The prefix of every key and channel. Default `leasehold:`.
+    pub prefix: String,
+    /// How long a request or a connection attempt may take. Default 1 s.
+    pub timeout: Duration,
+    /// How many terms of each lease the history stream keeps; `0` keeps all. Default 1000.
+    pub history_limit: u32,
+    /// Whether a lease is granted only once the server has been up for the requested TTL, so
+    /// that a restart that lost the lease (no persistence) cannot hand it to someone else while
+    /// the old holder still believes it leads. Default `true`.
+    pub restart_guard: bool,
+}
+
+/// The Redis keys and the channel of one lease (see the [crate docs](crate::docs) for what each
+/// holds).
+///
+/// The lease name is wrapped in braces, a hash tag, so that all keys of a lease would live in one
+/// slot of a cluster.
+///
+/// # Examples
+///
+/// ```
+/// use leasehold_core::LeaseName;
+/// use leasehold_redis::RedisConfig;
+///
+/// let keys = RedisConfig::new("localhost", 6379).keys(&LeaseName::new("compactor")?);
+/// assert_eq!(keys.lease, "leasehold:lease:{compactor}");
+/// assert_eq!(keys.history, "leasehold:history:{compactor}");
+/// # Ok::<(), leasehold_core::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct LeaseKeys {
+    /// The lease record (a hash that expires): holder, term, TTL, version.
+    pub lease: String,
+    /// The lease's state that outlives each grant (a hash without expiry): the last term, its
+    /// holder, when it expires, how it ended.
+    pub state: String,
+    /// The history (a stream): one entry per grant and one per end.
+    pub history: String,
+    /// The pub/sub channel on which releases, breaks and takeovers are announced.
+    pub channel: String,
+}
+
+impl RedisConfig {
+    /// The defaults for the server at `host:port`: database 0, no credentials, no TLS.
+    pub fn new(host: impl Into<String>, port: u16) -> Self {
+        RedisConfig {
+            host: host.into(),
+            port,
+            tls: false,
+            username: None,
+            password: None,
+            db: 0,
+            prefix: DEFAULT_PREFIX.to_string(),
+            timeout: DEFAULT_TIMEOUT,
+            history_limit: DEFAULT_HISTORY_LIMIT,
+            restart_guard: true,
+        }
+    }
+
+    /// Parses a `redis://` or `rediss://` URL (see the [type docs](RedisConfig)).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUrl`] (with the password replaced by `***`) naming what is wrong: another
+    /// scheme, no host, a path that is not a database number, an unknown option or a bad value;
+    /// [`Error::UnsupportedScheme`] for `rediss://` when the `tls` feature is off.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let invalid = |reason: String| Error::InvalidUrl {
+            url: redact(url),
+            reason,
+        };
+        let parsed = url::Url::parse(url).map_err(|e| invalid(format!("not a URL: {e}")))?;
+        let tls = match parsed.scheme() {
+            "redis" => false,
+            "rediss" => true,
+            other => {
+                return Err(invalid(format!(
+                    "the scheme must be redis or rediss, not {other:?} (e.g. redis://127.0.0.1:6379)"
+                )));
+            }
+        };
+        if tls && !cfg!(feature = "tls") {
+            return Err(Error::UnsupportedScheme {
+                scheme: "rediss".into(),
+                hint: "TLS needs the `tls` feature of the leasehold-redis crate".into(),
+            });
+        }
+        let host = match parsed.host() {
+            Some(url::Host::Domain(domain)) if !domain.is_empty() => domain.to_string(),
+            Some(url::Host::Ipv4(ip)) => ip.to_string(),
+            Some(url::Host::Ipv6(ip)) => ip.to_string(),
+            _ => return Err(invalid("no host (e.g. redis://127.0.0.1:6379)".into())),
+        };
+        let mut config = RedisConfig::new(host, parsed.port().unwrap_or(DEFAULT_PORT));
+        config.tls = tls;
+        if !parsed.username().is_empty() {
+            config.username = Some(percent_decode(parsed.username()).map_err(invalid)?);
+        }
+        if let Some(password) = parsed.password() {
+            config.password = Some(
+                percent_decode(password)
+                    .map_err(|_| invalid("the password is not valid percent-encoded UTF-8".into()))?,
+            );
+        }
+        let db = parsed.path().trim_start_matches('/');
+        if !db.is_empty() {
+            config.db = db.parse().map_err(|_| {
+                invalid(format!(
+                    "the path must be a database number such as /0, not {:?}",
+                    parsed.path()
+                ))
+            })?;
+        }
+        if parsed.fragment().is_some() {
+            return Err(invalid("a #fragment is not supported".into()));
+        }
+        let mut seen = Vec::new();
+        for (key, value) in parsed.query_pairs() {
+            if seen.contains(&key) {
+                return Err(invalid(format!("option {key:?} is given twice")));
+            }
+            config = config.set(&key, &value).map_err(invalid)?;
+            seen.push(key);
+        }
+        config.validate().map_err(|e| match e {
+            Error::InvalidConfig { field, value, allowed } => invalid(format!("{field} = {value}: allowed {allowed}")),
+            other => other,
+        })?;
+        Ok(config)
+    }
+
+    fn set(mut self, key: &str, value: &str) -> Result<Self, String> {
+        let bad = |allowed: &str| format!("option {key}={value:?}: expected {allowed}");
+        match key {
+            "prefix" => self.prefix = value.to_string(),
+            "timeout" => {
+                self.timeout = parse_duration(value)
+                    .filter(|d| (MIN_TIMEOUT..=MAX_TIMEOUT).contains(d))
+                    .ok_or_else(|| bad("a duration from 10ms to 10m such as 500ms, 2s or 1000 (milliseconds)"))?;
+            }
+            "history_limit" => {
+                self.history_limit = value.parse().map_err(|_| bad("a number of terms (0 keeps all)"))?;
+            }
+            "restart_guard" => {
+                self.restart_guard = match value.to_ascii_lowercase().as_str() {
+                    "true" | "1" | "on" | "yes" => true,
+                    "false" | "0" | "off" | "no" => false,
+                    _ => return Err(bad("true or false")),
+                };
+            }
+            _ => return Err(format!("unknown option {key:?} (known: {OPTIONS})")),
+        }
+        Ok(self)
+    }
+
+    /// Checks the fields.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] naming the field: an empty host, a timeout outside 10 ms..=10 min,
+    /// a prefix that is too long or has spaces, braces or non-ASCII characters.
+    pub fn validate(&self) -> Result<()> {
+        let invalid = |field, value: String, allowed: &str| {
+            Err(Error::InvalidConfig {
+                field,
+                value,
+                allowed: allowed.to_string(),
+            })
+        };
+        if self.host.is_empty() {
+            return invalid("host", "\"\"".into(), "a host name or IP address");
+        }
+        if !(MIN_TIMEOUT..=MAX_TIMEOUT).contains(&self.timeout) {
+            return invalid("timeout", format!("{:?}", self.timeout), "10ms..=10m");
+        }
+        if self.prefix.len() > MAX_PREFIX_LEN
+            || !self
+                .prefix
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}')
+        {
+            return invalid(
+                "prefix",
+                format!("{:?}", self.prefix),
+                "up to 64 printable ASCII characters without spaces or braces",
+            );
+        }
+        Ok(())
+    }
+
+    /// The keys and the channel of `lease`.
+    pub fn keys(&self, lease: &LeaseName) -> LeaseKeys {
+        let prefix = &self.prefix;
+        LeaseKeys {
+            lease: format!("{prefix}lease:{{{lease}}}"),
+            state: format!("{prefix}state:{{{lease}}}"),
+            history: format!("{prefix}history:{{{lease}}}"),
+            channel: format!("{prefix}changes:{{{lease}}}"),
+        }
+    }
+
+    /// The URL of this configuration with the password replaced by `***` (also what `Display`
+    /// prints).
+    pub fn redacted_url(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl FromStr for RedisConfig {
+    type Err = Error;
+
+    fn from_str(url: &str) -> Result<Self> {
+        RedisConfig::from_url(url)
+    }
+}
+
+impl fmt::Display for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        write!(f, "{scheme}://")?;
+        match (&self.username, &self.password) {
+            (Some(user), Some(_)) => write!(f, "{}:***@", percent_encode(user))?,
+            (Some(user), None) => write!(f, "{}@", percent_encode(user))?,
+            (None, Some(_)) => f.write_str(":***@")?,
+            (None, None) => {}
+        }
+        if self.host.contains(':') {
+            write!(f, "[{}]", self.host)?;
+        } else {
+            f.write_str(&self.host)?;
+        }
+        write!(
+            f,
+            ":{}/{}?prefix={}&timeout={}ms&history_limit={}&restart_guard={}",
+            self.port,
+            self.db,
+            percent_encode(&self.prefix),
+            self.timeout.as_millis(),
+            self.history_limit,
+            self.restart_guard
+        )
+    }
+}
+
+impl fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("tls", &self.tls)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("db", &self.db)
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .field("history_limit", &self.history_limit)
+            .field("restart_guard", &self.restart_guard)
+            .finish()
+    }
+}
+
+/// A URL with its password, and any query value whose name suggests a secret, replaced by `***`.
+/// A string that does not parse as a URL keeps nothing of what precedes its last `@`.
+pub(crate) fn redact(url: &str) -> String {
+    let Ok(mut parsed) = url::Url::parse(url) else {
+        return match (url.split_once("://"), url.rsplit_once('@')) {
+            (Some((scheme, _)), Some((_, host))) => format!("{scheme}://***@{host}"),
+            (None, Some((_, host))) => format!("***@{host}"),
+            _ => url.to_string(),
+        };
+    };
+    if parsed.password().is_some() {
+        let _ = parsed.set_password(Some("***"));
+    }
+    if parsed.query().is_some() {
+        let secret = |key: &str| {
+            let key = key.to_ascii_lowercase();
+            ["pass", "secret", "token", "auth", "key"]
+                .iter()
+                .any(|s| key.contains(s))
+        };
+        let pairs: Vec<(String, String)> = parsed
+            .query_pairs()
+            .map(|(k, v)| {
+                let v = if secret(&k) { "***".to_string() } else { v.into_owned() };
+                (k.into_owned(), v)
+            })
+            .collect();
+        parsed.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    parsed.to_string()
+}
+
+/// `5s`, `500ms`, `2m`, or a bare number of milliseconds.
+fn parse_duration(value: &str) -> Option<Duration> {
+    let split = value.find(|c: char| !c.is_ascii_digit()).unwrap_or(value.len());
+    let (number, unit) = value.split_at(split);
+    let number: u64 = number.parse().ok()?;
+    match unit {
+        "" | "ms" => Some(Duration::from_millis(number)),
+        "s" => Some(Duration::from_secs(number)),
+        "m" => number.checked_mul(60).map(Duration::from_secs),
+        _ => None,
+    }
+}
+
+fn percent_decode(text: &str) -> Result<String, String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let byte = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok());
+            out.push(byte.ok_or_else(|| format!("bad %-escape in {text:?}"))?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| format!("{text:?} does not decode to UTF-8"))
+}
+
+fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~:".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_forms() {
+        for (url, host, port, db, user, password) in [
+            ("redis://127.0.0.1:24379", "127.0.0.1", 24379, 0, None, None),
+            ("redis://localhost", "localhost", 6379, 0, None, None),
+            ("redis://localhost/", "localhost", 6379, 0, None, None),
+            ("REDIS://Cache.Internal:1/15", "Cache.Internal", 1, 15, None, None),
+            ("redis://:pw@h:2/3", "h", 2, 3, None, Some("pw")),
+            (
+                "redis://app:p%40ss%3Aw0rd@h/0",
+                "h",
+                6379,
+                0,
+                Some("app"),
+                Some("p@ss:w0rd"),
+            ),
+            ("redis://app@h", "h", 6379, 0, Some("app"), None),
+            ("redis://[::1]:7000/1", "::1", 7000, 1, None, None),
+        ] {
+            let config = RedisConfig::from_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert_eq!(
+                (config.host.as_str(), config.port, config.db),
+                (host, port, db),
+                "{url}"
+            );
+            assert_eq!(config.username.as_deref(), user, "{url}");
+            assert_eq!(config.password.as_deref(), password, "{url}");
+            assert!(!config.tls);
+            assert_eq!(config.prefix, DEFAULT_PREFIX);
+            assert_eq!(config.timeout, DEFAULT_TIMEOUT);
+            // What Display prints parses back to the same configuration (minus the password).
+            let again = RedisConfig::from_url(&config.to_string()).unwrap();
+            assert_eq!(again.password.is_some(), config.password.is_some());
+            assert_eq!(
+                RedisConfig {
+                    password: None,
+                    ..again
+                },
+                RedisConfig {
+                    password: None,
+                    ..config
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn options() {
+        let config: RedisConfig = "redis://h/1?prefix=app%3Aleases:&timeout=250ms&history_limit=0&restart_guard=off"
+            .parse()
+            .unwrap();
+        assert_eq!(config.prefix, "app:leases:");
+        assert_eq!(config.timeout, Duration::from_millis(250));
+        assert_eq!(config.history_limit, 0);
+        assert!(!config.restart_guard);
+        let config: RedisConfig = "redis://h?prefix=".parse().unwrap();
+        assert_eq!(config.prefix, "");
+        for (value, ms) in [("2s", 2000), ("1500", 1500), ("1m", 60_000), ("10ms", 10)] {
+            let config = RedisConfig::from_url(&format!("redis://h?timeout={value}")).unwrap();
+            assert_eq!(config.timeout, Duration::from_millis(ms), "{value}");
+        }
+    }
+
+    #[test]
+    fn malformed_urls_name_the_problem() {
+        for (url, why) in [
+            ("http://h:1", "scheme"),
+            ("h:6379", "scheme"),
+            ("redis://", "no host"),
+            ("redis:///0", "no host"),
+            ("redis://h/x", "database number"),
+            ("redis://h/0/1", "database number"),
+            ("redis://h/-1", "database number"),
+            ("redis://h/1#insecure", "fragment"),
+            ("redis://h?timeout=soon", "timeout"),
+            ("redis://h?timeout=0", "timeout"),
+            ("redis://h?timeout=11m", "timeout"),
+            ("redis://h?history_limit=-1", "history_limit"),
+            ("redis://h?restart_guard=maybe", "restart_guard"),
+            ("redis://h?prefix=a%20b", "prefix"),
+            ("redis://h?prefix=%7Bx%7D", "prefix"),
+            ("redis://h?db=2", "unknown option \"db\""),
+            ("redis://h?timeout=1s&timeout=2s", "twice"),
+            ("redis://:p%zz@h", "percent"),
+        ] {
+            match RedisConfig::from_url(url) {
+                Err(Error::InvalidUrl { url: shown, reason }) => {
+                    assert!(reason.contains(why), "{url}: {reason}");
+                    assert!(!shown.contains("p%zz"), "{shown}");
+                }
+                other => panic!("{url}: expected InvalidUrl, got {other:?}"),
+            }
+        }
+        let long = format!("redis://h?prefix={}", "x".repeat(65));
+        assert!(RedisConfig::from_url(&long).is_err());
+    }
+
+    #[test]
+    fn rediss_needs_the_tls_feature() {
+        let result = RedisConfig::from_url("rediss://:pw@cache.example.com:6380");
+        if cfg!(feature = "tls") {
+            let config = result.unwrap();
+            assert!(config.tls);
+            assert!(config.to_string().starts_with("rediss://:***@cache.example.com:6380/0"));
+        } else {
+            match result {
+                Err(e @ Error::UnsupportedScheme { .. }) => {
+                    assert!(e.to_string().contains("`tls` feature"), "{e}");
+                }
+                other => panic!("expected UnsupportedScheme, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_password_is_never_shown() {
+        let secret = "hunter2-Secret";
+        let config = RedisConfig::from_url(&format!("redis://app:{secret}@h:1/2")).unwrap();
+        for shown in [format!("{config:?}"), config.to_string(), config.redacted_url()] {
+            assert!(!shown.contains(secret), "{shown}");
+            assert!(shown.contains("***"), "{shown}");
+        }
+        for url in [
+            format!("redis://app:{secret}@h:1/2?nope=1"),
+            format!("redis://app:{secret}@h:1/x"),
+            format!("redis://app:{secret}@h:1?password={secret}&prefix=a%20b"),
+            format!("redis://app:{secret}@:1"),
+            format!("redis://app:{secret}@h:99999"),
+            format!("ftp://app:{secret}@h"),
+        ] {
+            let err = RedisConfig::from_url(&url).unwrap_err();
+            for shown in [err.to_string(), format!("{err:?}")] {
+                assert!(!shown.contains(secret), "{url}: {shown}");
+            }
+        }
+    }
+
+    #[test]
+    fn validate_names_the_field() {
+        let field = |config: RedisConfig| match config.validate() {
+            Err(Error::InvalidConfig { field, .. }) => field,
+            other => panic!("expected InvalidConfig, got {other:?}"),
+        };
+        RedisConfig::new("h", 1).validate().unwrap();
+        assert_eq!(field(RedisConfig::new("", 1)), "host");
+        let mut config = RedisConfig::new("h", 1);
+        config.timeout = Duration::ZERO;
+        assert_eq!(field(config), "timeout");
+        let mut config = RedisConfig::new("h", 1);
+        config.prefix = "é".into();
+        assert_eq!(field(config), "prefix");
+    }
+
+    #[test]
+    fn keys_use_the_prefix_and_a_hash_tag() {
+        let mut config = RedisConfig::new("h", 1);
+        config.prefix = "app:".into();
+        let keys = config.keys(&LeaseName::new("a.b-c").unwrap());
+        assert_eq!(keys.lease, "app:lease:{a.b-c}");
+        assert_eq!(keys.state, "app:state:{a.b-c}");
+        assert_eq!(keys.history, "app:history:{a.b-c}");
+        assert_eq!(keys.channel, "app:changes:{a.b-c}");
+    }
+}

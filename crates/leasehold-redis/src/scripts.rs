@@ -1,0 +1,220 @@
+//! The Lua scripts: every operation is one script, so every compare-and-set is atomic on the
+//! server.
+//!
+//! Every script takes `KEYS = [lease, state, history]` and `ARGV[1]` = a nonce, and answers an
+//! array whose first element is that nonce (so that a reply is never taken for the answer to
+//! another request) and whose second is a status word:
+//!
+//! - `held holder term ttl_ms version pttl_ms last_term`
+//! - `free last_term previous_end` (`previous_end`: `released`, `expired`, `broken` or empty)
+//! - `granted term`, `renewed`, `ok`, `broken term`, `none` (nothing to break)
+//! - `corrupt detail`: a key of another type or shape; nothing was written
+//! - `starting uptime_s needed_s`: the restart guard refused a grant
+//!
+//! Types and shapes are checked before the first write, so a script that refuses has changed
+//! nothing (Redis does not roll back a script that fails half-way).
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// Reading and checking the three keys, shared by every script.
+const PRELUDE: &str = r#"
+local nonce = ARGV[1]
+local lease_key, state_key, history_key = KEYS[1], KEYS[2], KEYS[3]
+
+local function uint(s)
+  return type(s) == 'string' and #s > 0 and #s <= 19 and not string.find(s, '%D')
+end
+
+local function fmt(n)
+  return string.format('%d', n)
+end
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function fields(key)
+  return table.concat(redis.call('HKEYS', key), ', ')
+end
+
+-- The lease record (false when free) and the state, or nil, nil and what is wrong.
+local function load()
+  local wanted = {{lease_key, 'hash'}, {state_key, 'hash'}, {history_key, 'stream'}}
+  for _, kw in ipairs(wanted) do
+    local t = redis.call('TYPE', kw[1])['ok']
+    if t ~= 'none' and t ~= kw[2] then
+      return nil, nil, 'key ' .. kw[1] .. ' holds a ' .. t .. ' where leasehold keeps a ' .. kw[2]
+    end
+  end
+  local lease = false
+  local n = redis.call('HLEN', lease_key)
+  if n > 0 then
+    local f = redis.call('HMGET', lease_key, 'holder', 'term', 'ttl', 'version')
+    if n ~= 4 or not f[1] or not uint(f[2]) or not uint(f[3]) or not f[4] then
+      return nil, nil, 'key ' .. lease_key .. ' is not a leasehold lease record (fields: ' .. fields(lease_key) .. ')'
+    end
+    local pttl = redis.call('PTTL', lease_key)
+    if pttl < 0 then
+      return nil, nil, 'key ' .. lease_key .. ' has no expiry'
+    end
+    lease = {holder = f[1], term = f[2], ttl = f[3], version = f[4], pttl = pttl}
+  end
+  local state = {}
+  n = redis.call('HLEN', state_key)
+  if n > 0 then
+    local f = redis.call('HMGET', state_key, 'term', 'holder', 'deadline', 'ended', 'ended_at')
+    local ended = f[4]
+    if n ~= 5 or not uint(f[1]) or not f[2] or not uint(f[3])
+        or not (ended == '' or ended == 'released' or ended == 'expired' or ended == 'broken')
+        or not (f[5] == '' or uint(f[5])) then
+      return nil, nil, 'key ' .. state_key .. ' is not a leasehold lease state (fields: ' .. fields(state_key) .. ')'
+    end
+    state = {term = f[1], holder = f[2], deadline = f[3], ended = ended, ended_at = f[5]}
+  end
+  return lease, state
+end
+
+local function observation(lease, state)
+  if lease then
+    return {nonce, 'held', lease.holder, lease.term, lease.ttl, lease.version, fmt(lease.pttl), state.term or lease.term}
+  end
+  local ended = ''
+  if state.term then
+    ended = state.ended
+    -- The record is gone but its term never ended: it expired.
+    if ended == '' then ended = 'expired' end
+  end
+  return {nonce, 'free', state.term or '0', ended}
+end
+
+local function append(maxlen, ...)
+  if maxlen == '0' then
+    redis.call('XADD', history_key, '*', ...)
+  else
+    redis.call('XADD', history_key, 'MAXLEN', '~', maxlen, '*', ...)
+  end
+end
+
+-- Records the end of the state's open term.
+local function finish(state, reason, at, maxlen)
+  append(maxlen, 'end', state.term, 'reason', reason, 'at', at)
+  redis.call('HSET', state_key, 'ended', reason, 'ended_at', at)
+  state.ended = reason
+end
+"#;
+
+/// `ARGV = [nonce, candidate, ttl_ms, version, maxlen, guard, channel]`.
+const ACQUIRE: &str = r#"
+local candidate, ttl, version, maxlen, guard, channel = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local lease, state, bad = load()
+if bad then return {nonce, 'corrupt', bad} end
+local now = now_ms()
+local takeover = false
+if lease then
+  if lease.holder ~= candidate then return observation(lease, state) end
+  -- The candidate's own earlier term: that leadership has ended, this grant is a new term.
+  if state.term == lease.term and state.ended == '' then finish(state, 'expired', fmt(now), maxlen) end
+else
+  if guard == '1' then
+    local up = tonumber(string.match(redis.call('INFO', 'server'), 'uptime_in_seconds:(%d+)'))
+    local needed = math.ceil(tonumber(ttl) / 1000) + 1
+    if up and up < needed then return {nonce, 'starting', fmt(up), fmt(needed)} end
+  end
+  if state.term and state.ended == '' then
+    -- The previous term expired: record it, at the time the server let it go.
+    finish(state, 'expired', state.deadline, maxlen)
+    takeover = true
+  end
+end
+if not state.term then
+  -- A lease never granted here, or a server that lost its data: start above every term it can
+  -- have granted before, the server's time in microseconds (see docs.md).
+  local t = redis.call('TIME')
+  redis.call('HSET', state_key, 'term', t[1] .. string.format('%06d', tonumber(t[2])))
+end
+redis.call('HINCRBY', state_key, 'term', 1)
+local term = redis.call('HGET', state_key, 'term')
+redis.call('DEL', lease_key)
+redis.call('HSET', lease_key, 'holder', candidate, 'term', term, 'ttl', ttl, 'version', version)
+redis.call('PEXPIRE', lease_key, ttl)
+redis.call('HSET', state_key, 'holder', candidate, 'deadline', fmt(now + tonumber(ttl)), 'ended', '', 'ended_at', '')
+append(maxlen, 'grant', term, 'holder', candidate, 'ttl', ttl)
+if takeover then redis.call('PUBLISH', channel, 'granted ' .. term) end
+return {nonce, 'granted', term}
+"#;
+
+/// `ARGV = [nonce, holder, term, version]`.
+const RENEW: &str = r#"
+local lease, state, bad = load()
+if bad then return {nonce, 'corrupt', bad} end
+if lease and lease.holder == ARGV[2] and lease.term == ARGV[3] then
+  redis.call('HSET', lease_key, 'version', ARGV[4])
+  redis.call('PEXPIRE', lease_key, lease.ttl)
+  if state.term == lease.term then
+    redis.call('HSET', state_key, 'deadline', fmt(now_ms() + tonumber(lease.ttl)))
+  end
+  return {nonce, 'renewed'}
+end
+return observation(lease, state)
+"#;
+
+/// `ARGV = [nonce, holder, term, maxlen, channel]`.
+const RELEASE: &str = r#"
+local lease, state, bad = load()
+if bad then return {nonce, 'corrupt', bad} end
+if lease and lease.holder == ARGV[2] and lease.term == ARGV[3] then
+  redis.call('DEL', lease_key)
+  if state.term == lease.term then finish(state, 'released', fmt(now_ms()), ARGV[4]) end
+  redis.call('PUBLISH', ARGV[5], 'released ' .. lease.term)
+end
+return {nonce, 'ok'}
+"#;
+
+/// `ARGV = [nonce, maxlen, channel]`.
+const BREAK: &str = r#"
+local lease, state, bad = load()
+if bad then return {nonce, 'corrupt', bad} end
+if not lease then return {nonce, 'none'} end
+redis.call('DEL', lease_key)
+if state.term == lease.term then finish(state, 'broken', fmt(now_ms()), ARGV[2]) end
+redis.call('PUBLISH', ARGV[3], 'broken ' .. lease.term)
+return {nonce, 'broken', lease.term}
+"#;
+
+/// `ARGV = [nonce]`. Read-only.
+const INSPECT: &str = r#"
+local lease, state, bad = load()
+if bad then return {nonce, 'corrupt', bad} end
+return observation(lease, state)
+"#;
+
+/// `ARGV = [nonce, count]`. Read-only. Answers `history open entries`, where `open` is
+/// `[term, deadline_ms]` when the last term expired without its end being recorded yet.
+const HISTORY: &str = r#"
+local lease, state, bad = load()
+if bad then return {nonce, 'corrupt', bad} end
+local open = {}
+if state.term and state.ended == '' and not lease then open = {state.term, state.deadline} end
+return {nonce, 'history', open, redis.call('XREVRANGE', history_key, '+', '-', 'COUNT', ARGV[2])}
+"#;
+
+/// `ARGV = [nonce]`, no keys: the server's version, and a check that scripts and `INFO` work.
+const HELLO: &str = r#"
+local version = string.match(redis.call('INFO', 'server'), 'redis_version:([%d%.]+)')
+return {ARGV[1], 'hello', version or ''}
+"#;
+
+fn with_prelude(body: &str) -> Script {
+    Script::new(&format!("-- leasehold\n{PRELUDE}\n{body}"))
+}
+
+pub(crate) static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_prelude(ACQUIRE));
+pub(crate) static RENEW_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_prelude(RENEW));
+pub(crate) static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_prelude(RELEASE));
+pub(crate) static BREAK_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_prelude(BREAK));
+pub(crate) static INSPECT_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_prelude(INSPECT));
+pub(crate) static HISTORY_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_prelude(HISTORY));
+pub(crate) static HELLO_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(HELLO));

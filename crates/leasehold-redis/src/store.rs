@@ -1,0 +1,564 @@
+//! [`RedisStore`]: the [`LeaseStore`] on one Redis server.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use leasehold_core::{
+    AcquireRequest, Acquired, CandidateId, Capabilities, Changes, EndReason, Error, Expiry, Grant, HolderInfo,
+    LeaseName, LeaseStore, Notifications, Observation, Renewed, Result, Term, Transition, random_u64,
+};
+use redis::Value;
+
+use crate::changes::Hub;
+use crate::config::{LeaseKeys, RedisConfig};
+use crate::conn::{Commands, Reply};
+use crate::error::{self, RedisStoreError, STORE};
+use crate::scripts::{
+    ACQUIRE_SCRIPT, BREAK_SCRIPT, HELLO_SCRIPT, HISTORY_SCRIPT, INSPECT_SCRIPT, RELEASE_SCRIPT, RENEW_SCRIPT,
+};
+
+/// The TTLs the Redis store accepts: 10 ms to 24 h.
+///
+/// Redis keeps expiry times in milliseconds; a TTL that is not a whole number of milliseconds is
+/// rounded up, so the server never lets go earlier than asked.
+pub const TTL_RANGE: std::ops::RangeInclusive<Duration> = Duration::from_millis(10)..=Duration::from_secs(24 * 3600);
+
+/// A [`LeaseStore`] on one Redis server (5.0 or later).
+///
+/// Each lease is a hash that expires (`PEXPIRE`) holding the holder, its fencing term, its TTL
+/// and a record version; a persistent hash keeps the last term and how it ended; a stream keeps
+/// the history. Every operation is one Lua script, so each compare-and-set is atomic on the
+/// server, and the server's clock expires a silent holder ([`Expiry::ServerClock`]). Releases,
+/// breaks and takeovers are announced on a pub/sub channel per lease
+/// ([`Notifications::Release`]); followers otherwise sleep until the holder's `PTTL` runs out.
+///
+/// Clones share one command connection (a `ConnectionManager`, which reconnects) and one pub/sub
+/// connection. See the [crate docs](crate::docs) for the keys, the term method and what a single
+/// Redis does and does not guarantee.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::{sync::Arc, time::Duration};
+/// use leasehold_core::Elector;
+/// use leasehold_redis::RedisStore;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = RedisStore::connect("redis://127.0.0.1:6379/0?prefix=myapp:").await?;
+/// let elector = Elector::builder(Arc::new(store), "nightly-report").ttl(Duration::from_secs(5)).build()?;
+/// let leader = elector.campaign().await?;
+/// println!("leading at term {}", leader.term());
+/// leader.resign().await;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: RedisConfig,
+    commands: Commands,
+    hub: Hub,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// Connects to the server a `redis://` or `rediss://` URL names, e.g.
+    /// `redis://:password@127.0.0.1:6379/0?prefix=myapp:` (see [`RedisConfig`] for the forms and
+    /// options).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUrl`] for a malformed URL or option (the password never shows);
+    /// [`Error::UnsupportedScheme`] for `rediss://` without the `tls` feature; otherwise as
+    /// [`RedisStore::connect_with`].
+    pub async fn connect(url: &str) -> Result<Self> {
+        RedisStore::connect_with(RedisConfig::from_str(url)?).await
+    }
+
+    /// Connects to the server `config` describes and checks that it can run leasehold's scripts.
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::InvalidConfig`] for a field out of range;
+    /// - [`Error::Unreachable`] or [`Error::Timeout`] when the server does not answer within
+    ///   [`RedisConfig::timeout`];
+    /// - [`Error::Store`] when it refuses (wrong password, missing ACL permissions, scripting
+    ///   disabled) or is older than Redis 5.0 ([`RedisStoreError::UnsupportedServer`]).
+    pub async fn connect_with(config: RedisConfig) -> Result<Self> {
+        let store = RedisStore::lazy(config)?;
+        let reply = store
+            .inner
+            .commands
+            .eval("connect", &HELLO_SCRIPT, &[], Vec::new())
+            .await?;
+        let version = reply.text(1)?;
+        let major: Option<u32> = version.split('.').next().and_then(|m| m.parse().ok());
+        if major.is_some_and(|major| major < 5) {
+            return Err(Error::store(
+                STORE,
+                RedisStoreError::UnsupportedServer {
+                    version: version.to_string(),
+                },
+            ));
+        }
+        Ok(store)
+    }
+
+    /// A store for the server `config` describes that connects on its first request. Must be
+    /// called inside a tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] for a field out of range.
+    pub fn lazy(config: RedisConfig) -> Result<Self> {
+        config.validate()?;
+        let client = redis::Client::open(connection_info(&config)).map_err(error::map)?;
+        let commands = Commands::new(client.clone(), config.timeout)?;
+        let hub = Hub::new(client, config.timeout);
+        Ok(RedisStore {
+            inner: Arc::new(Inner { config, commands, hub }),
+        })
+    }
+
+    /// The configuration the store was made with.
+    pub fn config(&self) -> &RedisConfig {
+        &self.inner.config
+    }
+
+    fn keys(&self, lease: &LeaseName) -> LeaseKeys {
+        self.inner.config.keys(lease)
+    }
+
+    /// `MAXLEN ~` of the history stream: two entries per term (grant and end); `0` keeps all.
+    fn maxlen(&self) -> String {
+        (u64::from(self.inner.config.history_limit) * 2).to_string()
+    }
+
+    async fn eval(
+        &self,
+        operation: &'static str,
+        script: &'static redis::Script,
+        keys: &LeaseKeys,
+        args: Vec<String>,
+    ) -> Result<Reply> {
+        let keys = [keys.lease.as_str(), keys.state.as_str(), keys.history.as_str()];
+        self.inner.commands.eval(operation, script, &keys, args).await
+    }
+}
+
+fn connection_info(config: &RedisConfig) -> redis::ConnectionInfo {
+    use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo};
+    let addr = if config.tls {
+        ConnectionAddr::TcpTls {
+            host: config.host.clone(),
+            port: config.port,
+            insecure: false,
+            tls_params: None,
+        }
+    } else {
+        ConnectionAddr::Tcp(config.host.clone(), config.port)
+    };
+    let mut redis = RedisConnectionInfo::default().set_db(i64::from(config.db));
+    if let Some(user) = &config.username {
+        redis = redis.set_username(user);
+    }
+    if let Some(password) = &config.password {
+        redis = redis.set_password(password);
+    }
+    let info: ConnectionInfo = addr
+        .into_connection_info()
+        .expect("an address is a valid connection info");
+    info.set_redis_settings(redis)
+}
+
+/// Milliseconds, rounded up, as Redis wants them.
+fn millis(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+}
+
+fn ms_time(ms: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+fn new_version() -> String {
+    format!("{:016x}", random_u64())
+}
+
+/// What a script answered about a lease.
+enum Answer {
+    Granted(Term),
+    Renewed,
+    Done,
+    Broken(Option<Term>),
+    Seen(Observation),
+    History {
+        open: Option<(Term, u64)>,
+        entries: Vec<Value>,
+    },
+}
+
+/// Reads a reply, turning `corrupt` and `starting` into errors.
+fn answer(lease: &LeaseName, reply: &Reply) -> Result<Answer> {
+    let op = reply.operation;
+    let term = |i| parse_term(lease, reply.text(i)?);
+    match reply.status()? {
+        "granted" => Ok(Answer::Granted(term(1)?)),
+        "renewed" => Ok(Answer::Renewed),
+        "ok" => Ok(Answer::Done),
+        "broken" => Ok(Answer::Broken(Some(term(1)?))),
+        "none" => Ok(Answer::Broken(None)),
+        "free" => {
+            let previous_end = match reply.text(2)? {
+                "" => None,
+                "released" => Some(EndReason::Released),
+                "expired" => Some(EndReason::Expired),
+                "broken" => Some(EndReason::Broken),
+                other => return Err(error::unexpected(op, format!("end reason {other:?}"))),
+            };
+            Ok(Answer::Seen(Observation::free(lease.clone(), term(1)?, previous_end)))
+        }
+        "held" => {
+            let holder =
+                CandidateId::new(reply.text(1)?).map_err(|e| Error::corrupt(STORE, lease, format!("holder: {e}")))?;
+            let ttl = Duration::from_millis(parse_number(lease, "ttl", reply.text(3)?)?);
+            let remaining = Duration::from_millis(parse_number(lease, "pttl", reply.text(5)?)?);
+            let info = HolderInfo {
+                id: holder,
+                term: term(2)?,
+                ttl,
+                version: reply.text(4)?.to_string(),
+                store_remaining: Some(remaining),
+            };
+            let last_term = term(6)?.max(info.term);
+            Ok(Answer::Seen(Observation {
+                lease: lease.clone(),
+                holder: Some(info),
+                last_term,
+                previous_end: None,
+            }))
+        }
+        "history" => {
+            let open = match reply.array(1)? {
+                [] => None,
+                [t, deadline] => Some((
+                    parse_term(lease, bulk(op, t)?)?,
+                    parse_number(lease, "deadline", bulk(op, deadline)?)?,
+                )),
+                other => return Err(error::unexpected(op, format!("open term {other:?}"))),
+            };
+            Ok(Answer::History {
+                open,
+                entries: reply.array(2)?.to_vec(),
+            })
+        }
+        "corrupt" => Err(Error::corrupt(STORE, lease, reply.text(1)?)),
+        "starting" => {
+            let uptime = parse_number(lease, "uptime", reply.text(1)?)?;
+            let needed = parse_number(lease, "needed", reply.text(2)?)?;
+            Err(Error::store(
+                STORE,
+                RedisStoreError::RecentRestart {
+                    uptime: Duration::from_secs(uptime),
+                    needed: Duration::from_secs(needed),
+                },
+            ))
+        }
+        other => Err(error::unexpected(op, format!("status {other:?}"))),
+    }
+}
+
+fn bulk<'v>(operation: &'static str, value: &'v Value) -> Result<&'v str> {
+    match value {
+        Value::BulkString(bytes) => {
+            std::str::from_utf8(bytes).map_err(|_| error::unexpected(operation, "a field is not UTF-8"))
+        }
+        Value::SimpleString(s) => Ok(s),
+        other => Err(error::unexpected(operation, format!("{other:?}, expected text"))),
+    }
+}
+
+fn parse_term(lease: &LeaseName, text: &str) -> Result<Term> {
+    parse_number(lease, "term", text).map(Term)
+}
+
+fn parse_number(lease: &LeaseName, what: &str, text: &str) -> Result<u64> {
+    text.parse()
+        .map_err(|_| Error::corrupt(STORE, lease, format!("{what} {text:?} is not a number")))
+}
+
+/// Builds the transitions of a lease from its history stream, newest entry first.
+fn transitions(
+    lease: &LeaseName,
+    open: Option<(Term, u64)>,
+    entries: &[Value],
+    limit: usize,
+) -> Result<Vec<Transition>> {
+    let corrupt = |detail: String| Error::corrupt(STORE, lease, format!("history: {detail}"));
+    let mut out: Vec<Transition> = Vec::new();
+    for entry in entries.iter().rev() {
+        let Value::Array(parts) = entry else {
+            return Err(corrupt(format!("entry {entry:?}")));
+        };
+        let [id, Value::Array(fields)] = parts.as_slice() else {
+            return Err(corrupt(format!("entry {entry:?}")));
+        };
+        let id = bulk("history", id)?;
+        let fields = fields
+            .iter()
+            .map(|f| bulk("history", f))
+            .collect::<Result<Vec<&str>>>()?;
+        let at_ms = id
+            .split('-')
+            .next()
+            .and_then(|ms| ms.parse().ok())
+            .ok_or_else(|| corrupt(format!("entry id {id:?}")))?;
+        match fields.as_slice() {
+            ["grant", term, "holder", holder, "ttl", _] => {
+                let holder = CandidateId::new(*holder).map_err(|e| corrupt(format!("entry {id}: {e}")))?;
+                out.push(Transition {
+                    term: parse_term(lease, term)?,
+                    holder,
+                    acquired_at: ms_time(at_ms),
+                    ended: None,
+                });
+            }
+            ["end", term, "reason", reason, "at", at] => {
+                let reason = match *reason {
+                    "released" => EndReason::Released,
+                    "expired" => EndReason::Expired,
+                    "broken" => EndReason::Broken,
+                    other => return Err(corrupt(format!("entry {id}: end reason {other:?}"))),
+                };
+                let term = parse_term(lease, term)?;
+                let at = ms_time(parse_number(lease, "end time", at)?);
+                // An end whose grant was trimmed away is dropped with it.
+                if let Some(t) = out.iter_mut().rev().find(|t| t.term == term) {
+                    t.ended = Some((at, reason));
+                }
+            }
+            _ => return Err(corrupt(format!("entry {id} has fields {fields:?}"))),
+        }
+    }
+    if let Some((term, deadline)) = open {
+        if let Some(t) = out.iter_mut().rev().find(|t| t.term == term && t.ended.is_none()) {
+            t.ended = Some((ms_time(deadline), EndReason::Expired));
+        }
+    }
+    let skip = out.len().saturating_sub(limit);
+    out.drain(..skip);
+    Ok(out)
+}
+
+#[async_trait]
+impl LeaseStore for RedisStore {
+    fn name(&self) -> &'static str {
+        STORE
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            ttl: TTL_RANGE,
+            expiry: Expiry::ServerClock,
+            notifications: Notifications::Release,
+            fifo: false,
+            can_break: true,
+        }
+    }
+
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
+        self.capabilities().check_ttl(STORE, request.ttl)?;
+        let lease = &request.lease;
+        let keys = self.keys(lease);
+        let version = new_version();
+        let args = vec![
+            request.candidate.as_str().to_string(),
+            millis(request.ttl).to_string(),
+            version.clone(),
+            self.maxlen(),
+            if self.inner.config.restart_guard { "1" } else { "0" }.to_string(),
+            keys.channel.clone(),
+        ];
+        let reply = self.eval("acquire", &ACQUIRE_SCRIPT, &keys, args).await?;
+        match answer(lease, &reply)? {
+            Answer::Granted(term) => Ok(Acquired::Granted(Grant {
+                lease: lease.clone(),
+                holder: request.candidate.clone(),
+                term,
+                ttl: request.ttl,
+                token: version,
+            })),
+            Answer::Seen(observation) if observation.holder.is_some() => Ok(Acquired::Held(observation)),
+            _ => Err(error::unexpected("acquire", format!("{:?}", reply.values))),
+        }
+    }
+
+    async fn renew(&self, grant: &Grant) -> Result<Renewed> {
+        let keys = self.keys(&grant.lease);
+        let version = new_version();
+        let args = vec![
+            grant.holder.as_str().to_string(),
+            grant.term.0.to_string(),
+            version.clone(),
+        ];
+        let reply = self.eval("renew", &RENEW_SCRIPT, &keys, args).await?;
+        match answer(&grant.lease, &reply)? {
+            Answer::Renewed => Ok(Renewed::Renewed(Grant {
+                token: version,
+                ..grant.clone()
+            })),
+            Answer::Seen(observation) => Ok(Renewed::Lost(observation)),
+            _ => Err(error::unexpected("renew", format!("{:?}", reply.values))),
+        }
+    }
+
+    async fn release(&self, grant: &Grant) -> Result<()> {
+        let keys = self.keys(&grant.lease);
+        let args = vec![
+            grant.holder.as_str().to_string(),
+            grant.term.0.to_string(),
+            self.maxlen(),
+            keys.channel.clone(),
+        ];
+        let reply = self.eval("release", &RELEASE_SCRIPT, &keys, args).await?;
+        match answer(&grant.lease, &reply)? {
+            Answer::Done => Ok(()),
+            _ => Err(error::unexpected("release", format!("{:?}", reply.values))),
+        }
+    }
+
+    async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
+        let keys = self.keys(lease);
+        let reply = self.eval("inspect", &INSPECT_SCRIPT, &keys, Vec::new()).await?;
+        match answer(lease, &reply)? {
+            Answer::Seen(observation) => Ok(observation),
+            _ => Err(error::unexpected("inspect", format!("{:?}", reply.values))),
+        }
+    }
+
+    async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
+        if limit == 0 {
+            // Still refuse to report on a lease whose record cannot be read.
+            self.inspect(lease).await?;
+            return Ok(Vec::new());
+        }
+        let keys = self.keys(lease);
+        // Each term has at most two entries (its grant and its end).
+        let count = limit.saturating_mul(2).saturating_add(2).min(i64::MAX as usize);
+        let reply = self
+            .eval("history", &HISTORY_SCRIPT, &keys, vec![count.to_string()])
+            .await?;
+        match answer(lease, &reply)? {
+            Answer::History { open, entries } => transitions(lease, open, &entries, limit),
+            _ => Err(error::unexpected("history", format!("{:?}", reply.values))),
+        }
+    }
+
+    async fn changes(&self, lease: &LeaseName, _candidate: &CandidateId) -> Result<Option<Changes>> {
+        let channel = self.keys(lease).channel;
+        self.inner.hub.changes(channel).await.map(Some)
+    }
+
+    async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
+        let keys = self.keys(lease);
+        let reply = self
+            .eval(
+                "break_lease",
+                &BREAK_SCRIPT,
+                &keys,
+                vec![self.maxlen(), keys.channel.clone()],
+            )
+            .await?;
+        match answer(lease, &reply)? {
+            Answer::Broken(term) => Ok(term),
+            _ => Err(error::unexpected("break_lease", format!("{:?}", reply.values))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    fn entry(id: &str, fields: &[&str]) -> Value {
+        Value::Array(vec![text(id), Value::Array(fields.iter().map(|f| text(f)).collect())])
+    }
+
+    #[test]
+    fn ttls_round_up_to_milliseconds() {
+        assert_eq!(millis(Duration::from_millis(10)), 10);
+        assert_eq!(millis(Duration::from_micros(10_001)), 11);
+        assert_eq!(millis(Duration::from_secs(24 * 3600)), 86_400_000);
+    }
+
+    #[test]
+    fn history_pairs_grants_with_ends() {
+        let lease = LeaseName::new("x").unwrap();
+        // Newest first, as XREVRANGE answers; term 7's grant was trimmed away.
+        let entries = vec![
+            entry("1700000004000-0", &["grant", "10", "holder", "c", "ttl", "1000"]),
+            entry(
+                "1700000003500-0",
+                &["end", "9", "reason", "expired", "at", "1700000003400"],
+            ),
+            entry("1700000003000-0", &["grant", "9", "holder", "b", "ttl", "1000"]),
+            entry(
+                "1700000002000-0",
+                &["end", "8", "reason", "released", "at", "1700000002000"],
+            ),
+            entry("1700000001000-0", &["grant", "8", "holder", "a", "ttl", "1000"]),
+            entry(
+                "1700000000500-0",
+                &["end", "7", "reason", "broken", "at", "1700000000500"],
+            ),
+        ];
+        let all = transitions(&lease, Some((Term(10), 1700000005000)), &entries, 10).unwrap();
+        let summary: Vec<_> = all
+            .iter()
+            .map(|t| (t.term.0, t.holder.as_str().to_string(), t.ended.map(|(_, r)| r)))
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                (8, "a".into(), Some(EndReason::Released)),
+                (9, "b".into(), Some(EndReason::Expired)),
+                (10, "c".into(), Some(EndReason::Expired)),
+            ]
+        );
+        assert_eq!(all[0].acquired_at, ms_time(1700000001000));
+        assert_eq!(all[1].ended.unwrap().0, ms_time(1700000003400));
+        let last = transitions(&lease, None, &entries, 1).unwrap();
+        assert_eq!((last.len(), last[0].term, last[0].ended), (1, Term(10), None));
+    }
+
+    #[test]
+    fn foreign_history_entries_are_corrupt() {
+        let lease = LeaseName::new("x").unwrap();
+        for bad in [
+            vec![entry("1-0", &["hello", "world"])],
+            vec![entry("1-0", &["grant", "ten", "holder", "c", "ttl", "1"])],
+            vec![entry("1-0", &["end", "1", "reason", "bored", "at", "1"])],
+            vec![entry("x-0", &["grant", "1", "holder", "c", "ttl", "1"])],
+            vec![text("not an entry")],
+        ] {
+            match transitions(&lease, None, &bad, 10) {
+                Err(Error::CorruptRecord { lease: named, .. }) => assert_eq!(named, "x"),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+    }
+}

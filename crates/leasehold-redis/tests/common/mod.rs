@@ -1,0 +1,129 @@
+//! What the Redis tests share: the conformance [`Backend`], raw access to the server, and the
+//! services script that can restart it.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use leasehold_conformance::{Backend, FaultProxy, Faults, FaultyStore};
+use leasehold_core::{Error, LeaseName, LeaseStore, Result};
+use leasehold_redis::{RedisConfig, RedisStore};
+
+/// The server named by `LEASEHOLD_REDIS_URL`: every `connect` is a new `RedisStore`.
+pub struct RedisBackend {
+    pub config: RedisConfig,
+    /// The proxies of faulty clients live as long as the backend (one test).
+    proxies: Mutex<Vec<FaultProxy>>,
+}
+
+impl RedisBackend {
+    pub fn shared(url: &str) -> Arc<dyn Backend> {
+        Arc::new(RedisBackend::with_config(config(url)))
+    }
+
+    pub fn with_config(config: RedisConfig) -> RedisBackend {
+        RedisBackend {
+            config,
+            proxies: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn upstream(&self) -> SocketAddr {
+        (self.config.host.as_str(), self.config.port)
+            .to_socket_addrs()
+            .expect("the redis host resolves")
+            .next()
+            .expect("the redis host has an address")
+    }
+
+    /// A store whose traffic goes through a new fault proxy.
+    pub async fn faulty(&self) -> Result<(RedisStore, Faults)> {
+        let proxy = FaultProxy::start(self.upstream())
+            .await
+            .map_err(|e| Error::unreachable("redis", e))?;
+        let mut config = self.config.clone();
+        config.host = proxy.addr().ip().to_string();
+        config.port = proxy.addr().port();
+        let faults = proxy.faults();
+        self.proxies.lock().unwrap().push(proxy);
+        Ok((RedisStore::connect_with(config).await?, faults))
+    }
+
+    /// A plain connection for vandalism and inspection.
+    pub async fn raw(&self) -> redis::aio::MultiplexedConnection {
+        let mut info = redis::RedisConnectionInfo::default().set_db(i64::from(self.config.db));
+        if let Some(password) = &self.config.password {
+            info = info.set_password(password);
+        }
+        if let Some(user) = &self.config.username {
+            info = info.set_username(user);
+        }
+        let addr = redis::ConnectionAddr::Tcp(self.config.host.clone(), self.config.port);
+        let info = redis::IntoConnectionInfo::into_connection_info(addr)
+            .unwrap()
+            .set_redis_settings(info);
+        redis::Client::open(info)
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("a raw redis connection")
+    }
+}
+
+/// The configuration of the test server: the URL with a prefix of its own, so that the tests'
+/// keys are easy to find (and delete) on a shared server.
+pub fn config(url: &str) -> RedisConfig {
+    let mut config = RedisConfig::from_url(url).expect("LEASEHOLD_REDIS_URL is a redis URL");
+    config.prefix = "leasehold-test:".into();
+    config
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    async fn connect(&self) -> Result<Arc<dyn LeaseStore>> {
+        Ok(Arc::new(RedisStore::connect_with(self.config.clone()).await?))
+    }
+
+    async fn connect_faulty(&self) -> Result<(Arc<dyn LeaseStore>, Faults)> {
+        let (store, faults) = self.faulty().await?;
+        Ok((Arc::new(FaultyStore::counting(Arc::new(store), faults.clone())), faults))
+    }
+
+    /// Overwrites the lease record with a string, as a foreign program using the same key would.
+    async fn corrupt(&self, lease: &LeaseName) -> Result<()> {
+        let key = self.config.keys(lease).lease;
+        let mut raw = self.raw().await;
+        redis::cmd("SET")
+            .arg(&key)
+            .arg("garbage")
+            .query_async::<()>(&mut raw)
+            .await
+            .map_err(|e| Error::store("redis", e))
+    }
+}
+
+/// The services script and the URL it started Redis on, if the server is the one it manages
+/// (only then may a test restart it).
+pub fn services() -> Option<(PathBuf, String)> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let env = std::fs::read_to_string(root.join("target/services/env")).ok()?;
+    let value = |key: &str| {
+        env.lines().find_map(|line| {
+            let (k, v) = line.trim().trim_start_matches("export ").split_once('=')?;
+            (k == key).then(|| v.trim_matches(|c| c == '"' || c == '\'').to_string())
+        })
+    };
+    let url = value("LEASEHOLD_REDIS_URL")?;
+    if std::env::var("LEASEHOLD_REDIS_URL").is_ok_and(|set| set != url) {
+        return None; // someone else's server
+    }
+    let script = value("LEASEHOLD_SERVICES_SCRIPT").map_or_else(|| root.join("scripts/services"), PathBuf::from);
+    Some((script, url))
+}

@@ -1,0 +1,693 @@
+//! Redis-specific behaviour against a real server (`scripts/services up redis`): expiry by the
+//! server's clock, a silently cut-off leader, lost replies, corrupt keys of every kind, history,
+//! notifications, terms that survive a lost counter, and secrets that never show.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::RedisBackend;
+use futures::StreamExt;
+use leasehold_conformance::{Direction, Fault, SafetyChecker, require_server};
+use leasehold_core::{
+    AcquireRequest, Acquired, CandidateId, Elector, EndReason, Error, Grant, LeaseName, LeaseStore, Renewed, Term,
+    random_u64,
+};
+use leasehold_redis::{RedisConfig, RedisStore, RedisStoreError};
+
+const TTL: Duration = Duration::from_secs(1);
+
+/// The test server, without the restart guard: `tests/restart.rs` tests the guard, and may have
+/// restarted the server just before these tests run.
+fn backend() -> Option<RedisBackend> {
+    let url = require_server("redis", "LEASEHOLD_REDIS_URL")?;
+    let mut config = common::config(&url);
+    config.restart_guard = false;
+    Some(RedisBackend::with_config(config))
+}
+
+fn lease(tag: &str) -> LeaseName {
+    LeaseName::new(format!("store-{tag}-{:x}", random_u64())).unwrap()
+}
+
+fn id(name: &str) -> CandidateId {
+    CandidateId::new(name).unwrap()
+}
+
+fn request(lease: &LeaseName, who: &str, ttl: Duration) -> AcquireRequest {
+    AcquireRequest {
+        lease: lease.clone(),
+        candidate: id(who),
+        ttl,
+        takeover: None,
+    }
+}
+
+async fn grant(store: &RedisStore, lease: &LeaseName, who: &str, ttl: Duration) -> Grant {
+    match store.acquire(&request(lease, who, ttl)).await {
+        Ok(Acquired::Granted(grant)) => grant,
+        other => panic!("{who} must be granted {lease}: {other:?}"),
+    }
+}
+
+/// An elector with the conformance suite's timings.
+fn elector(store: Arc<dyn LeaseStore>, lease: &LeaseName, who: &str) -> Elector {
+    Elector::builder(store, lease.as_str())
+        .candidate_id(who)
+        .ttl(TTL)
+        .renew_every(TTL / 3)
+        .retry_every(TTL / 5)
+        .jitter(0.2)
+        .drift(0.01)
+        .step_down_margin(TTL / 4)
+        .request_timeout(TTL / 4)
+        .build()
+        .unwrap()
+}
+
+async fn raw_cmd(backend: &RedisBackend, args: &[&str]) -> redis::Value {
+    let mut raw = backend.raw().await;
+    let mut cmd = redis::cmd(args[0]);
+    for arg in &args[1..] {
+        cmd.arg(*arg);
+    }
+    cmd.query_async(&mut raw)
+        .await
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+}
+
+/// The next item of a changes stream, if it comes within 2 s.
+async fn next(changes: &mut leasehold_core::Changes) -> Result<Option<()>, tokio::time::error::Elapsed> {
+    tokio::time::timeout(Duration::from_secs(2), changes.next()).await
+}
+
+/// The raw contents of a lease's keys.
+async fn dump(backend: &RedisBackend, keys: &leasehold_redis::LeaseKeys) -> Vec<redis::Value> {
+    let mut out = Vec::new();
+    for key in [&keys.lease, &keys.state, &keys.history] {
+        out.push(raw_cmd(backend, &["DUMP", key]).await);
+    }
+    out
+}
+
+/// A leader whose network goes silent (no FIN, no reset) steps down before its `valid_until`,
+/// the server lets the key expire within a TTL, and a second candidate takes over within
+/// `ttl + slack`. Three rounds; the takeover times are printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blackholed_leader_steps_down_and_the_key_expires() {
+    let Some(backend) = backend() else { return };
+    let observer = RedisStore::connect_with(backend.config.clone()).await.unwrap();
+    let mut takeovers = Vec::new();
+    for round in 1..=3 {
+        let lease = lease("blackhole");
+        let checker = SafetyChecker::new();
+        let (store_a, faults_a) = backend.faulty().await.unwrap();
+        let a = elector(Arc::new(store_a), &lease, "A");
+        let b = elector(
+            Arc::new(RedisStore::connect_with(backend.config.clone()).await.unwrap()),
+            &lease,
+            "B",
+        );
+        checker.watch(&a);
+        checker.watch(&b);
+        let leader_a = tokio::time::timeout(TTL * 3, a.campaign()).await.unwrap().unwrap();
+        let b_task = tokio::spawn({
+            let b = b.clone();
+            async move { b.campaign().await.unwrap() }
+        });
+        tokio::time::sleep(TTL + TTL / 7 * round).await;
+
+        let cut = Instant::now();
+        faults_a.set(Direction::Both, Fault::Blackhole);
+        tokio::time::timeout(TTL * 2, leader_a.cancelled())
+            .await
+            .expect("A is cancelled");
+        let cancelled = Instant::now();
+        let valid_until = leader_a.valid_until();
+        assert!(
+            cancelled < valid_until,
+            "round {round}: A was cancelled after its valid_until"
+        );
+
+        // The server forgets the silent holder within a TTL of the cut (its last renewal came
+        // before the cut).
+        let expired = loop {
+            let seen = observer.inspect(&lease).await.unwrap();
+            match seen.holder {
+                Some(h) if h.id.as_str() == "A" => {
+                    assert!(
+                        cut.elapsed() < TTL + Duration::from_millis(100),
+                        "round {round}: A's key outlived its TTL"
+                    );
+                    assert!(h.store_remaining.unwrap() <= TTL);
+                }
+                _ => break cut.elapsed(),
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        let leader_b = tokio::time::timeout(TTL * 3, b_task)
+            .await
+            .expect("B takes over")
+            .unwrap();
+        let takeover = leader_b.elected_at() - cut;
+        assert!(leader_b.term() > leader_a.term());
+        assert!(
+            leader_b.elected_at() >= valid_until,
+            "round {round}: B elected before A's valid_until"
+        );
+        assert!(
+            takeover <= TTL + Duration::from_millis(500),
+            "round {round}: takeover took {takeover:?}"
+        );
+        println!(
+            "round {round}: A cancelled {:?} after the cut ({:?} before valid_until); key gone after {expired:?}; \
+             B elected after {takeover:?} at term {}",
+            cancelled - cut,
+            valid_until - cancelled,
+            leader_b.term()
+        );
+        takeovers.push(takeover);
+        leader_b.resign().await;
+        drop(leader_a);
+        checker.check().await.unwrap();
+    }
+    takeovers.sort();
+    println!("takeover after a silent cut, TTL {TTL:?}: {takeovers:?}");
+}
+
+/// A reply lost on a live connection (the network drops it, the connection stays) does not
+/// make later replies answer the wrong requests: the next reply is handed to its own request,
+/// and the connection is replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_reply_does_not_mix_up_later_replies() {
+    let Some(backend) = backend() else { return };
+    let lease = lease("lost-reply");
+    let (store, faults) = backend.faulty().await.unwrap();
+    let store = Arc::new(store);
+    // Load the scripts first: a script the server does not know takes a second round trip.
+    store.acquire(&request(&lease, "warm-up", TTL)).await.unwrap();
+    store.inspect(&lease).await.unwrap();
+    store.break_lease(&lease).await.unwrap();
+    faults.set(Direction::Reply, Fault::Blackhole);
+    let lost = tokio::spawn({
+        let (store, lease) = (store.clone(), lease.clone());
+        async move { store.acquire(&request(&lease, "lost", TTL * 10)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    faults.heal();
+    let started = Instant::now();
+    let seen = store.inspect(&lease).await.expect("inspect after the lost reply");
+    let holder = seen.holder.expect("the acquire was applied");
+    assert_eq!(holder.id.as_str(), "lost");
+    assert!(
+        started.elapsed() < store.config().timeout,
+        "the inspect's reply reached it without waiting for a timeout ({:?})",
+        started.elapsed()
+    );
+    match lost.await.unwrap() {
+        Err(e) if e.is_transient() => println!("the acquire whose reply was lost: {e}"),
+        other => panic!("the lost reply must be an ambiguous outcome, got {other:?}"),
+    }
+    // Afterwards all is well on a new connection.
+    let again = store.inspect(&lease).await.unwrap();
+    assert_eq!(again.holder.map(|h| h.term), Some(holder.term));
+}
+
+/// A server that answers too slowly: the request fails as a transient timeout after the
+/// configured timeout, and the next request (on a new connection) works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_replies_time_out_and_the_store_recovers() {
+    let Some(backend) = backend() else { return };
+    let lease = lease("slow");
+    let (store, faults) = backend.faulty().await.unwrap();
+    faults.set(Direction::Reply, Fault::Delay(store.config().timeout * 2));
+    let started = Instant::now();
+    let err = store.inspect(&lease).await.unwrap_err();
+    let took = started.elapsed();
+    assert!(
+        matches!(
+            err,
+            Error::Timeout {
+                store: "redis",
+                operation: "inspect",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.is_transient());
+    assert!(
+        took >= store.config().timeout && took < store.config().timeout * 2,
+        "{took:?}"
+    );
+    faults.heal();
+    store.inspect(&lease).await.expect("a new connection after the timeout");
+
+    // Nothing listens: refused at once, transient.
+    let mut closed = backend.config.clone();
+    closed.host = "127.0.0.1".into();
+    closed.port = 1;
+    let started = Instant::now();
+    let err = RedisStore::connect_with(closed.clone()).await.unwrap_err();
+    assert!(matches!(err, Error::Unreachable { store: "redis", .. }), "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(1));
+    let lazy = RedisStore::lazy(closed).unwrap();
+    let err = lazy.acquire(&request(&lease, "a", TTL)).await.unwrap_err();
+    assert!(err.is_transient(), "{err:?}");
+}
+
+/// Every kind of foreign or garbled key is a typed error naming the lease, for every operation,
+/// and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_keys_are_typed_errors_and_left_alone() {
+    let Some(backend) = backend() else { return };
+    let store = RedisStore::connect_with(backend.config.clone()).await.unwrap();
+    type Setup = &'static [&'static [&'static str]];
+    let cases: &[(&str, &str, Setup)] = &[
+        ("a string lease record", "lease", &[&["SET", "{key}", "garbage"]]),
+        ("a list lease record", "lease", &[&["RPUSH", "{key}", "x"]]),
+        (
+            "a foreign hash",
+            "lease",
+            &[
+                &["HSET", "{key}", "owner", "someone", "until", "tomorrow"],
+                &["PEXPIRE", "{key}", "60000"],
+            ],
+        ),
+        (
+            "a record with a text term",
+            "lease",
+            &[
+                &[
+                    "HSET", "{key}", "holder", "h", "term", "ten", "ttl", "1000", "version", "v",
+                ],
+                &["PEXPIRE", "{key}", "60000"],
+            ],
+        ),
+        (
+            "a record without expiry",
+            "lease",
+            &[&[
+                "HSET", "{key}", "holder", "h", "term", "1", "ttl", "1000", "version", "v",
+            ]],
+        ),
+        ("a string state", "state", &[&["SET", "{key}", "7"]]),
+        ("a foreign state hash", "state", &[&["HSET", "{key}", "term", "-3"]]),
+        ("a string history", "history", &[&["SET", "{key}", "x"]]),
+    ];
+    for (what, which, setup) in cases {
+        let lease = lease("corrupt");
+        let keys = backend.config.keys(&lease);
+        let key = match *which {
+            "lease" => keys.lease.clone(),
+            "state" => keys.state.clone(),
+            _ => keys.history.clone(),
+        };
+        for command in *setup {
+            let args: Vec<String> = command.iter().map(|a| a.replace("{key}", &key)).collect();
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            raw_cmd(&backend, &args).await;
+        }
+        let before = dump(&backend, &keys).await;
+        let fake = Grant {
+            lease: lease.clone(),
+            holder: id("h"),
+            term: Term(1),
+            ttl: TTL,
+            token: "v".into(),
+        };
+        let results: Vec<(&str, Result<String, Error>)> = vec![
+            (
+                "acquire",
+                store
+                    .acquire(&request(&lease, "a", TTL))
+                    .await
+                    .map(|a| format!("{a:?}")),
+            ),
+            ("renew", store.renew(&fake).await.map(|r| format!("{r:?}"))),
+            ("release", store.release(&fake).await.map(|r| format!("{r:?}"))),
+            ("inspect", store.inspect(&lease).await.map(|o| format!("{o:?}"))),
+            ("history", store.history(&lease, 10).await.map(|h| format!("{h:?}"))),
+            ("break_lease", store.break_lease(&lease).await.map(|t| format!("{t:?}"))),
+        ];
+        for (op, result) in results {
+            match result {
+                Err(Error::CorruptRecord {
+                    store: "redis",
+                    lease: named,
+                    detail,
+                }) => {
+                    assert_eq!(named, lease.as_str(), "{what}: {op}");
+                    assert!(
+                        detail.contains(&key),
+                        "{what}: {op}: the detail names the key: {detail}"
+                    );
+                }
+                other => panic!("{what}: {op} must fail with CorruptRecord, got {other:?}"),
+            }
+        }
+        assert_eq!(dump(&backend, &keys).await, before, "{what}: nothing may be written");
+        println!("{what}: {}", store.inspect(&lease).await.unwrap_err());
+    }
+}
+
+/// `history` and `inspect` tell how each term ended: expired (at the time the server let it go),
+/// released, broken, or replaced by the same candidate's new term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_records_how_every_term_ended() {
+    let Some(backend) = backend() else { return };
+    let store = RedisStore::connect_with(backend.config.clone()).await.unwrap();
+    let lease = lease("history");
+    let short = Duration::from_millis(100);
+
+    let a = grant(&store, &lease, "a", short).await;
+    let held = store.inspect(&lease).await.unwrap().holder.unwrap();
+    assert!(held.store_remaining.unwrap() <= short && held.ttl == short, "{held:?}");
+    tokio::time::sleep(short + Duration::from_millis(50)).await;
+    let seen = store.inspect(&lease).await.unwrap();
+    assert_eq!(
+        (seen.holder.is_none(), seen.previous_end, seen.last_term),
+        (true, Some(EndReason::Expired), a.term)
+    );
+    match store.renew(&a).await.unwrap() {
+        Renewed::Lost(o) => assert!(o.holder.is_none()),
+        other => panic!("renewing an expired grant: {other:?}"),
+    }
+
+    let b1 = grant(&store, &lease, "b", TTL).await;
+    // The same candidate again: its earlier leadership ended, a new term.
+    let b2 = grant(&store, &lease, "b", TTL).await;
+    assert!(b2.term > b1.term && b1.term > a.term);
+    match store.renew(&b1).await.unwrap() {
+        Renewed::Lost(o) => assert_eq!(o.holder.map(|h| h.term), Some(b2.term)),
+        other => panic!("the replaced term must be lost: {other:?}"),
+    }
+    assert_eq!(store.break_lease(&lease).await.unwrap(), Some(b2.term));
+    assert_eq!(
+        store.inspect(&lease).await.unwrap().previous_end,
+        Some(EndReason::Broken)
+    );
+    assert_eq!(store.break_lease(&lease).await.unwrap(), None);
+
+    let c = grant(&store, &lease, "c", TTL).await;
+    store.release(&c).await.unwrap();
+    store.release(&c).await.unwrap();
+    assert_eq!(
+        store.inspect(&lease).await.unwrap().previous_end,
+        Some(EndReason::Released)
+    );
+    let d = grant(&store, &lease, "d", TTL).await;
+
+    let history = store.history(&lease, 100).await.unwrap();
+    let summary: Vec<_> = history
+        .iter()
+        .map(|t| (t.holder.as_str(), t.term, t.ended.map(|(_, r)| r)))
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            ("a", a.term, Some(EndReason::Expired)),
+            ("b", b1.term, Some(EndReason::Expired)),
+            ("b", b2.term, Some(EndReason::Broken)),
+            ("c", c.term, Some(EndReason::Released)),
+            ("d", d.term, None),
+        ]
+    );
+    // a's end is when the server let it go: about `short` after it was granted.
+    let (a_ended, _) = history[0].ended.unwrap();
+    let lived = a_ended.duration_since(history[0].acquired_at).unwrap();
+    // (The grant's time is its stream entry's id, taken a moment after the deadline's clock.)
+    assert!(
+        lived + Duration::from_millis(3) >= short && lived < short + Duration::from_millis(50),
+        "{lived:?}"
+    );
+    assert_eq!(
+        store
+            .history(&lease, 2)
+            .await
+            .unwrap()
+            .iter()
+            .map(|t| t.term)
+            .collect::<Vec<_>>(),
+        vec![c.term, d.term]
+    );
+    assert!(store.history(&lease, 0).await.unwrap().is_empty());
+
+    // An expired last term shows as ended before anyone takes over.
+    store.release(&d).await.unwrap();
+    let e = grant(&store, &lease, "e", short).await;
+    tokio::time::sleep(short + Duration::from_millis(50)).await;
+    let last = store.history(&lease, 1).await.unwrap().pop().unwrap();
+    assert_eq!(
+        (last.term, last.ended.map(|(_, r)| r)),
+        (e.term, Some(EndReason::Expired))
+    );
+}
+
+/// The history keeps about `history_limit` terms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_is_capped() {
+    let Some(backend) = backend() else { return };
+    let mut config = backend.config.clone();
+    config.history_limit = 5;
+    let store = RedisStore::connect_with(config).await.unwrap();
+    let lease = lease("capped");
+    let mut terms = Vec::new();
+    for _ in 0..400 {
+        let g = grant(&store, &lease, "a", TTL).await;
+        store.release(&g).await.unwrap();
+        terms.push(g.term);
+    }
+    let history = store.history(&lease, 1000).await.unwrap();
+    // `MAXLEN ~` trims whole blocks of entries, so a little more than the limit is kept.
+    assert!(
+        history.len() >= 5 && history.len() < 200,
+        "{} terms kept",
+        history.len()
+    );
+    assert_eq!(history.last().unwrap().term, *terms.last().unwrap());
+    let len = raw_cmd(&backend, &["XLEN", &backend.config.keys(&lease).history]).await;
+    println!("history_limit 5: {} terms kept, stream length {len:?}", history.len());
+}
+
+/// Releases, breaks and takeovers reach `changes` streams; a connection that breaks or goes
+/// silent ends them (the engine then polls).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_announce_releases_and_end_with_the_connection() {
+    let Some(backend) = backend() else { return };
+    let store = RedisStore::connect_with(backend.config.clone()).await.unwrap();
+    let lease = lease("changes");
+    let me = id("watcher");
+    let mut changes = store.changes(&lease, &me).await.unwrap().unwrap();
+    let mut again = store.changes(&lease, &me).await.unwrap().unwrap();
+
+    let g = grant(&store, &lease, "a", TTL).await;
+    store.release(&g).await.unwrap();
+    assert_eq!(next(&mut changes).await, Ok(Some(())), "a release is announced");
+    assert_eq!(next(&mut again).await, Ok(Some(())), "to every stream of the lease");
+    grant(&store, &lease, "b", TTL).await;
+    assert!(store.break_lease(&lease).await.unwrap().is_some());
+    assert_eq!(next(&mut changes).await, Ok(Some(())), "a break is announced");
+    drop(again);
+    grant(&store, &lease, "c", Duration::from_millis(50)).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let d = grant(&store, &lease, "d", TTL).await;
+    assert_eq!(
+        next(&mut changes).await,
+        Ok(Some(())),
+        "a takeover after expiry is announced"
+    );
+    store.release(&d).await.unwrap();
+
+    // A reset connection ends the streams; a silent one too (it stops answering pings).
+    for fault in [Fault::Reset, Fault::Blackhole] {
+        let (faulty, faults) = backend.faulty().await.unwrap();
+        let mut changes = faulty.changes(&lease, &me).await.unwrap().unwrap();
+        faults.set(Direction::Both, fault);
+        let started = Instant::now();
+        let end = tokio::time::timeout(Duration::from_secs(5), changes.next()).await;
+        assert_eq!(end, Ok(None), "{fault:?}: the stream ends");
+        println!("{fault:?}: changes ended after {:?}", started.elapsed());
+        // While the network is down, asking for changes fails within about two timeouts.
+        let started = Instant::now();
+        let err = faulty
+            .changes(&lease, &me)
+            .await
+            .err()
+            .expect("no changes through a broken network");
+        assert!(err.is_transient(), "{err:?}");
+        assert!(
+            started.elapsed() < faulty.config().timeout * 3,
+            "{:?}",
+            started.elapsed()
+        );
+        faults.heal();
+        let mut healed = faulty.changes(&lease, &me).await.unwrap().unwrap();
+        store.release(&grant(&store, &lease, "e", TTL).await).await.unwrap();
+        assert_eq!(
+            next(&mut healed).await,
+            Ok(Some(())),
+            "{fault:?}: a new connection after healing"
+        );
+    }
+}
+
+/// Terms never go back, also when the server loses the lease's keys (what a restart without
+/// persistence, `FLUSHDB` or eviction does): the next term starts from the server's clock in
+/// microseconds, above every term granted before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terms_never_go_back_when_the_keys_are_lost() {
+    let Some(backend) = backend() else { return };
+    let store = RedisStore::connect_with(backend.config.clone()).await.unwrap();
+    let lease = lease("lost-keys");
+    let first = grant(&store, &lease, "a", TTL).await;
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    // Loopback: the server's clock is this machine's.
+    assert!(
+        first.term.0.abs_diff(now_us) < 60_000_000,
+        "the first term is the server's time in µs: {}",
+        first.term
+    );
+    let mut last = first.term;
+    for _ in 0..50 {
+        let g = grant(&store, &lease, "a", TTL).await;
+        assert_eq!(g.term.0, last.0 + 1, "consecutive terms while the counter lives");
+        last = g.term;
+    }
+    let keys = backend.config.keys(&lease);
+    raw_cmd(&backend, &["DEL", &keys.lease, &keys.state, &keys.history]).await;
+    let seen = store.inspect(&lease).await.unwrap();
+    assert_eq!(
+        (seen.holder, seen.last_term, seen.previous_end),
+        (None, Term(0), None),
+        "the keys are gone"
+    );
+    let after = grant(&store, &lease, "b", TTL).await;
+    assert!(after.term > last, "term {} after the loss, {last} before", after.term);
+    println!(
+        "terms {}..={last} before the keys were lost, {} after",
+        first.term, after.term
+    );
+}
+
+/// TTLs: outside 10 ms..=24 h is `InvalidTtl`; a fraction of a millisecond is rounded up, never
+/// down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttls_are_checked_and_rounded_up() {
+    let Some(backend) = backend() else { return };
+    let store = RedisStore::connect_with(backend.config.clone()).await.unwrap();
+    let lease = lease("ttl");
+    for ttl in [Duration::from_millis(9), Duration::from_secs(24 * 3600 + 1)] {
+        let err = store.acquire(&request(&lease, "a", ttl)).await.unwrap_err();
+        assert!(matches!(err, Error::InvalidTtl { ttl: t, .. } if t == ttl), "{err:?}");
+    }
+    grant(&store, &lease, "a", Duration::from_micros(1_000_001)).await;
+    let seen = store.inspect(&lease).await.unwrap().holder.unwrap();
+    assert_eq!(seen.ttl, Duration::from_millis(1001));
+    let pttl = raw_cmd(&backend, &["PTTL", &backend.config.keys(&lease).lease]).await;
+    assert!(
+        matches!(pttl, redis::Value::Int(ms) if ms > 990 && ms <= 1001),
+        "{pttl:?}"
+    );
+}
+
+/// Two prefixes (or databases) on one server are separate worlds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefixes_keep_applications_apart() {
+    let Some(backend) = backend() else { return };
+    let mut other = backend.config.clone();
+    other.prefix = "leasehold-test-other:".into();
+    let (one, two) = (
+        RedisStore::connect_with(backend.config.clone()).await.unwrap(),
+        RedisStore::connect_with(other).await.unwrap(),
+    );
+    let lease = lease("prefix");
+    grant(&one, &lease, "a", TTL).await;
+    grant(&two, &lease, "b", TTL).await;
+    assert_eq!(one.inspect(&lease).await.unwrap().holder.unwrap().id.as_str(), "a");
+}
+
+/// The password never shows: not in `Debug` or `Display` of the config or the store, not in the
+/// errors of a refused connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_are_redacted() {
+    let Some(backend) = backend() else { return };
+    let user = format!("leasehold-test-{:x}", random_u64());
+    let secret = format!("S3cret-{:x}", random_u64());
+    let created = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg(&user)
+        .arg("on")
+        .arg(format!(">{secret}"))
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .query_async::<()>(&mut backend.raw().await)
+        .await;
+    if let Err(e) = created {
+        eprintln!("SKIPPED secrets_are_redacted: cannot create an ACL user ({e})");
+        return;
+    }
+    let mut config = backend.config.clone();
+    config.username = Some(user.clone());
+    config.password = Some(secret.clone());
+    let store = RedisStore::connect_with(config.clone())
+        .await
+        .expect("the ACL user connects");
+    let lease = lease("secret");
+    grant(&store, &lease, "a", TTL).await;
+    let mut shown = vec![format!("{config:?}"), config.to_string(), format!("{store:?}")];
+
+    let mut wrong = config.clone();
+    wrong.password = Some(format!("{secret}-wrong"));
+    let err = RedisStore::connect_with(wrong.clone()).await.unwrap_err();
+    assert!(
+        matches!(err, Error::Store { store: "redis", .. }),
+        "a wrong password is definite: {err:?}"
+    );
+    shown.extend([
+        err.to_string(),
+        format!("{err:?}"),
+        format!("{wrong:?}"),
+        wrong.to_string(),
+    ]);
+    let url = format!(
+        "redis://{user}:{secret}@{}:{}/{}?nonsense=1",
+        config.host, config.port, config.db
+    );
+    let err = RedisStore::connect(&url).await.unwrap_err();
+    shown.extend([err.to_string(), format!("{err:?}")]);
+    let url = format!("redis://{user}:{secret}@127.0.0.1:1/0");
+    let err = RedisStore::connect(&url).await.unwrap_err();
+    shown.extend([err.to_string(), format!("{err:?}")]);
+
+    let _ = redis::cmd("ACL")
+        .arg("DELUSER")
+        .arg(&user)
+        .query_async::<()>(&mut backend.raw().await)
+        .await;
+    for text in &shown {
+        assert!(!text.contains(&secret), "the password shows in: {text}");
+    }
+    println!("{}", shown.join("\n"));
+}
+
+/// The restart guard's error is typed and says what to do.
+#[test]
+fn the_restart_guard_error_explains_itself() {
+    let err = Error::Store {
+        store: "redis",
+        source: Box::new(RedisStoreError::RecentRestart {
+            uptime: Duration::from_secs(0),
+            needed: Duration::from_secs(2),
+        }),
+    };
+    assert!(err.to_string().contains("restart_guard"), "{err}");
+    assert!(!err.is_transient());
+    let config: RedisConfig = "redis://h?restart_guard=false".parse().unwrap();
+    assert!(!config.restart_guard);
+}
