@@ -10,9 +10,24 @@ pub use leasehold_core::*;
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use leasehold_sqlite as sqlite;
 
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use leasehold_postgres as postgres;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use leasehold_redis as redis;
+#[cfg(feature = "etcd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
+pub use leasehold_etcd as etcd;
+#[cfg(feature = "zookeeper")]
+#[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
+pub use leasehold_zookeeper as zookeeper;
+#[cfg(feature = "dynamodb")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
+pub use leasehold_dynamodb as dynamodb;
+#[cfg(feature = "azure")]
+#[cfg_attr(docsrs, doc(cfg(feature = "azure")))]
+pub use leasehold_azure as azure;
 
 /// The URL schemes `connect` knows, with the Cargo feature that enables each.
 pub const SCHEMES: &[(&str, &str)] = &[
@@ -56,9 +71,29 @@ pub async fn connect(url: &str) -> Result<Arc<dyn LeaseStore>> {
     if leasehold_sqlite::URL_SCHEMES.contains(&scheme) {
         return Ok(Arc::new(leasehold_sqlite::SqliteStore::connect(url).await?));
     }
+    #[cfg(feature = "postgres")]
+    if leasehold_postgres::URL_SCHEMES.contains(&scheme) {
+        return Ok(Arc::new(leasehold_postgres::PostgresStore::connect(url).await?));
+    }
     #[cfg(feature = "redis")]
     if leasehold_redis::URL_SCHEMES.contains(&scheme) {
         return Ok(Arc::new(leasehold_redis::RedisStore::connect(url).await?));
+    }
+    #[cfg(feature = "etcd")]
+    if leasehold_etcd::URL_SCHEMES.contains(&scheme) {
+        return Ok(Arc::new(leasehold_etcd::EtcdStore::connect(url).await?));
+    }
+    #[cfg(feature = "zookeeper")]
+    if leasehold_zookeeper::URL_SCHEMES.contains(&scheme) {
+        return Ok(Arc::new(leasehold_zookeeper::ZookeeperStore::connect(url).await?));
+    }
+    #[cfg(feature = "dynamodb")]
+    if leasehold_dynamodb::URL_SCHEMES.contains(&scheme) {
+        return Ok(Arc::new(leasehold_dynamodb::DynamoDbStore::connect(url).await?));
+    }
+    #[cfg(feature = "azure")]
+    if leasehold_azure::URL_SCHEMES.contains(&scheme) {
+        return Ok(Arc::new(leasehold_azure::AzureBlobStore::connect(url).await?));
     }
     Err(unsupported(scheme))
 }
@@ -79,9 +114,6 @@ fn scheme_of(url: &str) -> Result<String> {
 
 fn unsupported(scheme: &str) -> Error {
     let hint = match SCHEMES.iter().find(|(s, _)| *s == scheme) {
-        Some((_, feature)) if cfg!(feature = "full") || feature_enabled(feature) => {
-            format!("the `{feature}` backend is not available in this version of leasehold yet")
-        }
         Some((_, feature)) => format!("enable the `{feature}` feature of the leasehold crate"),
         None => {
             let known: Vec<&str> = SCHEMES.iter().map(|(s, _)| *s).collect();
@@ -168,9 +200,12 @@ mod tests {
 
     #[tokio::test]
     async fn unknown_and_compiled_out_schemes_name_the_fix() {
-        let err = connect("etcd://127.0.0.1:2379/app").await.unwrap_err();
-        assert!(matches!(err, Error::UnsupportedScheme { .. }), "{err}");
-        assert!(err.to_string().contains("etcd"), "{err}");
+        // A backend compiled out of this build (if any) names its feature.
+        if let Some((scheme, feature)) = SCHEMES.iter().find(|(_, feature)| !feature_enabled(feature)) {
+            let err = connect(&format!("{scheme}://127.0.0.1:1/x")).await.unwrap_err();
+            assert!(matches!(err, Error::UnsupportedScheme { .. }), "{err}");
+            assert!(err.to_string().contains(&format!("`{feature}` feature")), "{err}");
+        }
         let err = connect("ftp://x").await.unwrap_err();
         assert!(err.to_string().contains("known schemes"), "{err}");
         let err = connect("no scheme here").await.unwrap_err();
