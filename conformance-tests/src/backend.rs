@@ -63,6 +63,13 @@ pub trait Backend: Send + Sync + 'static {
     ///
     /// When the store cannot be reached.
     async fn corrupt(&self, lease: &LeaseName) -> Result<()>;
+
+    /// The TTL for holding 1,000 leases at once (`thousand_leases`): a store that handles fewer
+    /// requests per second needs a longer TTL for the same number of leases (renewals per second
+    /// are 3,000 / TTL in seconds). Default 2 s; clamped into the store's TTL range.
+    fn many_leases_ttl(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// The [`Backend`] of a [`MemoryStore`]: every client shares one store.

@@ -1109,13 +1109,15 @@ pub async fn lost_reply_resolved_by_read_back(backend: Arc<dyn Backend>) {
     };
     let (store_c, faults_c) = scene.connect_faulty().await;
     let c = scene.watched(scene.builder(store_c, &lease, "C"));
+    let mut c_sees = c.observe();
     let (_campaign_c, elected_c) = spawn_campaign(&c);
+    // Wait until C's first acquire was *answered* (C has seen the blocker), not merely sent.
     let what = "C's first acquire (answered Held)";
     scene
         .within(what, ttl * 2, async {
-            while faults_c.counts().acquire == 0 {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+            let _ = c_sees
+                .wait_for(|leader| leader.as_ref().is_some_and(|l| l.holder == blocker))
+                .await;
         })
         .await;
     faults_c.set(Direction::Reply, Fault::Blackhole);
@@ -1478,7 +1480,8 @@ pub async fn invalid_inputs(backend: Arc<dyn Backend>) {
 /// When a lease is not granted or is lost.
 pub async fn thousand_leases(backend: Arc<dyn Backend>) {
     const LEASES: usize = 1000;
-    let scene = Scene::with_ttl(backend, "thousand_leases", Duration::from_secs(2)).await;
+    let ttl = backend.many_leases_ttl().unwrap_or(Duration::from_secs(2));
+    let scene = Scene::with_ttl(backend, "thousand_leases", ttl).await;
     let p = &scene.prefix;
     let store = scene.connect().await;
     let electors: Vec<Elector> = (0..LEASES)

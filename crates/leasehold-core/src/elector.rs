@@ -172,6 +172,7 @@ impl ElectorBuilder {
                 leader: watch::channel(None).0,
                 events: broadcast::channel(EVENT_CAPACITY).0,
                 not_before: Mutex::new(None),
+                one_driver: Arc::new(tokio::sync::Mutex::new(())),
             }),
         })
     }
@@ -200,6 +201,9 @@ struct Inner {
     events: broadcast::Sender<Event>,
     /// After a step-down, the next campaign waits until then so another candidate can win.
     not_before: Mutex<Option<Instant>>,
+    /// Held by the running driver: a new campaign starts only once the previous one has finished
+    /// stepping down or withdrawing, so a store never sees two campaigns of one candidate.
+    one_driver: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Why [`Elector::run`] returned.
@@ -282,9 +286,18 @@ impl Elector {
     /// the meantime).
     pub async fn campaign(&self) -> Result<Leader> {
         let (elected_tx, elected_rx) = oneshot::channel();
-        let driver = Driver::new(self.inner.clone())?;
+        let inner = self.inner.clone();
         let span = info_span!("election", lease = %self.inner.lease, candidate = %self.inner.id);
-        tokio::spawn(driver.run(elected_tx).instrument(span));
+        tokio::spawn(
+            async move {
+                let _running = inner.one_driver.clone().lock_owned().await;
+                match Driver::new(inner) {
+                    Ok(driver) => driver.run(elected_tx).await,
+                    Err(e) => warn!(error = %e, "the election cannot run"),
+                }
+            }
+            .instrument(span),
+        );
         elected_rx.await.map_err(|_| Error::Store {
             store: self.inner.store.name(),
             source: "the election driver stopped before electing".into(),

@@ -783,6 +783,7 @@ impl Machine {
         let expiry = self.expiry;
         let lock_delay = self.timing.lock_delay.unwrap_or_default();
         let safety_poll = now + self.timing.ttl * SAFETY_POLL_TTLS;
+        let me = self.me.clone();
         let Some(f) = self.following_mut() else { return };
         let seen_term = observation
             .holder
@@ -813,6 +814,8 @@ impl Machine {
         }
         f.next_attempt = match (&f.seen, expiry, notifications) {
             (None, _, _) => retry,
+            // Ours from an earlier campaign (not believed): the next acquire gets a new term.
+            (Some(seen), _, _) if seen.holder == me => retry,
             (Some(seen), Expiry::ObservedByContenders, _) => retry.min(seen.since + seen.ttl + lock_delay),
             (Some(_), _, Notifications::ReleaseAndExpiry) => safety_poll,
             (Some(seen), _, Notifications::Release) => seen.store_deadline.map_or(retry, |at| at.max(retry)),
