@@ -224,6 +224,8 @@ struct Seen {
     since: Instant,
     /// When the store itself says it will let go (server-clock stores).
     store_deadline: Option<Instant>,
+    /// A takeover of this version was asked for.
+    takeover_asked: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -239,6 +241,8 @@ struct Following {
     /// A change was notified while a request was under way: its reply may predate the change,
     /// so retry right after it.
     notified: bool,
+    /// No attempt before this instant, notified or not (the back-off after stepping down).
+    not_before: Instant,
     /// With a lock delay: when a check found the lease free, the instant from which it may be
     /// acquired. `None`: check first (an Inspect), whatever notifications say.
     cleared_from: Option<Instant>,
@@ -325,6 +329,7 @@ impl Machine {
                 term_floor: None,
                 unsettled_since: None,
                 notified: false,
+                not_before: now,
                 cleared_from: None,
             }),
             pending: None,
@@ -395,14 +400,14 @@ impl Machine {
             Input::Notified => {
                 let busy = self.pending.is_some();
                 if let State::Following(f) = &mut self.state {
-                    f.next_attempt = f.next_attempt.min(now);
+                    f.next_attempt = f.next_attempt.min(now.max(f.not_before));
                     f.notified |= busy;
                 }
             }
             Input::NotificationsLost => {
                 self.notifications = Notifications::None;
                 if let State::Following(f) = &mut self.state {
-                    f.next_attempt = f.next_attempt.min(now);
+                    f.next_attempt = f.next_attempt.min(now.max(f.not_before));
                 }
             }
             Input::Reply(id, reply) => {
@@ -498,11 +503,15 @@ impl Machine {
                     // Still inside the lock delay (a notification woke us early).
                     f.next_attempt = f.cleared_from.unwrap_or(now);
                 } else {
+                    let takeover = takeover.map(|seen| seen.version.clone());
+                    if let Some(seen) = f.seen.as_mut().filter(|_| takeover.is_some()) {
+                        seen.takeover_asked = true;
+                    }
                     let request = AcquireRequest {
                         lease: self.lease.clone(),
                         candidate: self.me.clone(),
                         ttl: self.timing.ttl,
-                        takeover: takeover.map(|seen| seen.version.clone()),
+                        takeover,
                     };
                     self.send(now, Purpose::Acquire, Request::Acquire(request), out);
                 }
@@ -553,6 +562,7 @@ impl Machine {
                 term_floor,
                 unsettled_since: None,
                 notified: false,
+                not_before: next_attempt,
                 cleared_from: None,
             });
         }
@@ -806,6 +816,7 @@ impl Machine {
                             ttl: h.ttl,
                             since: now,
                             store_deadline,
+                            takeover_asked: false,
                         });
                     }
                 }
@@ -816,13 +827,16 @@ impl Machine {
             (None, _, _) => retry,
             // Ours from an earlier campaign (not believed): the next acquire gets a new term.
             (Some(seen), _, _) if seen.holder == me => retry,
+            // A takeover of this very version was refused (the store knows better): wait a retry
+            // interval rather than ask again at once.
+            (Some(seen), Expiry::ObservedByContenders, _) if seen.takeover_asked => retry,
             (Some(seen), Expiry::ObservedByContenders, _) => retry.min(seen.since + seen.ttl + lock_delay),
             (Some(_), _, Notifications::ReleaseAndExpiry) => safety_poll,
             (Some(seen), _, Notifications::Release) => seen.store_deadline.map_or(retry, |at| at.max(retry)),
             (Some(_), _, _) => retry,
         };
         if std::mem::take(&mut f.notified) {
-            f.next_attempt = now;
+            f.next_attempt = now.max(f.not_before);
         }
         let leader = observation.holder.as_ref().map(|h| (h.id.clone(), h.term));
         self.set_leader_seen(leader, out);

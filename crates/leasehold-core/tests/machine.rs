@@ -1207,3 +1207,20 @@ fn notification_during_a_request_is_not_lost() {
     let out = h.reply(10, op, Reply::Acquire(Ok(Acquired::Held(before_release))));
     assert_eq!(sends(&out), vec![&acquire(None)], "retried at once: {out:?}");
 }
+
+/// A candidate backing off after stepping down is not woken early by a notification (its own
+/// release, typically): a healthy candidate must get the chance to take over.
+#[test]
+fn notification_does_not_cut_the_back_off_after_stepping_down() {
+    let mut h = Harness::new(timing(), Expiry::ServerClock, Notifications::Release);
+    let op = h.send_at(0);
+    let _ = h.reply(0, op, Reply::Acquire(Ok(Acquired::Granted(grant(1, "v1")))));
+    let out = h.step(1_000, Input::Resign);
+    let release = out.iter().find_map(|e| match e {
+        Ev::Send(op, Request::Release(_)) => Some(*op),
+        _ => None,
+    });
+    let _ = h.reply(1_000, release.expect("released"), Reply::Release(Ok(())));
+    assert_eq!(h.step(1_001, Input::Notified), vec![]);
+    assert_eq!(h.wake(), Some(1_000 + BACKOFF));
+}

@@ -1,1 +1,22 @@
-//! postgres lease store (under construction).
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+
+mod config;
+mod error;
+mod notify;
+mod record;
+mod schema;
+mod session;
+mod sql;
+mod store;
+
+#[doc = include_str!("../docs.md")]
+pub mod docs {}
+
+pub use config::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_HISTORY_LIMIT, DEFAULT_POOL_SIZE, DEFAULT_SCHEMA, PostgresConfig, URL_SCHEMES,
+    redact,
+};
+pub use record::{TTL_RANGE, lock_key};
+pub use store::PostgresStore;

@@ -1,1 +1,13 @@
-//! zookeeper lease store (under construction).
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+
+mod config;
+mod record;
+mod store;
+
+#[doc = include_str!("../docs.md")]
+pub mod docs {}
+
+pub use config::{DEFAULT_CHROOT, URL_SCHEMES, ZookeeperConfig};
+pub use store::{HISTORY_LIMIT, ZookeeperStore};

@@ -10,24 +10,24 @@ pub use leasehold_core::*;
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use leasehold_sqlite as sqlite;
 
+#[cfg(feature = "azure")]
+#[cfg_attr(docsrs, doc(cfg(feature = "azure")))]
+pub use leasehold_azure as azure;
+#[cfg(feature = "dynamodb")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
+pub use leasehold_dynamodb as dynamodb;
+#[cfg(feature = "etcd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
+pub use leasehold_etcd as etcd;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use leasehold_postgres as postgres;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use leasehold_redis as redis;
-#[cfg(feature = "etcd")]
-#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
-pub use leasehold_etcd as etcd;
 #[cfg(feature = "zookeeper")]
 #[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
 pub use leasehold_zookeeper as zookeeper;
-#[cfg(feature = "dynamodb")]
-#[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
-pub use leasehold_dynamodb as dynamodb;
-#[cfg(feature = "azure")]
-#[cfg_attr(docsrs, doc(cfg(feature = "azure")))]
-pub use leasehold_azure as azure;
 
 /// The URL schemes `connect` knows, with the Cargo feature that enables each.
 pub const SCHEMES: &[(&str, &str)] = &[

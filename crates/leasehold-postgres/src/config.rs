@@ -1,0 +1,534 @@
+//! Where the server is and how to use it: `postgres://` URLs and their options, with every
+//! password redacted whenever a config is shown.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use leasehold_core::{Error, Result};
+use sqlx::ConnectOptions;
+use sqlx::postgres::PgConnectOptions;
+use url::Url;
+
+/// The URL schemes this backend handles.
+pub const URL_SCHEMES: &[&str] = &["postgres", "postgresql"];
+
+/// The default schema of leasehold's tables.
+pub const DEFAULT_SCHEMA: &str = "leasehold";
+
+/// The default number of pooled connections each store keeps for reads and operator requests
+/// (the lock session and the listener have their own connection).
+pub const DEFAULT_POOL_SIZE: u32 = 4;
+
+/// The default bound on opening a connection (and on waiting for a pooled one).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The default number of terms kept per lease in the history table.
+pub const DEFAULT_HISTORY_LIMIT: u32 = 1000;
+
+const MAX_POOL_SIZE: u32 = 64;
+const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The query options leasehold reads itself; they are not passed to the driver.
+const OWN_OPTIONS: &[&str] = &["schema", "pool_size", "connect_timeout", "history_limit"];
+
+/// The query options passed to the driver (sqlx), with its spelling variants.
+const DRIVER_OPTIONS: &[&str] = &[
+    "sslmode",
+    "ssl-mode",
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+    "options",
+];
+
+/// How to reach the Postgres server and where leasehold keeps its tables.
+///
+/// Parse it from a URL (`postgres://` or `postgresql://`):
+///
+/// ```text
+/// postgres://user:password@host:5432/database?schema=leasehold&sslmode=require&connect_timeout=5s
+/// ```
+///
+/// | option | default | meaning |
+/// |---|---|---|
+/// | `schema` | `leasehold` | the schema of leasehold's tables (created if absent); letters, digits, `_` |
+/// | `pool_size` | `4` | pooled connections for reads, 1 to 64 |
+/// | `connect_timeout` | `5s` | bound on opening a connection: `500ms`, `5s`, `1m`, or bare seconds; at most 5 min |
+/// | `history_limit` | `1000` | terms kept per lease in the history table; `0` keeps all |
+/// | `sslmode` | `prefer` | `disable`, `allow`, `prefer`, `require`, `verify-ca`, `verify-full` (the last three need the `tls-rustls` feature) |
+/// | `sslrootcert`, `sslcert`, `sslkey` | | certificate files, as libpq |
+/// | `application_name`, `options`, `host`, `hostaddr`, `port`, `dbname`, `user`, `password`, `statement-cache-capacity` | | as libpq and sqlx |
+///
+/// Unknown options are rejected, naming them. As with libpq, `PGPASSWORD`, `PGSSLMODE` and the
+/// other `PG*` variables and `~/.pgpass` fill in what the URL leaves out.
+///
+/// `Debug` and `Display` show the URL with any password replaced by `***`.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use leasehold_postgres::PostgresConfig;
+///
+/// let config: PostgresConfig =
+///     "postgres://app:hunter2@db.internal:5432/jobs?schema=elections&connect_timeout=2s".parse()?;
+/// assert_eq!(config.schema(), "elections");
+/// assert_eq!(config.connect_timeout(), Duration::from_secs(2));
+/// assert_eq!(config.to_string(), "postgres://app:***@db.internal:5432/jobs?schema=elections&connect_timeout=2s");
+/// assert!(!format!("{config:?}").contains("hunter2"));
+/// # Ok::<(), leasehold_core::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct PostgresConfig {
+    /// The URL as given, password redacted: what `Display` shows.
+    shown: String,
+    /// The driver's options; hold the password, so never printed.
+    connect: PgConnectOptions,
+    schema: String,
+    pool_size: u32,
+    connect_timeout: Duration,
+    history_limit: u32,
+}
+
+impl PostgresConfig {
+    /// Parses a `postgres://` or `postgresql://` URL (see the [type docs](PostgresConfig)).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUrl`] with the URL redacted, naming what is wrong: another scheme, a
+    /// malformed URL, an unknown option, a bad option value, or a TLS mode this build cannot do.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let invalid = |reason: String| Error::InvalidUrl {
+            url: redact(url),
+            reason,
+        };
+        let scheme = url.split_once("://").map(|(scheme, _)| scheme);
+        if !scheme.is_some_and(|s| URL_SCHEMES.iter().any(|known| s.eq_ignore_ascii_case(known))) {
+            return Err(invalid(
+                "the scheme must be postgres:// or postgresql:// (e.g. postgres://user@host:5432/db)".into(),
+            ));
+        }
+        // The url crate's messages never quote the input, so they cannot leak the password.
+        let parsed = Url::parse(url).map_err(|e| invalid(format!("malformed URL: {e}")))?;
+        let mut config = PostgresConfig {
+            shown: redact(url),
+            connect: PgConnectOptions::new_without_pgpass(),
+            schema: DEFAULT_SCHEMA.to_string(),
+            pool_size: DEFAULT_POOL_SIZE,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            history_limit: DEFAULT_HISTORY_LIMIT,
+        };
+        let mut driver = parsed.clone();
+        driver.set_query(None);
+        {
+            let mut pairs = driver.query_pairs_mut();
+            for (key, value) in parsed.query_pairs() {
+                if OWN_OPTIONS.contains(&&*key) {
+                    config.set(&key, &value).map_err(invalid)?;
+                } else if DRIVER_OPTIONS.contains(&&*key) {
+                    check_driver_option(&key, &value).map_err(invalid)?;
+                    pairs.append_pair(&key, &value);
+                } else {
+                    return Err(invalid(format!(
+                        "unknown option {key:?} (leasehold's: {}; the driver's: {})",
+                        OWN_OPTIONS.join(", "),
+                        DRIVER_OPTIONS.join(", ")
+                    )));
+                }
+            }
+        }
+        if driver.query() == Some("") {
+            driver.set_query(None);
+        }
+        // sqlx's messages name a bad value (a port, an escape), never the password.
+        config.connect =
+            PgConnectOptions::from_url(&driver).map_err(|e| invalid(format!("the driver rejects it: {e}")))?;
+        Ok(config)
+    }
+
+    /// The schema of leasehold's tables. Default `leasehold`.
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    /// Uses another schema for leasehold's tables: 1 to 63 ASCII letters, digits or `_`, not
+    /// starting with a digit or `pg_`. Checked by [`PostgresConfig::validate`].
+    #[must_use]
+    pub fn with_schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// How many pooled connections the store keeps for reads. Default 4.
+    pub fn pool_size(&self) -> u32 {
+        self.pool_size
+    }
+
+    /// Sets the number of pooled connections, 1 to 64.
+    #[must_use]
+    pub fn with_pool_size(mut self, pool_size: u32) -> Self {
+        self.pool_size = pool_size;
+        self
+    }
+
+    /// The bound on opening a connection. Default 5 s.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// Sets the bound on opening a connection, up to 5 minutes.
+    #[must_use]
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How many terms of each lease the history table keeps; `0` keeps all. Default 1000.
+    pub fn history_limit(&self) -> u32 {
+        self.history_limit
+    }
+
+    /// Sets how many terms of each lease the history table keeps; `0` keeps all.
+    #[must_use]
+    pub fn with_history_limit(mut self, limit: u32) -> Self {
+        self.history_limit = limit;
+        self
+    }
+
+    /// The driver's connection options (they hold the password: never print them).
+    pub(crate) fn connect_options(&self) -> &PgConnectOptions {
+        &self.connect
+    }
+
+    /// Checks the ranges of the fields.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] naming the field.
+    pub fn validate(&self) -> Result<()> {
+        let invalid = |field, value: String, allowed: &str| {
+            Err(Error::InvalidConfig {
+                field,
+                value,
+                allowed: allowed.to_string(),
+            })
+        };
+        if let Err(why) = check_schema(&self.schema) {
+            return invalid("schema", format!("{:?}", self.schema), why);
+        }
+        if !(1..=MAX_POOL_SIZE).contains(&self.pool_size) {
+            return invalid("pool_size", self.pool_size.to_string(), "1 to 64 connections");
+        }
+        if self.connect_timeout.is_zero() || self.connect_timeout > MAX_CONNECT_TIMEOUT {
+            return invalid(
+                "connect_timeout",
+                format!("{:?}", self.connect_timeout),
+                "more than 0 and at most 5 minutes",
+            );
+        }
+        Ok(())
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
+        let bad = |allowed: &str| format!("option {key}={value:?}: expected {allowed}");
+        match key {
+            "schema" => {
+                check_schema(value).map_err(bad)?;
+                self.schema = value.to_string();
+            }
+            "pool_size" => {
+                self.pool_size = value
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=MAX_POOL_SIZE).contains(n))
+                    .ok_or_else(|| bad("a number of connections from 1 to 64"))?;
+            }
+            "connect_timeout" => {
+                self.connect_timeout = parse_duration(value)
+                    .filter(|d| !d.is_zero() && *d <= MAX_CONNECT_TIMEOUT)
+                    .ok_or_else(|| bad("a duration up to 5m such as 5s, 500ms or 10 (seconds, as libpq)"))?;
+            }
+            "history_limit" => {
+                self.history_limit = value.parse().map_err(|_| bad("a number of terms (0 keeps all)"))?;
+            }
+            _ => return Err(format!("unknown option {key:?}")),
+        }
+        Ok(())
+    }
+}
+
+/// Checks the options sqlx would otherwise accept silently or fail on only when connecting.
+fn check_driver_option(key: &str, value: &str) -> Result<(), String> {
+    if matches!(key, "sslmode" | "ssl-mode") {
+        let tls_needed = match value.to_ascii_lowercase().as_str() {
+            "disable" | "allow" | "prefer" => false,
+            "require" | "verify-ca" | "verify-full" => true,
+            _ => {
+                return Err(format!(
+                    "option {key}={value:?}: expected disable, allow, prefer, require, verify-ca or verify-full"
+                ));
+            }
+        };
+        if tls_needed && !cfg!(feature = "tls-rustls") {
+            return Err(format!(
+                "option {key}={value}: this build of leasehold-postgres has no TLS; enable its `tls-rustls` feature"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A schema name leasehold accepts: it is always quoted in SQL, but kept simple so that it reads
+/// the same in `psql` and in the notification payloads.
+fn check_schema(schema: &str) -> Result<(), &'static str> {
+    let ok = !schema.is_empty()
+        && schema.len() <= 63
+        && !schema.starts_with(|c: char| c.is_ascii_digit())
+        && !schema.to_ascii_lowercase().starts_with("pg_")
+        && schema.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err("1 to 63 ASCII letters, digits or '_', not starting with a digit or pg_")
+    }
+}
+
+impl FromStr for PostgresConfig {
+    type Err = Error;
+
+    fn from_str(url: &str) -> Result<Self> {
+        PostgresConfig::from_url(url)
+    }
+}
+
+impl fmt::Display for PostgresConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.shown)
+    }
+}
+
+impl fmt::Debug for PostgresConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the driver's options: their Debug shows the password.
+        f.debug_struct("PostgresConfig")
+            .field("url", &self.shown)
+            .field("schema", &self.schema)
+            .field("pool_size", &self.pool_size)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("history_limit", &self.history_limit)
+            .finish()
+    }
+}
+
+/// `url` with the password of its user info and the value of any `password` query option
+/// replaced by `***`. Works on malformed URLs too, so that errors about them can show them.
+///
+/// # Examples
+///
+/// ```
+/// use leasehold_postgres::redact;
+///
+/// assert_eq!(redact("postgres://app:s3cret@db/x?password=s3cret&sslmode=require"),
+///            "postgres://app:***@db/x?password=***&sslmode=require");
+/// assert_eq!(redact("postgres://app@db/x"), "postgres://app@db/x");
+/// ```
+pub fn redact(url: &str) -> String {
+    let (head, query) = match url.split_once('?') {
+        Some((head, query)) => (head, Some(query)),
+        None => (url, None),
+    };
+    // The user info ends at the last '@' of the authority (before the path) or, in a URL too
+    // malformed to have one, at the last '@' before the query.
+    let userinfo_end = match head.split_once("://") {
+        Some((scheme, rest)) => {
+            let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+            authority.rfind('@').map(|at| scheme.len() + 3 + at)
+        }
+        None => head.rfind('@'),
+    };
+    let mut out = match userinfo_end {
+        Some(at) => {
+            let start = head[..at].rfind('/').map_or(0, |slash| slash + 1);
+            match head[start..at].find(':') {
+                Some(colon) => format!("{}:***{}", &head[..start + colon], &head[at..]),
+                None => head.to_string(),
+            }
+        }
+        None => head.to_string(),
+    };
+    if let Some(query) = query {
+        out.push('?');
+        let pairs: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((key, _)) if is_secret_option(key) => format!("{key}=***"),
+                _ => pair.to_string(),
+            })
+            .collect();
+        out.push_str(&pairs.join("&"));
+    }
+    out
+}
+
+fn is_secret_option(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    key == "password" || key == "pass" || key.contains("secret") || key.contains("token")
+}
+
+/// `500ms`, `5s`, `2m`, or a bare number of seconds (as libpq's `connect_timeout`).
+fn parse_duration(value: &str) -> Option<Duration> {
+    let split = value.find(|c: char| !c.is_ascii_digit()).unwrap_or(value.len());
+    let (number, unit) = value.split_at(split);
+    let number: u64 = number.parse().ok()?;
+    match unit {
+        "ms" => Some(Duration::from_millis(number)),
+        "" | "s" => Some(Duration::from_secs(number)),
+        "m" => number.checked_mul(60).map(Duration::from_secs),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_forms() {
+        for url in [
+            "postgres://postgres@127.0.0.1:25432/leasehold",
+            "postgresql://app:pw@db.internal/jobs",
+            "POSTGRES://app@db/jobs?sslmode=disable",
+            "postgres:///jobs?host=/var/run/postgresql",
+            "postgres://app@[::1]:5433/jobs?application_name=svc&options=-c%20search_path%3Dx",
+        ] {
+            let config = PostgresConfig::from_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert_eq!(config.schema(), DEFAULT_SCHEMA);
+            assert_eq!(config.pool_size(), DEFAULT_POOL_SIZE);
+            config.validate().unwrap();
+        }
+        let config = PostgresConfig::from_url("postgres://app@db.internal:6000/jobs").unwrap();
+        let options = config.connect_options();
+        assert_eq!(
+            (options.get_host(), options.get_port(), options.get_username()),
+            ("db.internal", 6000, "app")
+        );
+        assert_eq!(options.get_database(), Some("jobs"));
+    }
+
+    #[test]
+    fn own_options() {
+        let config: PostgresConfig =
+            "postgres://h/db?schema=elections_2&pool_size=2&connect_timeout=750ms&history_limit=0&sslmode=prefer"
+                .parse()
+                .unwrap();
+        assert_eq!(config.schema(), "elections_2");
+        assert_eq!(config.pool_size(), 2);
+        assert_eq!(config.connect_timeout(), Duration::from_millis(750));
+        assert_eq!(config.history_limit(), 0);
+        for (value, expected) in [("5", 5_000), ("5s", 5_000), ("250ms", 250), ("2m", 120_000)] {
+            let config = PostgresConfig::from_url(&format!("postgres://h/db?connect_timeout={value}")).unwrap();
+            assert_eq!(config.connect_timeout(), Duration::from_millis(expected), "{value}");
+        }
+    }
+
+    #[test]
+    fn malformed_urls_name_the_problem_and_hide_the_password() {
+        for (url, why) in [
+            ("sqlite:///x.db", "scheme"),
+            ("postgres:/h/db", "scheme"),
+            ("mysql://u:topsecret@h/db", "scheme"),
+            ("postgres://u:topsecret@h:notaport/db", "malformed"),
+            ("postgres://u:topsecret@h/db?schema=a-b", "schema"),
+            ("postgres://u:topsecret@h/db?schema=pg_catalog", "schema"),
+            ("postgres://u:topsecret@h/db?schema=", "schema"),
+            ("postgres://u:topsecret@h/db?pool_size=0", "pool_size"),
+            ("postgres://u:topsecret@h/db?pool_size=65", "pool_size"),
+            ("postgres://u:topsecret@h/db?connect_timeout=soon", "connect_timeout"),
+            ("postgres://u:topsecret@h/db?connect_timeout=0", "connect_timeout"),
+            ("postgres://u:topsecret@h/db?connect_timeout=1h", "connect_timeout"),
+            ("postgres://u:topsecret@h/db?history_limit=-1", "history_limit"),
+            ("postgres://u:topsecret@h/db?sslmode=sometimes", "sslmode"),
+            (
+                "postgres://u:topsecret@h/db?busy_timeout=1s",
+                "unknown option \"busy_timeout\"",
+            ),
+            (
+                "postgres://u@h/db?password=topsecret&bogus=1",
+                "unknown option \"bogus\"",
+            ),
+        ] {
+            match PostgresConfig::from_url(url) {
+                Err(e @ Error::InvalidUrl { .. }) => {
+                    let Error::InvalidUrl { url: shown, reason } = &e else {
+                        unreachable!()
+                    };
+                    assert!(reason.contains(why), "{url}: {reason}");
+                    for text in [shown.clone(), e.to_string(), format!("{e:?}")] {
+                        assert!(!text.contains("topsecret"), "{url}: leaked in {text}");
+                    }
+                }
+                other => panic!("{url}: expected InvalidUrl, got {other:?}"),
+            }
+        }
+    }
+
+    #[cfg(not(feature = "tls-rustls"))]
+    #[test]
+    fn tls_modes_need_the_feature() {
+        for mode in ["require", "verify-ca", "verify-full"] {
+            let err = PostgresConfig::from_url(&format!("postgres://h/db?sslmode={mode}"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("tls-rustls"), "{err}");
+        }
+    }
+
+    #[test]
+    fn passwords_are_never_shown() {
+        let url = "postgresql://app:hunter2@db:5432/jobs?password=hunter2&sslmode=disable";
+        let config = PostgresConfig::from_url(url).unwrap();
+        for text in [config.to_string(), format!("{config:?}"), format!("{config:#?}")] {
+            assert!(!text.contains("hunter2"), "{text}");
+            assert!(text.contains("***"), "{text}");
+        }
+        assert_eq!(
+            redact("postgres://a:b@c@h/db"),
+            "postgres://a:***@h/db",
+            "the last @ ends the user info"
+        );
+        assert_eq!(redact("postgres://h/db?token=x&a=1"), "postgres://h/db?token=***&a=1");
+        assert_eq!(redact("postgres:/u:pw@h/db"), "postgres:/u:***@h/db");
+        assert_eq!(redact("postgres://u:pw@h/a:b@c"), "postgres://u:***@h/a:b@c");
+        assert_eq!(redact("postgres://h/db@x"), "postgres://h/db@x");
+        assert_eq!(redact("u:pw@h"), "u:***@h");
+    }
+
+    #[test]
+    fn validate_names_the_field() {
+        let field = |config: PostgresConfig| match config.validate() {
+            Err(Error::InvalidConfig { field, .. }) => field,
+            other => panic!("expected InvalidConfig, got {other:?}"),
+        };
+        let ok = PostgresConfig::from_url("postgres://h/db").unwrap();
+        assert_eq!(field(ok.clone().with_schema("1x")), "schema");
+        assert_eq!(field(ok.clone().with_pool_size(0)), "pool_size");
+        assert_eq!(
+            field(ok.clone().with_connect_timeout(Duration::ZERO)),
+            "connect_timeout"
+        );
+        ok.with_history_limit(0).validate().unwrap();
+    }
+}

@@ -1,0 +1,361 @@
+//! Reading rows: every value is checked, and garbage becomes [`Error::CorruptRecord`] naming the
+//! lease and the field. Also the lock key of a lease and what this store has seen of each lease.
+
+use std::collections::HashMap;
+use std::ops::RangeInclusive;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use leasehold_core::{
+    CandidateId, EndReason, Error, HolderInfo, LeaseName, Observation, Result, Term, Transition, random_u64,
+};
+use sqlx::postgres::PgRow;
+use sqlx::{Row, TypeInfo, ValueRef};
+use tokio::time::Instant;
+
+use crate::error::STORE;
+
+/// The TTLs this store accepts: `idle_session_timeout` counts in milliseconds, but a lock session
+/// that must speak at least once a TTL is fragile below a second, and an hour is already long for
+/// a lease nobody else may take after a silent holder.
+pub const TTL_RANGE: RangeInclusive<Duration> = Duration::from_secs(1)..=Duration::from_secs(3600);
+
+/// A lease row, validated.
+#[derive(Debug)]
+pub(crate) struct Record {
+    pub(crate) holder: Option<Holding>,
+    /// The row's term: the holder's, or the last one granted.
+    pub(crate) term: Term,
+    /// The highest term in the row or the history: the next grant is above it.
+    pub(crate) last_term: Term,
+    pub(crate) previous_end: Option<EndReason>,
+}
+
+/// The holder of a lease, as its row records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Holding {
+    pub(crate) id: CandidateId,
+    pub(crate) ttl: Duration,
+    pub(crate) version: String,
+}
+
+/// The columns every statement that reads a lease returns, in this order, starting at some
+/// index: `present, holder, term, ttl_ms, version, previous_end, history_term`.
+pub(crate) const RECORD_COLUMNS: &str = "l.name IS NOT NULL, l.holder, l.term, l.ttl_ms, l.version, l.previous_end,
+     (SELECT max(h.term) FROM {schema}.history AS h WHERE h.name = w.name)";
+
+/// The same checks as [`Record::decode`], in SQL, over `l` (the row) and `history_term`: the
+/// acquire statement grants only on a row that passes them.
+pub(crate) const VALID_ROW_SQL: &str = "(l.term >= 0
+     AND (l.previous_end IS NULL OR l.previous_end IN ('released', 'expired', 'broken'))
+     AND ((l.holder IS NULL AND l.ttl_ms IS NULL AND l.version IS NULL)
+          OR (l.holder IS NOT NULL AND l.ttl_ms IS NOT NULL AND l.version IS NOT NULL AND l.term > 0
+              AND l.ttl_ms BETWEEN {min_ttl_ms} AND {max_ttl_ms}
+              AND l.version ~ '^[0-9a-fA-F]{16}$'
+              AND octet_length(l.holder) BETWEEN 1 AND 256
+              AND l.holder !~ E'[\\\\u0001-\\\\u001f\\\\u007f-\\\\u009f]')))";
+
+impl Record {
+    /// Decodes the [`RECORD_COLUMNS`] of `row` starting at column `at`.
+    pub(crate) fn decode(lease: &LeaseName, row: &PgRow, at: usize) -> Result<Record> {
+        let corrupt = |detail: String| Error::corrupt(STORE, lease, detail);
+        let history_term = match get::<i64>(row, at + 6, "history.term").map_err(corrupt)? {
+            None => Term(0),
+            Some(t) => term_from(t).ok_or_else(|| corrupt(format!("history.term {t} is negative")))?,
+        };
+        if get::<bool>(row, at, "name").map_err(corrupt)? != Some(true) {
+            return Ok(Record {
+                holder: None,
+                term: history_term,
+                last_term: history_term,
+                previous_end: None,
+            });
+        }
+        let term = get::<i64>(row, at + 2, "term")
+            .map_err(corrupt)?
+            .ok_or_else(|| corrupt("term is NULL".into()))?;
+        let term = term_from(term).ok_or_else(|| corrupt(format!("term {term} is negative")))?;
+        let previous_end = match get::<String>(row, at + 5, "previous_end").map_err(corrupt)? {
+            None => None,
+            Some(reason) => Some(parse_end_reason(&reason).map_err(|e| corrupt(format!("previous_end: {e}")))?),
+        };
+        let holder = match (
+            get::<String>(row, at + 1, "holder"),
+            get::<i64>(row, at + 3, "ttl_ms"),
+            get::<String>(row, at + 4, "version"),
+        ) {
+            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return Err(corrupt(e)),
+            (Ok(None), Ok(None), Ok(None)) => None,
+            (Ok(Some(id)), Ok(Some(ttl_ms)), Ok(Some(version))) => {
+                let id = CandidateId::new(id).map_err(|e| corrupt(format!("holder: {e}")))?;
+                if term == Term(0) {
+                    return Err(corrupt("term 0 has a holder; terms start at 1".into()));
+                }
+                let ttl = u64::try_from(ttl_ms)
+                    .ok()
+                    .map(Duration::from_millis)
+                    .filter(|ttl| TTL_RANGE.contains(ttl))
+                    .ok_or_else(|| corrupt(format!("ttl_ms {ttl_ms} is outside {TTL_RANGE:?}")))?;
+                if !is_version(&version) {
+                    let shown: String = version.chars().take(40).collect();
+                    return Err(corrupt(format!("version {shown:?} is not 16 hex digits")));
+                }
+                Some(Holding { id, ttl, version })
+            }
+            (Ok(holder), Ok(ttl_ms), Ok(version)) => {
+                let set = |is_set: bool| if is_set { "set" } else { "NULL" };
+                return Err(corrupt(format!(
+                    "holder, ttl_ms and version must be all set or all NULL, found holder {}, ttl_ms {}, version {}",
+                    set(holder.is_some()),
+                    set(ttl_ms.is_some()),
+                    set(version.is_some()),
+                )));
+            }
+        };
+        Ok(Record {
+            holder,
+            term,
+            last_term: term.max(history_term),
+            previous_end,
+        })
+    }
+
+    /// What a candidate is told about the lease.
+    pub(crate) fn observation(&self, lease: &LeaseName) -> Observation {
+        Observation {
+            lease: lease.clone(),
+            holder: self.holder.as_ref().map(|h| HolderInfo {
+                id: h.id.clone(),
+                term: self.term,
+                ttl: h.ttl,
+                version: h.version.clone(),
+                store_remaining: None,
+            }),
+            last_term: self.last_term,
+            previous_end: if self.holder.is_none() { self.previous_end } else { None },
+        }
+    }
+}
+
+/// Decodes `(term, holder, acquired_at_ms, ended_at_ms, end_reason)` of the history table.
+pub(crate) fn decode_transition(lease: &LeaseName, row: &PgRow) -> Result<Transition> {
+    let corrupt = |detail: String| Error::corrupt(STORE, lease, format!("history: {detail}"));
+    let required = |index, field| get::<i64>(row, index, field)?.ok_or_else(|| format!("{field} is NULL"));
+    let term = required(0, "term").map_err(corrupt)?;
+    let term = term_from(term)
+        .filter(|t| t.0 > 0)
+        .ok_or_else(|| corrupt(format!("term {term} is not a term")))?;
+    let holder = get::<String>(row, 1, "holder")
+        .map_err(corrupt)?
+        .ok_or_else(|| corrupt(format!("term {term}: holder is NULL")))?;
+    let holder = CandidateId::new(holder).map_err(|e| corrupt(format!("term {term}: holder: {e}")))?;
+    let acquired_at = system_time(required(2, "acquired_at").map_err(corrupt)?)
+        .ok_or_else(|| corrupt(format!("term {term}: acquired_at is before 1970")))?;
+    let ended_at = get::<i64>(row, 3, "ended_at").map_err(corrupt)?;
+    let end_reason = get::<String>(row, 4, "end_reason").map_err(corrupt)?;
+    let ended = match (ended_at, end_reason) {
+        (None, None) => None,
+        (Some(at), Some(reason)) => {
+            let at = system_time(at).ok_or_else(|| corrupt(format!("term {term}: ended_at is before 1970")))?;
+            let reason = parse_end_reason(&reason).map_err(|e| corrupt(format!("term {term}: end_reason: {e}")))?;
+            Some((at, reason))
+        }
+        _ => {
+            return Err(corrupt(format!(
+                "term {term}: ended_at and end_reason must be both set or both NULL"
+            )));
+        }
+    };
+    Ok(Transition {
+        term,
+        holder,
+        acquired_at,
+        ended,
+    })
+}
+
+/// A nullable column of type `T`, or a description of what is there instead.
+fn get<'r, T>(row: &'r PgRow, index: usize, field: &str) -> Result<Option<T>, String>
+where
+    T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    row.try_get::<Option<T>, _>(index).map_err(|_| {
+        let found = row
+            .try_get_raw(index)
+            .map(|raw| raw.type_info().name().to_string())
+            .unwrap_or_else(|_| "unreadable".into());
+        format!("{field} has type {found}, not the type leasehold wrote")
+    })
+}
+
+fn term_from(value: i64) -> Option<Term> {
+    u64::try_from(value).ok().map(Term)
+}
+
+/// A term as Postgres stores it (a `bigint`).
+pub(crate) fn term_value(term: Term) -> i64 {
+    i64::try_from(term.0).unwrap_or(i64::MAX)
+}
+
+/// A TTL in milliseconds, within [`TTL_RANGE`] (checked on acquire).
+pub(crate) fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// A fresh record version: 16 random hex digits.
+pub(crate) fn new_version() -> String {
+    format!("{:016x}", random_u64())
+}
+
+fn is_version(text: &str) -> bool {
+    text.len() == 16 && text.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+fn parse_end_reason(text: &str) -> Result<EndReason, String> {
+    match text {
+        "released" => Ok(EndReason::Released),
+        "expired" => Ok(EndReason::Expired),
+        "broken" => Ok(EndReason::Broken),
+        other => {
+            let shown: String = other.chars().take(40).collect();
+            Err(format!(
+                "unknown end reason {shown:?} (expected released, expired or broken)"
+            ))
+        }
+    }
+}
+
+fn system_time(millis: i64) -> Option<SystemTime> {
+    SystemTime::UNIX_EPOCH.checked_add(Duration::from_millis(u64::try_from(millis).ok()?))
+}
+
+/// The advisory lock key of `lease` in `schema`: the 64-bit FNV-1a hash of
+/// `leasehold/<schema>/<lease>`, as a signed `bigint`.
+///
+/// Stable across versions and platforms (it is written into each row's `lock_key` column, so
+/// operators can join `pg_locks` without computing it). Two stores with different schemas in one
+/// database never contend for each other's locks.
+///
+/// # Examples
+///
+/// ```
+/// use leasehold_postgres::lock_key;
+///
+/// assert_eq!(lock_key("leasehold", "a"), lock_key("leasehold", "a"));
+/// assert_ne!(lock_key("leasehold", "a"), lock_key("other", "a"));
+/// ```
+pub fn lock_key(schema: &str, lease: &str) -> i64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut hash = OFFSET;
+    for byte in "leasehold/"
+        .bytes()
+        .chain(schema.bytes())
+        .chain(std::iter::once(b'/'))
+        .chain(lease.bytes())
+    {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(PRIME);
+    }
+    i64::from_ne_bytes(hash.to_ne_bytes())
+}
+
+/// What this store has seen of the holders of leases, on its own monotonic clock: the record
+/// version method of leasehold's contract, for rows whose holder's session has ended.
+///
+/// A holder's row can outlive its lock: a connection reset by the network, a restarted server or
+/// an operator's `pg_terminate_backend` frees the advisory lock at once, while the holder still
+/// believes its grant until its local deadline. A contender that gets the lock but finds such a
+/// row replaces it only once it has seen the same version unchanged for the holder's whole TTL,
+/// counted from when the reply that first showed it arrived.
+#[derive(Debug, Default)]
+pub(crate) struct Sightings {
+    seen: Mutex<HashMap<LeaseName, Sighting>>,
+}
+
+#[derive(Clone, Debug)]
+struct Sighting {
+    holder: Holding,
+    term: Term,
+    since: Instant,
+}
+
+/// A holder record this store has seen unchanged for its full TTL: it may be replaced.
+#[derive(Clone, Debug)]
+pub(crate) struct Stale {
+    pub(crate) holder: CandidateId,
+    pub(crate) term: Term,
+    pub(crate) version: String,
+}
+
+impl Sightings {
+    /// Records what a reply that arrived at `at` showed; returns since when this store has seen
+    /// the current holder record (`None` for a free lease).
+    pub(crate) fn see(&self, lease: &LeaseName, record: &Record, at: Instant) -> Option<Instant> {
+        let mut seen = self.seen.lock().expect("sightings lock poisoned");
+        let Some(holder) = &record.holder else {
+            seen.remove(lease);
+            return None;
+        };
+        match seen.get(lease) {
+            Some(s) if s.holder == *holder && s.term == record.term => Some(s.since),
+            _ => {
+                seen.insert(
+                    lease.clone(),
+                    Sighting {
+                        holder: holder.clone(),
+                        term: record.term,
+                        since: at,
+                    },
+                );
+                Some(at)
+            }
+        }
+    }
+
+    /// The holder record of `lease` that has been seen unchanged for its full TTL by `now`.
+    pub(crate) fn stale(&self, lease: &LeaseName, now: Instant) -> Option<Stale> {
+        let seen = self.seen.lock().expect("sightings lock poisoned");
+        seen.get(lease)
+            .filter(|s| now >= s.since + s.holder.ttl)
+            .map(|s| Stale {
+                holder: s.holder.id.clone(),
+                term: s.term,
+                version: s.holder.version.clone(),
+            })
+    }
+
+    /// Forgets `lease` (it was just granted here).
+    pub(crate) fn forget(&self, lease: &LeaseName) {
+        self.seen.lock().expect("sightings lock poisoned").remove(lease);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_keys_are_stable() {
+        // FNV-1a 64 of "leasehold/leasehold/invoice-scheduler", computed independently.
+        let expected = {
+            let mut h: u64 = 0xcbf29ce484222325;
+            for b in b"leasehold/leasehold/invoice-scheduler" {
+                h ^= u64::from(*b);
+                h = h.wrapping_mul(0x100000001b3);
+            }
+            h as i64
+        };
+        assert_eq!(lock_key("leasehold", "invoice-scheduler"), expected);
+        assert_ne!(lock_key("leasehold", "a"), lock_key("leasehold", "b"));
+        assert_ne!(lock_key("x", "ab"), lock_key("xa", "b"));
+    }
+
+    #[test]
+    fn versions() {
+        let v = new_version();
+        assert!(is_version(&v), "{v}");
+        assert_ne!(v, new_version());
+        assert!(!is_version("garbage"));
+    }
+}

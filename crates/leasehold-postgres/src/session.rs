@@ -1,0 +1,830 @@
+//! The lock session: one dedicated connection per store that holds the advisory lock of every
+//! lease the store holds, driven by one task.
+//!
+//! The connection never returns to a pool: its session *is* the holding. It is owned by a task
+//! that takes requests from a queue, so a caller that gives up (the engine's request timeout)
+//! never cancels a statement half way; the task finishes it and keeps its bookkeeping exact.
+//! Requests that queue up are served releases first, then every renewal in one statement, then
+//! up to [`MAX_ACQUIRES`] acquires in one statement, so that a burst of campaigns never starves
+//! the renewals of held leases.
+//!
+//! The session's `idle_session_timeout` is always the smallest TTL among the leases it holds
+//! (off while it holds none), set by the very statement that takes or gives back a lock. A holder
+//! that goes silent (crash without FIN, network partition, a frozen process) therefore loses
+//! every lock it holds once the server has heard nothing from it for that long.
+//!
+//! A session that breaks or does not answer is dropped, with its locks. The rows still name their
+//! grants, so the next renewal of each takes its lock again on a new session (nobody can have
+//! been granted the lease in between, or the row would say so); grants that nobody renews are
+//! given back after their TTL.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_core::{AcquireRequest, Acquired, CandidateId, Error, Grant, LeaseName, Result, Term};
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgRow};
+use sqlx::query::Query;
+use sqlx::{Connection, PgConnection, Postgres, Row};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use crate::config::PostgresConfig;
+use crate::error::{self, STORE};
+use crate::record::{Record, Sightings, lock_key, millis, new_version, term_value};
+use crate::sql::{self, Sql};
+
+/// Acquires sent in one statement at most (between two looks at the queue for releases and
+/// renewals).
+const MAX_ACQUIRES: usize = 256;
+
+/// Renewals sent in one statement at most.
+const MAX_RENEWALS: usize = 2048;
+
+/// How often a running statement checks whether the client went away: it bounds how long a
+/// vanished holder keeps its locks while a statement of its is still running.
+const CLIENT_CHECK_INTERVAL_MS: u32 = 1000;
+
+/// How long a statement on the lock session waits for a row lock (an operator's transaction,
+/// a concurrent `break_lease`) before it fails as a transient timeout, instead of blocking every
+/// lease of the session.
+const LOCK_TIMEOUT_MS: u32 = 250;
+
+/// What every part of a store shares.
+pub(crate) struct Context {
+    pub(crate) config: PostgresConfig,
+    pub(crate) sql: Sql,
+    pub(crate) sightings: Sightings,
+    /// The options of the lock session: the user's, plus the session settings it relies on.
+    lock_options: PgConnectOptions,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Not the connect options: their Debug shows the password.
+        f.debug_struct("Context")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Context {
+    pub(crate) fn new(config: PostgresConfig) -> Context {
+        let mut lock_options = config.connect_options().clone().options([
+            ("idle_session_timeout", "0".to_string()),
+            ("client_connection_check_interval", CLIENT_CHECK_INTERVAL_MS.to_string()),
+            ("lock_timeout", LOCK_TIMEOUT_MS.to_string()),
+        ]);
+        if lock_options.get_application_name().is_none() {
+            lock_options = lock_options.application_name("leasehold-lock");
+        }
+        Context {
+            sql: Sql::new(config.schema()),
+            sightings: Sightings::default(),
+            lock_options,
+            config,
+        }
+    }
+
+    /// The options of a lock connection (the user's, plus the session settings it relies on).
+    pub(crate) fn lock_options(&self) -> &PgConnectOptions {
+        &self.lock_options
+    }
+
+    /// The advisory lock key of `lease`.
+    pub(crate) fn key(&self, lease: &LeaseName) -> i64 {
+        lock_key(self.config.schema(), lease.as_str())
+    }
+
+    /// The payload of a notification about a change of `lease` made by candidate `by` (empty:
+    /// an operator): `<schema>/<lease>/<by>`. The candidate that made a change is not woken by
+    /// it (see [`Notifier`](crate::notify::Notifier)).
+    pub(crate) fn payload(&self, lease: &LeaseName, by: &str) -> String {
+        format!("{}/{}/{}", self.config.schema(), lease, by)
+    }
+}
+
+/// What a renewal found.
+#[derive(Debug)]
+pub(crate) enum Renewal {
+    /// Renewed: the grant with its new record version.
+    Renewed(Grant),
+    /// This store no longer holds the grant's lock (its session ended, or the row no longer
+    /// names the grant); the lock, if it still had it, is given back.
+    NotHeld,
+}
+
+#[derive(Debug)]
+enum Command {
+    Acquire {
+        request: AcquireRequest,
+        at: Instant,
+        reply: oneshot::Sender<Result<Acquired>>,
+    },
+    Renew {
+        grant: Grant,
+        at: Instant,
+        reply: oneshot::Sender<Result<Renewal>>,
+    },
+    Release {
+        grant: Grant,
+        reply: oneshot::Sender<Result<()>>,
+    },
+}
+
+/// The handle of the lock session's task; the task ends (and the session with it) when every
+/// handle is dropped.
+#[derive(Clone, Debug)]
+pub(crate) struct LockSession {
+    commands: mpsc::UnboundedSender<Command>,
+}
+
+impl LockSession {
+    /// Starts the task on the current tokio runtime, with `conn` (opened with
+    /// [`Context::lock_options`]) as its first lock connection.
+    pub(crate) fn spawn(cx: Arc<Context>, conn: PgConnection) -> LockSession {
+        let (commands, queue) = mpsc::unbounded_channel();
+        let actor = Actor {
+            cx,
+            session: Some(Session {
+                conn,
+                held: HashMap::new(),
+                idle_timeout: Duration::ZERO,
+                last_used: Instant::now(),
+            }),
+            releases: VecDeque::new(),
+            renewals: Vec::new(),
+            acquires: VecDeque::new(),
+        };
+        tokio::spawn(actor.run(queue));
+        LockSession { commands }
+    }
+
+    /// Takes the lease if the store lets this candidate have it. `at` is when the caller asked,
+    /// no earlier than when the engine sent the request.
+    pub(crate) async fn acquire(&self, request: AcquireRequest, at: Instant) -> Result<Acquired> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Acquire { request, at, reply }, answer).await
+    }
+
+    /// Renews a grant this store holds.
+    pub(crate) async fn renew(&self, grant: Grant, at: Instant) -> Result<Renewal> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Renew { grant, at, reply }, answer).await
+    }
+
+    /// Ends a grant (if the row still names it) and gives its lock back.
+    pub(crate) async fn release(&self, grant: Grant) -> Result<()> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Release { grant, reply }, answer).await
+    }
+
+    async fn send<T>(&self, command: Command, answer: oneshot::Receiver<Result<T>>) -> Result<T> {
+        let gone = || Error::unreachable(STORE, "the lock session task has stopped (its tokio runtime shut down)");
+        self.commands.send(command).map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
+    }
+}
+
+/// One advisory lock the session holds.
+#[derive(Clone, Debug)]
+struct Held {
+    key: i64,
+    holder: CandidateId,
+    term: Term,
+    ttl: Duration,
+    /// When the last successful acquire or renewal of this grant was asked for: the holder
+    /// believes its grant for less than `ttl` after that.
+    confirmed: Instant,
+}
+
+/// The live lock connection and what its session holds.
+struct Session {
+    conn: PgConnection,
+    held: HashMap<LeaseName, Held>,
+    /// The session's `idle_session_timeout` as last set (zero: off).
+    idle_timeout: Duration,
+    /// When the last statement's answer arrived.
+    last_used: Instant,
+}
+
+/// Why a statement failed, kept so that one failure can answer many requests.
+#[derive(Debug)]
+enum Failure {
+    Sql(sqlx::Error),
+    NoAnswer(Duration),
+    NotConnected(Error),
+}
+
+impl Failure {
+    fn to_error(&self, operation: &'static str) -> Error {
+        match self {
+            Failure::Sql(e) => error::map(e, operation, Duration::ZERO),
+            Failure::NoAnswer(after) => Error::Timeout {
+                store: STORE,
+                operation,
+                after: *after,
+            },
+            Failure::NotConnected(e) => match e {
+                Error::Unreachable { source, .. } => Error::unreachable(STORE, source.to_string()),
+                Error::Timeout { after, .. } => Error::Timeout {
+                    store: STORE,
+                    operation,
+                    after: *after,
+                },
+                other => Error::store(STORE, other.to_string()),
+            },
+        }
+    }
+}
+
+struct Actor {
+    cx: Arc<Context>,
+    session: Option<Session>,
+    releases: VecDeque<(Grant, oneshot::Sender<Result<()>>)>,
+    renewals: Vec<(Grant, Instant, oneshot::Sender<Result<Renewal>>)>,
+    acquires: VecDeque<(AcquireRequest, Instant, oneshot::Sender<Result<Acquired>>)>,
+}
+
+/// The smallest TTL among `held` (leaving out `except`) and `plus`; zero (no timeout) if none.
+fn idle_timeout(held: &HashMap<LeaseName, Held>, except: Option<&LeaseName>, plus: Option<Duration>) -> Duration {
+    held.iter()
+        .filter(|(lease, _)| Some(*lease) != except)
+        .map(|(_, h)| h.ttl)
+        .chain(plus)
+        .min()
+        .unwrap_or(Duration::ZERO)
+}
+
+/// A Postgres setting in milliseconds.
+fn setting(duration: Duration) -> String {
+    millis(duration).to_string()
+}
+
+impl Actor {
+    async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
+        loop {
+            if self.releases.is_empty() && self.renewals.is_empty() && self.acquires.is_empty() {
+                match commands.recv().await {
+                    Some(command) => self.queue(command),
+                    None => break,
+                }
+            }
+            while let Ok(command) = commands.try_recv() {
+                self.queue(command);
+            }
+            self.forget_silent_session();
+            self.expire_abandoned().await;
+            while let Some((grant, reply)) = self.releases.pop_front() {
+                // Always carried out, even when the caller gave up: it only frees the lease.
+                let result = self.release(&grant).await;
+                let _ = reply.send(result);
+            }
+            while !self.renewals.is_empty() {
+                let take = self.renewals.len().min(MAX_RENEWALS);
+                let batch: Vec<_> = self.renewals.drain(..take).collect();
+                self.renew_all(batch).await;
+            }
+            self.acquire_some().await;
+        }
+        // Every store handle is gone: closing the connection ends the session and its locks.
+        if let Some(session) = self.session.take() {
+            let _ = session.conn.close().await;
+        }
+    }
+
+    fn queue(&mut self, command: Command) {
+        match command {
+            Command::Acquire { request, at, reply } => self.acquires.push_back((request, at, reply)),
+            Command::Renew { grant, at, reply } => self.renewals.push((grant, at, reply)),
+            Command::Release { grant, reply } => self.releases.push_back((grant, reply)),
+        }
+    }
+
+    /// A session that said nothing for its whole idle timeout has been ended by the server (or
+    /// will be before the next statement arrives): forget it instead of failing a request on it.
+    fn forget_silent_session(&mut self) {
+        let Some(session) = &self.session else { return };
+        let limit = session.idle_timeout;
+        if !limit.is_zero() && session.last_used.elapsed() + limit / 20 >= limit {
+            warn!(
+                held = session.held.len(),
+                idle = ?session.last_used.elapsed(),
+                "the lock session was silent for its idle timeout; its locks are gone"
+            );
+            self.session = None;
+        }
+    }
+
+    /// Gives back the locks of grants that nobody renewed for a full TTL (their elector stepped
+    /// down without releasing, or stopped): the session stays alive for its other leases, so
+    /// without this such a lock would outlive its grant. The holder stopped believing in it before
+    /// its TTL ran out, counted from when it asked for its last renewal.
+    async fn expire_abandoned(&mut self) {
+        let Some(session) = &self.session else { return };
+        let now = Instant::now();
+        let abandoned: Vec<(LeaseName, Held)> = session
+            .held
+            .iter()
+            .filter(|(_, h)| now >= h.confirmed + h.ttl)
+            .map(|(lease, h)| (lease.clone(), h.clone()))
+            .collect();
+        for (lease, held) in abandoned {
+            debug!(%lease, term = %held.term, "giving back the lock of a grant nobody renewed");
+            let grant = Grant {
+                lease: lease.clone(),
+                holder: held.holder.clone(),
+                term: held.term,
+                ttl: held.ttl,
+                token: String::new(),
+            };
+            if let Err(e) = self.end_term(&grant, Some(held.key), "expired").await {
+                debug!(%lease, error = %e, "could not end an abandoned grant");
+            }
+        }
+    }
+
+    /// The bound on one statement: half the shortest TTL the session holds (or is asked for).
+    ///
+    /// A statement whose reply was lost leaves the connection useless (the protocol cannot
+    /// resynchronise), and nothing tells a lost reply from a slow one; a session that cannot
+    /// answer within half a TTL cannot keep its shortest lease anyway. Dropping it costs little:
+    /// the next renewal of each grant takes its lock again on a new session if the row still
+    /// names it.
+    fn statement_limit(&self, plus: Option<Duration>) -> Duration {
+        let shortest = self
+            .session
+            .as_ref()
+            .map(|s| idle_timeout(&s.held, None, plus))
+            .or(plus)
+            .unwrap_or_default();
+        if shortest.is_zero() {
+            self.cx.config.connect_timeout()
+        } else {
+            shortest / 2
+        }
+    }
+
+    /// Opens the lock connection if there is none.
+    async fn connect(&mut self, limit: Duration) -> Result<(), Failure> {
+        if self.session.is_some() {
+            return Ok(());
+        }
+        let limit = limit.min(self.cx.config.connect_timeout());
+        match tokio::time::timeout(limit, PgConnection::connect_with(&self.cx.lock_options)).await {
+            Ok(Ok(conn)) => {
+                debug!("lock session connected");
+                self.session = Some(Session {
+                    conn,
+                    held: HashMap::new(),
+                    idle_timeout: Duration::ZERO,
+                    last_used: Instant::now(),
+                });
+                Ok(())
+            }
+            Ok(Err(e)) => Err(Failure::NotConnected(error::map(&e, "connect", limit))),
+            Err(_) => Err(Failure::NotConnected(Error::Timeout {
+                store: STORE,
+                operation: "connect",
+                after: limit,
+            })),
+        }
+    }
+
+    /// Runs one statement with a client-side bound. A statement that does not answer in time,
+    /// or fails in a way that ends the session, drops the connection: its locks are gone.
+    async fn fetch_all(
+        &mut self,
+        query: Query<'_, Postgres, PgArguments>,
+        limit: Duration,
+    ) -> Result<Vec<PgRow>, Failure> {
+        let Some(session) = self.session.as_mut() else {
+            return Err(Failure::NotConnected(Error::unreachable(
+                STORE,
+                "the lock session is not connected",
+            )));
+        };
+        let outcome = tokio::time::timeout(limit, query.fetch_all(&mut session.conn)).await;
+        match outcome {
+            Ok(Ok(rows)) => {
+                session.last_used = Instant::now();
+                Ok(rows)
+            }
+            Ok(Err(e)) => {
+                if error::ends_session(&e) {
+                    warn!(error = %e, held = session.held.len(), "the lock session broke; its locks are gone");
+                    self.session = None;
+                } else {
+                    session.last_used = Instant::now();
+                }
+                Err(Failure::Sql(e))
+            }
+            Err(_) => {
+                warn!(
+                    ?limit,
+                    held = session.held.len(),
+                    "the lock session did not answer; dropping it and its locks"
+                );
+                self.session = None;
+                Err(Failure::NoAnswer(limit))
+            }
+        }
+    }
+
+    async fn fetch_one(&mut self, query: Query<'_, Postgres, PgArguments>, limit: Duration) -> Result<PgRow, Failure> {
+        self.fetch_all(query, limit)
+            .await?
+            .into_iter()
+            .next()
+            .ok_or(Failure::Sql(sqlx::Error::RowNotFound))
+    }
+
+    /// Gives back `keys` after a statement that may have taken one failed (a session-level
+    /// advisory lock survives the rollback of the statement that took it); drops the session
+    /// if even that fails, which also frees them.
+    async fn give_back(&mut self, keys: Vec<i64>, limit: Duration) {
+        let Some(session) = &self.session else { return };
+        let after = idle_timeout(&session.held, None, None);
+        let query = sql::query(&self.cx.sql.unlock).bind(keys).bind(setting(after));
+        match self.fetch_one(query, limit).await {
+            Ok(_) => {
+                if let Some(session) = &mut self.session {
+                    session.idle_timeout = after;
+                }
+            }
+            Err(_) => self.session = None,
+        }
+    }
+
+    /// Serves up to [`MAX_ACQUIRES`] queued acquires, each for another lease, in one statement.
+    async fn acquire_some(&mut self) {
+        let mut batch = Vec::new();
+        let mut later = VecDeque::new();
+        let mut leases = HashSet::new();
+        while batch.len() < MAX_ACQUIRES {
+            let Some((request, at, reply)) = self.acquires.pop_front() else {
+                break;
+            };
+            // A caller that gave up already treats the outcome as unknown: skip it.
+            if reply.is_closed() {
+                continue;
+            }
+            // Two requests for one lease (two candidates of this store) go in separate
+            // statements, so that each sees what the other did.
+            if leases.insert(request.lease.clone()) {
+                batch.push((request, at, reply));
+            } else {
+                later.push_back((request, at, reply));
+            }
+        }
+        while let Some(request) = later.pop_back() {
+            self.acquires.push_front(request);
+        }
+        if batch.is_empty() {
+            return;
+        }
+        let shortest = batch.iter().map(|(r, ..)| r.ttl).min();
+        let limit = self.statement_limit(shortest);
+        if let Err(failure) = self.connect(limit).await {
+            for (.., reply) in batch {
+                let _ = reply.send(Err(failure.to_error("acquire")));
+            }
+            return;
+        }
+        let cx = self.cx.clone();
+        let session = self.session.as_ref().expect("connected");
+        let now = Instant::now();
+        let base = session
+            .held
+            .iter()
+            .filter(|(lease, _)| !leases.contains(*lease))
+            .map(|(_, h)| h.ttl)
+            .min()
+            .unwrap_or_default();
+        let mut names = Vec::new();
+        let mut held = Vec::new();
+        let mut keys = Vec::new();
+        let mut candidates = Vec::new();
+        let mut ttls = Vec::new();
+        let mut versions = Vec::new();
+        let mut stale_holders = Vec::new();
+        let mut stale_terms = Vec::new();
+        let mut stale_versions = Vec::new();
+        let mut payloads = Vec::new();
+        let mut old_ttls = Vec::new();
+        for (request, ..) in &batch {
+            let lease = &request.lease;
+            let holding = session.held.get(lease);
+            let stale = cx.sightings.stale(lease, now);
+            names.push(lease.as_str().to_string());
+            held.push(holding.is_some());
+            keys.push(cx.key(lease));
+            candidates.push(request.candidate.as_str().to_string());
+            ttls.push(millis(request.ttl));
+            versions.push(new_version());
+            stale_holders.push(stale.as_ref().map(|s| s.holder.as_str().to_string()));
+            stale_terms.push(stale.as_ref().map(|s| term_value(s.term)));
+            stale_versions.push(stale.map(|s| s.version));
+            payloads.push(cx.payload(lease, request.candidate.as_str()));
+            old_ttls.push(holding.map(|h| millis(h.ttl)));
+        }
+        let query = sql::query(&cx.sql.acquire)
+            .bind(names)
+            .bind(held.clone())
+            .bind(keys.clone())
+            .bind(candidates)
+            .bind(ttls)
+            .bind(versions.clone())
+            .bind(stale_holders)
+            .bind(stale_terms)
+            .bind(stale_versions)
+            .bind(payloads)
+            .bind(old_ttls)
+            .bind(i64::from(cx.config.history_limit()))
+            .bind(millis(base));
+        let rows = match self.fetch_all(query, limit).await {
+            Ok(rows) if rows.len() == batch.len() => rows,
+            outcome => {
+                let failure = match outcome {
+                    Err(failure) => failure,
+                    Ok(rows) => Failure::Sql(sqlx::Error::Protocol(format!(
+                        "{} answers to {} acquires",
+                        rows.len(),
+                        batch.len()
+                    ))),
+                };
+                // Locks the failed statement took survive its rollback: give them back.
+                let taken: Vec<i64> = keys
+                    .iter()
+                    .zip(&held)
+                    .filter(|(_, held)| !**held)
+                    .map(|(k, _)| *k)
+                    .collect();
+                self.give_back(taken, limit).await;
+                for (.., reply) in batch {
+                    let _ = reply.send(Err(failure.to_error("acquire")));
+                }
+                return;
+            }
+        };
+        let arrived = Instant::now();
+        for ((((request, at, reply), row), key), version) in batch.into_iter().zip(&rows).zip(keys).zip(versions) {
+            let answer = self.answer_acquire(&request, at, row, key, version, arrived);
+            let _ = reply.send(answer);
+        }
+        if let Some(session) = self.session.as_mut() {
+            session.idle_timeout = idle_timeout(&session.held, None, None);
+        }
+    }
+
+    /// Reads one request's row of the acquire statement and keeps the bookkeeping.
+    fn answer_acquire(
+        &mut self,
+        request: &AcquireRequest,
+        at: Instant,
+        row: &PgRow,
+        key: i64,
+        version: String,
+        arrived: Instant,
+    ) -> Result<Acquired> {
+        let lease = &request.lease;
+        let internal = |e: sqlx::Error| Error::store(STORE, format!("unexpected answer to acquire: {e}"));
+        let got: bool = row.try_get(1).map_err(internal)?;
+        let granted: bool = row.try_get(2).map_err(internal)?;
+        let new_term: Option<i64> = row.try_get(3).map_err(internal)?;
+        let valid: bool = row.try_get(11).map_err(internal)?;
+        let session = self.session.as_mut().expect("the statement succeeded");
+        let held = session.held.contains_key(lease);
+        if granted {
+            let term = new_term
+                .and_then(|t| u64::try_from(t).ok())
+                .map(Term)
+                .ok_or_else(|| Error::store(STORE, "acquire granted without a term"))?;
+            session.held.insert(
+                lease.clone(),
+                Held {
+                    key,
+                    holder: request.candidate.clone(),
+                    term,
+                    ttl: request.ttl,
+                    confirmed: at,
+                },
+            );
+            self.cx.sightings.forget(lease);
+            return Ok(Acquired::Granted(Grant {
+                lease: lease.clone(),
+                holder: request.candidate.clone(),
+                term,
+                ttl: request.ttl,
+                token: version,
+            }));
+        }
+        let record = Record::decode(lease, row, 4)?;
+        if !valid && row.try_get::<bool, _>(4).unwrap_or(false) {
+            return Err(Error::corrupt(
+                STORE,
+                lease,
+                "the row fails leasehold's checks (see docs: schema)",
+            ));
+        }
+        let since = self.cx.sightings.see(lease, &record, arrived);
+        let mut observation = record.observation(lease);
+        if got && !held {
+            // The lock was free but the row names a holder: its session ended (crash, reset,
+            // restart). It may still believe its grant, so the lease is taken only once this
+            // store has seen that record unchanged for its TTL: say when that will be.
+            if let (Some(holder), Some(since)) = (observation.holder.as_mut(), since) {
+                holder.store_remaining = Some((since + holder.ttl).saturating_duration_since(arrived));
+            }
+        }
+        Ok(Acquired::Held(observation))
+    }
+
+    async fn renew_all(&mut self, batch: Vec<(Grant, Instant, oneshot::Sender<Result<Renewal>>)>) {
+        let mut mine = Vec::new();
+        for (grant, at, reply) in batch {
+            if reply.is_closed() {
+                continue;
+            }
+            let held = self.session.as_ref().and_then(|s| s.held.get(&grant.lease));
+            match held {
+                Some(h) if h.holder == grant.holder && h.term == grant.term => mine.push((grant, at, reply)),
+                // The session holds this lease for another grant: not this one's any more.
+                Some(_) => {
+                    let _ = reply.send(Ok(Renewal::NotHeld));
+                }
+                None => {
+                    let result = self.relock(&grant, at).await;
+                    let _ = reply.send(result);
+                }
+            }
+        }
+        if mine.is_empty() {
+            return;
+        }
+        let versions: Vec<String> = mine.iter().map(|_| new_version()).collect();
+        let limit = self.statement_limit(None);
+        let cx = self.cx.clone();
+        let query = sql::query(&cx.sql.renew)
+            .bind(
+                mine.iter()
+                    .map(|(g, ..)| g.lease.as_str().to_string())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                mine.iter()
+                    .map(|(g, ..)| g.holder.as_str().to_string())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(mine.iter().map(|(g, ..)| term_value(g.term)).collect::<Vec<_>>())
+            .bind(versions.clone())
+            .bind(mine.iter().map(|(g, ..)| cx.key(&g.lease)).collect::<Vec<_>>());
+        let rows = match self.fetch_all(query, limit).await {
+            Ok(rows) => rows,
+            Err(failure) => {
+                for (.., reply) in mine {
+                    let _ = reply.send(Err(failure.to_error("renew")));
+                }
+                return;
+            }
+        };
+        let renewed: HashSet<String> = rows.iter().filter_map(|row| row.try_get(0).ok()).collect();
+        let mut lost = Vec::new();
+        for ((grant, at, reply), version) in mine.into_iter().zip(versions) {
+            if renewed.contains(grant.lease.as_str()) {
+                if let Some(h) = self.session.as_mut().and_then(|s| s.held.get_mut(&grant.lease)) {
+                    h.confirmed = h.confirmed.max(at);
+                }
+                let grant = Grant {
+                    token: version,
+                    ..grant
+                };
+                let _ = reply.send(Ok(Renewal::Renewed(grant)));
+            } else {
+                lost.push((grant, reply));
+            }
+        }
+        if lost.is_empty() {
+            return;
+        }
+        // The row no longer names the grant (broken by an operator, overwritten): this session
+        // must not keep the lock.
+        let mut keys = Vec::new();
+        if let Some(session) = self.session.as_mut() {
+            for (grant, _) in &lost {
+                if let Some(h) = session.held.remove(&grant.lease) {
+                    keys.push(h.key);
+                }
+            }
+        }
+        if !keys.is_empty() {
+            self.give_back(keys, limit).await;
+        }
+        for (_, reply) in lost {
+            let _ = reply.send(Ok(Renewal::NotHeld));
+        }
+    }
+
+    /// Renews a grant whose lock this session does not hold, by taking the lock again if the row
+    /// still names the grant (see the `relock` statement).
+    async fn relock(&mut self, grant: &Grant, at: Instant) -> Result<Renewal> {
+        let limit = self.statement_limit(Some(grant.ttl));
+        if let Err(failure) = self.connect(limit).await {
+            return Err(failure.to_error("renew"));
+        }
+        let session = self.session.as_ref().expect("connected");
+        let if_renewed = idle_timeout(&session.held, None, Some(grant.ttl));
+        let otherwise = idle_timeout(&session.held, None, None);
+        let key = self.cx.key(&grant.lease);
+        let version = new_version();
+        let query = sql::query(&self.cx.sql.relock)
+            .bind(grant.lease.as_str())
+            .bind(grant.holder.as_str())
+            .bind(term_value(grant.term))
+            .bind(key)
+            .bind(&version)
+            .bind(setting(if_renewed))
+            .bind(setting(otherwise));
+        let renewed = match self.fetch_one(query, limit).await {
+            Ok(row) => row.try_get::<bool, _>(0).unwrap_or(false),
+            // Someone else holds the lock (lock_timeout), or the session broke: not renewed.
+            Err(Failure::Sql(e)) if !error::ends_session(&e) => false,
+            Err(failure) => return Err(failure.to_error("renew")),
+        };
+        let Some(session) = self.session.as_mut() else {
+            return Ok(Renewal::NotHeld);
+        };
+        if !renewed {
+            session.idle_timeout = otherwise;
+            return Ok(Renewal::NotHeld);
+        }
+        debug!(lease = %grant.lease, term = %grant.term, "took the lock of a recorded grant again");
+        session.idle_timeout = if_renewed;
+        session.held.insert(
+            grant.lease.clone(),
+            Held {
+                key,
+                holder: grant.holder.clone(),
+                term: grant.term,
+                ttl: grant.ttl,
+                confirmed: at,
+            },
+        );
+        Ok(Renewal::Renewed(Grant {
+            token: version,
+            ..grant.clone()
+        }))
+    }
+
+    async fn release(&mut self, grant: &Grant) -> Result<()> {
+        let limit = self.statement_limit(None);
+        self.connect(limit).await.map_err(|f| f.to_error("release"))?;
+        let key = self
+            .session
+            .as_ref()
+            .and_then(|s| s.held.get(&grant.lease))
+            .filter(|h| h.holder == grant.holder && h.term == grant.term)
+            .map(|h| h.key);
+        // Also when this session no longer holds the lock (it was lost): the row may still name
+        // the grant, and clearing it lets the next candidate in without waiting a TTL.
+        self.end_term(grant, key, "released").await
+    }
+
+    /// Ends the term of `grant` in the row and the history as `reason`, notifies, and gives back
+    /// its lock `key` if this session holds it.
+    async fn end_term(&mut self, grant: &Grant, key: Option<i64>, reason: &str) -> Result<()> {
+        let limit = self.statement_limit(None);
+        let Some(session) = self.session.as_mut() else {
+            return Err(Error::unreachable(STORE, "the lock session is not connected"));
+        };
+        if key.is_some() {
+            session.held.remove(&grant.lease);
+        }
+        let after = idle_timeout(&session.held, None, None);
+        let cx = self.cx.clone();
+        let query = sql::query(&cx.sql.release)
+            .bind(grant.lease.as_str())
+            .bind(grant.holder.as_str())
+            .bind(term_value(grant.term))
+            .bind(reason)
+            .bind(cx.payload(&grant.lease, grant.holder.as_str()))
+            .bind(key.unwrap_or_default())
+            .bind(key.is_some())
+            .bind(setting(after));
+        match self.fetch_one(query, limit).await {
+            Ok(_) => {
+                if let Some(session) = self.session.as_mut() {
+                    session.idle_timeout = after;
+                }
+                Ok(())
+            }
+            Err(failure) => {
+                if let Some(key) = key {
+                    self.give_back(vec![key], limit).await;
+                }
+                Err(failure.to_error("release"))
+            }
+        }
+    }
+}

@@ -1,0 +1,290 @@
+//! Every statement leasehold sends, built once per store for its schema.
+//!
+//! Each lease operation is **one statement**, so that the server applies it whole or not at all
+//! even when its reply is lost (a reply lost after `pg_try_advisory_lock` but before the row is
+//! written would otherwise leave a lock without a holder). Statements on the lock session run
+//! outside any explicit transaction, so the session is never "idle in transaction" and
+//! `idle_session_timeout` always applies to it.
+
+use std::sync::Arc;
+
+use sqlx::postgres::PgArguments;
+use sqlx::query::Query;
+use sqlx::{AssertSqlSafe, Postgres};
+
+use crate::record::{RECORD_COLUMNS, TTL_RANGE, VALID_ROW_SQL, millis};
+use crate::schema::quoted;
+
+/// The channel of every notification leasehold sends; the payload is
+/// `<schema>/<lease>/<candidate who made the change>`.
+pub(crate) const CHANNEL: &str = "leasehold";
+
+/// The statements of one schema.
+#[derive(Debug)]
+pub(crate) struct Sql {
+    /// `$1` lease → the record columns.
+    pub(crate) read: Arc<str>,
+    pub(crate) acquire: Arc<str>,
+    pub(crate) renew: Arc<str>,
+    pub(crate) relock: Arc<str>,
+    pub(crate) release: Arc<str>,
+    pub(crate) unlock: Arc<str>,
+    pub(crate) break_lease: Arc<str>,
+    pub(crate) history: Arc<str>,
+}
+
+/// A query of one of these statements. They are built from constants and a validated schema
+/// name, never from a request's values (those are bound as parameters).
+pub(crate) fn query<'q>(sql: &Arc<str>) -> Query<'q, Postgres, PgArguments> {
+    sqlx::query(AssertSqlSafe(sql.clone()))
+}
+
+impl Sql {
+    pub(crate) fn new(schema: &str) -> Sql {
+        let s = quoted(schema);
+        let fill = |text: &str| -> Arc<str> {
+            text.replace("{record}", RECORD_COLUMNS)
+                .replace("{valid}", VALID_ROW_SQL)
+                .replace("{schema}", &s)
+                .replace("{min_ttl_ms}", &millis(*TTL_RANGE.start()).to_string())
+                .replace("{max_ttl_ms}", &millis(*TTL_RANGE.end()).to_string())
+                .replace("{channel}", CHANNEL)
+                .into()
+        };
+        Sql {
+            read: fill(
+                "SELECT {record}
+                 FROM (SELECT $1::text AS name) AS w
+                 LEFT JOIN {schema}.leases AS l ON l.name = w.name",
+            ),
+            // One row per request, each for another lease: $1 leases, $2 whether this session
+            // already holds the lease's lock key, $3 the keys, $4 candidates, $5 ttl_ms, $6 new
+            // versions, $7..$9 holder, term and version of a record this store has seen unchanged
+            // for a full TTL (or NULL), $10 notification payloads, $11 the TTL of the grant this
+            // session holds on the lease (or NULL); $12 history limit, $13 the shortest TTL among
+            // the session's other leases (0: none) → per request, in order: whether the lock was
+            // free, whether granted, the new term, the record as it was, whether it was valid.
+            //
+            // Per request: takes the lock (unless already held), reads the row, grants if the
+            // lock is ours and the row is absent, free, the candidate's own, or the stale record
+            // named; writes the row and the history; gives the lock back if it was taken but not
+            // used. Then sets the session's idle timeout to the shortest TTL it holds afterwards.
+            //
+            // Rows are read with the statement's snapshot, taken before the locks: a release
+            // committed in between is not seen (the candidate is told Held and retries at the
+            // release's notification), and every write compares the row to what was read, so a
+            // stale read never grants.
+            acquire: fill(
+                "WITH req AS MATERIALIZED (
+                    SELECT * FROM unnest($1::text[], $2::bool[], $3::int8[], $4::text[], $5::int8[],
+                                         $6::text[], $7::text[], $8::int8[], $9::text[], $10::text[],
+                                         $11::int8[])
+                        WITH ORDINALITY AS r(name, held, key, candidate, ttl_ms, version, stale_holder,
+                                             stale_term, stale_version, payload, old_ttl_ms, i)
+                 ),
+                 lk AS MATERIALIZED (
+                    SELECT r.i, CASE WHEN r.held THEN true ELSE pg_try_advisory_lock(r.key) END AS got
+                    FROM req AS r
+                 ),
+                 cur AS MATERIALIZED (
+                    SELECT r.*, lk.got, l.name IS NOT NULL AS present, l.holder AS c_holder,
+                           l.term AS c_term, l.ttl_ms AS c_ttl_ms, l.version AS c_version,
+                           l.previous_end AS c_previous_end,
+                           (SELECT max(h.term) FROM {schema}.history AS h WHERE h.name = r.name)
+                               AS history_term,
+                           COALESCE({valid}, false) AS valid
+                    FROM req AS r JOIN lk ON lk.i = r.i
+                    LEFT JOIN {schema}.leases AS l ON l.name = r.name
+                 ),
+                 verdict AS MATERIALIZED (
+                    SELECT c.*,
+                           COALESCE(c.got
+                               AND (c.history_term IS NULL OR c.history_term >= 0)
+                               AND (NOT c.present OR (c.valid AND (
+                                    c.c_holder IS NULL
+                                    OR c.c_holder = c.candidate
+                                    OR (c.c_holder = c.stale_holder AND c.c_term = c.stale_term
+                                        AND c.c_version = c.stale_version)))), false) AS ok,
+                           greatest(c.c_term, c.history_term, 0) + 1 AS next_term
+                    FROM cur AS c
+                 ),
+                 upd AS (
+                    UPDATE {schema}.leases AS l
+                    SET holder = v.candidate, term = v.next_term, ttl_ms = v.ttl_ms,
+                        version = v.version, previous_end = NULL, lock_key = v.key,
+                        lock_pid = pg_backend_pid(), renewed_at = now()
+                    FROM verdict AS v
+                    WHERE v.ok AND v.present AND l.name = v.name AND l.term = v.c_term
+                      AND l.holder IS NOT DISTINCT FROM v.c_holder
+                      AND l.version IS NOT DISTINCT FROM v.c_version
+                    RETURNING l.name, l.term
+                 ),
+                 ins AS (
+                    INSERT INTO {schema}.leases AS l
+                        (name, holder, term, ttl_ms, version, previous_end, lock_key, lock_pid,
+                         renewed_at)
+                    SELECT v.name, v.candidate, v.next_term, v.ttl_ms, v.version, NULL, v.key,
+                           pg_backend_pid(), now()
+                    FROM verdict AS v WHERE v.ok AND NOT v.present
+                    ON CONFLICT (name) DO NOTHING
+                    RETURNING l.name, l.term
+                 ),
+                 granted AS MATERIALIZED (
+                    SELECT name, term FROM upd UNION ALL SELECT name, term FROM ins
+                 ),
+                 ended AS (
+                    UPDATE {schema}.history AS h SET ended_at = now(), end_reason = 'expired'
+                    FROM verdict AS v JOIN granted AS g ON g.name = v.name
+                    WHERE v.c_holder IS NOT NULL AND h.name = v.name AND h.term = v.c_term
+                      AND h.ended_at IS NULL
+                    RETURNING h.term
+                 ),
+                 began AS (
+                    INSERT INTO {schema}.history (name, term, holder, acquired_at)
+                    SELECT g.name, g.term, v.candidate, now()
+                    FROM granted AS g JOIN verdict AS v ON v.name = g.name
+                    RETURNING term
+                 ),
+                 pruned AS (
+                    DELETE FROM {schema}.history AS h
+                    USING granted AS g JOIN verdict AS v ON v.name = g.name
+                    WHERE $12::int8 > 0 AND h.name = g.name AND h.term <= g.term - $12::int8
+                      AND h.term IS DISTINCT FROM v.c_term
+                    RETURNING h.term
+                 ),
+                 unlocked AS (
+                    SELECT pg_advisory_unlock(v.key) FROM verdict AS v
+                    WHERE v.got AND NOT v.held
+                      AND NOT EXISTS (SELECT 1 FROM granted AS g WHERE g.name = v.name)
+                 ),
+                 notified AS (
+                    SELECT pg_notify('{channel}', v.payload)
+                    FROM verdict AS v JOIN granted AS g ON g.name = v.name
+                    WHERE v.c_holder IS NOT NULL AND v.c_holder <> v.candidate
+                 ),
+                 timeout AS MATERIALIZED (
+                    SELECT set_config('idle_session_timeout', COALESCE(least(NULLIF($13::int8, 0),
+                        (SELECT min(CASE WHEN g.name IS NOT NULL THEN v.ttl_ms ELSE v.old_ttl_ms END)
+                         FROM verdict AS v LEFT JOIN granted AS g ON g.name = v.name)), 0)::text,
+                        false) AS setting
+                 )
+                 SELECT v.i, v.got, g.term IS NOT NULL, g.term,
+                        v.present, v.c_holder, v.c_term, v.c_ttl_ms, v.c_version, v.c_previous_end,
+                        v.history_term, v.valid,
+                        (SELECT count(*) FROM unlocked), (SELECT count(*) FROM notified),
+                        (SELECT count(*) FROM ended) + (SELECT count(*) FROM began)
+                            + (SELECT count(*) FROM pruned),
+                        (SELECT setting FROM timeout)
+                 FROM verdict AS v LEFT JOIN granted AS g ON g.name = v.name
+                 ORDER BY v.i",
+            ),
+            // $1 leases, $2 holders, $3 terms, $4 new versions, $5 lock keys → the renewed leases.
+            // A row is renewed only if it still names the grant, was written by this session
+            // (lock_pid) and pg_locks shows this session holding the lease's key.
+            renew: fill(
+                "WITH mine AS MATERIALIZED (
+                    SELECT classid, objid FROM pg_locks
+                    WHERE locktype = 'advisory' AND objsubid = 1 AND granted
+                      AND pid = pg_backend_pid()
+                 ),
+                 r AS (
+                    SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::text[], $5::int8[])
+                        AS r(name, holder, term, version, key)
+                 )
+                 UPDATE {schema}.leases AS l SET version = r.version, renewed_at = now()
+                 FROM r
+                 WHERE l.name = r.name AND l.holder = r.holder AND l.term = r.term
+                   AND l.lock_pid = pg_backend_pid()
+                   AND EXISTS (SELECT 1 FROM mine AS m
+                               WHERE m.classid = ((r.key >> 32) & 4294967295)::oid
+                                 AND m.objid = (r.key & 4294967295)::oid)
+                 RETURNING l.name",
+            ),
+            // $1 lease, $2 holder, $3 term, $4 lock key, $5 new version, $6 idle_session_timeout
+            // if renewed, $7 otherwise → whether it was renewed.
+            //
+            // Renews a grant whose lock this session does not hold (its earlier session ended: a
+            // reset, a reply lost mid-statement, a restarted server) by taking the lock again,
+            // if the row still names the grant: nobody can have been granted the lease since,
+            // or the row would name them. Waits up to lock_timeout for the lock, which a
+            // contender holds for the instant of a statement that finds the lease not yet free.
+            relock: fill(
+                "WITH lk AS MATERIALIZED (SELECT pg_advisory_lock($4::int8)),
+                 upd AS (
+                    UPDATE {schema}.leases
+                    SET version = $5::text, lock_key = $4::int8, lock_pid = pg_backend_pid(),
+                        renewed_at = now()
+                    WHERE name = $1::text AND holder = $2::text AND term = $3::int8
+                      AND EXISTS (SELECT 1 FROM lk)
+                    RETURNING name
+                 ),
+                 unlocked AS (
+                    SELECT pg_advisory_unlock($4::int8) FROM lk
+                    WHERE NOT EXISTS (SELECT 1 FROM upd)
+                 )
+                 SELECT EXISTS (SELECT 1 FROM upd), (SELECT count(*) FROM unlocked),
+                        set_config('idle_session_timeout',
+                                   CASE WHEN EXISTS (SELECT 1 FROM upd) THEN $6::text
+                                        ELSE $7::text END, false)",
+            ),
+            // $1 lease, $2 holder, $3 term, $4 end reason, $5 notification payload, $6 lock key,
+            // $7 whether to unlock it, $8 idle_session_timeout afterwards.
+            //
+            // The unlock happens before the statement commits: a contender that takes the lock
+            // in that instant still reads the old row, is told Held, and retries at the
+            // notification, which is delivered on commit.
+            release: fill(
+                "WITH rel AS (
+                    UPDATE {schema}.leases
+                    SET holder = NULL, ttl_ms = NULL, version = NULL, lock_pid = NULL,
+                        previous_end = $4::text
+                    WHERE name = $1::text AND holder = $2::text AND term = $3::int8
+                    RETURNING term
+                 ),
+                 ended AS (
+                    UPDATE {schema}.history AS h SET ended_at = now(), end_reason = $4::text
+                    FROM rel
+                    WHERE h.name = $1::text AND h.term = rel.term AND h.ended_at IS NULL
+                    RETURNING h.term
+                 ),
+                 notified AS (SELECT pg_notify('{channel}', $5::text) FROM rel),
+                 unlocked AS (SELECT pg_advisory_unlock($6::int8) WHERE $7::bool)
+                 SELECT (SELECT count(*) FROM rel), (SELECT count(*) FROM ended),
+                        (SELECT count(*) FROM notified), (SELECT count(*) FROM unlocked),
+                        set_config('idle_session_timeout', $8::text, false)",
+            ),
+            // $1 lock keys, $2 idle_session_timeout afterwards.
+            unlock: "SELECT (SELECT count(*) FROM unnest($1::int8[]) AS k WHERE pg_advisory_unlock(k)),
+                            set_config('idle_session_timeout', $2::text, false)"
+                .into(),
+            // $1 lease, $2 term, $3 holder, $4 notification payload → the number of terms broken.
+            break_lease: fill(
+                "WITH brk AS (
+                    UPDATE {schema}.leases
+                    SET holder = NULL, ttl_ms = NULL, version = NULL, lock_pid = NULL,
+                        previous_end = 'broken'
+                    WHERE name = $1::text AND term = $2::int8 AND holder = $3::text
+                    RETURNING term
+                 ),
+                 ended AS (
+                    UPDATE {schema}.history AS h SET ended_at = now(), end_reason = 'broken'
+                    FROM brk
+                    WHERE h.name = $1::text AND h.term = brk.term AND h.ended_at IS NULL
+                    RETURNING h.term
+                 ),
+                 notified AS (SELECT pg_notify('{channel}', $4::text) FROM brk)
+                 SELECT (SELECT count(*) FROM brk), (SELECT count(*) FROM ended),
+                        (SELECT count(*) FROM notified)",
+            ),
+            // $1 lease, $2 limit → newest first.
+            history: fill(
+                "SELECT term, holder,
+                        (extract(epoch FROM acquired_at) * 1000)::int8,
+                        (extract(epoch FROM ended_at) * 1000)::int8,
+                        end_reason
+                 FROM {schema}.history WHERE name = $1::text
+                 ORDER BY term DESC LIMIT $2::int8",
+            ),
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! [`PostgresStore`]: the [`LeaseStore`] on a Postgres database.
+
+use std::str::FromStr;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use leasehold_core::{
+    AcquireRequest, Acquired, CandidateId, Capabilities, Changes, Error, Expiry, Grant, LeaseName, LeaseStore,
+    Notifications, Observation, Renewed, Result, Term, Transition,
+};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, Row};
+use tokio::time::Instant;
+
+use crate::config::PostgresConfig;
+use crate::error::{self, STORE};
+use crate::notify::Notifier;
+use crate::record::{self, Record, TTL_RANGE, term_value};
+use crate::schema;
+use crate::session::{Context, LockSession, Renewal};
+use crate::sql;
+
+/// A [`LeaseStore`] on a Postgres database (14 or later), shared by every process that connects
+/// to it.
+///
+/// Each lease is a session-level advisory lock, `pg_try_advisory_lock`, held on one dedicated
+/// connection per store (never a pooled one): the lock session. Its `idle_session_timeout` is the
+/// smallest TTL of the leases it holds, so the server ends the session, and frees every lock of
+/// it, when the holder goes silent. A row per lease in `<schema>.leases` records the holder, the
+/// fencing term (bumped by the statement that takes the lock) and a record version that changes
+/// with every renewal; `<schema>.history` keeps every term.
+///
+/// A lock can end before its holder knows (a connection reset, a server restart). A contender
+/// that then takes the lock but finds a row that still names a holder replaces it only after
+/// this store has seen that same record version unchanged for the holder's whole TTL, on its own
+/// monotonic clock, so nobody is granted a lease that its previous holder may still believe in.
+/// Releases and takeovers are announced with `NOTIFY`. See [`docs`](crate::docs) for the whole
+/// story.
+///
+/// The store's tasks run on the tokio runtime that created it: use it on that runtime.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::{sync::Arc, time::Duration};
+/// use leasehold_core::Elector;
+/// use leasehold_postgres::PostgresStore;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = PostgresStore::connect("postgres://app@db.internal:5432/jobs").await?;
+/// let elector = Elector::builder(Arc::new(store), "nightly-report").ttl(Duration::from_secs(10)).build()?;
+/// let leader = elector.campaign().await?;
+/// println!("leading at term {}", leader.term());
+/// leader.resign().await;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct PostgresStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Only the redacted config: the driver's options hold the password.
+        f.debug_struct("PostgresStore")
+            .field("config", &self.inner.cx.config)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    cx: Arc<Context>,
+    /// For reads and operator requests; never for locks.
+    pool: PgPool,
+    session: LockSession,
+    notifier: Notifier,
+}
+
+impl PostgresStore {
+    /// Connects to the database named by a `postgres://` or `postgresql://` URL (see
+    /// [`PostgresConfig`] for the options), creating leasehold's schema and tables if absent.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUrl`] (redacted) for a malformed URL or a bad option; otherwise as
+    /// [`PostgresStore::connect_with`].
+    pub async fn connect(url: &str) -> Result<Self> {
+        PostgresStore::connect_with(PostgresConfig::from_str(url)?).await
+    }
+
+    /// Connects with `config`: checks that the server answers, creates the schema and tables if
+    /// absent and checks their shape if present. The lock session and the listener connect on
+    /// first use.
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::InvalidConfig`] for a field out of range;
+    /// - [`Error::Unreachable`] or [`Error::Timeout`] when the server cannot be reached;
+    /// - [`Error::Store`] for a definite refusal (authentication, a missing privilege);
+    /// - [`Error::CorruptRecord`] naming the table when a table of the same name has another
+    ///   shape, or the schema was written by a newer version; nothing is changed.
+    pub async fn connect_with(config: PostgresConfig) -> Result<Self> {
+        config.validate()?;
+        let options = config.connect_options().clone();
+        let timeout = config.connect_timeout();
+        let cx = Arc::new(Context::new(config));
+        // The first connection prepares the schema, then becomes the lock session: a store that
+        // answers `connect` can take a lease with one statement.
+        let mut conn = match tokio::time::timeout(timeout, cx.lock_options().connect()).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(e)) => return Err(error::map(&e, "connect", timeout)),
+            Err(_) => {
+                return Err(Error::Timeout {
+                    store: STORE,
+                    operation: "connect",
+                    after: timeout,
+                });
+            }
+        };
+        if let Err(e) = schema::prepare(&mut conn, cx.config.schema(), timeout).await {
+            let _ = conn.close().await;
+            return Err(e);
+        }
+        let pool = PgPoolOptions::new()
+            .max_connections(cx.config.pool_size())
+            .min_connections(0)
+            .acquire_timeout(timeout)
+            .connect_lazy_with(match options.get_application_name() {
+                Some(_) => options.clone(),
+                None => options.clone().application_name("leasehold"),
+            });
+        let notifier = Notifier::new(options, timeout, cx.config.schema());
+        let session = LockSession::spawn(cx.clone(), conn);
+        Ok(PostgresStore {
+            inner: Arc::new(Inner {
+                cx,
+                pool,
+                session,
+                notifier,
+            }),
+        })
+    }
+
+    /// The configuration the store was opened with.
+    pub fn config(&self) -> &PostgresConfig {
+        &self.inner.cx.config
+    }
+
+    /// The advisory lock key of `lease` in this store's schema (see [`lock_key`](crate::lock_key)).
+    pub fn lock_key(&self, lease: &LeaseName) -> i64 {
+        self.inner.cx.key(lease)
+    }
+
+    async fn read(&self, lease: &LeaseName, operation: &'static str) -> Result<Record> {
+        let timeout = self.inner.cx.config.connect_timeout();
+        let row = sql::query(&self.inner.cx.sql.read)
+            .bind(lease.as_str())
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(|e| error::map(&e, operation, timeout))?;
+        let record = Record::decode(lease, &row, 0)?;
+        self.inner.cx.sightings.see(lease, &record, Instant::now());
+        Ok(record)
+    }
+}
+
+#[async_trait]
+impl LeaseStore for PostgresStore {
+    fn name(&self) -> &'static str {
+        STORE
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            ttl: TTL_RANGE,
+            expiry: Expiry::ServerSession,
+            notifications: Notifications::Release,
+            fifo: false,
+            can_break: true,
+        }
+    }
+
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
+        self.capabilities().check_ttl(STORE, request.ttl)?;
+        self.inner.session.acquire(request.clone(), Instant::now()).await
+    }
+
+    async fn renew(&self, grant: &Grant) -> Result<Renewed> {
+        match self.inner.session.renew(grant.clone(), Instant::now()).await? {
+            Renewal::Renewed(grant) => Ok(Renewed::Renewed(grant)),
+            Renewal::NotHeld => {
+                let record = self.read(&grant.lease, "renew").await?;
+                let mut observation = record.observation(&grant.lease);
+                // A row that still names this grant outlived its lock (the session ended): the
+                // lease is not ours any more, whatever the row says.
+                if observation
+                    .holder
+                    .as_ref()
+                    .is_some_and(|h| h.id == grant.holder && h.term == grant.term)
+                {
+                    observation.holder = None;
+                }
+                Ok(Renewed::Lost(observation))
+            }
+        }
+    }
+
+    async fn release(&self, grant: &Grant) -> Result<()> {
+        self.inner.session.release(grant.clone()).await
+    }
+
+    async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
+        Ok(self.read(lease, "inspect").await?.observation(lease))
+    }
+
+    async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
+        // Like every operation, refuse to report on a lease whose record cannot be read.
+        self.read(lease, "history").await?;
+        let timeout = self.inner.cx.config.connect_timeout();
+        let rows = sql::query(&self.inner.cx.sql.history)
+            .bind(lease.as_str())
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| error::map(&e, "history", timeout))?;
+        let mut transitions = rows
+            .iter()
+            .map(|row| record::decode_transition(lease, row))
+            .collect::<Result<Vec<_>>>()?;
+        transitions.reverse();
+        Ok(transitions)
+    }
+
+    async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {
+        Ok(Some(self.inner.notifier.changes(lease, candidate)))
+    }
+
+    /// Ends the current term as `broken` in the row and the history, and notifies. The holder's
+    /// lock session is not terminated (it holds the store's other leases too): the holder learns
+    /// at its next renewal, which answers `Lost` and gives the lock back, or, if it is silent,
+    /// the server frees the lock within the TTL. Candidates take the lease as soon as the lock
+    /// is free.
+    async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
+        let record = self.read(lease, "break_lease").await?;
+        let Some(holder) = &record.holder else {
+            return Ok(None);
+        };
+        let timeout = self.inner.cx.config.connect_timeout();
+        let row = sql::query(&self.inner.cx.sql.break_lease)
+            .bind(lease.as_str())
+            .bind(term_value(record.term))
+            .bind(holder.id.as_str())
+            .bind(self.inner.cx.payload(lease, ""))
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(|e| error::map(&e, "break_lease", timeout))?;
+        let broken: i64 = row
+            .try_get(0)
+            .map_err(|e| Error::store(STORE, format!("unexpected answer to break_lease: {e}")))?;
+        // Zero: the term ended on its own in the meantime; nothing was broken.
+        Ok((broken > 0).then_some(record.term))
+    }
+}

@@ -1,0 +1,270 @@
+//! `zk://` URLs: hosts, chroot and digest auth, with the password kept out of every message.
+
+use std::fmt;
+
+use leasehold_core::{Error, Result};
+
+/// The URL schemes this backend handles: `zk://` and `zookeeper://`.
+pub const URL_SCHEMES: &[&str] = &["zk", "zookeeper"];
+
+/// The znode under which leases live when the URL names no chroot.
+pub const DEFAULT_CHROOT: &str = "/leasehold";
+
+/// Where and how to reach a ZooKeeper ensemble.
+///
+/// Parsed from `zk://h1:2181,h2:2181/chroot?auth=digest:user:pass`:
+///
+/// - one or more `host:port` (port 2181 when left out), tried in turn by the client;
+/// - an optional chroot path under which every lease lives (default [`DEFAULT_CHROOT`]);
+/// - `auth=digest:user:pass` adds digest authentication to every session (repeatable).
+///
+/// `Debug` and `Display` show `***` in place of passwords.
+///
+/// # Examples
+///
+/// ```
+/// use leasehold_zookeeper::ZookeeperConfig;
+///
+/// let config = ZookeeperConfig::parse("zk://10.0.0.1,10.0.0.2:2182/apps/billing?auth=digest:app:s3cret")?;
+/// assert_eq!(config.hosts(), ["10.0.0.1:2181", "10.0.0.2:2182"]);
+/// assert_eq!(config.chroot(), "/apps/billing");
+/// assert!(!format!("{config} {config:?}").contains("s3cret"));
+/// # Ok::<(), leasehold_core::Error>(())
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct ZookeeperConfig {
+    hosts: Vec<String>,
+    chroot: String,
+    auth: Vec<(String, String)>,
+}
+
+impl ZookeeperConfig {
+    /// Parses a `zk://` or `zookeeper://` URL.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUrl`] (with the URL redacted) for another scheme, no host, a bad port, a
+    /// chroot that is not a valid znode path, or an unknown option.
+    pub fn parse(url: &str) -> Result<Self> {
+        let bad = |reason: &str| Error::InvalidUrl {
+            url: redact(url),
+            reason: reason.to_string(),
+        };
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| bad("expected zk://host:port[/chroot]"))?;
+        if !URL_SCHEMES.iter().any(|s| s.eq_ignore_ascii_case(scheme)) {
+            return Err(bad("the scheme must be zk:// or zookeeper://"));
+        }
+        let (rest, query) = rest.split_once('?').map_or((rest, None), |(r, q)| (r, Some(q)));
+        if rest.contains('#') || query.is_some_and(|q| q.contains('#')) {
+            return Err(bad("a fragment (#) is not allowed"));
+        }
+        let (authority, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
+        if authority.contains('@') {
+            return Err(bad("credentials go in ?auth=digest:user:pass, not before the host"));
+        }
+        let mut hosts = Vec::new();
+        for host in authority.split(',') {
+            let host = host.trim();
+            if host.is_empty() {
+                return Err(bad("empty host"));
+            }
+            let with_port = if let Some(v6) = host.strip_prefix('[') {
+                match v6.split_once("]:") {
+                    Some((_, port)) => {
+                        port.parse::<u16>().map_err(|_| bad("invalid port"))?;
+                        host.to_string()
+                    }
+                    None if v6.ends_with(']') => format!("{host}:2181"),
+                    None => return Err(bad("invalid host")),
+                }
+            } else if let Some((name, port)) = host.rsplit_once(':') {
+                if name.is_empty() {
+                    return Err(bad("invalid host"));
+                }
+                port.parse::<u16>().map_err(|_| bad("invalid port"))?;
+                host.to_string()
+            } else {
+                format!("{host}:2181")
+            };
+            hosts.push(with_port);
+        }
+        let chroot = if path.trim_matches('/').is_empty() {
+            DEFAULT_CHROOT.to_string()
+        } else {
+            let path = format!("/{}", path.trim_end_matches('/'));
+            if path
+                .split('/')
+                .skip(1)
+                .any(|seg| seg.is_empty() || seg == "." || seg == "..")
+                || path.chars().any(char::is_control)
+            {
+                return Err(bad("the chroot must be a valid znode path"));
+            }
+            path
+        };
+        let mut auth = Vec::new();
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            match key {
+                "auth" => {
+                    let (scheme, credential) = value
+                        .split_once(':')
+                        .ok_or_else(|| bad("auth must be scheme:credential, e.g. digest:user:pass"))?;
+                    if scheme != "digest" || !credential.contains(':') {
+                        return Err(bad("auth must be digest:user:pass"));
+                    }
+                    auth.push((scheme.to_string(), percent_decode(credential)));
+                }
+                _ => return Err(bad("unknown option (known: auth)")),
+            }
+        }
+        Ok(ZookeeperConfig { hosts, chroot, auth })
+    }
+
+    /// The servers, as `host:port`.
+    pub fn hosts(&self) -> &[String] {
+        &self.hosts
+    }
+
+    /// The znode path under which every lease lives.
+    pub fn chroot(&self) -> &str {
+        &self.chroot
+    }
+
+    /// The connect string for the client: `h1:p1,h2:p2` (the chroot is applied by the store).
+    pub(crate) fn connect_string(&self) -> String {
+        self.hosts.join(",")
+    }
+
+    /// `(scheme, credential)` pairs to authenticate every session with.
+    pub(crate) fn auth(&self) -> &[(String, String)] {
+        &self.auth
+    }
+}
+
+impl fmt::Display for ZookeeperConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "zk://{}{}", self.hosts.join(","), self.chroot)?;
+        for (i, (scheme, credential)) in self.auth.iter().enumerate() {
+            let user = credential.split(':').next().unwrap_or("");
+            write!(f, "{}auth={scheme}:{user}:***", if i == 0 { '?' } else { '&' })?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for ZookeeperConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let auth: Vec<String> = self
+            .auth
+            .iter()
+            .map(|(scheme, credential)| format!("{scheme}:{}:***", credential.split(':').next().unwrap_or("")))
+            .collect();
+        f.debug_struct("ZookeeperConfig")
+            .field("hosts", &self.hosts)
+            .field("chroot", &self.chroot)
+            .field("auth", &auth)
+            .finish()
+    }
+}
+
+/// The URL with every `auth=scheme:user:secret` secret replaced by `***`.
+pub(crate) fn redact(url: &str) -> String {
+    let Some((head, query)) = url.split_once('?') else {
+        // Userinfo before the host is rejected, but must not be printed either.
+        return match url.split_once("://") {
+            Some((scheme, rest)) if rest.split('/').next().is_some_and(|a| a.contains('@')) => {
+                let after = &rest[rest.find('@').map_or(0, |i| i + 1)..];
+                format!("{scheme}://***@{after}")
+            }
+            _ => url.to_string(),
+        };
+    };
+    let head = redact(head);
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some(("auth", value)) => {
+                let mut parts = value.splitn(3, ':');
+                let scheme = parts.next().unwrap_or("");
+                match (parts.next(), parts.next()) {
+                    (Some(user), Some(_)) => format!("auth={scheme}:{user}:***"),
+                    _ => "auth=***".to_string(),
+                }
+            }
+            _ => pair.to_string(),
+        })
+        .collect();
+    format!("{head}?{}", pairs.join("&"))
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = s.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_hosts_chroot_and_auth() {
+        let c = ZookeeperConfig::parse("zk://a:1,b/x/y/?auth=digest:u:p%40ss").unwrap();
+        assert_eq!(c.hosts(), ["a:1", "b:2181"]);
+        assert_eq!(c.chroot(), "/x/y");
+        assert_eq!(c.auth(), [("digest".to_string(), "u:p@ss".to_string())]);
+        let d = ZookeeperConfig::parse("zookeeper://127.0.0.1:22181").unwrap();
+        assert_eq!(d.chroot(), DEFAULT_CHROOT);
+        assert_eq!(d.connect_string(), "127.0.0.1:22181");
+    }
+
+    #[test]
+    fn rejects_bad_urls_without_leaking() {
+        for bad in [
+            "redis://a:1",
+            "zk://",
+            "zk://a:notaport",
+            "zk://a:1/x//y",
+            "zk://a:1?auth=digest:u:topsecret&what=1",
+            "zk://a:1?auth=sasl:topsecret",
+            "zk://u:topsecret@a:1",
+            "no-scheme",
+        ] {
+            let err = ZookeeperConfig::parse(bad).unwrap_err();
+            assert!(matches!(err, Error::InvalidUrl { .. }), "{bad}: {err}");
+            assert!(!err.to_string().contains("topsecret"), "{bad}: {err}");
+            assert!(!format!("{err:?}").contains("topsecret"), "{bad}: {err:?}");
+        }
+    }
+
+    #[test]
+    fn display_and_debug_redact() {
+        let c = ZookeeperConfig::parse("zk://a:1/app?auth=digest:alice:topsecret").unwrap();
+        for shown in [c.to_string(), format!("{c:?}")] {
+            assert!(!shown.contains("topsecret"), "{shown}");
+            assert!(shown.contains("alice"), "{shown}");
+        }
+        assert_eq!(c.to_string(), "zk://a:1/app?auth=digest:alice:***");
+        assert_eq!(
+            redact("zk://a?auth=digest:alice:topsecret"),
+            "zk://a?auth=digest:alice:***"
+        );
+    }
+}
