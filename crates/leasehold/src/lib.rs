@@ -126,6 +126,7 @@ fn unsupported(scheme: &str) -> Error {
     }
 }
 
+#[cfg(test)]
 fn feature_enabled(feature: &str) -> bool {
     match feature {
         "sqlite" => cfg!(feature = "sqlite"),
