@@ -1,1 +1,19 @@
-//! dynamodb lease store (under construction).
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+
+mod config;
+mod error;
+mod record;
+mod store;
+
+#[doc = include_str!("../docs.md")]
+pub mod docs {}
+
+pub use config::{DEFAULT_TIMEOUT, DynamoDbConfig, StaticCredentials, URL_SCHEMES};
+pub use error::TableError;
+pub use record::TTL_RANGE;
+pub use store::DynamoDbStore;
+
+/// The SDK this crate is built on, for [`DynamoDbStore::from_client`].
+pub use aws_sdk_dynamodb;

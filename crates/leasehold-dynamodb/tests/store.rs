@@ -1,0 +1,439 @@
+//! DynamoDB-specific behaviour beyond the shared suite: wall clocks that are hours off, the
+//! table's shape, items written by others, deleted items, and secrets in errors.
+
+mod common;
+
+use std::error::Error as _;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use common::{DynamoBackend, TABLE, config};
+use leasehold_core::{
+    AcquireRequest, Acquired, CandidateId, Elector, EndReason, Error, LeaseName, LeaseStore, Renewed, Term, random_u64,
+};
+use leasehold_dynamodb::aws_sdk_dynamodb::types::{
+    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
+};
+use leasehold_dynamodb::{DynamoDbConfig, DynamoDbStore, TableError};
+
+const SIX_HOURS: Duration = Duration::from_secs(6 * 3600);
+
+fn fresh_lease(tag: &str) -> LeaseName {
+    LeaseName::new(format!("store-{tag}-{:x}", random_u64())).unwrap()
+}
+
+fn request(lease: &LeaseName, who: &str, ttl: Duration, takeover: Option<String>) -> AcquireRequest {
+    AcquireRequest {
+        lease: lease.clone(),
+        candidate: CandidateId::new(who).unwrap(),
+        ttl,
+        takeover,
+    }
+}
+
+async fn granted(store: &DynamoDbStore, request: &AcquireRequest) -> leasehold_core::Grant {
+    match store.acquire(request).await {
+        Ok(Acquired::Granted(grant)) => grant,
+        other => panic!("expected a grant for {}, got {other:?}", request.candidate),
+    }
+}
+
+fn expect_corrupt<T: std::fmt::Debug>(what: &str, lease: &LeaseName, result: leasehold_core::Result<T>, field: &str) {
+    match result {
+        Err(Error::CorruptRecord {
+            lease: named, detail, ..
+        }) => {
+            assert_eq!(named, lease.as_str(), "{what}: names the lease");
+            assert!(detail.contains(field), "{what}: {detail:?} should name {field}");
+        }
+        other => panic!("{what}: expected CorruptRecord naming {field}, got {other:?}"),
+    }
+}
+
+/// A contender whose wall clock is 6 hours fast and one 6 hours slow: takeover timing and terms
+/// are exactly as with correct clocks, because the store compares no wall-clock time; the clocks
+/// only show up in the audit trail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wall_clock_hours_off_changes_nothing() {
+    let Some(endpoint) = common::endpoint() else { return };
+    let backend = DynamoBackend::with_table(endpoint, TABLE);
+    let fast = backend
+        .store()
+        .await
+        .unwrap()
+        .with_audit_clock(|| SystemTime::now() + SIX_HOURS);
+    let slow = backend
+        .store()
+        .await
+        .unwrap()
+        .with_audit_clock(|| SystemTime::now() - SIX_HOURS);
+    let ttl = Duration::from_secs(1);
+    let retry = ttl / 5;
+    let slack = Duration::from_millis(400);
+
+    for (name, crashed, successor, successor_id) in [
+        ("fast-crashes", &fast, &slow, "slow"),
+        ("slow-crashes", &slow, &fast, "fast"),
+    ] {
+        let lease = fresh_lease(name);
+        // The first holder takes the lease and then stops renewing, as a crashed process would.
+        let sent = Instant::now();
+        let first = granted(crashed, &request(&lease, "crashed", ttl, None)).await;
+        let old_valid_until = sent + ttl.mul_f64(0.99);
+
+        let elector = Elector::builder(Arc::new(successor.clone()), lease.as_str())
+            .candidate_id(successor_id)
+            .ttl(ttl)
+            .retry_every(retry)
+            .build()
+            .unwrap();
+        let leader = tokio::time::timeout(ttl * 5, elector.campaign())
+            .await
+            .expect("takeover in time")
+            .unwrap();
+        let took = leader.elected_at().saturating_duration_since(sent);
+        assert!(
+            leader.elected_at() >= old_valid_until,
+            "{name}: the successor led {took:?} after the crashed holder's grant, before its valid_until"
+        );
+        assert!(
+            took <= ttl + retry.mul_f64(1.2) + slack,
+            "{name}: takeover took {took:?}"
+        );
+        let term = leader.term();
+        assert_eq!(term, Term(first.term.0 + 1), "{name}: the next term");
+        leader.resign().await;
+
+        // The skew is visible only in the audit trail.
+        let history = successor.history(&lease, 10).await.unwrap();
+        assert_eq!(history.len(), 2, "{name}: {history:?}");
+        let (old, new) = (&history[0], &history[1]);
+        assert_eq!((old.term, new.term), (first.term, term));
+        assert!(matches!(old.ended, Some((_, EndReason::Expired))), "{name}: {old:?}");
+        assert!(matches!(new.ended, Some((_, EndReason::Released))), "{name}: {new:?}");
+        let offset = |t: SystemTime| match t.duration_since(SystemTime::now()) {
+            Ok(ahead) => ahead.as_secs_f64() / 3600.0,
+            Err(behind) => -behind.duration().as_secs_f64() / 3600.0,
+        };
+        let (crashed_clock, successor_clock) = if name == "fast-crashes" {
+            (6.0, -6.0)
+        } else {
+            (-6.0, 6.0)
+        };
+        assert!((offset(old.acquired_at) - crashed_clock).abs() < 0.1, "{name}: {old:?}");
+        assert!(
+            (offset(new.acquired_at) - successor_clock).abs() < 0.1,
+            "{name}: {new:?}"
+        );
+        eprintln!(
+            "{name}: takeover {took:?} after the crashed grant (ttl {ttl:?}); terms {} -> {term}",
+            first.term
+        );
+    }
+}
+
+/// Raw store semantics: Held names holder and term, a takeover needs the exact version, a
+/// repeated grant to the same candidate has a new term, renew after a takeover is Lost, a
+/// release is free at once, and break_lease ends the term as broken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_version_semantics() {
+    let Some(endpoint) = common::endpoint() else { return };
+    let backend = DynamoBackend::with_table(endpoint, TABLE);
+    let (a, b) = (backend.store().await.unwrap(), backend.store().await.unwrap());
+    let lease = fresh_lease("versions");
+    let ttl = Duration::from_secs(2);
+
+    let g1 = granted(&a, &request(&lease, "a", ttl, None)).await;
+    assert_eq!(g1.term, Term(1));
+    let held = match b
+        .acquire(&request(&lease, "b", ttl, Some("0000000000000000".into())))
+        .await
+        .unwrap()
+    {
+        Acquired::Held(observation) => observation.holder.expect("a holder"),
+        other => panic!("a wrong takeover version must not take it: {other:?}"),
+    };
+    assert_eq!(
+        (held.id.as_str(), held.term, held.version.as_str()),
+        ("a", g1.term, g1.token.as_str())
+    );
+    // A renewal changes the version: the observation before it no longer takes over.
+    let g1 = match a.renew(&g1).await.unwrap() {
+        Renewed::Renewed(grant) => grant,
+        other => panic!("{other:?}"),
+    };
+    assert_ne!(g1.token, held.version);
+    assert!(matches!(
+        b.acquire(&request(&lease, "b", ttl, Some(held.version))).await.unwrap(),
+        Acquired::Held(_)
+    ));
+    // The candidate itself campaigning again: its earlier leadership ended, a new term.
+    let g2 = granted(&a, &request(&lease, "a", ttl, None)).await;
+    assert_eq!(g2.term, Term(2));
+    assert!(
+        matches!(a.renew(&g1).await.unwrap(), Renewed::Lost(_)),
+        "the old term is gone"
+    );
+    // The exact version takes over.
+    let g3 = granted(&b, &request(&lease, "b", ttl, Some(g2.token.clone()))).await;
+    assert_eq!(g3.term, Term(3));
+    match a.renew(&g2).await.unwrap() {
+        Renewed::Lost(observation) => {
+            let holder = observation.holder.expect("the new holder");
+            assert_eq!((holder.id.as_str(), holder.term), ("b", Term(3)));
+        }
+        other => panic!("{other:?}"),
+    }
+    a.release(&g2).await.expect("releasing a lost grant is not an error");
+    assert_eq!(a.inspect(&lease).await.unwrap().holder.map(|h| h.term), Some(Term(3)));
+    assert_eq!(b.break_lease(&lease).await.unwrap(), Some(Term(3)));
+    assert_eq!(b.break_lease(&lease).await.unwrap(), None);
+    let free = a.inspect(&lease).await.unwrap();
+    assert_eq!(
+        (free.holder, free.last_term, free.previous_end),
+        (None, Term(3), Some(EndReason::Broken))
+    );
+    let g4 = granted(&a, &request(&lease, "a", ttl, None)).await;
+    assert_eq!(g4.term, Term(4));
+    a.release(&g4).await.unwrap();
+
+    let history = a.history(&lease, 100).await.unwrap();
+    let summary: Vec<(u64, &str, Option<EndReason>)> = history
+        .iter()
+        .map(|t| (t.term.0, t.holder.as_str(), t.ended.map(|(_, r)| r)))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (1, "a", Some(EndReason::Expired)),
+            (2, "a", Some(EndReason::Expired)),
+            (3, "b", Some(EndReason::Broken)),
+            (4, "a", Some(EndReason::Released)),
+        ]
+    );
+    let last_two: Vec<u64> = a.history(&lease, 2).await.unwrap().iter().map(|t| t.term.0).collect();
+    assert_eq!(last_two, [3, 4]);
+}
+
+/// Someone deletes the lease item: the next grant still has a term above every earlier one,
+/// read from the history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_item_does_not_send_the_term_back() {
+    let Some(endpoint) = common::endpoint() else { return };
+    let backend = DynamoBackend::with_table(endpoint, TABLE);
+    let store = backend.store().await.unwrap();
+    let lease = fresh_lease("deleted");
+    let ttl = Duration::from_secs(2);
+    for _ in 0..2 {
+        let grant = granted(&store, &request(&lease, "a", ttl, None)).await;
+        store.release(&grant).await.unwrap();
+    }
+    let g3 = granted(&store, &request(&lease, "b", ttl, None)).await;
+    assert_eq!(g3.term, Term(3));
+    store
+        .client()
+        .delete_item()
+        .table_name(TABLE)
+        .key("lease", AttributeValue::S(lease.to_string()))
+        .key("sk", AttributeValue::S("lease".into()))
+        .send()
+        .await
+        .unwrap();
+    let seen = store.inspect(&lease).await.unwrap();
+    assert_eq!(
+        (seen.holder, seen.last_term),
+        (None, Term(2)),
+        "the history knows term 2 ended"
+    );
+    let next = granted(&store, &request(&lease, "c", ttl, None)).await;
+    assert!(next.term > Term(2), "term {} after the item was deleted", next.term);
+}
+
+/// Garbage written into the lease item by someone else: every operation fails with
+/// CorruptRecord naming the lease and the attribute, and nothing is granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_items_are_typed_errors() {
+    let Some(endpoint) = common::endpoint() else { return };
+    let backend = DynamoBackend::with_table(endpoint, TABLE);
+    let store = backend.store().await.unwrap();
+    let ttl = Duration::from_secs(2);
+    let s = |v: &str| AttributeValue::S(v.into());
+    let n = |v: &str| AttributeValue::N(v.into());
+    let cases: Vec<(&str, Vec<(&str, AttributeValue)>)> = vec![
+        ("term", vec![("term", s("garbage")), ("holder", s("vandal"))]),
+        (
+            "term",
+            vec![
+                ("holder", s("vandal")),
+                ("version", s("0123456789abcdef")),
+                ("ttl_ms", n("1000")),
+            ],
+        ),
+        ("term", vec![("term", n("-3")), ("last_holder", s("x"))]),
+        ("term", vec![("term", n("1.5")), ("last_holder", s("x"))]),
+        (
+            "version",
+            vec![
+                ("term", n("4")),
+                ("last_holder", s("x")),
+                ("holder", s("x")),
+                ("ttl_ms", n("1000")),
+            ],
+        ),
+        (
+            "ttl_ms",
+            vec![
+                ("term", n("4")),
+                ("last_holder", s("x")),
+                ("holder", s("x")),
+                ("ttl_ms", s("soon")),
+                ("version", s("0123456789abcdef")),
+            ],
+        ),
+        (
+            "holder",
+            vec![
+                ("term", n("4")),
+                ("last_holder", s("x")),
+                ("holder", AttributeValue::Bool(true)),
+            ],
+        ),
+    ];
+    for (field, attributes) in cases {
+        let lease = fresh_lease("garbage");
+        let first = granted(&store, &request(&lease, "owner", ttl, None)).await;
+        backend.put_raw(&lease, &attributes).await.unwrap();
+        expect_corrupt("inspect", &lease, store.inspect(&lease).await, field);
+        expect_corrupt(
+            "acquire",
+            &lease,
+            store.acquire(&request(&lease, "intruder", ttl, None)).await,
+            field,
+        );
+        expect_corrupt("renew", &lease, store.renew(&first).await, field);
+        expect_corrupt("history", &lease, store.history(&lease, 10).await, field);
+        expect_corrupt("break", &lease, store.break_lease(&lease).await, field);
+    }
+}
+
+/// A table of the same name with another key schema: a typed error naming the table; the table
+/// is left as it was. A missing table without create_table: a typed error saying what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn table_shape_is_checked() {
+    let Some(endpoint) = common::endpoint() else { return };
+    let store = DynamoBackend::with_table(endpoint.clone(), TABLE)
+        .store()
+        .await
+        .unwrap();
+    let foreign = format!("leasehold-foreign-{:x}", random_u64());
+    store
+        .client()
+        .create_table()
+        .table_name(&foreign)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name("id")
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .unwrap(),
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name("id")
+                .key_type(KeyType::Hash)
+                .build()
+                .unwrap(),
+        )
+        .billing_mode(BillingMode::PayPerRequest)
+        .send()
+        .await
+        .unwrap();
+    for create_table in [true, false] {
+        let mut config = config(&endpoint, &foreign);
+        config.create_table = create_table;
+        match DynamoDbStore::connect_with(config).await {
+            Err(Error::CorruptRecord { lease, detail, .. }) => {
+                assert!(lease.contains(&foreign), "{lease}");
+                assert!(
+                    detail.contains("id (S) HASH") && detail.contains("lease (S) HASH"),
+                    "{detail}"
+                );
+            }
+            other => panic!("a foreign table must be refused, got {other:?}"),
+        }
+    }
+    let described = store
+        .client()
+        .describe_table()
+        .table_name(&foreign)
+        .send()
+        .await
+        .unwrap();
+    let keys: Vec<&str> = described
+        .table()
+        .unwrap()
+        .key_schema()
+        .iter()
+        .map(|k| k.attribute_name())
+        .collect();
+    assert_eq!(keys, ["id"], "the foreign table is unchanged");
+    // Local servers keep a new table CREATING for a moment; only an active one can be deleted.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    store.client().delete_table().table_name(&foreign).send().await.unwrap();
+
+    let missing = format!("leasehold-missing-{:x}", random_u64());
+    let mut config = config(&endpoint, &missing);
+    config.create_table = false;
+    let err = DynamoDbStore::connect_with(config.clone()).await.unwrap_err();
+    let source = err.source().and_then(|s| s.downcast_ref::<TableError>());
+    assert!(matches!(source, Some(TableError::Missing { .. })), "{err:?}");
+    assert!(err.to_string().contains("create_table=true"), "{err}");
+    // And with create_table the same URL works, and a second client finds it.
+    config.create_table = true;
+    let created = DynamoDbStore::connect_with(config.clone()).await.unwrap();
+    config.create_table = false;
+    DynamoDbStore::connect_with(config).await.unwrap();
+    created
+        .client()
+        .delete_table()
+        .table_name(&missing)
+        .send()
+        .await
+        .unwrap();
+}
+
+/// An endpoint nobody listens on: a transient error, and no secret in any error or debug output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_endpoint_is_transient_and_redacted() {
+    let url = "dynamodb://leases?endpoint=http://127.0.0.1:1&access_key_id=AKIDVISIBLE\
+               &secret_access_key=TOPSECRETKEY&session_token=SESSIONSECRET&timeout=500ms";
+    let err = DynamoDbStore::connect(url).await.unwrap_err();
+    assert!(err.is_transient(), "{err:?}");
+    let mut texts = vec![err.to_string(), format!("{err:?}")];
+    let mut source = err.source();
+    while let Some(s) = source {
+        texts.push(s.to_string());
+        source = s.source();
+    }
+    let config: DynamoDbConfig = url.parse().unwrap();
+    texts.push(format!("{config:?}"));
+    texts.push(config.to_string());
+    for text in texts {
+        for secret in ["TOPSECRETKEY", "SESSIONSECRET", "AKIDVISIBLE"] {
+            assert!(!text.contains(secret), "{secret} leaked: {text}");
+        }
+    }
+}
+
+/// Without credentials in the URL (and without the `aws-config` feature) the error says what
+/// to do.
+#[cfg(not(feature = "aws-config"))]
+#[tokio::test]
+async fn no_credentials_without_the_aws_chain() {
+    let err = DynamoDbStore::connect("dynamodb://leases?region=eu-west-1")
+        .await
+        .unwrap_err();
+    let source = err.source().and_then(|s| s.downcast_ref::<TableError>());
+    assert_eq!(source, Some(&TableError::NoCredentials), "{err:?}");
+    assert!(err.to_string().contains("aws-config"), "{err}");
+}

@@ -1,0 +1,215 @@
+//! The change stream of one waiting candidate: a watch on its predecessor's key only.
+//!
+//! A candidate queued behind others needs to hear of exactly one event: its immediate
+//! predecessor (the key with the greatest `create_revision` below its own) going away. Watching
+//! only that key makes a release wake one candidate, not all of them (no thundering herd). When
+//! the predecessor goes, the stream looks again: if another key is still ahead, it watches that
+//! one silently; if none is, it yields and the engine asks for the lease.
+//!
+//! Where the candidate stands in the queue is learnt from the store's own `acquire` answers (an
+//! in-process channel), not from etcd: a leader's stream and a stream whose candidate has not
+//! queued yet cost no request at all.
+//!
+//! While its candidate waits, the stream also keeps the candidate's session alive (a keepalive
+//! every third of the session TTL, coalesced with every other keepalive of the store), so a
+//! waiting candidate keeps its place as long as it is waiting, and loses it within a TTL of its
+//! process dying. Any trouble (an error, a timeout) ends the stream: the engine then polls,
+//! which is always safe.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{EventType, GetOptions, SortOrder, SortTarget, WatchFilterType, WatchOptions, WatchStream};
+use leasehold_core::{Changes, Result};
+use tokio::sync::watch;
+use tokio::time::{Instant, MissedTickBehavior};
+
+use crate::record::Keys;
+use crate::store::Inner;
+
+/// Where a candidate's key stands, as its last `acquire` saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Position {
+    /// The key's create_revision.
+    pub(crate) rev: i64,
+    /// The session (etcd lease) the key is bound to.
+    pub(crate) lease: i64,
+    /// The session's TTL in seconds.
+    pub(crate) ttl_secs: i64,
+    /// Whether it was granted (first in the queue).
+    pub(crate) granted: bool,
+}
+
+struct Waiter {
+    inner: Arc<Inner>,
+    keys: Keys,
+    position: watch::Receiver<Option<Position>>,
+    /// The predecessor watch, for the position it was set up for.
+    watch: Option<(WatchStream, Position)>,
+    /// The position for which "first" was announced, and whether the engine acted on it.
+    announced: Option<Position>,
+    tick: Option<(tokio::time::Interval, i64)>,
+}
+
+pub(crate) fn changes(inner: Arc<Inner>, keys: Keys, position: watch::Receiver<Option<Position>>) -> Changes {
+    let waiter = Waiter {
+        inner,
+        keys,
+        position,
+        watch: None,
+        announced: None,
+        tick: None,
+    };
+    Box::pin(futures::stream::unfold(waiter, |mut waiter| async move {
+        waiter.next().await.map(|()| ((), waiter))
+    }))
+}
+
+impl Waiter {
+    /// Runs until the next notification; `None` ends the stream (the engine then polls).
+    async fn next(&mut self) -> Option<()> {
+        loop {
+            let position = *self.position.borrow_and_update();
+            let waiting = position.filter(|p| !p.granted);
+            if self.watch.as_ref().map(|(_, p)| *p) != waiting {
+                self.watch = None;
+            }
+            self.set_tick(waiting);
+            if let (Some(p), None) = (waiting, &self.watch) {
+                match self.look(p).await {
+                    Ok(true) => return Some(()),
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::debug!(error = %e, "etcd change stream ends; the engine polls");
+                        return None;
+                    }
+                }
+            }
+            let watch = &mut self.watch;
+            let tick = &mut self.tick;
+            tokio::select! {
+                changed = self.position.changed() => {
+                    if changed.is_err() {
+                        return None;
+                    }
+                }
+                message = async { watch.as_mut().expect("guarded").0.message().await }, if watch.is_some() => {
+                    match message {
+                        Ok(Some(resp)) => {
+                            let gone = resp.events().iter().any(|e| e.event_type() == EventType::Delete);
+                            if resp.canceled() || gone {
+                                // Gone (or the watch was cancelled, e.g. compacted): look again.
+                                self.watch = None;
+                            }
+                        }
+                        Ok(None) | Err(_) => return None,
+                    }
+                }
+                _ = async { tick.as_mut().expect("guarded").0.tick().await }, if tick.is_some() => {
+                    match self.keep_alive(waiting).await {
+                        Some(true) => {
+                            // We announced "first" a tick ago and the engine has not asked since
+                            // (it may have missed it while a request was out): say it again.
+                            if waiting.is_some() && self.announced == waiting {
+                                return Some(());
+                            }
+                        }
+                        Some(false) => {
+                            // Our session is gone, and our key with it: the engine must queue again.
+                            return Some(());
+                        }
+                        // Unreachable: the watch may be dead too; let the engine poll.
+                        None => return None,
+                    }
+                }
+            }
+        }
+    }
+
+    fn set_tick(&mut self, waiting: Option<Position>) {
+        match waiting {
+            None => self.tick = None,
+            Some(p) if self.tick.as_ref().is_some_and(|(_, secs)| *secs == p.ttl_secs) => {}
+            Some(p) => {
+                // A third of the session TTL, as etcd's own clients keep leases alive.
+                let period = Duration::from_secs(u64::try_from(p.ttl_secs).unwrap_or(1)) / 3;
+                let mut tick = tokio::time::interval_at(Instant::now() + period, period);
+                tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+                self.tick = Some((tick, p.ttl_secs));
+            }
+        }
+    }
+
+    /// Finds the predecessor of `position` and watches it. `Ok(true)`: there is none, we are
+    /// first (notify).
+    async fn look(&mut self, position: Position) -> Result<bool> {
+        let before = GetOptions::new()
+            .with_prefix()
+            .with_max_create_revision(position.rev - 1)
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(1)
+            .with_keys_only();
+        // A look-up slower than a third of the TTL is of no use (the session needs a keepalive
+        // by then): give up and let the engine poll.
+        let limit = Duration::from_secs(u64::try_from(position.ttl_secs).unwrap_or(1)) / 3;
+        let mut client = self.inner.client();
+        let key = self.keys.candidates();
+        let predecessor = within(limit, "changes (predecessor)", async {
+            self.inner
+                .call(
+                    "changes (predecessor)",
+                    async move { client.get(key, Some(before)).await },
+                )
+                .await
+        })
+        .await?;
+        let revision = predecessor.header().map_or(0, etcd_client::ResponseHeader::revision);
+        let Some(kv) = predecessor.kvs().first() else {
+            let news = self.announced != Some(position);
+            self.announced = Some(position);
+            return Ok(news);
+        };
+        self.announced = None;
+        // From just after the read, so that nothing since is missed.
+        let key = kv.key().to_vec();
+        let options = WatchOptions::new()
+            .with_start_revision(revision + 1)
+            .with_filters([WatchFilterType::NoPut]);
+        let mut client = self.inner.client();
+        let watch = within(limit, "changes (watch)", async {
+            self.inner
+                .call("changes (watch)", async move { client.watch(key, Some(options)).await })
+                .await
+        })
+        .await?;
+        self.watch = Some((watch, position));
+        Ok(false)
+    }
+
+    /// Keeps the waiting candidate's session alive: `Some(false)` when it has expired, `None`
+    /// when etcd did not answer.
+    async fn keep_alive(&mut self, waiting: Option<Position>) -> Option<bool> {
+        let Some(p) = waiting else { return Some(true) };
+        let period = Duration::from_secs(u64::try_from(p.ttl_secs).unwrap_or(1)) / 3;
+        let since = Instant::now().checked_sub(period).unwrap_or_else(Instant::now);
+        match self.inner.refreshed_since(p.ttl_secs, since).await {
+            Ok(Some(id)) => Some(id == p.lease),
+            Ok(None) => Some(false),
+            Err(_) => None,
+        }
+    }
+}
+
+async fn within<T>(
+    limit: Duration,
+    operation: &'static str,
+    fut: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::time::timeout(limit, fut)
+        .await
+        .unwrap_or(Err(leasehold_core::Error::Timeout {
+            store: crate::store::STORE,
+            operation,
+            after: limit,
+        }))
+}

@@ -1,0 +1,241 @@
+//! The keys and values leasehold keeps in etcd, and how they are read back.
+//!
+//! For lease `L` under prefix `P`:
+//!
+//! - `P/L/c/{candidate}`: one key per candidate, bound to its process's etcd lease (session).
+//!   Its `create_revision` is its place in the queue and, once it leads, its term.
+//!   Value: `leasehold1 c {ttl_ms}`.
+//! - `P/L/h/{term:020}`: written when the term is granted. Value: `leasehold1 h {unix_ms} {holder}`.
+//! - `P/L/e/{term:020}`: written when the term ends. Value: `leasehold1 e {unix_ms} {reason}`.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use etcd_client::KeyValue;
+use leasehold_core::{CandidateId, EndReason, Error, LeaseName, Result, Term};
+
+use crate::store::STORE;
+
+const MAGIC: &str = "leasehold1";
+
+/// The TTLs the etcd store accepts: etcd counts lease TTLs in whole seconds and raises anything
+/// below its minimum (1.5 x the election timeout, 2 s with the default 1 s election timeout).
+pub const TTL_RANGE: std::ops::RangeInclusive<Duration> = Duration::from_secs(2)..=Duration::from_secs(3600);
+
+/// The etcd lease TTL (whole seconds, rounded up) that backs a leasehold TTL.
+pub(crate) fn session_ttl_secs(ttl: Duration) -> i64 {
+    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    i64::try_from(secs.max(1)).unwrap_or(i64::MAX)
+}
+
+/// The keys of one lease.
+#[derive(Clone, Debug)]
+pub(crate) struct Keys {
+    pub(crate) lease: LeaseName,
+    base: String,
+}
+
+impl Keys {
+    pub(crate) fn new(prefix: &str, lease: &LeaseName) -> Self {
+        Keys {
+            lease: lease.clone(),
+            base: format!("{prefix}/{lease}/"),
+        }
+    }
+
+    pub(crate) fn candidates(&self) -> String {
+        format!("{}c/", self.base)
+    }
+
+    pub(crate) fn candidate(&self, id: &CandidateId) -> String {
+        format!("{}c/{id}", self.base)
+    }
+
+    pub(crate) fn history(&self) -> String {
+        format!("{}h/", self.base)
+    }
+
+    pub(crate) fn started(&self, term: i64) -> String {
+        format!("{}h/{term:020}", self.base)
+    }
+
+    pub(crate) fn ends(&self) -> String {
+        format!("{}e/", self.base)
+    }
+
+    pub(crate) fn ended(&self, term: i64) -> String {
+        format!("{}e/{term:020}", self.base)
+    }
+
+    fn corrupt(&self, detail: impl Into<String>) -> Error {
+        Error::corrupt(STORE, &self.lease, detail)
+    }
+
+    /// Reads a candidate key.
+    pub(crate) fn parse_candidate(&self, kv: &KeyValue) -> Result<Candidate> {
+        let key = String::from_utf8_lossy(kv.key());
+        let id = key
+            .strip_prefix(&self.candidates())
+            .ok_or_else(|| self.corrupt(format!("unexpected key {key:?}")))?;
+        let id = CandidateId::new(id).map_err(|e| self.corrupt(format!("candidate key {key:?}: {e}")))?;
+        let value = std::str::from_utf8(kv.value()).unwrap_or("");
+        let mut fields = value.split(' ');
+        let ttl = match (fields.next(), fields.next(), fields.next(), fields.next()) {
+            (Some(MAGIC), Some("c"), Some(ttl), None) => ttl.parse::<u64>().ok().filter(|ms| *ms > 0),
+            _ => None,
+        };
+        let ttl = ttl.ok_or_else(|| {
+            self.corrupt(format!(
+                "candidate {id}: not a leasehold candidate: {}",
+                preview(kv.value())
+            ))
+        })?;
+        Ok(Candidate {
+            id,
+            rev: kv.create_revision(),
+            lease: kv.lease(),
+            ttl: Duration::from_millis(ttl),
+        })
+    }
+
+    /// Reads a history key (`h/`, the start of a term).
+    pub(crate) fn parse_started(&self, kv: &KeyValue) -> Result<Started> {
+        let term = self.term_of(kv, &self.history())?;
+        let value = std::str::from_utf8(kv.value()).unwrap_or("");
+        let mut fields = value.splitn(4, ' ');
+        let parsed = match (fields.next(), fields.next(), fields.next(), fields.next()) {
+            (Some(MAGIC), Some("h"), Some(at), Some(holder)) => {
+                at.parse::<u64>().ok().zip(CandidateId::new(holder).ok())
+            }
+            _ => None,
+        };
+        let (at, holder) =
+            parsed.ok_or_else(|| self.corrupt(format!("history of term {term}: {}", preview(kv.value()))))?;
+        Ok(Started {
+            term,
+            holder,
+            at: from_unix_ms(at),
+        })
+    }
+
+    /// Reads an end key (`e/`, how a term ended).
+    pub(crate) fn parse_ended(&self, kv: &KeyValue) -> Result<Ended> {
+        let term = self.term_of(kv, &self.ends())?;
+        let value = std::str::from_utf8(kv.value()).unwrap_or("");
+        let mut fields = value.split(' ');
+        let parsed = match (
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next(),
+        ) {
+            (Some(MAGIC), Some("e"), Some(at), Some(reason), None) => at.parse::<u64>().ok().zip(match reason {
+                "released" => Some(EndReason::Released),
+                "expired" => Some(EndReason::Expired),
+                "broken" => Some(EndReason::Broken),
+                _ => None,
+            }),
+            _ => None,
+        };
+        let (at, reason) =
+            parsed.ok_or_else(|| self.corrupt(format!("end of term {term}: {}", preview(kv.value()))))?;
+        Ok(Ended {
+            term,
+            at: from_unix_ms(at),
+            reason,
+        })
+    }
+
+    fn term_of(&self, kv: &KeyValue, prefix: &str) -> Result<i64> {
+        let key = String::from_utf8_lossy(kv.key());
+        key.strip_prefix(prefix)
+            .filter(|t| t.len() == 20)
+            .and_then(|t| t.parse::<i64>().ok())
+            .filter(|t| *t > 0)
+            .ok_or_else(|| self.corrupt(format!("unexpected key {key:?}")))
+    }
+}
+
+/// The value of a candidate key.
+pub(crate) fn candidate_value(ttl: Duration) -> String {
+    format!("{MAGIC} c {}", ttl.as_millis().max(1))
+}
+
+/// The value of a history key.
+pub(crate) fn started_value(holder: &CandidateId) -> String {
+    format!("{MAGIC} h {} {holder}", unix_ms())
+}
+
+/// The value of an end key.
+pub(crate) fn ended_value(reason: EndReason) -> String {
+    format!("{MAGIC} e {} {reason}", unix_ms())
+}
+
+/// A candidate's key.
+#[derive(Clone, Debug)]
+pub(crate) struct Candidate {
+    pub(crate) id: CandidateId,
+    /// Its create_revision: place in the queue, and term once granted.
+    pub(crate) rev: i64,
+    /// The etcd lease (session) it is bound to.
+    pub(crate) lease: i64,
+    pub(crate) ttl: Duration,
+}
+
+impl Candidate {
+    pub(crate) fn term(&self) -> Term {
+        Term(u64::try_from(self.rev).unwrap_or(0))
+    }
+}
+
+/// A history entry: the start of a term.
+#[derive(Clone, Debug)]
+pub(crate) struct Started {
+    pub(crate) term: i64,
+    pub(crate) holder: CandidateId,
+    pub(crate) at: SystemTime,
+}
+
+/// An end entry.
+#[derive(Clone, Debug)]
+pub(crate) struct Ended {
+    pub(crate) term: i64,
+    pub(crate) at: SystemTime,
+    pub(crate) reason: EndReason,
+}
+
+fn preview(value: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&value[..value.len().min(40)]).into_owned();
+    format!("{text:?}{}", if value.len() > 40 { "..." } else { "" })
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn from_unix_ms(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_ttls_round_up_to_seconds() {
+        assert_eq!(session_ttl_secs(Duration::from_secs(2)), 2);
+        assert_eq!(session_ttl_secs(Duration::from_millis(2001)), 3);
+        assert_eq!(session_ttl_secs(Duration::from_millis(10)), 1);
+    }
+
+    #[test]
+    fn keys_of_a_lease() {
+        let keys = Keys::new("app", &LeaseName::new("jobs").unwrap());
+        assert_eq!(keys.candidate(&CandidateId::new("a b").unwrap()), "app/jobs/c/a b");
+        assert_eq!(keys.started(42), "app/jobs/h/00000000000000000042");
+        assert_eq!(keys.ended(42), "app/jobs/e/00000000000000000042");
+        assert!(keys.started(i64::MAX) > keys.started(99));
+    }
+}
