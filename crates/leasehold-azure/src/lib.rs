@@ -1,1 +1,15 @@
-//! azure lease store (under construction).
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+
+mod config;
+mod error;
+mod record;
+mod store;
+
+#[doc = include_str!("../docs.md")]
+pub mod docs {}
+
+pub use config::{Auth, AzureConfig, DEFAULT_MAX_REQUESTS, DEFAULT_REQUEST_TIMEOUT, SasToken, TTL_RANGE, URL_SCHEMES};
+pub use error::AzureError;
+pub use store::AzureBlobStore;

@@ -1,0 +1,344 @@
+//! What leasehold keeps in blob metadata: the lease record, the history entries, the grant token
+//! and the lease id of a candidate.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use leasehold_core::{CandidateId, EndReason, Error, LeaseName, Result, Term, Transition};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
+use sha2::{Digest, Sha256};
+
+pub(crate) const STORE: &str = "azure";
+
+/// Metadata keys (valid C# identifiers, as Azure requires; lower case, as Azure reports them).
+pub(crate) const TERM: &str = "leasehold_term";
+pub(crate) const HOLDER: &str = "leasehold_holder";
+pub(crate) const TTL: &str = "leasehold_ttl_ms";
+pub(crate) const ACQUIRED: &str = "leasehold_acquired_ms";
+pub(crate) const STATE: &str = "leasehold_state";
+pub(crate) const ENDED: &str = "leasehold_ended_ms";
+pub(crate) const END: &str = "leasehold_end";
+
+/// Candidate ids may hold any printable character; metadata values must be plain header text.
+const HOLDER_ENCODE: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
+
+/// Where a term stands in the lease blob.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum State {
+    /// Written by a candidate before it takes the blob lease: the claim counts as held for its
+    /// TTL after the blob's Last-Modified, by the server's clock.
+    Claimed,
+    /// The candidate took the blob lease: held while the blob is leased.
+    Leased,
+    /// Broken by an operator.
+    Broken,
+    /// A claim withdrawn before it was leased.
+    Released,
+}
+
+impl State {
+    fn as_str(self) -> &'static str {
+        match self {
+            State::Claimed => "claimed",
+            State::Leased => "leased",
+            State::Broken => "broken",
+            State::Released => "released",
+        }
+    }
+}
+
+/// The lease record in the metadata of the lease blob.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Record {
+    pub(crate) holder: CandidateId,
+    pub(crate) term: Term,
+    pub(crate) ttl: Duration,
+    pub(crate) acquired_ms: u64,
+    pub(crate) state: State,
+}
+
+impl Record {
+    pub(crate) fn encode(&self) -> HashMap<String, String> {
+        HashMap::from([
+            (TERM.to_string(), self.term.0.to_string()),
+            (HOLDER.to_string(), encode_holder(&self.holder)),
+            (TTL.to_string(), self.ttl.as_millis().to_string()),
+            (ACQUIRED.to_string(), self.acquired_ms.to_string()),
+            (STATE.to_string(), self.state.as_str().to_string()),
+        ])
+    }
+
+    /// Reads the record; `None` for a blob leasehold has not written a record to yet.
+    pub(crate) fn decode(lease: &LeaseName, metadata: &HashMap<String, String>) -> Result<Option<Record>> {
+        let ours = |k: &str| k.to_ascii_lowercase().starts_with("leasehold");
+        if !metadata.keys().any(|k| ours(k)) {
+            return Ok(None);
+        }
+        let fields = Fields {
+            lease,
+            metadata,
+            what: "lease blob",
+        };
+        let term = Term(fields.number(TERM)?);
+        let state = match fields.get(STATE)? {
+            "claimed" => State::Claimed,
+            "leased" => State::Leased,
+            "broken" => State::Broken,
+            "released" => State::Released,
+            other => return Err(fields.bad(STATE, other, "not claimed, leased, broken or released")),
+        };
+        Ok(Some(Record {
+            holder: fields.holder()?,
+            term,
+            ttl: Duration::from_millis(fields.number(TTL)?),
+            acquired_ms: fields.number(ACQUIRED)?,
+            state,
+        }))
+    }
+}
+
+/// One history blob: a term, who held it, and how it ended once known.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Entry {
+    pub(crate) holder: CandidateId,
+    pub(crate) acquired_ms: u64,
+    pub(crate) end: Option<(u64, EndReason)>,
+}
+
+impl Entry {
+    pub(crate) fn encode(&self) -> HashMap<String, String> {
+        let mut metadata = HashMap::from([
+            (HOLDER.to_string(), encode_holder(&self.holder)),
+            (ACQUIRED.to_string(), self.acquired_ms.to_string()),
+        ]);
+        if let Some((at, reason)) = self.end {
+            metadata.insert(ENDED.to_string(), at.to_string());
+            metadata.insert(END.to_string(), reason.to_string());
+        }
+        metadata
+    }
+
+    pub(crate) fn decode(lease: &LeaseName, metadata: &HashMap<String, String>) -> Result<Entry> {
+        let fields = Fields {
+            lease,
+            metadata,
+            what: "history blob",
+        };
+        let end = match metadata.get(END) {
+            None => None,
+            Some(reason) => {
+                let reason = match reason.as_str() {
+                    "released" => EndReason::Released,
+                    "expired" => EndReason::Expired,
+                    "broken" => EndReason::Broken,
+                    other => return Err(fields.bad(END, other, "not released, expired or broken")),
+                };
+                Some((fields.number(ENDED)?, reason))
+            }
+        };
+        Ok(Entry {
+            holder: fields.holder()?,
+            acquired_ms: fields.number(ACQUIRED)?,
+            end,
+        })
+    }
+
+    pub(crate) fn transition(&self, term: Term) -> Transition {
+        Transition {
+            term,
+            holder: self.holder.clone(),
+            acquired_at: from_ms(self.acquired_ms),
+            ended: self.end.map(|(at, reason)| (from_ms(at), reason)),
+        }
+    }
+}
+
+struct Fields<'a> {
+    lease: &'a LeaseName,
+    metadata: &'a HashMap<String, String>,
+    what: &'static str,
+}
+
+impl Fields<'_> {
+    fn get(&self, key: &'static str) -> Result<&str> {
+        self.metadata
+            .get(key)
+            .map(String::as_str)
+            .ok_or_else(|| Error::corrupt(STORE, self.lease, format!("{}: metadata {key} is missing", self.what)))
+    }
+
+    fn bad(&self, key: &'static str, value: &str, why: &str) -> Error {
+        let shown: String = value.chars().take(64).collect();
+        Error::corrupt(
+            STORE,
+            self.lease,
+            format!("{}: metadata {key} = {shown:?}: {why}", self.what),
+        )
+    }
+
+    fn number(&self, key: &'static str) -> Result<u64> {
+        let value = self.get(key)?;
+        value.parse().map_err(|_| self.bad(key, value, "not a number"))
+    }
+
+    fn holder(&self) -> Result<CandidateId> {
+        let value = self.get(HOLDER)?;
+        let decoded = percent_decode_str(value)
+            .decode_utf8()
+            .map_err(|_| self.bad(HOLDER, value, "not UTF-8"))?;
+        CandidateId::new(decoded.into_owned()).map_err(|_| self.bad(HOLDER, value, "not a candidate id"))
+    }
+}
+
+fn encode_holder(holder: &CandidateId) -> String {
+    utf8_percent_encode(holder.as_str(), HOLDER_ENCODE).to_string()
+}
+
+/// The blob lease id of `candidate` for `lease`: a UUID derived from both, so that a candidate
+/// always proposes the same id and can recognise (and renew) a lease whose reply it lost.
+pub(crate) fn lease_id(lease: &LeaseName, candidate: &CandidateId) -> String {
+    let mut hash = Sha256::new();
+    hash.update(b"leasehold-azure lease id\0");
+    hash.update(lease.as_str().as_bytes());
+    hash.update(b"\0");
+    hash.update(candidate.as_str().as_bytes());
+    let digest = hash.finalize();
+    let mut b = [0u8; 16];
+    b.copy_from_slice(&digest[..16]);
+    b[6] = (b[6] & 0x0f) | 0x80; // UUID version 8 (custom)
+    b[8] = (b[8] & 0x3f) | 0x80; // RFC 4122 variant
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
+}
+
+/// The grant token (and record version): the lease id, the blob's ETag after the holder's last
+/// metadata write, and when the term began.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Token {
+    pub(crate) lease_id: String,
+    pub(crate) etag: String,
+    pub(crate) acquired_ms: u64,
+}
+
+impl Token {
+    pub(crate) fn parse(lease: &LeaseName, token: &str) -> Result<Token> {
+        let mut parts = token.splitn(3, ';');
+        let (Some(lease_id), Some(acquired), Some(etag)) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(Error::store(
+                STORE,
+                format!("grant token for lease {lease} is not an azure token"),
+            ));
+        };
+        let acquired_ms = acquired
+            .parse()
+            .map_err(|_| Error::store(STORE, format!("grant token for lease {lease} is not an azure token")))?;
+        Ok(Token {
+            lease_id: lease_id.to_string(),
+            etag: etag.to_string(),
+            acquired_ms,
+        })
+    }
+}
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{};{};{}", self.lease_id, self.acquired_ms, self.etag)
+    }
+}
+
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+pub(crate) fn from_ms(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease() -> LeaseName {
+        LeaseName::new("jobs").unwrap()
+    }
+
+    #[test]
+    fn records_round_trip() {
+        let record = Record {
+            holder: CandidateId::new("host-1 (eu) ünïcode/;=").unwrap(),
+            term: Term(42),
+            ttl: Duration::from_secs(15),
+            acquired_ms: 1_700_000_000_000,
+            state: State::Leased,
+        };
+        let metadata = record.encode();
+        assert!(
+            metadata.values().all(|v| v.bytes().all(|b| b.is_ascii_graphic())),
+            "{metadata:?}"
+        );
+        assert_eq!(Record::decode(&lease(), &metadata).unwrap(), Some(record));
+        assert_eq!(
+            Record::decode(&lease(), &HashMap::from([("other".into(), "x".into())])).unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn garbage_names_the_lease_and_field() {
+        let mut metadata = Record {
+            holder: CandidateId::new("a").unwrap(),
+            term: Term(1),
+            ttl: Duration::from_secs(15),
+            acquired_ms: 1,
+            state: State::Claimed,
+        }
+        .encode();
+        metadata.insert(TERM.into(), "garbage".into());
+        let err = Record::decode(&lease(), &metadata).unwrap_err();
+        assert!(
+            matches!(&err, Error::CorruptRecord { lease, .. } if lease == "jobs"),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains(TERM), "{err}");
+        metadata.insert(TERM.into(), "1".into());
+        metadata.remove(STATE);
+        assert!(
+            Record::decode(&lease(), &metadata)
+                .unwrap_err()
+                .to_string()
+                .contains(STATE)
+        );
+    }
+
+    #[test]
+    fn lease_ids_are_stable_uuids() {
+        let (a, b) = (CandidateId::new("a").unwrap(), CandidateId::new("b").unwrap());
+        let id = lease_id(&lease(), &a);
+        assert_eq!(id, lease_id(&lease(), &a));
+        assert_ne!(id, lease_id(&lease(), &b));
+        assert_ne!(id, lease_id(&LeaseName::new("other").unwrap(), &a));
+        assert_eq!(id.len(), 36);
+        assert_eq!(&id[14..15], "8");
+    }
+
+    #[test]
+    fn tokens_round_trip() {
+        let token = Token {
+            lease_id: "id".into(),
+            etag: "\"0x1;2\"".into(),
+            acquired_ms: 7,
+        };
+        assert_eq!(Token::parse(&lease(), &token.to_string()).unwrap(), token);
+        assert!(Token::parse(&lease(), "nope").is_err());
+    }
+}

@@ -1,0 +1,285 @@
+//! What the Azure tests share: an account SAS signed for the Azurite emulator, the conformance
+//! [`Backend`], and raw access to lease blobs for vandalism.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use hmac::{Hmac, Mac};
+use leasehold_azure::{Auth, AzureBlobStore, AzureConfig, SasToken};
+use leasehold_conformance::{Backend, FaultProxy, Faults, Op};
+use leasehold_core::{
+    AcquireRequest, Acquired, CandidateId, Capabilities, Error, Grant, LeaseName, LeaseStore, Observation, Renewed,
+    Result, Term, Transition,
+};
+use sha2::Sha256;
+use url::Url;
+
+/// The container the tests use (lease names are random per scenario).
+pub const CONTAINER: &str = "leasehold-tests";
+
+/// The Azurite endpoint and the account SAS for it, from `LEASEHOLD_AZURITE_*` (or the services
+/// env file), if the emulator answers.
+pub fn azurite() -> Option<AzureConfig> {
+    let url = leasehold_conformance::require_server("azurite", "LEASEHOLD_AZURITE_URL")?;
+    let account = env("LEASEHOLD_AZURITE_ACCOUNT").unwrap_or_else(|| "devstoreaccount1".into());
+    let key = env("LEASEHOLD_AZURITE_ACCOUNT_KEY").expect("LEASEHOLD_AZURITE_ACCOUNT_KEY is set with the URL");
+    let mut config = AzureConfig::new(&account, CONTAINER).expect("valid names");
+    config.endpoint = Url::parse(&format!("{}/", url.trim_end_matches('/'))).expect("LEASEHOLD_AZURITE_URL is a URL");
+    config.auth = Auth::Sas(account_sas(&account, &key, Duration::from_secs(24 * 3600)));
+    config.prefix = "t/".into();
+    if let Some(n) = std::env::var("LEASEHOLD_AZURE_MAX_REQUESTS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+    {
+        config.max_requests = n;
+    }
+    Some(config)
+}
+
+fn env(key: &str) -> Option<String> {
+    if let Ok(v) = std::env::var(key) {
+        return Some(v);
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/services/env");
+    let text = std::fs::read_to_string(root).ok()?;
+    text.lines().find_map(|line| {
+        let (k, v) = line.trim().trim_start_matches("export ").split_once('=')?;
+        (k == key).then(|| v.trim_matches(|c| c == '"' || c == '\'').to_string())
+    })
+}
+
+/// An account SAS (blob service; service, container and object resources; read, add, create,
+/// write, delete, list) valid for `valid_for`, signed with HMAC-SHA256 and the account key, as
+/// the SDK's missing shared-key support would.
+pub fn account_sas(account: &str, key_base64: &str, valid_for: Duration) -> SasToken {
+    const VERSION: &str = "2021-08-06";
+    let expiry = iso8601(SystemTime::now() + valid_for);
+    let (permissions, services, resource_types) = ("racwdl", "b", "sco");
+    // Account SAS string-to-sign for versions 2020-12-06 and later (the last field is the
+    // encryption scope, empty here).
+    let to_sign = [
+        account,
+        permissions,
+        services,
+        resource_types,
+        "",
+        &expiry,
+        "",
+        "https,http",
+        VERSION,
+        "",
+        "",
+    ]
+    .join("\n");
+    let key = STANDARD.decode(key_base64).expect("the account key is base64");
+    let mut mac = Hmac::<Sha256>::new_from_slice(&key).expect("HMAC takes any key length");
+    mac.update(to_sign.as_bytes());
+    let signature = STANDARD.encode(mac.finalize().into_bytes());
+    let query = url::form_urlencoded::Serializer::new(String::new())
+        .append_pair("sv", VERSION)
+        .append_pair("ss", services)
+        .append_pair("srt", resource_types)
+        .append_pair("sp", permissions)
+        .append_pair("se", &expiry)
+        .append_pair("spr", "https,http")
+        .append_pair("sig", &signature)
+        .finish();
+    SasToken::new(query)
+}
+
+/// `2030-01-01T00:00:00Z` for a time, in UTC.
+fn iso8601(at: SystemTime) -> String {
+    let secs = at.duration_since(UNIX_EPOCH).expect("after 1970").as_secs();
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Azurite: every `connect` is a new `AzureBlobStore` (its own HTTP connections and cache).
+pub struct AzureBackend {
+    pub config: AzureConfig,
+    /// The proxies of faulty clients live as long as the backend (one test).
+    proxies: Mutex<Vec<FaultProxy>>,
+}
+
+impl AzureBackend {
+    pub fn shared(config: AzureConfig) -> Arc<dyn Backend> {
+        Arc::new(AzureBackend::with_config(config))
+    }
+
+    pub fn with_config(config: AzureConfig) -> AzureBackend {
+        AzureBackend {
+            config,
+            proxies: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn upstream(&self) -> SocketAddr {
+        let host = self.config.endpoint.host_str().expect("the endpoint has a host");
+        let port = self
+            .config
+            .endpoint
+            .port_or_known_default()
+            .expect("the endpoint has a port");
+        (host, port)
+            .to_socket_addrs()
+            .expect("the host resolves")
+            .next()
+            .expect("an address")
+    }
+
+    /// A store whose traffic goes through a new fault proxy.
+    pub async fn faulty(&self) -> Result<(AzureBlobStore, Faults)> {
+        let proxy = FaultProxy::start(self.upstream())
+            .await
+            .map_err(|e| Error::unreachable("azure", e))?;
+        let mut config = self.config.clone();
+        config
+            .endpoint
+            .set_port(Some(proxy.addr().port()))
+            .expect("http endpoint");
+        config
+            .endpoint
+            .set_host(Some(&proxy.addr().ip().to_string()))
+            .expect("http endpoint");
+        let faults = proxy.faults();
+        self.proxies.lock().unwrap().push(proxy);
+        Ok((AzureBlobStore::connect_with(config).await?, faults))
+    }
+
+    pub async fn store(&self) -> AzureBlobStore {
+        AzureBlobStore::connect_with(self.config.clone())
+            .await
+            .expect("a store")
+    }
+}
+
+#[async_trait]
+impl Backend for AzureBackend {
+    fn name(&self) -> &'static str {
+        "azure"
+    }
+
+    async fn connect(&self) -> Result<Arc<dyn LeaseStore>> {
+        Ok(Arc::new(AzureBlobStore::connect_with(self.config.clone()).await?))
+    }
+
+    async fn connect_faulty(&self) -> Result<(Arc<dyn LeaseStore>, Faults)> {
+        let (store, faults) = self.faulty().await?;
+        Ok((
+            Arc::new(Counted {
+                store,
+                faults: faults.clone(),
+            }),
+            faults,
+        ))
+    }
+
+    /// Breaks the blob lease and writes garbage where the term belongs, as a foreign program
+    /// using the same blob would.
+    async fn corrupt(&self, lease: &LeaseName) -> Result<()> {
+        let store = self.store().await;
+        store.break_blob_lease(lease).await?;
+        raw_set_metadata(
+            &self.config,
+            &store.blob_name(lease),
+            &[("leasehold_term", "garbage"), ("vandal", "yes")],
+        )
+        .await
+    }
+}
+
+/// Overwrites the metadata of a blob (which must not be leased), bypassing the store.
+pub async fn raw_set_metadata(config: &AzureConfig, blob: &str, pairs: &[(&str, &str)]) -> Result<()> {
+    let container = azure_storage_blob::BlobContainerClient::new(container_url(config), None, None)
+        .map_err(|e| Error::store("azure", e.to_string()))?;
+    let metadata = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    container
+        .blob_client(blob)
+        .set_metadata(&metadata, None)
+        .await
+        .map(drop)
+        .map_err(|e| Error::store("azure", e.to_string()))
+}
+
+fn container_url(config: &AzureConfig) -> Url {
+    let mut url = config.endpoint.clone();
+    url.path_segments_mut().unwrap().pop_if_empty().push(&config.container);
+    if let Auth::Sas(sas) = &config.auth {
+        url.set_query(Some(sas.expose()));
+    }
+    url
+}
+
+/// A store behind a fault proxy that also counts its requests in the proxy's [`Faults`] (a proxy
+/// sees bytes, not requests, and some scenarios read the counts).
+///
+/// An acquire is counted when its answer arrives, not when it starts: `lost_reply_resolved_by_
+/// read_back` waits for "C's first acquire (answered Held)" by this count and then blackholes the
+/// replies. A first acquire on a lease this client has never seen must read the blob before it
+/// can claim it; if that reply fell into the blackhole, no later acquire could be applied while
+/// it lasts. Every other operation is counted when it starts.
+#[derive(Debug)]
+pub struct Counted {
+    pub store: AzureBlobStore,
+    pub faults: Faults,
+}
+
+#[async_trait]
+impl LeaseStore for Counted {
+    fn name(&self) -> &'static str {
+        self.store.name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.store.capabilities()
+    }
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
+        let answer = self.store.acquire(request).await;
+        self.faults.record_request(Op::Acquire);
+        answer
+    }
+    async fn renew(&self, grant: &Grant) -> Result<Renewed> {
+        self.faults.record_request(Op::Renew);
+        self.store.renew(grant).await
+    }
+    async fn release(&self, grant: &Grant) -> Result<()> {
+        self.faults.record_request(Op::Release);
+        self.store.release(grant).await
+    }
+    async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
+        self.faults.record_request(Op::Withdraw);
+        self.store.withdraw(lease, candidate).await
+    }
+    async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
+        self.faults.record_request(Op::Inspect);
+        self.store.inspect(lease).await
+    }
+    async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
+        self.faults.record_request(Op::History);
+        self.store.history(lease, limit).await
+    }
+    async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
+        self.faults.record_request(Op::BreakLease);
+        self.store.break_lease(lease).await
+    }
+}
