@@ -34,7 +34,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// One candidate: campaigns, and while leader appends fenced entries to the ledger.
 async fn worker(url: &str, ledger: &Path, id: &str) -> Result<(), Box<dyn std::error::Error>> {
     let store = leasehold::connect(url).await?;
-    let elector = Elector::builder(store, "quickstart").ttl(TTL).candidate_id(id).build()?;
+    let elector = Elector::builder(store, "quickstart")
+        .ttl(TTL)
+        .candidate_id(id)
+        .build()?;
     let mut events = elector.events();
     tokio::spawn(async move {
         while let Ok(event) = events.recv().await {
@@ -85,7 +88,11 @@ async fn worker(url: &str, ledger: &Path, id: &str) -> Result<(), Box<dyn std::e
 /// The downstream system: accepts an entry only if its term is not older than the newest seen.
 fn append_fenced(ledger: &Path, term: u64, holder: &str) -> std::io::Result<()> {
     let text = std::fs::read_to_string(ledger).unwrap_or_default();
-    let newest = text.lines().filter_map(|l| l.split(' ').next()?.parse::<u64>().ok()).max().unwrap_or(0);
+    let newest = text
+        .lines()
+        .filter_map(|l| l.split(' ').next()?.parse::<u64>().ok())
+        .max()
+        .unwrap_or(0);
     if term < newest {
         return Err(std::io::Error::other(format!("stale term {term} < {newest}: rejected")));
     }
@@ -116,7 +123,10 @@ async fn coordinator() -> Result<(), Box<dyn std::error::Error>> {
         println!("{line}");
         timeline.push(line);
     };
-    note(start, format!("3 workers campaign for lease `quickstart` on {url} (ttl {TTL:?})"));
+    note(
+        start,
+        format!("3 workers campaign for lease `quickstart` on {url} (ttl {TTL:?})"),
+    );
 
     let (tx, mut rx) = mpsc::unbounded_channel::<Line>();
     let mut workers = Vec::new();
@@ -133,7 +143,10 @@ async fn coordinator() -> Result<(), Box<dyn std::error::Error>> {
 
     let (second, term2, elected_at) = wait_elected(&mut rx, term1.0, &mut note).await?;
     let failover = elected_at - killed_at;
-    note(elected_at, format!("{second} took over after {failover:.2?} with term {term2} > {term1}"));
+    note(
+        elected_at,
+        format!("{second} took over after {failover:.2?} with term {term2} > {term1}"),
+    );
 
     tokio::time::sleep(Duration::from_millis(700)).await;
     let leader = workers.iter_mut().find(|w| w.id == second).ok_or("no such worker")?;
@@ -143,22 +156,39 @@ async fn coordinator() -> Result<(), Box<dyn std::error::Error>> {
     note(resign_at, format!("asked {second} to resign"));
     let (third, term3, elected_at) = wait_elected(&mut rx, term2.0, &mut note).await?;
     let handover = elected_at - resign_at;
-    note(elected_at, format!("{third} took over after {handover:.2?} with term {term3} > {term2}"));
+    note(
+        elected_at,
+        format!("{third} took over after {handover:.2?} with term {term3} > {term2}"),
+    );
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     for w in &mut workers {
         let _ = w.child.kill().await;
     }
     let ledger_text = std::fs::read_to_string(&ledger)?;
-    let terms: Vec<u64> = ledger_text.lines().filter_map(|l| l.split(' ').next()?.parse().ok()).collect();
+    let terms: Vec<u64> = ledger_text
+        .lines()
+        .filter_map(|l| l.split(' ').next()?.parse().ok())
+        .collect();
     let ordered = terms.windows(2).all(|w| w[0] <= w[1]);
     let distinct: std::collections::BTreeSet<u64> = terms.iter().copied().collect();
-    println!("\nledger: {} fenced entries, terms {:?}, never decreasing: {ordered}", terms.len(), distinct);
+    println!(
+        "\nledger: {} fenced entries, terms {:?}, never decreasing: {ordered}",
+        terms.len(),
+        distinct
+    );
 
     let failover_ok = failover <= TTL * 2;
     let handover_ok = handover <= TTL;
-    println!("SIGKILL failover {failover:.2?} (limit {:?}): {}", TTL * 2, verdict(failover_ok));
-    println!("graceful hand-over {handover:.2?} (limit {TTL:?}): {}", verdict(handover_ok));
+    println!(
+        "SIGKILL failover {failover:.2?} (limit {:?}): {}",
+        TTL * 2,
+        verdict(failover_ok)
+    );
+    println!(
+        "graceful hand-over {handover:.2?} (limit {TTL:?}): {}",
+        verdict(handover_ok)
+    );
     let all_ok = failover_ok && handover_ok && ordered && distinct.len() >= 3 && term1 < term2 && term2 < term3;
     if !all_ok {
         return Err("quickstart did not show what it should (see above)".into());
@@ -183,10 +213,17 @@ fn spawn_worker(url: &str, ledger: &Path, id: &str, tx: mpsc::UnboundedSender<Li
     tokio::spawn(async move {
         let mut lines = BufReader::new(stdout).lines();
         while let Ok(Some(text)) = lines.next_line().await {
-            let _ = tx.send(Line { at: Instant::now(), id: worker_id.clone(), text });
+            let _ = tx.send(Line {
+                at: Instant::now(),
+                id: worker_id.clone(),
+                text,
+            });
         }
     });
-    Ok(Worker { id: id.to_string(), child })
+    Ok(Worker {
+        id: id.to_string(),
+        child,
+    })
 }
 
 /// Waits (at most 4 TTLs) until some worker reports being elected with a term above `above`.
@@ -197,7 +234,9 @@ async fn wait_elected(
 ) -> Result<(String, leasehold::Term, Instant), Box<dyn std::error::Error>> {
     let deadline = tokio::time::Instant::now() + TTL * 4;
     loop {
-        let line = tokio::time::timeout_at(deadline, rx.recv()).await.map_err(|_| "no leader elected in time")?;
+        let line = tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .map_err(|_| "no leader elected in time")?;
         let line = line.ok_or("all workers exited")?;
         note(line.at, format!("{}: {}", line.id, line.text));
         if let Some(term) = line.text.strip_prefix("elected ").and_then(|t| t.parse::<u64>().ok()) {
@@ -207,4 +246,3 @@ async fn wait_elected(
         }
     }
 }
-
