@@ -1,0 +1,281 @@
+//! Which backends exist here: URLs from `target/services/env`, and whether the facade can reach them.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use hmac::{Hmac, Mac};
+use leasehold::{Capabilities, Error, LeaseName, LeaseStore, MemoryStore, Notifications};
+use sha2::Sha256;
+
+/// The repository root (this crate lives in `crates/leasehold-bench`).
+pub(crate) fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Runs `scripts/services up` for the servers the selected backends need. Never `down`: other
+/// people's tests use the same servers.
+pub(crate) fn start_services(selected: &[&str]) {
+    let services: Vec<&str> = selected
+        .iter()
+        .filter_map(|b| match *b {
+            "postgres" | "redis" | "etcd" | "zookeeper" => Some(*b),
+            "dynamodb" => Some("dynalite"),
+            "azure" => Some("azurite"),
+            _ => None,
+        })
+        .collect();
+    if services.is_empty() {
+        return;
+    }
+    eprintln!("starting local servers: scripts/services up {}", services.join(" "));
+    let status = std::process::Command::new(repo_root().join("scripts/services"))
+        .arg("up")
+        .args(&services)
+        .stdout(std::process::Stdio::null())
+        .status();
+    match status {
+        Ok(s) if s.success() => {}
+        Ok(s) => {
+            eprintln!("scripts/services up exited with {s}; servers that did not start are reported as not available")
+        }
+        Err(e) => eprintln!("could not run scripts/services: {e}"),
+    }
+}
+
+/// `VAR=value` lines of `target/services/env`, overridden by the process environment.
+#[derive(Debug, Default)]
+pub(crate) struct ServiceEnv {
+    vars: HashMap<String, String>,
+}
+
+impl ServiceEnv {
+    pub(crate) fn load() -> ServiceEnv {
+        let dir = std::env::var("LEASEHOLD_SERVICES_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| repo_root().join("target/services"));
+        let mut vars = HashMap::new();
+        if let Ok(text) = std::fs::read_to_string(dir.join("env")) {
+            for line in text.lines() {
+                if let Some((k, v)) = line.trim().trim_start_matches("export ").split_once('=') {
+                    vars.insert(k.to_string(), v.trim_matches(|c| c == '"' || c == '\'').to_string());
+                }
+            }
+        }
+        ServiceEnv { vars }
+    }
+
+    pub(crate) fn get(&self, key: &str) -> Option<String> {
+        std::env::var(key).ok().or_else(|| self.vars.get(key).cloned())
+    }
+}
+
+/// One backend as the runner sees it.
+#[derive(Debug)]
+pub(crate) struct Backend {
+    pub(crate) name: &'static str,
+    /// `Err(why)` when it cannot be measured here.
+    pub(crate) available: Result<Available, String>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Available {
+    /// `None` for the in-memory store (every client is the same store).
+    url: Option<String>,
+    memory: Option<Arc<MemoryStore>>,
+    pub(crate) caps: Capabilities,
+    /// The TTL of the latency, handover, failover, transition and idle measures.
+    pub(crate) ttl: Duration,
+    /// The TTL of the scale measures.
+    pub(crate) scale_ttl: Duration,
+}
+
+impl Available {
+    /// A new, independent client (a new connection) of the store.
+    pub(crate) async fn connect(&self) -> leasehold::Result<Arc<dyn LeaseStore>> {
+        match (&self.memory, &self.url) {
+            (Some(m), _) => Ok(m.clone()),
+            (None, Some(url)) => leasehold::connect(url).await,
+            (None, None) => unreachable!("a backend has a URL or is the memory store"),
+        }
+    }
+
+    /// The URL for a child process (`None`: in-process only).
+    pub(crate) fn url(&self) -> Option<&str> {
+        self.url.as_deref()
+    }
+
+    /// Whether idle followers are woken by the store rather than polling.
+    pub(crate) fn notifies(&self) -> bool {
+        self.caps.notifications != Notifications::None
+    }
+}
+
+impl Backend {
+    pub(crate) async fn open(name: &'static str, env: &ServiceEnv, scratch: &Path, smoke: bool) -> Backend {
+        let url = match name {
+            "memory" => None,
+            "sqlite" => Some(Ok(format!("sqlite://{}/bench.db", scratch.display()))),
+            "postgres" => Some(env.get("LEASEHOLD_POSTGRES_URL").ok_or("postgres")),
+            "redis" => Some(env.get("LEASEHOLD_REDIS_URL").ok_or("redis")),
+            "etcd" => Some(env.get("LEASEHOLD_ETCD_URL").ok_or("etcd")),
+            "zookeeper" => Some(env.get("LEASEHOLD_ZOOKEEPER_URL").ok_or("zookeeper")),
+            "dynamodb" => Some(env.get("LEASEHOLD_DYNAMODB_URL").ok_or("dynalite").map(|endpoint| {
+                format!(
+                    "dynamodb://leasehold-bench?endpoint={}&access_key_id=local&secret_access_key=local&create_table=true",
+                    encode(&endpoint)
+                )
+            })),
+            "azure" => Some(azurite_url(env).ok_or("azurite")),
+            _ => unreachable!("checked against ALL_BACKENDS"),
+        };
+        let available = match url {
+            None => {
+                let memory = Arc::new(MemoryStore::new());
+                let caps = memory.capabilities();
+                Ok(Available {
+                    url: None,
+                    memory: Some(memory),
+                    ttl: bench_ttl(&caps, smoke),
+                    scale_ttl: scale_ttl(&caps, smoke),
+                    caps,
+                })
+            }
+            Some(Err(server)) => Err(format!(
+                "not available: {server} is not running (no URL in target/services/env)"
+            )),
+            Some(Ok(url)) => probe(&url, smoke).await,
+        };
+        if let Err(why) = &available {
+            eprintln!("   {name}: {why}");
+        }
+        Backend { name, available }
+    }
+}
+
+async fn probe(url: &str, smoke: bool) -> Result<Available, String> {
+    let store = match tokio::time::timeout(Duration::from_secs(20), leasehold::connect(url)).await {
+        Err(_) => return Err("not available: connecting took over 20 s".into()),
+        Ok(Err(Error::UnsupportedScheme { scheme, hint })) => {
+            return Err(format!(
+                "not available: scheme `{scheme}` not supported by this build ({hint})"
+            ));
+        }
+        Ok(Err(e)) => return Err(format!("not available: server down? {e}")),
+        Ok(Ok(store)) => store,
+    };
+    let lease = LeaseName::new("bench-probe").expect("valid name");
+    match tokio::time::timeout(Duration::from_secs(10), store.inspect(&lease)).await {
+        Err(_) => return Err("not available: the server does not answer (10 s)".into()),
+        Ok(Err(e)) => return Err(format!("not available: {e}")),
+        Ok(Ok(_)) => {}
+    }
+    let caps = store.capabilities();
+    Ok(Available {
+        url: Some(url.to_string()),
+        memory: None,
+        ttl: bench_ttl(&caps, smoke),
+        scale_ttl: scale_ttl(&caps, smoke),
+        caps,
+    })
+}
+
+/// Full run: max(backend minimum, 2 s); smoke: max(minimum, 1 s).
+fn bench_ttl(caps: &Capabilities, smoke: bool) -> Duration {
+    let want = if smoke {
+        Duration::from_secs(1)
+    } else {
+        Duration::from_secs(2)
+    };
+    want.max(*caps.ttl.start())
+}
+
+/// Scale runs renew every ttl/3; 5 s keeps 10,000 leases at 6,000 renewals a second.
+fn scale_ttl(caps: &Capabilities, smoke: bool) -> Duration {
+    let want = if smoke {
+        Duration::from_secs(1)
+    } else {
+        Duration::from_secs(5)
+    };
+    want.max(*caps.ttl.start())
+}
+
+fn encode(s: &str) -> String {
+    url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+/// `azblob://ACCOUNT/CONTAINER?endpoint=..&sas=..` for Azurite, with an account SAS signed by the
+/// emulator's published development key (the 1.x SDK has no shared-key authentication).
+fn azurite_url(env: &ServiceEnv) -> Option<String> {
+    let endpoint = env.get("LEASEHOLD_AZURITE_URL")?;
+    let account = env.get("LEASEHOLD_AZURITE_ACCOUNT")?;
+    let key = env.get("LEASEHOLD_AZURITE_ACCOUNT_KEY")?;
+    let sas = account_sas(&account, &key, Duration::from_secs(24 * 3600))?;
+    Some(format!(
+        "azblob://{account}/leasehold-bench?endpoint={}&sas={}",
+        encode(&endpoint),
+        encode(&sas)
+    ))
+}
+
+/// An account SAS (blob service; racwdl on service, container and object), as in
+/// crates/leasehold-azure/tests/common/mod.rs.
+fn account_sas(account: &str, key_base64: &str, valid_for: Duration) -> Option<String> {
+    const VERSION: &str = "2021-08-06";
+    let expiry = iso8601(SystemTime::now() + valid_for);
+    let (permissions, services, resource_types) = ("racwdl", "b", "sco");
+    let to_sign = [
+        account,
+        permissions,
+        services,
+        resource_types,
+        "",
+        &expiry,
+        "",
+        "https,http",
+        VERSION,
+        "",
+        "",
+    ]
+    .join("\n");
+    let key = STANDARD.decode(key_base64).ok()?;
+    let mut mac = Hmac::<Sha256>::new_from_slice(&key).ok()?;
+    mac.update(to_sign.as_bytes());
+    let signature = STANDARD.encode(mac.finalize().into_bytes());
+    Some(
+        url::form_urlencoded::Serializer::new(String::new())
+            .append_pair("sv", VERSION)
+            .append_pair("ss", services)
+            .append_pair("srt", resource_types)
+            .append_pair("sp", permissions)
+            .append_pair("se", &expiry)
+            .append_pair("spr", "https,http")
+            .append_pair("sig", &signature)
+            .finish(),
+    )
+}
+
+/// `2030-01-01T00:00:00Z` for a time, in UTC.
+pub(crate) fn iso8601(at: SystemTime) -> String {
+    let secs = at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}

@@ -1,0 +1,139 @@
+//! leasehold-bench: every measure of docs/benchmarks.md, for every backend, in one run.
+//!
+//! The binary (`cargo run --release -p leasehold-bench -- --help`) parses arguments into
+//! [`Options`] and calls [`run`]; `tests/smoke.rs` runs the smoke mode on the in-memory store so
+//! that `cargo test --workspace` keeps this code compiling and working.
+#![forbid(unsafe_code)]
+
+mod backends;
+mod etcdctl;
+mod measures;
+mod report;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+pub use measures::{child_leader, child_scale};
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Tiny counts, no target verdicts: checks that the code runs end to end.
+    pub smoke: bool,
+    /// Backends to measure (`memory sqlite postgres redis etcd zookeeper dynamodb azure`); empty: all.
+    pub backends: Vec<String>,
+    /// Start the local servers with `scripts/services up` first.
+    pub start_services: bool,
+    /// Write the report into this docs directory (`benchmarks.md`, `benchmarks-latency.svg`).
+    pub docs_dir: Option<PathBuf>,
+    /// The command line to print in the report.
+    pub command: String,
+    /// Run crash-failover leaders (killed with SIGKILL) and the scale measures in child processes
+    /// of the current executable, which must then be the `leasehold-bench` binary. Without it,
+    /// everything runs in this process and crash failover blackholes the leader's store.
+    pub child_processes: bool,
+}
+
+/// Every backend the runner knows, in report order.
+pub const ALL_BACKENDS: &[&str] = &[
+    "memory",
+    "sqlite",
+    "postgres",
+    "redis",
+    "etcd",
+    "zookeeper",
+    "dynamodb",
+    "azure",
+];
+
+/// Runs every measure for every selected backend and returns the report as Markdown.
+///
+/// # Errors
+///
+/// Only for problems outside the measures (an unknown backend name, a report that cannot be
+/// written); a measure that fails is reported in its table.
+pub async fn run(options: &Options) -> Result<String, String> {
+    let started = Instant::now();
+    let selected: Vec<&'static str> = if options.backends.is_empty() {
+        ALL_BACKENDS.to_vec()
+    } else {
+        let mut v = Vec::new();
+        for b in &options.backends {
+            match ALL_BACKENDS.iter().find(|k| **k == b.as_str()) {
+                Some(k) => v.push(*k),
+                None => return Err(format!("unknown backend {b:?}; known: {}", ALL_BACKENDS.join(" "))),
+            }
+        }
+        v
+    };
+    if options.start_services {
+        backends::start_services(&selected);
+    }
+    let env = backends::ServiceEnv::load();
+    let scratch = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
+    let plan = measures::Plan::new(options.smoke, options.child_processes);
+    let mut reports = Vec::new();
+    for name in &selected {
+        eprintln!("== {name}");
+        let backend = backends::Backend::open(name, &env, scratch.path(), options.smoke).await;
+        let report = measures::measure_backend(&backend, &plan).await;
+        reports.push(report);
+    }
+    let etcdctl = if selected.contains(&"etcd") {
+        match env.get("LEASEHOLD_ETCD_URL") {
+            Some(url) => Some(etcdctl::measure(&url, &plan).await),
+            None => Some(etcdctl::EtcdctlReport::unavailable(
+                "no LEASEHOLD_ETCD_URL (etcd is not running)",
+            )),
+        }
+    } else {
+        None
+    };
+    let elapsed = started.elapsed();
+    let doc = report::render(&reports, etcdctl.as_ref(), options, elapsed);
+    println!("{doc}");
+    if let Some(dir) = &options.docs_dir {
+        report::write_docs(dir, &doc, &reports).map_err(|e| format!("writing {}: {e}", dir.display()))?;
+        eprintln!("wrote {}/benchmarks.md and benchmarks-latency.svg", dir.display());
+    }
+    eprintln!("finished in {:.1} s", elapsed.as_secs_f64());
+    Ok(doc)
+}
+
+/// p50 / p99 / count of a set of samples.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Stats {
+    pub(crate) p50: Duration,
+    pub(crate) p99: Duration,
+    pub(crate) max: Duration,
+    pub(crate) n: usize,
+}
+
+impl Stats {
+    pub(crate) fn of(samples: &[Duration]) -> Option<Stats> {
+        if samples.is_empty() {
+            return None;
+        }
+        let mut v = samples.to_vec();
+        v.sort();
+        let rank = |p: f64| v[((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+        Some(Stats {
+            p50: rank(0.5),
+            p99: rank(0.99),
+            max: v[v.len() - 1],
+            n: v.len(),
+        })
+    }
+}
+
+/// Milliseconds with a sensible number of decimals.
+pub(crate) fn ms(d: Duration) -> String {
+    let v = d.as_secs_f64() * 1000.0;
+    if v < 10.0 {
+        format!("{v:.2} ms")
+    } else if v < 100.0 {
+        format!("{v:.1} ms")
+    } else {
+        format!("{v:.0} ms")
+    }
+}

@@ -1,0 +1,772 @@
+//! The measures, one function each, run against one backend.
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use leasehold::{AcquireRequest, Acquired, CandidateId, Elector, Event, Leader, LeaseName, LeaseStore, Renewed};
+use leasehold_conformance::{Direction, Fault, Faults, FaultyStore};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::{broadcast, mpsc};
+use tokio::task::JoinSet;
+
+use crate::Stats;
+use crate::backends::{Available, Backend};
+
+pub(crate) type Outcome<T> = Result<T, String>;
+
+/// How much of everything to do.
+#[derive(Clone, Debug)]
+pub(crate) struct Plan {
+    pub(crate) smoke: bool,
+    /// Run crash-failover leaders and the scale measures in child processes of this executable.
+    pub(crate) child_processes: bool,
+    latency_reps: usize,
+    handover_reps: usize,
+    failover_reps: usize,
+    pub(crate) transition_candidates: Vec<usize>,
+    transition_reps: usize,
+    idle_followers: usize,
+    pub(crate) scale_sizes: Vec<usize>,
+}
+
+impl Plan {
+    pub(crate) fn new(smoke: bool, child_processes: bool) -> Plan {
+        if smoke {
+            Plan {
+                smoke,
+                child_processes,
+                latency_reps: 5,
+                handover_reps: 2,
+                failover_reps: 1,
+                transition_candidates: vec![1, 2],
+                transition_reps: 2,
+                idle_followers: 2,
+                scale_sizes: vec![10],
+            }
+        } else {
+            Plan {
+                smoke,
+                child_processes,
+                latency_reps: 200,
+                handover_reps: 20,
+                failover_reps: 5,
+                transition_candidates: vec![1, 10, 100],
+                transition_reps: 5,
+                idle_followers: 3,
+                scale_sizes: vec![1_000, 10_000],
+            }
+        }
+    }
+
+    /// Long TTLs (Azure: 15 s) get fewer repetitions so that the full run stays under 15 minutes.
+    fn reps(&self, n: usize, ttl: Duration) -> usize {
+        if ttl >= Duration::from_secs(10) {
+            n.div_ceil(4).max(2).min(n)
+        } else {
+            n
+        }
+    }
+}
+
+/// Everything measured on one backend.
+#[derive(Debug)]
+pub(crate) struct BackendReport {
+    pub(crate) name: &'static str,
+    /// `Some(why)` when the backend could not be measured at all.
+    pub(crate) unavailable: Option<String>,
+    pub(crate) ttl: Duration,
+    pub(crate) renew_every: Duration,
+    pub(crate) retry_every: Duration,
+    pub(crate) notifies: bool,
+    /// What the store notifies waiting candidates of.
+    pub(crate) notifications: &'static str,
+    pub(crate) acquire: Outcome<Stats>,
+    pub(crate) renew: Outcome<Stats>,
+    /// From `resign()` returning to the successor's Elected event.
+    pub(crate) handover: Outcome<Stats>,
+    /// From `resign()` being called to the successor's Elected event.
+    pub(crate) handover_from_call: Outcome<Stats>,
+    /// From the leader's last renew to the successor's Elected event.
+    pub(crate) failover: Outcome<Stats>,
+    pub(crate) failover_method: &'static str,
+    pub(crate) transitions: Vec<(usize, Outcome<Transitions>)>,
+    pub(crate) idle: Outcome<Idle>,
+    pub(crate) scale_ttl: Duration,
+    pub(crate) scale: Vec<(usize, Outcome<Scale>)>,
+}
+
+/// Store requests per leadership transition.
+#[derive(Clone, Debug)]
+pub(crate) struct Transitions {
+    pub(crate) counts: Vec<u64>,
+}
+
+impl Transitions {
+    pub(crate) fn mean(&self) -> f64 {
+        self.counts.iter().sum::<u64>() as f64 / self.counts.len().max(1) as f64
+    }
+    pub(crate) fn max(&self) -> u64 {
+        self.counts.iter().copied().max().unwrap_or(0)
+    }
+}
+
+/// Store requests while nothing changes.
+#[derive(Clone, Debug)]
+pub(crate) struct Idle {
+    pub(crate) window: Duration,
+    pub(crate) followers: usize,
+    pub(crate) follower_requests: u64,
+    pub(crate) leader_requests: u64,
+}
+
+/// Many leases held by one process.
+#[derive(Clone, Debug)]
+pub(crate) struct Scale {
+    pub(crate) campaign_time: Duration,
+    pub(crate) window: Duration,
+    pub(crate) on_time: usize,
+    pub(crate) n: usize,
+    pub(crate) cores: f64,
+    pub(crate) rss_delta_mib: f64,
+    pub(crate) rss_mib: f64,
+}
+
+pub(crate) async fn measure_backend(backend: &Backend, plan: &Plan) -> BackendReport {
+    let na = || Err::<Stats, String>("n/a".into());
+    let mut report = BackendReport {
+        name: backend.name,
+        unavailable: None,
+        ttl: Duration::ZERO,
+        renew_every: Duration::ZERO,
+        retry_every: Duration::ZERO,
+        notifies: false,
+        notifications: "",
+        acquire: na(),
+        renew: na(),
+        handover: na(),
+        handover_from_call: na(),
+        failover: na(),
+        failover_method: "",
+        transitions: Vec::new(),
+        idle: Err("n/a".into()),
+        scale_ttl: Duration::ZERO,
+        scale: Vec::new(),
+    };
+    let av = match &backend.available {
+        Ok(av) => av,
+        Err(why) => {
+            report.unavailable = Some(why.clone());
+            return report;
+        }
+    };
+    let run = leasehold::random_u64() % 1_000_000;
+    let ttl = av.ttl;
+    let timing = Elector::builder(Arc::new(leasehold::MemoryStore::new()), "x")
+        .ttl(ttl)
+        .timing();
+    report.ttl = ttl;
+    report.renew_every = timing.renew_every;
+    report.retry_every = timing.retry_every;
+    report.notifies = av.notifies();
+    report.notifications = match av.caps.notifications {
+        leasehold::Notifications::None => "none (polling)",
+        leasehold::Notifications::Release => "releases (polls for expiry)",
+        leasehold::Notifications::ReleaseAndExpiry => "releases and expiry",
+        _ => "other",
+    };
+    report.scale_ttl = av.scale_ttl;
+
+    eprintln!("   acquire/renew latency");
+    match latency(av, run, plan.latency_reps).await {
+        Ok((a, r)) => {
+            report.acquire = Ok(a);
+            report.renew = Ok(r);
+        }
+        Err(e) => {
+            report.acquire = Err(e.clone());
+            report.renew = Err(e);
+        }
+    }
+    eprintln!("   graceful handover");
+    match handover(av, run, plan.reps(plan.handover_reps, ttl)).await {
+        Ok((h, c)) => {
+            report.handover = Ok(h);
+            report.handover_from_call = Ok(c);
+        }
+        Err(e) => {
+            report.handover = Err(e.clone());
+            report.handover_from_call = Err(e);
+        }
+    }
+    eprintln!("   crash failover");
+    report.failover_method = if av.url().is_some() && plan.child_processes {
+        "kill -9 of a leader process"
+    } else {
+        "leader's store blackholed"
+    };
+    report.failover = failover(av, run, plan.reps(plan.failover_reps, ttl), plan.child_processes).await;
+    for &n in &plan.transition_candidates {
+        eprintln!("   requests per transition, {n} candidate(s)");
+        let t = transitions(av, run, n, plan.reps(plan.transition_reps, ttl)).await;
+        report.transitions.push((n, t));
+    }
+    eprintln!("   idle requests");
+    report.idle = idle(av, run, plan).await;
+    for &n in &plan.scale_sizes {
+        if n > 1_000 && matches!(backend.name, "dynamodb" | "azure") {
+            report
+                .scale
+                .push((n, Err("not attempted on an emulator (1,000 only)".into())));
+            continue;
+        }
+        eprintln!("   {n} leases in one process");
+        let s = if plan.child_processes {
+            scale_in_child(av, run, n, plan.smoke).await
+        } else {
+            match connect(av).await {
+                Ok(store) => scale(store, run, n, av.scale_ttl, plan.smoke).await,
+                Err(e) => Err(e),
+            }
+        };
+        if let Err(e) = &s {
+            eprintln!("      {e}");
+        }
+        report.scale.push((n, s));
+    }
+    report
+}
+
+fn lease(run: u64, what: &str, i: usize) -> Outcome<LeaseName> {
+    LeaseName::new(format!("bench-{run}-{what}-{i}")).map_err(|e| e.to_string())
+}
+
+fn elector(store: Arc<dyn LeaseStore>, lease: &LeaseName, id: &str, ttl: Duration) -> Outcome<Elector> {
+    Elector::builder(store, lease.as_str())
+        .ttl(ttl)
+        .candidate_id(id)
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+async fn connect(av: &Available) -> Outcome<Arc<dyn LeaseStore>> {
+    match tokio::time::timeout(Duration::from_secs(20), av.connect()).await {
+        Ok(r) => r.map_err(|e| format!("connect: {e}")),
+        Err(_) => Err("connect: no answer in 20 s".into()),
+    }
+}
+
+async fn connect_many(av: &Available, n: usize) -> Outcome<Vec<Arc<dyn LeaseStore>>> {
+    let clients: Vec<Outcome<Arc<dyn LeaseStore>>> = futures::stream::iter(0..n)
+        .map(|_| connect(av))
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    clients.into_iter().collect()
+}
+
+async fn within<T>(limit: Duration, what: &str, fut: impl Future<Output = T>) -> Outcome<T> {
+    tokio::time::timeout(limit, fut)
+        .await
+        .map_err(|_| format!("{what}: nothing within {limit:?}"))
+}
+
+async fn campaign(e: &Elector, limit: Duration) -> Outcome<Leader> {
+    within(limit, "campaign", e.campaign())
+        .await?
+        .map_err(|e| e.to_string())
+}
+
+/// The next Elected event's instant.
+async fn elected(rx: &mut broadcast::Receiver<Event>) -> Option<Instant> {
+    loop {
+        match rx.recv().await {
+            Ok(Event::Elected { at, .. }) => return Some(at),
+            Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+            Err(broadcast::error::RecvError::Closed) => return None,
+        }
+    }
+}
+
+/// Until the candidate has seen someone lead (its first acquire answered Held).
+async fn sees_holder(rx: &mut broadcast::Receiver<Event>) {
+    loop {
+        match rx.recv().await {
+            Ok(Event::LeaderChanged(Some(_))) | Err(broadcast::error::RecvError::Closed) => return,
+            _ => {}
+        }
+    }
+}
+
+/// Raw store latency: `acquire` of a free lease, then `renew` of the grant.
+async fn latency(av: &Available, run: u64, reps: usize) -> Outcome<(Stats, Stats)> {
+    let store = connect(av).await?;
+    let candidate = CandidateId::new("bench-latency").map_err(|e| e.to_string())?;
+    let (mut acquires, mut renews) = (Vec::new(), Vec::new());
+    let limit = Duration::from_secs(10);
+    for i in 0..reps {
+        let request = AcquireRequest {
+            lease: lease(run, "lat", i)?,
+            candidate: candidate.clone(),
+            ttl: av.ttl,
+            takeover: None,
+        };
+        let t = Instant::now();
+        let grant = match within(limit, "acquire", store.acquire(&request)).await? {
+            Ok(Acquired::Granted(g)) => g,
+            Ok(Acquired::Held(o)) => return Err(format!("acquire of a fresh lease answered Held: {o:?}")),
+            Err(e) => return Err(format!("acquire: {e}")),
+        };
+        acquires.push(t.elapsed());
+        let t = Instant::now();
+        let grant = match within(limit, "renew", store.renew(&grant)).await? {
+            Ok(Renewed::Renewed(g)) => g,
+            Ok(Renewed::Lost(o)) => return Err(format!("renew right after acquire answered Lost: {o:?}")),
+            Err(e) => return Err(format!("renew: {e}")),
+        };
+        renews.push(t.elapsed());
+        within(limit, "release", store.release(&grant))
+            .await?
+            .map_err(|e| format!("release: {e}"))?;
+    }
+    Ok((
+        Stats::of(&acquires).expect("reps > 0"),
+        Stats::of(&renews).expect("reps > 0"),
+    ))
+}
+
+/// Graceful handover: a leader resigns, a waiting candidate (on its own client) takes over.
+async fn handover(av: &Available, run: u64, reps: usize) -> Outcome<(Stats, Stats)> {
+    let clients = connect_many(av, 2).await?;
+    let ttl = av.ttl;
+    let (mut from_return, mut from_call) = (Vec::new(), Vec::new());
+    for i in 0..reps {
+        let lease = lease(run, "handover", i)?;
+        let a = elector(clients[0].clone(), &lease, "a", ttl)?;
+        let b = elector(clients[1].clone(), &lease, "b", ttl)?;
+        let la = campaign(&a, ttl * 5).await?;
+        let mut events = b.events();
+        let waiting = tokio::spawn(async move { b.campaign().await });
+        let _ = tokio::time::timeout(ttl, sees_holder(&mut events)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let called = Instant::now();
+        la.resign().await;
+        let returned = Instant::now();
+        let at = within(ttl * 3, "successor elected", elected(&mut events))
+            .await?
+            .ok_or("the successor's events closed")?;
+        from_return.push(at.saturating_duration_since(returned));
+        from_call.push(at.saturating_duration_since(called));
+        let lb = within(ttl, "successor handle", waiting)
+            .await?
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        lb.resign().await;
+    }
+    Ok((
+        Stats::of(&from_return).expect("reps > 0"),
+        Stats::of(&from_call).expect("reps > 0"),
+    ))
+}
+
+/// Crash failover, from the leader's last confirmed renew (the instant its request was sent) to
+/// the successor's Elected event.
+async fn failover(av: &Available, run: u64, reps: usize, child_processes: bool) -> Outcome<Stats> {
+    let mut samples = Vec::new();
+    for i in 0..reps {
+        let lease = lease(run, "failover", i)?;
+        let sample = match av.url().filter(|_| child_processes) {
+            Some(url) => failover_process(av, url, &lease).await?,
+            None => failover_blackhole(av, &lease).await?,
+        };
+        samples.push(sample);
+    }
+    Ok(Stats::of(&samples).expect("reps > 0"))
+}
+
+async fn follower(
+    av: &Available,
+    lease: &LeaseName,
+) -> Outcome<(broadcast::Receiver<Event>, tokio::task::JoinHandle<()>)> {
+    let b = elector(connect(av).await?, lease, "successor", av.ttl)?;
+    let mut events = b.events();
+    let task = tokio::spawn(async move {
+        if let Ok(leader) = b.campaign().await {
+            leader.resign().await;
+        }
+    });
+    let _ = tokio::time::timeout(av.ttl, sees_holder(&mut events)).await;
+    Ok((events, task))
+}
+
+async fn failover_blackhole(av: &Available, lease: &LeaseName) -> Outcome<Duration> {
+    let ttl = av.ttl;
+    let faults = Faults::new();
+    let store: Arc<dyn LeaseStore> = Arc::new(FaultyStore::new(connect(av).await?, faults.clone()));
+    let a = elector(store, lease, "crashing", ttl)?;
+    let believed = a.timing().believed_ttl();
+    let la = campaign(&a, ttl * 5).await?;
+    let (mut events, task) = follower(av, lease).await?;
+    // Crash right after a renewal, so no renewal is in flight.
+    let before = la.valid_until();
+    within(ttl, "a renewal", async {
+        while la.valid_until() == before {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let last_renew = la.valid_until() - believed;
+    faults.set(Direction::Both, Fault::Blackhole);
+    let at = within(ttl * 3, "successor elected", elected(&mut events)).await?;
+    faults.heal();
+    drop(la);
+    let _ = tokio::time::timeout(ttl, task).await;
+    Ok(at
+        .ok_or("the successor's events closed")?
+        .saturating_duration_since(last_renew))
+}
+
+async fn failover_process(av: &Available, url: &str, lease: &LeaseName) -> Outcome<Duration> {
+    let ttl = av.ttl;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut child = tokio::process::Command::new(exe)
+        .args(["--child-leader", url, "--lease", lease.as_str(), "--ttl-ms"])
+        .arg(ttl.as_millis().to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("spawning the leader process: {e}"))?;
+    let stdout = child.stdout.take().expect("piped");
+    let (tx, mut lines) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut reader = BufReader::new(stdout).lines();
+        while let Ok(Some(line)) = reader.next_line().await {
+            if tx.send((Instant::now(), line)).is_err() {
+                break;
+            }
+        }
+    });
+    within(
+        Duration::from_secs(30) + ttl * 5,
+        "leader process elected",
+        next_line(&mut lines, "ELECTED"),
+    )
+    .await?
+    .ok_or("the leader process exited before being elected")?;
+    let (mut events, task) = follower(av, lease).await?;
+    let (seen, age) = within(ttl * 2, "leader process renewed", next_line(&mut lines, "RENEWED "))
+        .await?
+        .ok_or("the leader process exited")?;
+    let age = Duration::from_micros(age.parse().map_err(|_| format!("bad RENEWED line: {age}"))?);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let last_renew = seen - age;
+    child.start_kill().map_err(|e| format!("kill -9: {e}"))?;
+    let _ = child.wait().await;
+    let at = within(
+        ttl * 3 + Duration::from_secs(5),
+        "successor elected",
+        elected(&mut events),
+    )
+    .await?;
+    let _ = tokio::time::timeout(ttl, task).await;
+    Ok(at
+        .ok_or("the successor's events closed")?
+        .saturating_duration_since(last_renew))
+}
+
+/// The next line of the leader process that starts with `prefix`: when it arrived, and the rest.
+async fn next_line(lines: &mut mpsc::UnboundedReceiver<(Instant, String)>, prefix: &str) -> Option<(Instant, String)> {
+    while let Some((at, line)) = lines.recv().await {
+        if let Some(rest) = line.strip_prefix(prefix) {
+            return Some((at, rest.trim().to_string()));
+        }
+    }
+    None
+}
+
+/// The hidden `--child-leader` mode: campaign, print `ELECTED`, then `RENEWED <µs since the
+/// renew request was sent>` after every renewal, until killed.
+///
+/// # Errors
+///
+/// When the store cannot be reached or the elector cannot be built.
+pub async fn child_leader(url: &str, lease: &str, ttl: Duration) -> Result<(), String> {
+    let store = leasehold::connect(url).await.map_err(|e| e.to_string())?;
+    let e = Elector::builder(store, lease)
+        .ttl(ttl)
+        .candidate_id("crash-leader")
+        .build()
+        .map_err(|e| e.to_string())?;
+    let believed = e.timing().believed_ttl();
+    let leader = e.campaign().await.map_err(|e| e.to_string())?;
+    println!("ELECTED");
+    let mut last = leader.valid_until();
+    loop {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let now = leader.valid_until();
+        if now != last {
+            last = now;
+            let sent = now - believed;
+            println!("RENEWED {}", Instant::now().saturating_duration_since(sent).as_micros());
+        }
+        if leader.is_cancelled() {
+            println!("DEPOSED");
+            return Ok(());
+        }
+    }
+}
+
+/// Store requests of all candidates from the leader's `resign()` until the successor is elected
+/// (plus 50 ms for stragglers), with `n` candidates each on its own client.
+async fn transitions(av: &Available, run: u64, n: usize, reps: usize) -> Outcome<Transitions> {
+    let ttl = av.ttl;
+    let lease = lease(run, &format!("transition{n}"), 0)?;
+    let faults = Faults::new();
+    let clients = connect_many(av, n).await?;
+    let electors: Vec<Elector> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            elector(
+                Arc::new(FaultyStore::new(c, faults.clone())),
+                &lease,
+                &format!("c{i}"),
+                ttl,
+            )
+        })
+        .collect::<Outcome<_>>()?;
+    let (tx, mut rx) = mpsc::unbounded_channel::<(usize, Leader)>();
+    let mut campaigns = JoinSet::new();
+    let spawn = |campaigns: &mut JoinSet<()>, i: usize| {
+        let (e, tx) = (electors[i].clone(), tx.clone());
+        campaigns.spawn(async move {
+            if let Ok(leader) = e.campaign().await {
+                let _ = tx.send((i, leader));
+            }
+        });
+    };
+    for i in 0..n {
+        spawn(&mut campaigns, i);
+    }
+    let limit = ttl * 3 + Duration::from_secs(10);
+    let mut current = within(limit, "first leader", rx.recv()).await?.ok_or("no leader")?;
+    // Let every follower finish its first attempt and settle into waiting.
+    tokio::time::sleep(ttl.mul_f64(0.5).max(Duration::from_millis(300))).await;
+    let mut counts = Vec::new();
+    for _ in 0..reps {
+        faults.reset_counts();
+        let (i, leader) = current;
+        leader.resign().await;
+        spawn(&mut campaigns, i);
+        current = within(limit, "successor", rx.recv()).await?.ok_or("no successor")?;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        counts.push(faults.counts().total());
+    }
+    current.1.resign().await;
+    campaigns.shutdown().await;
+    Ok(Transitions { counts })
+}
+
+/// Store requests per second of a leader and of idle followers, each on its own client.
+async fn idle(av: &Available, run: u64, plan: &Plan) -> Outcome<Idle> {
+    let ttl = av.ttl;
+    let lease = lease(run, "idle", 0)?;
+    let leader_faults = Faults::new();
+    let follower_faults = Faults::new();
+    let a = elector(
+        Arc::new(FaultyStore::new(connect(av).await?, leader_faults.clone())),
+        &lease,
+        "leader",
+        ttl,
+    )?;
+    let renew_every = a.timing().renew_every;
+    let leader = campaign(&a, ttl * 5).await?;
+    let mut campaigns = JoinSet::new();
+    for (i, client) in connect_many(av, plan.idle_followers).await?.into_iter().enumerate() {
+        let e = elector(
+            Arc::new(FaultyStore::new(client, follower_faults.clone())),
+            &lease,
+            &format!("follower{i}"),
+            ttl,
+        )?;
+        campaigns.spawn(async move {
+            let _ = e.campaign().await;
+        });
+    }
+    tokio::time::sleep(ttl.mul_f64(0.5).max(Duration::from_millis(300))).await;
+    let window = if plan.smoke {
+        ttl
+    } else {
+        (renew_every * 3).max(Duration::from_secs(5))
+    };
+    leader_faults.reset_counts();
+    follower_faults.reset_counts();
+    tokio::time::sleep(window).await;
+    let result = Idle {
+        window,
+        followers: plan.idle_followers,
+        follower_requests: follower_faults.counts().total(),
+        leader_requests: leader_faults.counts().total(),
+    };
+    campaigns.shutdown().await;
+    leader.resign().await;
+    Ok(result)
+}
+
+/// Runs [`scale`] in a fresh process (`--child-scale`), so that its memory and CPU are its own.
+async fn scale_in_child(av: &Available, run: u64, n: usize, smoke: bool) -> Outcome<Scale> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.args(["--child-scale", av.url().unwrap_or("memory")])
+        .args(["--leases", &n.to_string(), "--run", &run.to_string()])
+        .args(["--ttl-ms", &av.scale_ttl.as_millis().to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    if smoke {
+        cmd.arg("--smoke");
+    }
+    let child = cmd.spawn().map_err(|e| format!("spawning the scale process: {e}"))?;
+    let limit = Duration::from_secs(150) + av.scale_ttl * 3;
+    let output = within(limit, "scale process", child.wait_with_output())
+        .await?
+        .map_err(|e| e.to_string())?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let Some(line) = stdout.lines().find_map(|l| l.strip_prefix("SCALE ")) else {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let last = stderr
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("no output");
+        return Err(format!("scale process failed ({}): {last}", output.status));
+    };
+    let f: Vec<f64> = line.split_whitespace().filter_map(|v| v.parse().ok()).collect();
+    if f.len() != 7 {
+        return Err(format!("bad SCALE line: {line}"));
+    }
+    Ok(Scale {
+        campaign_time: Duration::from_secs_f64(f[0]),
+        window: Duration::from_secs_f64(f[1]),
+        on_time: f[2] as usize,
+        n: f[3] as usize,
+        cores: f[4],
+        rss_delta_mib: f[5],
+        rss_mib: f[6],
+    })
+}
+
+/// The hidden `--child-scale` mode: runs the scale measure and prints one `SCALE` line.
+///
+/// # Errors
+///
+/// When the store cannot be reached or the measure fails.
+pub async fn child_scale(url: &str, run: u64, n: usize, ttl: Duration, smoke: bool) -> Result<(), String> {
+    let store: Arc<dyn LeaseStore> = if url == "memory" {
+        Arc::new(leasehold::MemoryStore::new())
+    } else {
+        leasehold::connect(url).await.map_err(|e| e.to_string())?
+    };
+    let s = scale(store, run, n, ttl, smoke).await?;
+    println!(
+        "SCALE {} {} {} {} {} {} {}",
+        s.campaign_time.as_secs_f64(),
+        s.window.as_secs_f64(),
+        s.on_time,
+        s.n,
+        s.cores,
+        s.rss_delta_mib,
+        s.rss_mib
+    );
+    Ok(())
+}
+
+/// `n` leases held by one process on one client for a window of `ttl` (smoke) or 2 x `ttl`.
+async fn scale(store: Arc<dyn LeaseStore>, run: u64, n: usize, ttl: Duration, smoke: bool) -> Outcome<Scale> {
+    let rss_before = rss_mib();
+    let electors: Vec<Elector> = (0..n)
+        .map(|i| elector(store.clone(), &lease(run, &format!("scale{n}"), i)?, "scale", ttl))
+        .collect::<Outcome<_>>()?;
+    let started = Instant::now();
+    let limit = Duration::from_secs(if smoke { 20 } else { 60 });
+    let results: Vec<Outcome<Leader>> = futures::stream::iter(electors.iter())
+        .map(|e| campaign(e, limit))
+        .buffer_unordered(256)
+        .collect()
+        .await;
+    let campaign_time = started.elapsed();
+    let mut leaders = Vec::new();
+    let mut first_error = None;
+    for r in results {
+        match r {
+            Ok(l) => leaders.push(l),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    if leaders.len() < n {
+        let elected = leaders.len();
+        resign_all(leaders).await;
+        return Err(format!(
+            "only {elected} of {n} elected within {limit:?} (first error: {})",
+            first_error.unwrap_or_default()
+        ));
+    }
+    let window = if smoke { ttl } else { ttl * 2 };
+    let mut late = vec![false; n];
+    let cpu_before = cpu_seconds();
+    let w0 = Instant::now();
+    while w0.elapsed() < window {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for (i, l) in leaders.iter().enumerate() {
+            if l.is_cancelled() || l.remaining() < ttl / 3 {
+                late[i] = true;
+            }
+        }
+    }
+    let elapsed = w0.elapsed();
+    let cpu = cpu_seconds() - cpu_before;
+    let rss_after = rss_mib();
+    resign_all(leaders).await;
+    Ok(Scale {
+        campaign_time,
+        window: elapsed,
+        on_time: late.iter().filter(|l| !**l).count(),
+        n,
+        cores: cpu / elapsed.as_secs_f64(),
+        rss_delta_mib: rss_after - rss_before,
+        rss_mib: rss_after,
+    })
+}
+
+async fn resign_all(leaders: Vec<Leader>) {
+    let all = futures::stream::iter(leaders)
+        .map(|l| l.resign())
+        .buffer_unordered(256)
+        .collect::<Vec<()>>();
+    let _ = tokio::time::timeout(Duration::from_secs(30), all).await;
+}
+
+/// VmRSS of this process, MiB.
+fn rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// User + system CPU time of this process (all threads), seconds; Linux clock ticks are 1/100 s.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}

@@ -1,0 +1,560 @@
+//! The Markdown report, its targets and verdicts, and the SVG chart.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use crate::etcdctl::{ETCDCTL_SESSION_TTL, EtcdctlReport};
+use crate::measures::{BackendReport, Outcome};
+use crate::{Options, Stats, ms};
+
+/// The heading of this runner's section; everything up to the next `## ` heading is ours.
+const HEADING: &str = "## Backends side by side";
+const SVG: &str = "benchmarks-latency.svg";
+
+/// Backends whose store notifies waiting candidates (the issue's "backends with notification").
+fn notification_backend(name: &str) -> bool {
+    matches!(name, "etcd" | "zookeeper" | "postgres" | "redis")
+}
+
+fn verdict(smoke: bool, met: bool) -> &'static str {
+    match (smoke, met) {
+        (true, _) => "n/a (smoke)",
+        (false, true) => "met",
+        (false, false) => "**not met**",
+    }
+}
+
+fn cell<T>(outcome: &Outcome<T>, f: impl FnOnce(&T) -> String) -> String {
+    match outcome {
+        Ok(v) => f(v),
+        Err(e) => short(e),
+    }
+}
+
+/// An error in a table cell: one line, no pipes, not too long.
+fn short(e: &str) -> String {
+    let e = e.replace('|', "/").replace('\n', " ");
+    if e.chars().count() > 110 {
+        format!("{}…", e.chars().take(110).collect::<String>())
+    } else {
+        e
+    }
+}
+
+fn secs(d: Duration) -> String {
+    format!("{} s", d.as_secs_f64())
+}
+
+pub(crate) fn render(
+    reports: &[BackendReport],
+    etcdctl: Option<&EtcdctlReport>,
+    options: &Options,
+    elapsed: Duration,
+) -> String {
+    let smoke = options.smoke;
+    let mut o = String::new();
+    let w = &mut o;
+    let _ = writeln!(w, "{HEADING}\n");
+    let _ = writeln!(
+        w,
+        "Every backend on the loopback servers that `scripts/services` starts, measured in one run by \
+         `crates/leasehold-bench`{}. Command:\n\n```sh\n{}\n```\n",
+        if smoke {
+            " in **smoke mode** (tiny counts, no verdicts)"
+        } else {
+            ""
+        },
+        options.command
+    );
+    let _ = writeln!(
+        w,
+        "Measured {} on {}; the run took {:.0} s. A backend that is not compiled into the `leasehold` facade \
+         or whose server is down is listed as not available; a target is `met` or **not met**, never left \
+         out.\n",
+        crate::backends::iso8601(SystemTime::now()),
+        machine(),
+        elapsed.as_secs_f64()
+    );
+    let _ = writeln!(w, "![handover and failover latency per backend]({SVG})\n");
+
+    let _ = writeln!(w, "### Backends and timing\n");
+    let _ = writeln!(
+        w,
+        "TTL is max(the backend's minimum, {}); `renew_every` = TTL/3 and `retry_every` (the poll interval, \
+         plus up to 20% jitter) = TTL/5 are the engine's defaults.\n",
+        if smoke { "1 s" } else { "2 s" }
+    );
+    let _ = writeln!(
+        w,
+        "| backend | status | TTL | renew_every | retry_every | notification |"
+    );
+    let _ = writeln!(w, "|---|---|---|---|---|---|");
+    for r in reports {
+        match &r.unavailable {
+            Some(why) => {
+                let _ = writeln!(w, "| {} | {} | | | | |", r.name, short(why));
+            }
+            None => {
+                let _ = writeln!(
+                    w,
+                    "| {} | measured | {} | {} | {} | {} |",
+                    r.name,
+                    secs(r.ttl),
+                    ms(r.renew_every),
+                    ms(r.retry_every),
+                    r.notifications
+                );
+            }
+        }
+    }
+
+    let _ = writeln!(w, "\n### Acquire and renew latency\n");
+    let _ = writeln!(
+        w,
+        "One client calling the store directly: `acquire` of a free lease, then `renew` of the grant, then \
+         `release`.\n"
+    );
+    let _ = writeln!(
+        w,
+        "| backend | acquire p50 | acquire p99 | renew p50 | renew p99 | samples |"
+    );
+    let _ = writeln!(w, "|---|---|---|---|---|---|");
+    for r in reports {
+        let n = cell(&r.acquire, |s| s.n.to_string());
+        let _ = writeln!(
+            w,
+            "| {} | {} | {} | {} | {} | {n} |",
+            r.name,
+            cell(&r.acquire, |s| ms(s.p50)),
+            cell(&r.acquire, |s| ms(s.p99)),
+            cell(&r.renew, |s| ms(s.p50)),
+            cell(&r.renew, |s| ms(s.p99)),
+        );
+    }
+
+    let _ = writeln!(w, "\n### Graceful handover\n");
+    let _ = writeln!(
+        w,
+        "From the leader's `resign()` returning to the successor's `Elected` event (`at`); leader and \
+         successor on separate clients. Target: p50 at most 5 ms on backends with notification (etcd, \
+         ZooKeeper, Postgres, Redis), at most the poll interval (`retry_every` x 1.2 with jitter) + 5 ms on \
+         polling backends.\n"
+    );
+    let _ = writeln!(
+        w,
+        "| backend | p50 | p99 | samples | from `resign()` called, p50 | target (p50) | verdict |"
+    );
+    let _ = writeln!(w, "|---|---|---|---|---|---|---|");
+    for r in reports {
+        let target = if notification_backend(r.name) {
+            Duration::from_millis(5)
+        } else {
+            r.retry_every.mul_f64(1.2) + Duration::from_millis(5)
+        };
+        let v = match (&r.unavailable, &r.handover) {
+            (None, Ok(s)) => verdict(smoke, s.p50 <= target),
+            (None, Err(_)) => verdict(smoke, false),
+            _ => "n/a",
+        };
+        let _ = writeln!(
+            w,
+            "| {} | {} | {} | {} | {} | {} | {v} |",
+            r.name,
+            cell(&r.handover, |s| ms(s.p50)),
+            cell(&r.handover, |s| ms(s.p99)),
+            cell(&r.handover, |s| s.n.to_string()),
+            cell(&r.handover_from_call, |s| ms(s.p50)),
+            if r.unavailable.is_some() {
+                String::new()
+            } else {
+                ms(target)
+            },
+        );
+    }
+
+    let _ = writeln!(w, "\n### Crash failover\n");
+    let _ = writeln!(
+        w,
+        "From the instant the leader's last successful renew request was sent (its `valid_until` minus \
+         TTL x (1 - drift)) to the successor's `Elected` event. The leader is a separate process killed \
+         with SIGKILL (the in-memory store cannot be shared with another process: there the leader's store \
+         is blackholed in both directions). Target: every sample at most 1.1 x TTL + `retry_every`.\n"
+    );
+    let _ = writeln!(
+        w,
+        "| backend | method | p50 | p99 | p50 / TTL | max / TTL | samples | target | verdict |"
+    );
+    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|");
+    for r in reports {
+        let target = r.ttl.mul_f64(1.1) + r.retry_every;
+        let ratio = |d: Duration| format!("{:.2}", d.as_secs_f64() / r.ttl.as_secs_f64().max(1e-9));
+        let v = match (&r.unavailable, &r.failover) {
+            (None, Ok(s)) => verdict(smoke, s.max <= target),
+            (None, Err(_)) => verdict(smoke, false),
+            _ => "n/a",
+        };
+        let _ = writeln!(
+            w,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {v} |",
+            r.name,
+            r.failover_method,
+            cell(&r.failover, |s| ms(s.p50)),
+            cell(&r.failover, |s| ms(s.p99)),
+            cell(&r.failover, |s| ratio(s.p50)),
+            cell(&r.failover, |s| ratio(s.max)),
+            cell(&r.failover, |s| s.n.to_string()),
+            if r.unavailable.is_some() {
+                String::new()
+            } else {
+                ms(target)
+            },
+        );
+    }
+
+    let sizes: Vec<usize> =
+        reports
+            .iter()
+            .flat_map(|r| r.transitions.iter().map(|(n, _)| *n))
+            .fold(Vec::new(), |mut v, n| {
+                if !v.contains(&n) {
+                    v.push(n);
+                }
+                v
+            });
+    let _ = writeln!(w, "\n### Store requests per leadership transition\n");
+    let _ = writeln!(
+        w,
+        "All candidates on one lease, each on its own client; counted by a `FaultyStore` around every \
+         client from the leader's `resign()` to the successor's election plus 50 ms (so the release, the \
+         successor's acquire, any herd of acquires and any polls in that window count). The resigned \
+         candidate campaigns again so the number of candidates stays the same. Mean (max) over the \
+         repetitions. Target: at most 3 with 100 candidates on etcd and ZooKeeper.\n"
+    );
+    let _ = write!(w, "| backend |");
+    for n in &sizes {
+        let _ = write!(w, " {n} candidate{} |", if *n == 1 { "" } else { "s" });
+    }
+    let _ = writeln!(w, " verdict |");
+    let _ = writeln!(w, "|---|{}---|", "---|".repeat(sizes.len()));
+    let largest = sizes.iter().copied().max().unwrap_or(0);
+    for r in reports {
+        let _ = write!(w, "| {} |", r.name);
+        for n in &sizes {
+            let c = r.transitions.iter().find(|(m, _)| m == n).map_or_else(
+                || "n/a".to_string(),
+                |(_, t)| cell(t, |t| format!("{:.1} ({})", t.mean(), t.max())),
+            );
+            let _ = write!(w, " {c} |");
+        }
+        let v = if matches!(r.name, "etcd" | "zookeeper") && r.unavailable.is_none() {
+            match r.transitions.iter().find(|(m, _)| *m == largest) {
+                Some((_, Ok(t))) => verdict(smoke, largest >= 100 && t.max() <= 3),
+                _ => verdict(smoke, false),
+            }
+        } else {
+            "n/a"
+        };
+        let _ = writeln!(w, " {v} |");
+    }
+
+    let _ = writeln!(w, "\n### Store requests while idle\n");
+    let _ = writeln!(
+        w,
+        "One leader and idle followers, each on its own client, after they settled; requests per second \
+         over the window. Targets: idle followers on notification backends 0 requests per second; a leader \
+         one renew per `renew_every` (at most window / `renew_every` + 1 requests in the window).\n"
+    );
+    let _ = writeln!(
+        w,
+        "| backend | window | per follower | leader | leader expected | followers verdict | leader verdict |"
+    );
+    let _ = writeln!(w, "|---|---|---|---|---|---|---|");
+    for r in reports {
+        match (&r.unavailable, &r.idle) {
+            (None, Ok(i)) => {
+                let secs = i.window.as_secs_f64();
+                let per_follower = i.follower_requests as f64 / i.followers.max(1) as f64 / secs;
+                let allowed = (secs / r.renew_every.as_secs_f64()).floor() as u64 + 1;
+                let fv = if notification_backend(r.name) {
+                    verdict(smoke, i.follower_requests == 0)
+                } else {
+                    "n/a (polling)"
+                };
+                let _ = writeln!(
+                    w,
+                    "| {} | {:.1} s | {per_follower:.2} /s | {:.2} /s | {:.2} /s | {fv} | {} |",
+                    r.name,
+                    secs,
+                    i.leader_requests as f64 / secs,
+                    1.0 / r.renew_every.as_secs_f64(),
+                    verdict(smoke, i.leader_requests <= allowed),
+                );
+            }
+            (None, Err(e)) => {
+                let _ = writeln!(
+                    w,
+                    "| {} | | {} | | | {} | {} |",
+                    r.name,
+                    short(e),
+                    verdict(smoke, false),
+                    verdict(smoke, false)
+                );
+            }
+            (Some(why), _) => {
+                let _ = writeln!(w, "| {} | | {} | | | n/a | n/a |", r.name, short(why));
+            }
+        }
+    }
+
+    let _ = writeln!(w, "\n### Many leases in one process\n");
+    let _ = writeln!(
+        w,
+        "A fresh child process of the benchmark (so its memory and CPU are its own), one client, one \
+         elector per lease (campaigns 256 at a time), TTL max(minimum, {}), held for {}. A lease counts as \
+         renewed on time when its remaining validity never fell below TTL/3 (sampled every 100 ms), i.e. no \
+         renewal was missed or late by more than `renew_every`. CPU is user + system time of the whole \
+         process over the window, in cores; RSS is the process's VmRSS at the end of the window (and its \
+         increase over building the electors and campaigning). Target for 10,000 leases on etcd, Postgres \
+         and Redis: every renewal on time, under one core, under 100 MB (95.4 MiB) resident.\n",
+        if smoke { "1 s" } else { "5 s" },
+        if smoke { "one TTL" } else { "two TTLs" }
+    );
+    let _ = writeln!(
+        w,
+        "| backend | leases | TTL | all elected after | renewed on time | CPU (cores) | RSS | of which after start | verdict |"
+    );
+    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|");
+    for r in reports {
+        if let Some(why) = &r.unavailable {
+            let _ = writeln!(w, "| {} | | | {} | | | | | n/a |", r.name, short(why));
+            continue;
+        }
+        for (n, s) in &r.scale {
+            let targeted = *n >= 10_000 && matches!(r.name, "etcd" | "postgres" | "redis");
+            match s {
+                Ok(s) => {
+                    let met = s.on_time == s.n && s.cores < 1.0 && s.rss_mib < 100.0 / 1.048_576;
+                    let _ = writeln!(
+                        w,
+                        "| {} | {n} | {} | {:.1} s | {} / {} | {:.2} | {:.1} MiB | {:.1} MiB | {} |",
+                        r.name,
+                        secs(r.scale_ttl),
+                        s.campaign_time.as_secs_f64(),
+                        s.on_time,
+                        s.n,
+                        s.cores,
+                        s.rss_mib,
+                        s.rss_delta_mib,
+                        if targeted { verdict(smoke, met) } else { "n/a" },
+                    );
+                    let _ = s.window;
+                }
+                Err(e) => {
+                    let _ = writeln!(
+                        w,
+                        "| {} | {n} | {} | {} | | | | | {} |",
+                        r.name,
+                        secs(r.scale_ttl),
+                        short(e),
+                        if targeted { verdict(smoke, false) } else { "n/a" },
+                    );
+                }
+            }
+        }
+    }
+
+    if let Some(e) = etcdctl {
+        let ours = reports.iter().find(|r| r.name == "etcd" && r.unavailable.is_none());
+        let _ = writeln!(w, "\n### etcdctl elect on the same etcd\n");
+        let _ = writeln!(
+            w,
+            "`etcdctl elect NAME PROPOSAL` processes (etcdctl {}), timed by when the successor prints its \
+             proposal. Handover: SIGINT to the leader's etcdctl (it resigns and exits), timed from the signal, \
+             so it includes the resign round trip: compare with leasehold's \"from `resign()` called\". Crash: \
+             SIGKILL, timed from the kill; etcdctl's session lease is {} s and cannot be changed from the \
+             command line, while leasehold's etcd backend here uses a {} TTL and is timed from its last renew.\n",
+            etcdctl_version(),
+            ETCDCTL_SESSION_TTL.as_secs(),
+            ours.map_or_else(|| "(not available in this run)".to_string(), |r| secs(r.ttl)),
+        );
+        let _ = writeln!(w, "| measure | etcdctl elect | leasehold etcd backend |");
+        let _ = writeln!(w, "|---|---|---|");
+        let stat = |o: &Outcome<Stats>| cell(o, |s| format!("p50 {}, p99 {} (n = {})", ms(s.p50), ms(s.p99), s.n));
+        let na: Outcome<Stats> = Err("n/a".into());
+        let theirs_ratio = |o: &Outcome<Stats>, ttl: Duration| {
+            cell(o, |s| {
+                format!("{:.2} x TTL", s.p50.as_secs_f64() / ttl.as_secs_f64().max(1e-9))
+            })
+        };
+        let _ = writeln!(
+            w,
+            "| graceful handover (from the leader being told to go) | {} | {} |",
+            stat(&e.handover),
+            stat(ours.map_or(&na, |r| &r.handover_from_call))
+        );
+        let _ = writeln!(
+            w,
+            "| graceful handover (leasehold: from `resign()` returning) | | {} |",
+            stat(ours.map_or(&na, |r| &r.handover))
+        );
+        let _ = writeln!(
+            w,
+            "| crash failover | {} | {} |",
+            stat(&e.failover),
+            stat(ours.map_or(&na, |r| &r.failover))
+        );
+        let _ = writeln!(
+            w,
+            "| crash failover, p50 as a multiple of TTL | {} | {} |",
+            theirs_ratio(&e.failover, ETCDCTL_SESSION_TTL),
+            ours.map_or_else(|| "n/a".to_string(), |r| theirs_ratio(&r.failover, r.ttl))
+        );
+    }
+    o
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines().find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
+            })
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:").map(|v| v.trim().to_string()))
+        })
+        .unwrap_or_default();
+    let rustc = std::process::Command::new("rustc")
+        .arg("--version")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    format!("{cores} cores of `{cpu}` ({mem} RAM), {rustc}, servers and benchmark on the same machine")
+}
+
+fn etcdctl_version() -> String {
+    std::process::Command::new("etcdctl")
+        .arg("version")
+        .env("ETCDCTL_API", "3")
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .map(|l| l.trim_start_matches("etcdctl version:").trim().to_string())
+        })
+        .unwrap_or_else(|| "?".into())
+}
+
+/// Replaces this runner's section of `benchmarks.md` (or appends it), keeping every other section,
+/// and writes the chart.
+pub(crate) fn write_docs(dir: &Path, section: &str, reports: &[BackendReport]) -> std::io::Result<()> {
+    let path = dir.join("benchmarks.md");
+    let old = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => "# Benchmarks\n".to_string(),
+        Err(e) => return Err(e),
+    };
+    let new = match old.find(HEADING) {
+        Some(start) => {
+            let after = start + HEADING.len();
+            let end = old[after..].find("\n## ").map_or(old.len(), |i| after + i + 1);
+            let tail = &old[end..];
+            let gap = if tail.is_empty() { "" } else { "\n" };
+            format!("{}{section}{gap}{tail}", &old[..start])
+        }
+        None => format!("{}\n\n{section}", old.trim_end()),
+    };
+    std::fs::write(&path, new)?;
+    std::fs::write(dir.join(SVG), svg(reports))
+}
+
+/// A chart's title and its bars (backend, value; `None`: not available).
+type Panel<'a> = (&'static str, Vec<(&'a str, Option<Duration>)>);
+
+/// Two bar charts, each on its own linear scale: graceful handover p50 and crash failover p50.
+pub(crate) fn svg(reports: &[BackendReport]) -> String {
+    let panels: [Panel<'_>; 2] = [
+        (
+            "Graceful handover p50 (resign() returned -> successor Elected), ms",
+            reports
+                .iter()
+                .map(|r| (r.name, r.handover.as_ref().ok().map(|s| s.p50)))
+                .collect(),
+        ),
+        (
+            "Crash failover p50 (last renew -> successor Elected), ms",
+            reports
+                .iter()
+                .map(|r| (r.name, r.failover.as_ref().ok().map(|s| s.p50)))
+                .collect(),
+        ),
+    ];
+    let (width, label_w, bar_h, gap) = (760.0, 110.0, 18.0, 6.0);
+    let panel_h = |n: usize| 34.0 + n as f64 * (bar_h + gap);
+    let height: f64 = panels.iter().map(|(_, rows)| panel_h(rows.len()) + 16.0).sum::<f64>() + 10.0;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let mut y = 10.0;
+    for (title, rows) in &panels {
+        let _ = writeln!(
+            s,
+            r#"<text x="10" y="{}" font-weight="bold">{}</text>"#,
+            y + 14.0,
+            escape(title)
+        );
+        let max = rows
+            .iter()
+            .filter_map(|(_, d)| *d)
+            .map(|d| d.as_secs_f64() * 1000.0)
+            .fold(0.0_f64, f64::max)
+            .max(1e-3);
+        let scale = (width - label_w - 120.0) / max;
+        let mut by = y + 26.0;
+        for (name, d) in rows {
+            let _ = writeln!(s, r#"<text x="10" y="{}">{}</text>"#, by + 13.0, escape(name));
+            match d {
+                Some(d) => {
+                    let v = d.as_secs_f64() * 1000.0;
+                    let w = (v * scale).max(1.0);
+                    let _ = writeln!(
+                        s,
+                        r##"<rect x="{label_w}" y="{by}" width="{w:.1}" height="{bar_h}" fill="#4a7bb7"/><text x="{:.1}" y="{}">{}</text>"##,
+                        label_w + w + 4.0,
+                        by + 13.0,
+                        ms(*d)
+                    );
+                }
+                None => {
+                    let _ = writeln!(
+                        s,
+                        r##"<text x="{label_w}" y="{}" fill="#888">not available</text>"##,
+                        by + 13.0
+                    );
+                }
+            }
+            by += bar_h + gap;
+        }
+        y += panel_h(rows.len()) + 16.0;
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
