@@ -8,6 +8,7 @@ mod memory;
 mod store;
 mod timing;
 mod types;
+pub mod url_options;
 
 pub use elector::{Elector, ElectorBuilder, Event, Leader, LeaderInfo, RunError};
 pub use error::{BoxError, Error, Result};

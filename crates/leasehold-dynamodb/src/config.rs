@@ -1,5 +1,6 @@
 //! Which table, where, and with which credentials: `dynamodb://` URLs and their options.
 
+use leasehold_core::url_options::{parse_duration, percent_decode};
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
@@ -302,37 +303,6 @@ pub(crate) fn redact_url(url: &str) -> String {
         })
         .collect();
     format!("{head}?{}", pairs.join("&"))
-}
-
-/// `5s`, `500ms`, `2m`, or a bare number of milliseconds.
-fn parse_duration(value: &str) -> Option<Duration> {
-    let split = value.find(|c: char| !c.is_ascii_digit()).unwrap_or(value.len());
-    let (number, unit) = value.split_at(split);
-    let number: u64 = number.parse().ok()?;
-    match unit {
-        "" | "ms" => Some(Duration::from_millis(number)),
-        "s" => Some(Duration::from_secs(number)),
-        "m" => number.checked_mul(60).map(Duration::from_secs),
-        _ => None,
-    }
-}
-
-fn percent_decode(text: &str) -> Result<String, String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
-            let byte = hex.and_then(|h| u8::from_str_radix(h, 16).ok());
-            out.push(byte.ok_or_else(|| format!("bad %-escape at byte {i}"))?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| "a %-escape does not decode to UTF-8".to_string())
 }
 
 #[cfg(test)]
