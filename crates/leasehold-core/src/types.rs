@@ -252,6 +252,26 @@ impl fmt::Display for EndReason {
     }
 }
 
+impl FromStr for EndReason {
+    type Err = String;
+
+    /// Parses what [`Display`](fmt::Display) writes: `released`, `expired` or `broken`. The
+    /// error quotes at most 40 characters of what was found.
+    fn from_str(text: &str) -> std::result::Result<Self, String> {
+        match text {
+            "released" => Ok(EndReason::Released),
+            "expired" => Ok(EndReason::Expired),
+            "broken" => Ok(EndReason::Broken),
+            other => {
+                let shown: String = other.chars().take(40).collect();
+                Err(format!(
+                    "unknown end reason {shown:?} (expected released, expired or broken)"
+                ))
+            }
+        }
+    }
+}
+
 /// What a store reports about a lease.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Observation {

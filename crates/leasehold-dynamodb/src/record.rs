@@ -146,7 +146,9 @@ impl Record {
             (Err(e), _) | (_, Err(e)) => return Err(corrupt(e)),
             (Ok(None), Ok(None)) => None,
             (Ok(Some(at)), Ok(Some(reason))) if holder.is_none() => {
-                let reason = parse_end_reason(&reason).map_err(|e| corrupt(format!("previous_end: {e}")))?;
+                let reason = reason
+                    .parse::<EndReason>()
+                    .map_err(|e| corrupt(format!("previous_end: {e}")))?;
                 Some((system_time(at), reason))
             }
             _ => {
@@ -225,7 +227,9 @@ pub(crate) fn decode_transition(lease: &LeaseName, item: &Item) -> Result<Transi
         (Err(e), _) | (_, Err(e)) => return Err(corrupt(format!("term {term}: {e}"))),
         (Ok(None), Ok(None)) => None,
         (Ok(Some(at)), Ok(Some(reason))) => {
-            let reason = parse_end_reason(&reason).map_err(|e| corrupt(format!("term {term}: end_reason: {e}")))?;
+            let reason = reason
+                .parse::<EndReason>()
+                .map_err(|e| corrupt(format!("term {term}: end_reason: {e}")))?;
             Some((system_time(at), reason))
         }
         _ => {
@@ -303,17 +307,6 @@ pub(crate) fn new_version() -> String {
 
 fn is_version(text: &str) -> bool {
     text.len() == 16 && text.bytes().all(|b| b.is_ascii_hexdigit())
-}
-
-fn parse_end_reason(text: &str) -> Result<EndReason, String> {
-    match text {
-        "released" => Ok(EndReason::Released),
-        "expired" => Ok(EndReason::Expired),
-        "broken" => Ok(EndReason::Broken),
-        other => Err(format!(
-            "unknown end reason {other:?} (expected released, expired or broken)"
-        )),
-    }
 }
 
 /// Unix milliseconds of a wall-clock time, for the audit trail only.

@@ -77,7 +77,11 @@ impl Record {
         let term = term_from(term).ok_or_else(|| corrupt(format!("term {term} is negative")))?;
         let previous_end = match get::<String>(row, at + 5, "previous_end").map_err(corrupt)? {
             None => None,
-            Some(reason) => Some(parse_end_reason(&reason).map_err(|e| corrupt(format!("previous_end: {e}")))?),
+            Some(reason) => Some(
+                reason
+                    .parse::<EndReason>()
+                    .map_err(|e| corrupt(format!("previous_end: {e}")))?,
+            ),
         };
         let holder = match (
             get::<String>(row, at + 1, "holder"),
@@ -157,7 +161,9 @@ pub(crate) fn decode_transition(lease: &LeaseName, row: &PgRow) -> Result<Transi
         (None, None) => None,
         (Some(at), Some(reason)) => {
             let at = system_time(at).ok_or_else(|| corrupt(format!("term {term}: ended_at is before 1970")))?;
-            let reason = parse_end_reason(&reason).map_err(|e| corrupt(format!("term {term}: end_reason: {e}")))?;
+            let reason = reason
+                .parse::<EndReason>()
+                .map_err(|e| corrupt(format!("term {term}: end_reason: {e}")))?;
             Some((at, reason))
         }
         _ => {
@@ -209,20 +215,6 @@ pub(crate) fn new_version() -> String {
 
 fn is_version(text: &str) -> bool {
     text.len() == 16 && text.bytes().all(|b| b.is_ascii_hexdigit())
-}
-
-fn parse_end_reason(text: &str) -> Result<EndReason, String> {
-    match text {
-        "released" => Ok(EndReason::Released),
-        "expired" => Ok(EndReason::Expired),
-        "broken" => Ok(EndReason::Broken),
-        other => {
-            let shown: String = other.chars().take(40).collect();
-            Err(format!(
-                "unknown end reason {shown:?} (expected released, expired or broken)"
-            ))
-        }
-    }
 }
 
 fn system_time(millis: i64) -> Option<SystemTime> {

@@ -93,7 +93,11 @@ impl Record {
         let term = term_from(term).ok_or_else(|| corrupt(format!("term {term} is negative")))?;
         let previous_end = match text(row, 4, "previous_end").map_err(corrupt)? {
             None => None,
-            Some(reason) => Some(parse_end_reason(&reason).map_err(|e| corrupt(format!("previous_end: {e}")))?),
+            Some(reason) => Some(
+                reason
+                    .parse::<EndReason>()
+                    .map_err(|e| corrupt(format!("previous_end: {e}")))?,
+            ),
         };
         let holder = match (
             text(row, 0, "holder"),
@@ -172,7 +176,9 @@ pub(crate) fn decode_transition(lease: &LeaseName, row: &SqliteRow) -> Result<Tr
         (None, None) => None,
         (Some(at), Some(reason)) => {
             let at = system_time(at).ok_or_else(|| corrupt(format!("term {term}: ended_at is negative")))?;
-            let reason = parse_end_reason(&reason).map_err(|e| corrupt(format!("term {term}: end_reason: {e}")))?;
+            let reason = reason
+                .parse::<EndReason>()
+                .map_err(|e| corrupt(format!("term {term}: end_reason: {e}")))?;
             Some((at, reason))
         }
         _ => {
@@ -237,17 +243,6 @@ pub(crate) fn new_version() -> String {
 
 fn is_version(text: &str) -> bool {
     text.len() == 16 && text.bytes().all(|b| b.is_ascii_hexdigit())
-}
-
-fn parse_end_reason(text: &str) -> Result<EndReason, String> {
-    match text {
-        "released" => Ok(EndReason::Released),
-        "expired" => Ok(EndReason::Expired),
-        "broken" => Ok(EndReason::Broken),
-        other => Err(format!(
-            "unknown end reason {other:?} (expected released, expired or broken)"
-        )),
-    }
 }
 
 /// Unix milliseconds by this process's wall clock, for the audit trail only.
