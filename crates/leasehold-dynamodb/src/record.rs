@@ -5,7 +5,7 @@
 //!
 //! | item | `lease` | `sk` | attributes |
 //! |---|---|---|---|
-//! | the lease | name | `lease` | `term` N, `last_holder` S, `acquired_at` N; while held `holder` S, `ttl_ms` N, `version` S; once ended `previous_end` S, `ended_at` N |
+//! | the lease | name | `lease` | `term` N, `last_holder` S, `acquired_at` N; while held `holder` S, `ttl_ms` N, `version` S; once ended `previous_end` S, `ended_at` N; the term before: `prev_term` N, `prev_holder` S, `prev_acquired_at` N, `prev_ended_at` N, `prev_end` S |
 //! | a finished term | name | `history#{term:020}` | `term` N, `holder` S, `acquired_at` N, `ended_at` N, `end_reason` S |
 
 use std::collections::HashMap;
@@ -72,6 +72,11 @@ pub(crate) struct Record {
     pub(crate) holder: Option<Holding>,
     /// When and how `term` ended, once it has.
     pub(crate) ended: Option<(SystemTime, EndReason)>,
+    /// The term before `term`, finished, as the grant of `term` copied it into the item (absent
+    /// on items created from nothing).
+    pub(crate) previous: Option<Transition>,
+    /// The highest term with a history item (0 without any).
+    pub(crate) history_term: Term,
 }
 
 /// The holder of a lease, as its item records it.
@@ -94,6 +99,8 @@ impl Record {
             acquired_at: None,
             holder: None,
             ended: None,
+            previous: None,
+            history_term,
         }
     }
 
@@ -157,6 +164,7 @@ impl Record {
                 ));
             }
         };
+        let previous = decode_previous(&fields, term).map_err(corrupt)?;
         Ok(Record {
             present: true,
             term,
@@ -165,6 +173,8 @@ impl Record {
             acquired_at,
             holder,
             ended,
+            previous,
+            history_term: Term(0),
         })
     }
 
@@ -198,6 +208,59 @@ impl Record {
             ended: self.ended,
         })
     }
+}
+
+/// The finished term before `term` that a grant keeps in the lease item: all five `prev_*`
+/// attributes, or none.
+fn decode_previous(fields: &Fields<'_>, term: Term) -> Result<Option<Transition>, String> {
+    let (prev_term, holder, acquired_at, ended_at, end) = (
+        fields.number("prev_term")?,
+        fields.string("prev_holder")?,
+        fields.number("prev_acquired_at")?,
+        fields.number("prev_ended_at")?,
+        fields.string("prev_end")?,
+    );
+    match (prev_term, holder, acquired_at, ended_at, end) {
+        (None, None, None, None, None) => Ok(None),
+        (Some(prev_term), Some(holder), Some(acquired_at), Some(ended_at), Some(end)) => {
+            if prev_term == 0 || prev_term >= term.0 {
+                return Err(format!("prev_term {prev_term} must be from 1 to below term {term}"));
+            }
+            let holder = CandidateId::new(holder).map_err(|e| format!("prev_holder: {e}"))?;
+            let reason = end.parse::<EndReason>().map_err(|e| format!("prev_end: {e}"))?;
+            Ok(Some(Transition {
+                term: Term(prev_term),
+                holder,
+                acquired_at: system_time(acquired_at),
+                ended: Some((system_time(ended_at), reason)),
+            }))
+        }
+        _ => Err(
+            "prev_term, prev_holder, prev_acquired_at, prev_ended_at and prev_end must be all set or all missing"
+                .into(),
+        ),
+    }
+}
+
+/// The attributes of the lease item that keep the term before its own.
+pub(crate) const PREVIOUS_ATTRIBUTES: [&str; 5] = [
+    "prev_term",
+    "prev_holder",
+    "prev_acquired_at",
+    "prev_ended_at",
+    "prev_end",
+];
+
+/// The `prev_*` attributes for a finished term (one whose `ended` is set).
+pub(crate) fn previous_attributes(finished: &Transition) -> [(&'static str, AttributeValue); 5] {
+    let (ended_at, reason) = finished.ended.unwrap_or((finished.acquired_at, EndReason::Expired));
+    [
+        ("prev_term", n(finished.term.0)),
+        ("prev_holder", s(finished.holder.as_str())),
+        ("prev_acquired_at", n(unix_millis(finished.acquired_at))),
+        ("prev_ended_at", n(unix_millis(ended_at))),
+        ("prev_end", s(reason.to_string())),
+    ]
 }
 
 /// A history item, checked.

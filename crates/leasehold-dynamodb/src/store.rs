@@ -11,10 +11,9 @@ use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::config::retry::RetryConfig;
 use aws_sdk_dynamodb::config::timeout::TimeoutConfig;
 use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region, StalledStreamProtectionConfig};
-use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ReturnValue,
-    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus,
+    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ReturnValue, ScalarAttributeType,
+    TableStatus,
 };
 use leasehold_core::{
     AcquireRequest, Acquired, Capabilities, EndReason, Error, Expiry, Grant, LeaseName, LeaseStore, Notifications,
@@ -349,21 +348,24 @@ impl DynamoDbStore {
         Ok(match record {
             Some(record) => Record {
                 last_term: record.term.max(history_term),
+                history_term,
                 ..record
             },
             None => Record::absent(history_term),
         })
     }
 
-    /// Takes a lease whose item exists and is free, held by the candidate itself, or held at
-    /// exactly the version named by `takeover`: one `UpdateItem` that adds 1 to the term and
-    /// returns the old item (for the history).
-    async fn take_existing(&self, request: &AcquireRequest) -> Result<Taken> {
+    /// The common grant, sent without reading first: one `UpdateItem` on the condition that the
+    /// item exists, is free, held by the candidate itself or held at exactly the `takeover`
+    /// version, and that its `prev_*` slot is empty (the term before has its history item). It
+    /// raises the term by one and moves the term it ends into the slot, all from the item's own
+    /// attributes. `None` when the condition failed.
+    async fn take_unread(&self, request: &AcquireRequest) -> Result<Option<Acquired>> {
         let lease = &request.lease;
         let now = (self.audit_clock)();
         let version = new_version();
         let mut condition = String::from(
-            "attribute_exists(#k) AND attribute_type(#t, :number) \
+            "attribute_type(#t, :number) AND attribute_exists(#lh) AND attribute_not_exists(#pt) \
              AND (attribute_not_exists(#h) OR #h = :me",
         );
         if request.takeover.is_some() {
@@ -376,12 +378,13 @@ impl DynamoDbStore {
             .table_name(self.table.as_ref())
             .set_key(Some(key(lease, LEASE_SK)))
             .update_expression(
-                "SET #h = :me, #lh = :me, #ttl = :ttl, #v = :version, #at = :now ADD #t :one REMOVE #pe, #ea",
+                "SET #h = :me, #lh = :me, #ttl = :ttl, #v = :version, #at = :now, \
+                 #pt = #t, #ph = #lh, #pa = if_not_exists(#at, :zero), \
+                 #pea = if_not_exists(#ea, :now), #pr = if_not_exists(#pe, :expired), #t = #t + :one \
+                 REMOVE #pe, #ea",
             )
             .condition_expression(condition)
-            .return_values(ReturnValue::AllOld)
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .expression_attribute_names("#k", KEY)
+            .return_values(ReturnValue::AllNew)
             .expression_attribute_names("#t", "term")
             .expression_attribute_names("#h", "holder")
             .expression_attribute_names("#lh", "last_holder")
@@ -390,50 +393,179 @@ impl DynamoDbStore {
             .expression_attribute_names("#at", "acquired_at")
             .expression_attribute_names("#pe", "previous_end")
             .expression_attribute_names("#ea", "ended_at")
+            .expression_attribute_names("#pt", "prev_term")
+            .expression_attribute_names("#ph", "prev_holder")
+            .expression_attribute_names("#pa", "prev_acquired_at")
+            .expression_attribute_names("#pea", "prev_ended_at")
+            .expression_attribute_names("#pr", "prev_end")
             .expression_attribute_values(":number", s("N"))
             .expression_attribute_values(":me", s(request.candidate.as_str()))
             .expression_attribute_values(":ttl", n(request.ttl.as_millis()))
             .expression_attribute_values(":version", s(version.clone()))
             .expression_attribute_values(":now", n(unix_millis(now)))
+            .expression_attribute_values(":zero", n(0))
+            .expression_attribute_values(":expired", s(EndReason::Expired.to_string()))
             .expression_attribute_values(":one", n(1));
         if let Some(takeover) = &request.takeover {
             update = update.expression_attribute_values(":takeover", s(takeover.clone()));
         }
+        // `SET #t = #t + :one` rather than `ADD`: dynalite applies an `ADD` to the very value
+        // that `#pt = #t` copied, so the slot would get the new term.
         let out = match update.send().await {
             Ok(out) => out,
-            Err(e) => {
-                return match e.as_service_error() {
-                    Some(UpdateItemError::ConditionalCheckFailedException(refused)) => {
-                        Ok(Taken::Refused(refused.item().cloned()))
-                    }
-                    _ => Err(error::map(e, "acquire", self.timeout)),
-                };
-            }
+            Err(e) if error::is_condition_failed(&e) => return Ok(None),
+            Err(e) => return Err(error::map(e, "acquire", self.timeout)),
         };
-        // The write is done and the term is granted; the old item only feeds the history.
-        let old = out.attributes().map(|item| Record::decode(lease, item));
-        let term = match &old {
-            Some(Ok(old)) => old.term.0.checked_add(1).map(Term),
-            _ => None,
+        // The grant is done; what it wrote says which term it is, and which term it ended.
+        let record = match out.attributes() {
+            Some(item) => Record::decode(lease, item)?,
+            None => self.read(lease, "acquire").await?,
         };
-        let Some(term) = term else {
-            // Only a record changed behind our back between the condition and now could get
-            // here; read what was written rather than guess.
-            let record = self.read(lease, "acquire").await?;
-            return Ok(Taken::Acquired(match &record.holder {
-                Some(h) if h.id == request.candidate && h.version == version => {
-                    Acquired::Granted(grant(request, record.term, version))
-                }
-                _ => Acquired::Held(record.observation(lease)),
-            }));
-        };
-        if let Some(Ok(old)) = &old {
-            let ended = old.ended.or(Some((now, EndReason::Expired)));
-            if let Some(finished) = old.transition().map(|t| Transition { ended, ..t }) {
-                self.record_finished(lease, &finished).await;
+        match &record.holder {
+            Some(h) if h.id == request.candidate && h.version == version => {}
+            // Only a foreign write right after ours could get here.
+            _ => return Ok(Some(Acquired::Held(record.observation(lease)))),
+        }
+        if let Some(finished) = &record.previous {
+            self.log_previous(lease, finished).await;
+        }
+        Ok(Some(Acquired::Granted(grant(request, record.term, version))))
+    }
+
+    /// Grants the lease over the item just read (`record`: present, and free, the candidate's,
+    /// or held at the `takeover` version), when [`DynamoDbStore::take_unread`] was refused: most
+    /// often because the `prev_*` slot still holds a term whose history item a previous grant
+    /// did not get to write (its caller gave up on it). That history item is written first,
+    /// then one `UpdateItem` on the condition that the item is still exactly as read replaces
+    /// the slot with the term this grant ends.
+    async fn take_read(&self, request: &AcquireRequest, record: &Record) -> Result<Acquired> {
+        let lease = &request.lease;
+        let now = (self.audit_clock)();
+        let term = record
+            .term
+            .0
+            .checked_add(1)
+            .map(Term)
+            .ok_or_else(|| Error::corrupt(STORE, lease, format!("term {} cannot grow any further", record.term)))?;
+        if let Some(previous) = record.previous.as_ref().filter(|p| p.term > record.history_term) {
+            self.put_history(lease, previous, "acquire").await?;
+        }
+        let finished = record.transition().map(|t| Transition {
+            ended: record.ended.or(Some((now, EndReason::Expired))),
+            ..t
+        });
+        let version = new_version();
+        let mut condition = String::from("#t = :t");
+        let mut update = self
+            .client
+            .update_item()
+            .table_name(self.table.as_ref())
+            .set_key(Some(key(lease, LEASE_SK)))
+            .expression_attribute_names("#t", "term")
+            .expression_attribute_names("#h", "holder")
+            .expression_attribute_names("#lh", "last_holder")
+            .expression_attribute_names("#ttl", "ttl_ms")
+            .expression_attribute_names("#v", "version")
+            .expression_attribute_names("#at", "acquired_at")
+            .expression_attribute_names("#pe", "previous_end")
+            .expression_attribute_names("#ea", "ended_at")
+            .expression_attribute_names("#pt", "prev_term")
+            .expression_attribute_values(":t", n(record.term.0))
+            .expression_attribute_values(":term", n(term.0))
+            .expression_attribute_values(":me", s(request.candidate.as_str()))
+            .expression_attribute_values(":ttl", n(request.ttl.as_millis()))
+            .expression_attribute_values(":version", s(version.clone()))
+            .expression_attribute_values(":now", n(unix_millis(now)));
+        match &record.holder {
+            None => condition.push_str(" AND attribute_not_exists(#h)"),
+            Some(holder) => {
+                condition.push_str(" AND #v = :seen");
+                update = update.expression_attribute_values(":seen", s(holder.version.clone()));
             }
         }
-        Ok(Taken::Acquired(Acquired::Granted(grant(request, term, version))))
+        match &record.previous {
+            None => condition.push_str(" AND attribute_not_exists(#pt)"),
+            Some(previous) => {
+                condition.push_str(" AND #pt = :pt");
+                update = update.expression_attribute_values(":pt", n(previous.term.0));
+            }
+        }
+        let mut set = String::from("SET #t = :term, #h = :me, #lh = :me, #ttl = :ttl, #v = :version, #at = :now");
+        let mut remove = String::from(" REMOVE #pe, #ea");
+        match &finished {
+            Some(finished) => {
+                for (i, (name, value)) in record::previous_attributes(finished).into_iter().enumerate() {
+                    let (name_ref, value_ref) = (format!("#p{i}"), format!(":p{i}"));
+                    set.push_str(&format!(", {name_ref} = {value_ref}"));
+                    update = update
+                        .expression_attribute_names(name_ref, name)
+                        .expression_attribute_values(value_ref, value);
+                }
+            }
+            None => {
+                for (i, name) in record::PREVIOUS_ATTRIBUTES.iter().enumerate() {
+                    remove.push_str(&format!(", #p{i}"));
+                    update = update.expression_attribute_names(format!("#p{i}"), *name);
+                }
+            }
+        }
+        set.push_str(&remove);
+        let sent = update
+            .update_expression(set)
+            .condition_expression(condition)
+            .send()
+            .await;
+        match sent {
+            Ok(_) => {}
+            Err(e) if error::is_condition_failed(&e) => {
+                // Changed since we read it: tell the engine what it is now.
+                return Ok(Acquired::Held(self.read(lease, "acquire").await?.observation(lease)));
+            }
+            Err(e) => return Err(error::map(e, "acquire", self.timeout)),
+        }
+        if let Some(finished) = &finished {
+            self.log_previous(lease, finished).await;
+        }
+        Ok(Acquired::Granted(grant(request, term, version)))
+    }
+
+    /// After a grant: writes the history item of the term it ended (kept in the `prev_*` slot of
+    /// the lease item), then empties the slot, so that the next grant can go without reading.
+    /// Both are best effort: whatever is not done here is done by the next grant, which reads
+    /// the slot when its own conditional write is refused for it.
+    async fn log_previous(&self, lease: &LeaseName, finished: &Transition) {
+        let logged = match self.put_history(lease, finished, "acquire").await {
+            Ok(()) => self.clear_previous(lease, finished.term).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = logged {
+            tracing::debug!(lease = %lease, term = %finished.term, error = %e, "history item left to the next grant");
+        }
+    }
+
+    /// Empties the `prev_*` slot of the lease item if it still holds `term` (whose history item
+    /// has been written).
+    async fn clear_previous(&self, lease: &LeaseName, term: Term) -> Result<()> {
+        let mut update = self
+            .client
+            .update_item()
+            .table_name(self.table.as_ref())
+            .set_key(Some(key(lease, LEASE_SK)))
+            .condition_expression("#p0 = :pt")
+            .expression_attribute_values(":pt", n(term.0));
+        let mut remove = String::from("REMOVE ");
+        for (i, name) in record::PREVIOUS_ATTRIBUTES.iter().enumerate() {
+            if i > 0 {
+                remove.push_str(", ");
+            }
+            remove.push_str(&format!("#p{i}"));
+            update = update.expression_attribute_names(format!("#p{i}"), *name);
+        }
+        match update.update_expression(remove).send().await {
+            Ok(_) => Ok(()),
+            Err(e) if error::is_condition_failed(&e) => Ok(()),
+            Err(e) => Err(error::map(e, "acquire", self.timeout)),
+        }
     }
 
     /// Takes a lease that has no item (never used, or its item was deleted): a `PutItem` on the
@@ -510,21 +642,17 @@ impl DynamoDbStore {
         Ok(found)
     }
 
-    /// Writes the history item of a finished term. The lease item is the only source of truth
-    /// for holder and term, so a lost history write leaves a gap in the audit trail, nothing
-    /// worse; it is not retried.
-    async fn record_finished(&self, lease: &LeaseName, finished: &Transition) {
-        let written = self
-            .client
+    /// Writes the history item of a finished term: unconditional and idempotent, since a finished
+    /// term never changes.
+    async fn put_history(&self, lease: &LeaseName, finished: &Transition, operation: &'static str) -> Result<()> {
+        self.client
             .put_item()
             .table_name(self.table.as_ref())
             .set_item(Some(record::transition_item(lease, finished)))
             .send()
-            .await;
-        if let Err(e) = written {
-            let e = error::map(e, "history", self.timeout);
-            tracing::warn!(lease = %lease, term = %finished.term, error = %e, "could not record a finished term in the history");
-        }
+            .await
+            .map(drop)
+            .map_err(|e| error::map(e, operation, self.timeout))
     }
 
     /// Ends the current term of `lease` if the item still has term `term` and a holder (and,
@@ -564,14 +692,6 @@ impl DynamoDbStore {
             Err(e) => Err(error::map(e, operation, self.timeout)),
         }
     }
-}
-
-/// The answer to the conditional update of an acquire.
-enum Taken {
-    /// The update was applied (or its outcome settled by a read).
-    Acquired(Acquired),
-    /// The condition failed; the item that failed it, where the server returns it.
-    Refused(Option<Item>),
 }
 
 fn grant(request: &AcquireRequest, term: Term, version: String) -> Grant {
@@ -658,26 +778,27 @@ impl LeaseStore for DynamoDbStore {
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
         self.capabilities().check_ttl(STORE, request.ttl)?;
         let lease = &request.lease;
-        // One conditional request, so that an acquire whose reply is lost has still been applied
+        // One conditional request first, so that an acquire whose reply is lost has been applied
         // (or not) as a whole, and a read-back settles it.
-        let refused = match self.take_existing(request).await? {
-            Taken::Acquired(acquired) => return Ok(acquired),
-            Taken::Refused(item) => item,
-        };
-        // The condition failed: the lease is held by someone else, or its item is missing or
-        // unreadable. DynamoDB returns the item that failed the condition; servers that do not
-        // (older emulators) are asked.
-        if let Some(item) = refused {
-            let record = Record::decode(lease, &item)?;
-            if record.holder.is_some() {
-                return Ok(Acquired::Held(record.observation(lease)));
-            }
+        if let Some(acquired) = self.take_unread(request).await? {
+            return Ok(acquired);
         }
+        // Refused: the lease is held by someone else, its item is missing or unreadable, or the
+        // slot of the term before is still full. Read it and act on exactly what it says.
         let record = self.read(lease, "acquire").await?;
-        if record.present {
+        if !record.present {
+            return self.create(request, &record).await;
+        }
+        let grantable = match &record.holder {
+            None => true,
+            // Ours from an earlier campaign that the engine does not believe: a new term.
+            Some(holder) if holder.id == request.candidate => true,
+            Some(holder) => request.takeover.as_deref() == Some(holder.version.as_str()),
+        };
+        if !grantable {
             return Ok(Acquired::Held(record.observation(lease)));
         }
-        self.create(request, &record).await
+        self.take_read(request, &record).await
     }
 
     async fn renew(&self, grant: &Grant) -> Result<Renewed> {
@@ -752,7 +873,11 @@ impl LeaseStore for DynamoDbStore {
             .into_iter()
             .map(|t| (t.term, t))
             .collect();
-        // The lease item describes its own term, also before it is written to the history.
+        // The lease item describes its own term, and the one before it until a later grant has
+        // made sure its history item exists.
+        if let Some(previous) = record.previous.clone() {
+            terms.entry(previous.term).or_insert(previous);
+        }
         if let Some(current) = record.transition() {
             terms.insert(current.term, current);
         }
