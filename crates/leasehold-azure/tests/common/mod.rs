@@ -23,6 +23,22 @@ use url::Url;
 /// The container the tests use (lease names are random per scenario).
 pub const CONTAINER: &str = "leasehold-tests";
 
+/// How many operations (and as many renewals and releases) one test store runs at once.
+///
+/// Azurite is one Node.js process: on this 2-core machine it serves about 400 simple requests a
+/// second, and once it has more requests in hand than it can serve, every client waits: with 64
+/// in flight a renewal takes 100-300 ms and the first request on a new connection up to 5 s
+/// (measured by `tests/azurite_rate.rs`). The other scenarios' stores open a new connection for
+/// nearly every renewal (idle connections are dropped after 2 s, before Azurite's 5 s
+/// keep-alive closes them), so `thousand_leases` must not saturate the emulator: 8 requests in
+/// flight keep it busy without a queue.
+pub const AZURITE_MAX_REQUESTS: usize = 8;
+
+/// The TTL of `thousand_leases`: 1,000 leases renewed every TTL/3 are 3,000/TTL renewals a
+/// second, 50 at 60 s, a small share of what Azurite serves, next to everything else the suite
+/// runs at the same time.
+pub const MANY_LEASES_TTL: Duration = Duration::from_secs(60);
+
 /// The Azurite endpoint and the account SAS for it, from `LEASEHOLD_AZURITE_*` (or the services
 /// env file), if the emulator answers.
 pub fn azurite() -> Option<AzureConfig> {
@@ -33,12 +49,10 @@ pub fn azurite() -> Option<AzureConfig> {
     config.endpoint = Url::parse(&format!("{}/", url.trim_end_matches('/'))).expect("LEASEHOLD_AZURITE_URL is a URL");
     config.auth = Auth::Sas(account_sas(&account, &key, Duration::from_secs(24 * 3600)));
     config.prefix = "t/".into();
-    if let Some(n) = std::env::var("LEASEHOLD_AZURE_MAX_REQUESTS")
+    config.max_requests = std::env::var("LEASEHOLD_AZURE_MAX_REQUESTS")
         .ok()
         .and_then(|n| n.parse().ok())
-    {
-        config.max_requests = n;
-    }
+        .unwrap_or(AZURITE_MAX_REQUESTS);
     Some(config)
 }
 
@@ -182,6 +196,10 @@ impl Backend for AzureBackend {
 
     async fn connect(&self) -> Result<Arc<dyn LeaseStore>> {
         Ok(Arc::new(AzureBlobStore::connect_with(self.config.clone()).await?))
+    }
+
+    fn many_leases_ttl(&self) -> Option<Duration> {
+        Some(MANY_LEASES_TTL)
     }
 
     async fn connect_faulty(&self) -> Result<(Arc<dyn LeaseStore>, Faults)> {
