@@ -13,9 +13,15 @@ pub const URL_SCHEMES: &[&str] = &["dynamodb"];
 /// The default time one request may take before it fails as [`Error::Timeout`].
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// The default number of operations a store has in flight at once
+/// ([`DynamoDbStore::with_max_in_flight`](crate::DynamoDbStore::with_max_in_flight)).
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 64;
+
+const MAX_IN_FLIGHT: usize = 10_000;
 const MIN_TIMEOUT: Duration = Duration::from_millis(10);
 const MAX_TIMEOUT: Duration = Duration::from_secs(600);
-const OPTIONS: &str = "endpoint, region, access_key_id, secret_access_key, session_token, create_table, timeout";
+const OPTIONS: &str =
+    "endpoint, region, access_key_id, secret_access_key, session_token, create_table, timeout, max_in_flight";
 const REDACTED: &str = "***";
 
 /// Static credentials given in the URL. `Debug` never shows them.
@@ -61,6 +67,8 @@ impl fmt::Debug for StaticCredentials {
 ///   `false`.
 /// - `timeout`: how long one request may take, `2s` by default; `500ms`, `5s`, `1m` or a bare
 ///   number of milliseconds; 10 ms to 10 min.
+/// - `max_in_flight`: how many operations one store sends at once, 1 to 10,000; the others wait
+///   their turn in order. Default 64.
 ///
 /// `Debug`, `Display` and every error replace the credentials with `***`.
 ///
@@ -91,6 +99,8 @@ pub struct DynamoDbConfig {
     pub create_table: bool,
     /// How long one request may take.
     pub timeout: Duration,
+    /// How many operations one store has in flight at once.
+    pub max_in_flight: usize,
 }
 
 impl DynamoDbConfig {
@@ -103,6 +113,7 @@ impl DynamoDbConfig {
             credentials: None,
             create_table: false,
             timeout: DEFAULT_TIMEOUT,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
         }
     }
 
@@ -175,6 +186,13 @@ impl DynamoDbConfig {
                         .filter(|d| (MIN_TIMEOUT..=MAX_TIMEOUT).contains(d))
                         .ok_or_else(|| bad("a duration from 10ms to 10m such as 2s, 500ms or 2000 (milliseconds)"))?;
                 }
+                "max_in_flight" => {
+                    config.max_in_flight = value
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=MAX_IN_FLIGHT).contains(n))
+                        .ok_or_else(|| bad("a whole number from 1 to 10000"))?;
+                }
                 _ => return Err(invalid(format!("unknown option {key:?} (known: {OPTIONS})"))),
             }
         }
@@ -228,6 +246,9 @@ impl DynamoDbConfig {
         if !(MIN_TIMEOUT..=MAX_TIMEOUT).contains(&self.timeout) {
             return invalid("timeout", format!("{:?}", self.timeout), "10ms..=10m");
         }
+        if !(1..=MAX_IN_FLIGHT).contains(&self.max_in_flight) {
+            return invalid("max_in_flight", self.max_in_flight.to_string(), "1..=10000");
+        }
         Ok(())
     }
 }
@@ -258,9 +279,10 @@ impl fmt::Display for DynamoDbConfig {
         }
         write!(
             f,
-            "create_table={}&timeout={}ms",
+            "create_table={}&timeout={}ms&max_in_flight={}",
             self.create_table,
-            self.timeout.as_millis()
+            self.timeout.as_millis(),
+            self.max_in_flight
         )
     }
 }
@@ -311,7 +333,7 @@ mod tests {
 
     const LOCAL: &str = "dynamodb://leases?endpoint=http://127.0.0.1:28000&region=eu-west-1\
                          &access_key_id=AKIDSECRETID&secret_access_key=wJalrSECRETKEY&session_token=TOKENSECRET\
-                         &create_table=true&timeout=250ms";
+                         &create_table=true&timeout=250ms&max_in_flight=8";
 
     #[test]
     fn url_forms() {
@@ -325,6 +347,7 @@ mod tests {
         assert_eq!(credentials.session_token.as_deref(), Some("TOKENSECRET"));
         assert!(config.create_table);
         assert_eq!(config.timeout, Duration::from_millis(250));
+        assert_eq!(config.max_in_flight, 8);
 
         let config = DynamoDbConfig::from_url("DynamoDB://app.leases_1").unwrap();
         assert_eq!(config, DynamoDbConfig::new("app.leases_1"));
@@ -389,6 +412,8 @@ mod tests {
             ("dynamodb://leases?create_table=maybe", "create_table"),
             ("dynamodb://leases?timeout=5ms", "timeout"),
             ("dynamodb://leases?timeout=1h", "timeout"),
+            ("dynamodb://leases?max_in_flight=0", "max_in_flight"),
+            ("dynamodb://leases?max_in_flight=lots", "max_in_flight"),
             ("dynamodb://leases?access_key_id=AK", "go together"),
             ("dynamodb://leases?session_token=T", "go together"),
             ("dynamodb://leases?table=x", "unknown option \"table\""),
@@ -415,6 +440,13 @@ mod tests {
                 ..DynamoDbConfig::new("leases")
             }),
             "timeout"
+        );
+        assert_eq!(
+            field(DynamoDbConfig {
+                max_in_flight: 0,
+                ..DynamoDbConfig::new("leases")
+            }),
+            "max_in_flight"
         );
     }
 }

@@ -10,7 +10,7 @@ mod store;
 #[doc = include_str!("../docs.md")]
 pub mod docs {}
 
-pub use config::{DEFAULT_TIMEOUT, DynamoDbConfig, StaticCredentials, URL_SCHEMES};
+pub use config::{DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT, DynamoDbConfig, StaticCredentials, URL_SCHEMES};
 pub use error::TableError;
 pub use record::TTL_RANGE;
 pub use store::DynamoDbStore;

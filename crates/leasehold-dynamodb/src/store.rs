@@ -19,8 +19,9 @@ use leasehold_core::{
     AcquireRequest, Acquired, Capabilities, EndReason, Error, Expiry, Grant, LeaseName, LeaseStore, Notifications,
     Observation, Renewed, Result, Term, Transition,
 };
+use tokio::sync::{Semaphore, SemaphorePermit};
 
-use crate::config::{DEFAULT_TIMEOUT, DynamoDbConfig};
+use crate::config::{DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT, DynamoDbConfig};
 use crate::error::{self, STORE, TableError};
 use crate::record::{
     self, HISTORY_PREFIX, Item, KEY, LEASE_SK, Record, SORT, TTL_RANGE, key, n, new_version, s, unix_millis,
@@ -72,6 +73,9 @@ pub struct DynamoDbStore {
     table: Arc<str>,
     timeout: Duration,
     audit_clock: AuditClock,
+    /// Bounds the operations in flight (and so the connections in the pool).
+    in_flight: Arc<Semaphore>,
+    max_in_flight: usize,
 }
 
 impl fmt::Debug for DynamoDbStore {
@@ -80,6 +84,7 @@ impl fmt::Debug for DynamoDbStore {
         f.debug_struct("DynamoDbStore")
             .field("table", &self.table)
             .field("timeout", &self.timeout)
+            .field("max_in_flight", &self.max_in_flight)
             .finish_non_exhaustive()
     }
 }
@@ -110,7 +115,9 @@ impl DynamoDbStore {
     pub async fn connect_with(config: DynamoDbConfig) -> Result<Self> {
         config.validate()?;
         let client = build_client(&config).await?;
-        let store = DynamoDbStore::from_client(client, config.table.clone()).with_timeout(config.timeout);
+        let store = DynamoDbStore::from_client(client, config.table.clone())
+            .with_timeout(config.timeout)
+            .with_max_in_flight(config.max_in_flight);
         if config.create_table {
             store.create_table_if_missing().await?;
         } else {
@@ -131,6 +138,8 @@ impl DynamoDbStore {
             table: table.into().into(),
             timeout: DEFAULT_TIMEOUT,
             audit_clock: Arc::new(SystemTime::now),
+            in_flight: Arc::new(Semaphore::new(DEFAULT_MAX_IN_FLIGHT)),
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
         }
     }
 
@@ -139,6 +148,27 @@ impl DynamoDbStore {
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
+    }
+
+    /// Lets at most `max` operations of this store (and its clones) talk to DynamoDB at once;
+    /// the others wait their turn in order (default [`DEFAULT_MAX_IN_FLIGHT`]).
+    ///
+    /// Every operation in flight holds a connection, so this also bounds the connection pool.
+    /// Past the server's own parallelism, more requests in flight only make each one slower
+    /// (and a server that is behind then serves requests whose callers have given up); an
+    /// operation whose caller gives up while it waits here is never sent.
+    #[must_use]
+    pub fn with_max_in_flight(mut self, max: usize) -> Self {
+        let max = max.max(1);
+        self.in_flight = Arc::new(Semaphore::new(max));
+        self.max_in_flight = max;
+        self
+    }
+
+    /// Waits for a turn to talk to DynamoDB (see [`DynamoDbStore::with_max_in_flight`]).
+    async fn turn(&self) -> Option<SemaphorePermit<'_>> {
+        // The semaphore is never closed; if it were, going ahead unlimited is the safe choice.
+        self.in_flight.acquire().await.ok()
     }
 
     /// Takes the wall-clock times written to the audit trail (`acquired_at`, `ended_at`) from
@@ -776,6 +806,7 @@ impl LeaseStore for DynamoDbStore {
     }
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
+        let _turn = self.turn().await;
         self.capabilities().check_ttl(STORE, request.ttl)?;
         let lease = &request.lease;
         // One conditional request first, so that an acquire whose reply is lost has been applied
@@ -802,6 +833,7 @@ impl LeaseStore for DynamoDbStore {
     }
 
     async fn renew(&self, grant: &Grant) -> Result<Renewed> {
+        let _turn = self.turn().await;
         let lease = &grant.lease;
         let version = new_version();
         let updated = self
@@ -840,6 +872,7 @@ impl LeaseStore for DynamoDbStore {
     }
 
     async fn release(&self, grant: &Grant) -> Result<()> {
+        let _turn = self.turn().await;
         let lease = &grant.lease;
         if !self
             .end(
@@ -858,10 +891,12 @@ impl LeaseStore for DynamoDbStore {
     }
 
     async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
+        let _turn = self.turn().await;
         Ok(self.read(lease, "inspect").await?.observation(lease))
     }
 
     async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
+        let _turn = self.turn().await;
         // Like every operation, refuse to report on a lease whose record cannot be read.
         let record = self.read(lease, "history").await?;
         if limit == 0 {
@@ -886,6 +921,7 @@ impl LeaseStore for DynamoDbStore {
     }
 
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
+        let _turn = self.turn().await;
         // A holder may renew (same term) between the read and the write; a new grant in between
         // (a new term) is broken on the next attempt.
         for _ in 0..3 {
