@@ -448,6 +448,21 @@ mod tests {
         cases.push((with("holder", Some(s(""))), "holder: invalid candidate id"));
         cases.push((with("last_holder", None), "no last_holder"));
         cases.push((with("previous_end", Some(s("released"))), "ended_at and previous_end"));
+        cases.push((with("prev_term", Some(n(6))), "prev_term, prev_holder"));
+        let mut slot = held();
+        for (k, v) in [
+            ("prev_term", n(7)),
+            ("prev_holder", s("z")),
+            ("prev_acquired_at", n(1)),
+            ("prev_ended_at", n(2)),
+            ("prev_end", s("released")),
+        ] {
+            slot.insert(k.into(), v);
+        }
+        cases.push((slot.clone(), "prev_term 7 must be from 1 to below term 7"));
+        slot.insert("prev_term".into(), n(6));
+        slot.insert("prev_end".into(), s("vanished"));
+        cases.push((slot, "prev_end"));
         for (item, why) in cases {
             match Record::decode(&lease(), &item) {
                 Err(Error::CorruptRecord { lease, detail, .. }) => {

@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::error::Error as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -213,6 +214,88 @@ async fn record_version_semantics() {
     );
     let last_two: Vec<u64> = a.history(&lease, 2).await.unwrap().iter().map(|t| t.term.0).collect();
     assert_eq!(last_two, [3, 4]);
+}
+
+/// A grant whose caller gave up right after it (the engine drops an acquire at its request
+/// timeout): the history item of the term it ended is not written, and the `prev_*` slot of the
+/// lease item still holds that term. Nothing is lost: `history` reads the slot, and the next
+/// grant writes the history item before it reuses the slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_survives_an_abandoned_grant() {
+    let Some(endpoint) = common::endpoint() else { return };
+    let backend = DynamoBackend::with_table(endpoint, TABLE);
+    let store = backend.store().await.unwrap();
+    let lease = fresh_lease("abandoned");
+    let ttl = Duration::from_secs(2);
+    for who in ["a", "b", "c"] {
+        let grant = granted(&store, &request(&lease, who, ttl, None)).await;
+        store.release(&grant).await.unwrap();
+    }
+    // As if the grant of term 3 had stopped after its UpdateItem: history item 2 missing, the
+    // slot full.
+    let history_key = |term: u64| {
+        HashMap::from([
+            ("lease".to_string(), AttributeValue::S(lease.to_string())),
+            ("sk".to_string(), AttributeValue::S(format!("history#{term:020}"))),
+        ])
+    };
+    let client = store.client();
+    client
+        .delete_item()
+        .table_name(TABLE)
+        .set_key(Some(history_key(2)))
+        .send()
+        .await
+        .unwrap();
+    client
+        .update_item()
+        .table_name(TABLE)
+        .key("lease", AttributeValue::S(lease.to_string()))
+        .key("sk", AttributeValue::S("lease".into()))
+        .update_expression(
+            "SET prev_term = :t, prev_holder = :h, prev_acquired_at = :a, prev_ended_at = :e, prev_end = :r",
+        )
+        .expression_attribute_values(":t", AttributeValue::N("2".into()))
+        .expression_attribute_values(":h", AttributeValue::S("b".into()))
+        .expression_attribute_values(":a", AttributeValue::N("1700000000000".into()))
+        .expression_attribute_values(":e", AttributeValue::N("1700000001000".into()))
+        .expression_attribute_values(":r", AttributeValue::S("released".into()))
+        .send()
+        .await
+        .unwrap();
+    let summary = |history: Vec<leasehold_core::Transition>| -> Vec<(u64, String, Option<EndReason>)> {
+        history
+            .into_iter()
+            .map(|t| (t.term.0, t.holder.to_string(), t.ended.map(|(_, r)| r)))
+            .collect()
+    };
+    let released = |term: u64, who: &str| (term, who.to_string(), Some(EndReason::Released));
+    assert_eq!(
+        summary(store.history(&lease, 10).await.unwrap()),
+        [released(1, "a"), released(2, "b"), released(3, "c")],
+        "history reads term 2 from the slot"
+    );
+    // The next grant cannot take the one-request path (the slot is full); it writes history
+    // item 2 first, then grants.
+    let g4 = granted(&store, &request(&lease, "d", ttl, None)).await;
+    assert_eq!(g4.term, Term(4));
+    store.release(&g4).await.unwrap();
+    let item = client
+        .get_item()
+        .table_name(TABLE)
+        .set_key(Some(history_key(2)))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap();
+    assert!(item.item().is_some(), "history item 2 was written by the next grant");
+    assert_eq!(
+        summary(store.history(&lease, 10).await.unwrap()),
+        [released(1, "a"), released(2, "b"), released(3, "c"), released(4, "d")]
+    );
+    // And the slot is empty again: the grant after that takes the one-request path.
+    let g5 = granted(&store, &request(&lease, "e", ttl, None)).await;
+    assert_eq!(g5.term, Term(5));
 }
 
 /// Someone deletes the lease item: the next grant still has a term above every earlier one,
