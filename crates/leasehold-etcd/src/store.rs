@@ -74,8 +74,9 @@ pub(crate) struct Inner {
     /// Where each candidate key of this process stands, for its change stream.
     positions: Mutex<HashMap<String, watch::Sender<Option<Position>>>>,
     /// Grants (candidate key, term) written to etcd whose `acquire` did not return them (its
-    /// future was dropped): the engine never learnt of them, so they may be handed out again.
-    undelivered: Mutex<HashSet<(String, i64)>>,
+    /// future was dropped), with when the grant was sent: the engine never learnt of them, so
+    /// they may be handed out again, but only within a TTL of being sent (see `acquire`).
+    undelivered: Mutex<HashMap<(String, i64), Instant>>,
     /// etcd leases granted for one grant each (see `EtcdStore::grant_in_one_shot`).
     private: Mutex<HashSet<i64>>,
     requests: AtomicU64,
@@ -260,7 +261,10 @@ impl EtcdStore {
                 ),
                 TxnOp::put(keys.started(rev), started_value(&request.candidate), None),
             ]);
-        inner.undelivered().insert((own.to_string(), rev));
+        inner
+            .undelivered()
+            .entry((own.to_string(), rev))
+            .or_insert_with(Instant::now);
         let granted = match inner.txn("acquire (grant)", txn).await {
             Ok(resp) => resp.succeeded(),
             Err(e) if lease_not_found(&e) => false,
@@ -284,6 +288,40 @@ impl EtcdStore {
             ttl: request.ttl,
             token: rev.to_string(),
         }))
+    }
+
+    /// Ends this candidate's grant that was sent a TTL ago or more and never reached the engine
+    /// (see `Inner::undelivered`): the engine's belief in it, counted from its oldest unanswered
+    /// acquire, has lapsed. Left alone, the candidate's session keepalives would keep the key,
+    /// and so the lease, alive for nobody while its answers keep coming too late. One request,
+    /// sent before anything else, so that it takes effect even if this call's answers are late:
+    /// if the grant was made, the key goes and its end is recorded; if not, nothing changes.
+    async fn end_undelivered(&self, keys: &Keys, own: &str, ttl: Duration) -> Result<()> {
+        let stale: Vec<i64> = {
+            let mut undelivered = self.inner.undelivered();
+            let stale: Vec<i64> = undelivered
+                .iter()
+                .filter(|((key, _), sent)| key == own && sent.elapsed() >= ttl)
+                .map(|((_, rev), _)| *rev)
+                .collect();
+            undelivered.retain(|(key, rev), _| key != own || !stale.contains(rev));
+            stale
+        };
+        for rev in stale {
+            self.inner.publish(own, None);
+            let txn = Txn::new()
+                .when([
+                    Compare::create_revision(own.to_string(), CompareOp::Equal, rev),
+                    Compare::create_revision(keys.started(rev), CompareOp::Greater, 0),
+                    Compare::create_revision(keys.ended(rev), CompareOp::Equal, 0),
+                ])
+                .and_then([
+                    TxnOp::delete(own.to_string(), None),
+                    TxnOp::put(keys.ended(rev), ended_value(EndReason::Expired), None),
+                ]);
+            self.inner.txn("acquire (end undelivered grant)", txn).await?;
+        }
+        Ok(())
     }
 
     /// Renews a grant whose key is bound to its own etcd lease: a keepalive of that lease (sent
@@ -546,7 +584,7 @@ impl Inner {
         });
     }
 
-    fn undelivered(&self) -> std::sync::MutexGuard<'_, HashSet<(String, i64)>> {
+    fn undelivered(&self) -> std::sync::MutexGuard<'_, HashMap<(String, i64), Instant>> {
         self.undelivered.lock().expect("undelivered lock")
     }
 
@@ -753,7 +791,12 @@ impl LeaseStore for EtcdStore {
         let keys = self.keys(&request.lease);
         let own = keys.candidate(&request.candidate);
         let ttl_secs = session_ttl_secs(request.ttl);
-        let queued = (*inner.position(&own).borrow()).filter(|p| !p.granted && p.ttl_secs == ttl_secs);
+        self.end_undelivered(&keys, &own, request.ttl).await?;
+        // A one-shot grant needs an ungranted key: one granted but undelivered is handed out
+        // by the read below.
+        let queued = (*inner.position(&own).borrow()).filter(|p| {
+            !p.granted && p.ttl_secs == ttl_secs && !inner.undelivered().contains_key(&(own.clone(), p.rev))
+        });
         if let Some(position) = queued {
             if let Some(grant) = self.grant_in_one_shot(&keys, &own, request, position).await? {
                 return Ok(Acquired::Granted(grant));
@@ -829,7 +872,7 @@ impl LeaseStore for EtcdStore {
                 token: own_rev.to_string(),
             };
             let granted_before = snapshot.started.as_ref().is_some_and(|s| s.term == own_rev);
-            if granted_before && inner.undelivered().contains(&(own.clone(), own_rev)) {
+            if granted_before && inner.undelivered().contains_key(&(own.clone(), own_rev)) {
                 // Granted by an earlier call whose answer never reached the engine: hand it out
                 // now, once a keepalive sent after this request began is confirmed.
                 let alive = if private {
@@ -882,7 +925,10 @@ impl LeaseStore for EtcdStore {
                 ));
             }
             // Until this call returns, the grant counts as undelivered (see `Inner::undelivered`).
-            inner.undelivered().insert((own.clone(), own_rev));
+            inner
+                .undelivered()
+                .entry((own.clone(), own_rev))
+                .or_insert_with(Instant::now);
             let granted = inner
                 .txn("acquire (grant)", Txn::new().when(compares).and_then(ops))
                 .await?;
