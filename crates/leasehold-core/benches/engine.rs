@@ -65,7 +65,7 @@ fn main() {
 
     let channel_bytes = event_channel_bytes();
     println!(
-        "  of which the event channel (broadcast::channel::<Event>(1024), measured alone): {channel_bytes:.0} bytes \
+        "  not included: the event channel made on the first events() call (broadcast::channel::<Event>(128), measured alone): {channel_bytes:.0} bytes \
          per elector; size_of::<Event>() = {}",
         std::mem::size_of::<Event>()
     );
@@ -273,8 +273,8 @@ fn idle_leaders() -> Idle {
     })
 }
 
-/// Bytes of resident memory per `broadcast::channel::<Event>(1024)`, as each `Elector` makes
-/// one, measured in a child process so that the allocator's state does not blur the numbers.
+/// Bytes of resident memory per `broadcast::channel::<Event>(128)`, as each `Elector` makes
+/// on its first `events()` subscription, measured in a child process so that the allocator's state does not blur the numbers.
 fn event_channel_bytes() -> f64 {
     std::env::current_exe()
         .and_then(|exe| std::process::Command::new(exe).arg("--child-event-channels").output())
@@ -287,7 +287,7 @@ fn event_channel_bytes() -> f64 {
 fn event_channels_child() {
     let before = rss_bytes();
     let senders: Vec<_> = (0..LEADERS)
-        .map(|_| tokio::sync::broadcast::channel::<Event>(1024).0)
+        .map(|_| tokio::sync::broadcast::channel::<Event>(128).0)
         .collect();
     let after = rss_bytes();
     black_box(&senders);
@@ -393,7 +393,7 @@ fn section(best: f64, median: f64, idle: &Idle, channel_bytes: f64) -> String {
     );
     let _ = writeln!(
         w,
-        "| of which the event channel each `Elector` allocates (`broadcast::channel::<Event>(1024)`, measured alone; `size_of::<Event>()` = {}) | {channel_bytes:.0} bytes per elector |",
+        "| not included: the event channel an `Elector` makes when first subscribed to with `events()` (`broadcast::channel::<Event>(128)`, measured alone; `size_of::<Event>()` = {}) | {channel_bytes:.0} bytes per elector |",
         std::mem::size_of::<Event>()
     );
     let _ = writeln!(
@@ -416,10 +416,9 @@ fn section(best: f64, median: f64, idle: &Idle, channel_bytes: f64) -> String {
         w,
         "\nCPU per renewal is everything the process does per renewal: the driver's wake-up, the \
          machine, the `MemoryStore` call (a mutex and a map lookup) and the metrics macros (no \
-         recorder installed). Memory per leader is the driver task, its `Elector` (with its event \
-         broadcast channel), the `Leader` handle and the store's record; the event channel alone is \
-         {:.0}% of it.",
-        100.0 * channel_bytes / idle.bytes_per_leader()
+         recorder installed). Memory per leader is the driver task, its `Elector`, the `Leader` \
+         handle and the store's record; nobody subscribes to events here, so no event channel is \
+         made (a subscriber adds {channel_bytes:.0} bytes per elector)."
     );
     s
 }

@@ -170,7 +170,7 @@ impl ElectorBuilder {
                 timing,
                 caps,
                 leader: watch::channel(None).0,
-                events: broadcast::channel(EVENT_CAPACITY).0,
+                events: std::sync::OnceLock::new(),
                 not_before: Mutex::new(None),
                 one_driver: Arc::new(tokio::sync::Mutex::new(())),
             }),
@@ -178,8 +178,9 @@ impl ElectorBuilder {
     }
 }
 
-/// How many events a subscriber may fall behind by. tokio allocates every slot up front, so this
-/// is most of an idle elector's memory.
+/// How many events a subscriber may fall behind by. tokio allocates every slot up front (about
+/// 19 KB), so the channel is made on the first subscription: an elector nobody listens to
+/// (thousands of leases in one process) does not pay for it.
 const EVENT_CAPACITY: usize = 128;
 
 /// One candidate for one lease: campaigns, holds, renews and steps down.
@@ -198,7 +199,8 @@ struct Inner {
     timing: Timing,
     caps: Capabilities,
     leader: watch::Sender<Option<LeaderInfo>>,
-    events: broadcast::Sender<Event>,
+    /// Made by the first [`Elector::events`] call; until then events go nowhere.
+    events: std::sync::OnceLock<broadcast::Sender<Event>>,
     /// After a step-down, the next campaign waits until then so another candidate can win.
     not_before: Mutex<Option<Instant>>,
     /// Held by the running driver: a new campaign starts only once the previous one has finished
@@ -266,7 +268,10 @@ impl Elector {
 
     /// A stream of [`Event`]s from now on (a subscriber more than 128 events behind misses the oldest).
     pub fn events(&self) -> broadcast::Receiver<Event> {
-        self.inner.events.subscribe()
+        self.inner
+            .events
+            .get_or_init(|| broadcast::channel(EVENT_CAPACITY).0)
+            .subscribe()
     }
 
     /// Campaigns until elected and returns the [`Leader`] handle.
@@ -848,7 +853,9 @@ impl Driver {
     }
 
     fn emit(&self, event: Event) {
-        let _ = self.inner.events.send(event);
+        if let Some(events) = self.inner.events.get() {
+            let _ = events.send(event);
+        }
     }
 }
 
