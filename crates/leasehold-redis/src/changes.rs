@@ -1,11 +1,14 @@
 //! Change notifications: one pub/sub connection per store, shared by every lease it watches.
 //!
 //! Each watched lease is one channel subscription; every [`Changes`] stream of that lease gets a
-//! wake-up per message. When the connection breaks, stops answering pings, or the store is
-//! dropped, every stream ends and the engine falls back to polling; the next `changes()` call
-//! opens a new connection.
+//! wake-up per message. With expiry events (see [`crate::expiry`]) the connection also holds one
+//! subscription to the server's key-event channel of expired keys, and an expired lease record
+//! wakes the streams of its lease. When the connection breaks, stops answering pings, or the
+//! store is dropped, every stream ends and the engine falls back to polling; the next `changes()`
+//! call opens a new connection (and asks the server again whether it sends expiry events).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,12 +18,29 @@ use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::ExpiryEvents;
 use crate::error::{self, STORE};
+use crate::expiry::{self, Probe, Route};
+
+/// Whether the server sends expiry events, as last asked.
+const UNKNOWN: u8 = 0;
+const OFF: u8 = 1;
+const ON: u8 = 2;
 
 /// The pub/sub side of one store.
 pub(crate) struct Hub {
     client: redis::Client,
     timeout: Duration,
+    mode: ExpiryEvents,
+    route: Route,
+    /// [`UNKNOWN`], [`OFF`] or [`ON`]: what the last probe found.
+    expiry: AtomicU8,
+    /// Set by a probe at connect, cleared by the first connection: that one needs no probe of
+    /// its own.
+    fresh: AtomicBool,
+    /// Whether `capabilities()` ever reported expiry events: electors built then wait for them,
+    /// so a connection without them must not pretend otherwise.
+    promised: AtomicBool,
     live: tokio::sync::Mutex<Option<Arc<Live>>>,
     /// Cancelled when the store is dropped: stops the connection's tasks.
     dropped: CancellationToken,
@@ -30,6 +50,8 @@ pub(crate) struct Hub {
 struct Live {
     sink: PubSubSink,
     channels: Mutex<HashMap<String, watch::Sender<()>>>,
+    /// Where expired keys are announced, when this connection is subscribed to them.
+    expired: Option<Route>,
     /// Cancelled when the connection is given up.
     dead: CancellationToken,
 }
@@ -38,6 +60,8 @@ impl std::fmt::Debug for Hub {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Hub")
             .field("timeout", &self.timeout)
+            .field("mode", &self.mode)
+            .field("expiry_events", &self.expiry_events())
             .finish_non_exhaustive()
     }
 }
@@ -49,28 +73,94 @@ impl Drop for Hub {
 }
 
 impl Hub {
-    pub(crate) fn new(client: redis::Client, timeout: Duration) -> Self {
+    pub(crate) fn new(client: redis::Client, timeout: Duration, mode: ExpiryEvents, db: u32, prefix: &str) -> Self {
         Hub {
             client,
             timeout,
+            mode,
+            route: Route::new(db, prefix),
+            expiry: AtomicU8::new(if mode == ExpiryEvents::Off { OFF } else { UNKNOWN }),
+            fresh: AtomicBool::new(false),
+            promised: AtomicBool::new(false),
             live: tokio::sync::Mutex::new(None),
             dropped: CancellationToken::new(),
         }
     }
 
-    /// A stream that yields whenever a message arrives on `channel`.
+    /// Whether the server sends expiry events and this store uses them, as last asked. Marks
+    /// them as promised when they are on: the caller reports them in its capabilities.
+    pub(crate) fn expiry_events(&self) -> bool {
+        let on = self.expiry.load(Ordering::Acquire) == ON;
+        if on {
+            self.promised.store(true, Ordering::Release);
+        }
+        on
+    }
+
+    /// Asks the server whether it sends expiry events (turning them on for `enable`), and, when
+    /// it does, opens the pub/sub connection with their subscription, so that a refused
+    /// subscription (an ACL without the channel) is known before the store reports them.
     ///
-    /// Takes at most about two timeouts: one to connect (or wait for another caller connecting),
-    /// one for the subscription to be confirmed.
-    pub(crate) async fn changes(&self, channel: String) -> Result<Changes> {
-        let timed_out = |operation| Error::Timeout {
+    /// Never fails: without expiry events, followers poll. Does nothing for `off`.
+    pub(crate) async fn start(&self) {
+        if self.mode == ExpiryEvents::Off {
+            return;
+        }
+        if let Err(why) = self.probe().await {
+            // The command connection has just worked, so this is unusual: poll to be safe.
+            self.set_off(&why);
+        }
+        self.fresh.store(true, Ordering::Release);
+        if self.expiry.load(Ordering::Acquire) == ON {
+            let opened = tokio::time::timeout(self.timeout * 3, self.live()).await;
+            let why = match opened {
+                Ok(Ok(_)) => return,
+                Ok(Err(e)) => format!("cannot open the pub/sub connection: {e}"),
+                Err(_) => format!("opening the pub/sub connection took longer than {:?}", self.timeout * 3),
+            };
+            self.set_off(&why);
+        }
+    }
+
+    /// Asks the server and records the answer; `Err` (and nothing recorded) when it could not
+    /// be asked.
+    async fn probe(&self) -> std::result::Result<(), String> {
+        let probe = expiry::probe(&self.client, self.mode, self.timeout).await;
+        expiry::log(&probe, self.mode);
+        let state = match probe {
+            Probe::On { .. } => ON,
+            Probe::Off(_) => OFF,
+            Probe::Unknown(why) => return Err(why),
+        };
+        self.expiry.store(state, Ordering::Release);
+        Ok(())
+    }
+
+    fn set_off(&self, why: &str) {
+        expiry::log(&Probe::Off(why.to_string()), self.mode);
+        self.expiry.store(OFF, Ordering::Release);
+    }
+
+    /// A stream that yields whenever a message arrives on `channel`, or the record of its lease
+    /// expires (with expiry events). `None` when the store promised expiry events but the
+    /// connection has none now (the server stopped sending them): the engine then polls.
+    ///
+    /// Takes at most about four timeouts: three to connect (or wait for another caller
+    /// connecting), ask the server about expiry events and subscribe to them, one for the
+    /// subscription to `channel` to be confirmed.
+    pub(crate) async fn changes(&self, channel: String) -> Result<Option<Changes>> {
+        let timed_out = |operation, after| Error::Timeout {
             store: STORE,
             operation,
-            after: self.timeout,
+            after,
         };
-        let live = tokio::time::timeout(self.timeout, self.live())
+        let live = tokio::time::timeout(self.timeout * 3, self.live())
             .await
-            .map_err(|_| timed_out("subscribe"))??;
+            .map_err(|_| timed_out("subscribe", self.timeout * 3))??;
+        if live.expired.is_none() && self.promised.load(Ordering::Acquire) {
+            tracing::debug!("redis expiry events are gone; this follower polls");
+            return Ok(None);
+        }
         let (rx, subscribing) = live.join(&channel);
         if let Some(subscribing) = subscribing {
             match tokio::time::timeout(self.timeout, subscribing).await {
@@ -81,7 +171,7 @@ impl Hub {
                 }
                 Err(_) => {
                     live.dead.cancel();
-                    return Err(timed_out("subscribe"));
+                    return Err(timed_out("subscribe", self.timeout));
                 }
             }
         }
@@ -90,7 +180,7 @@ impl Hub {
             s.rx.changed().await.ok()?;
             Some(((), s))
         });
-        Ok(stream.boxed())
+        Ok(Some(stream.boxed()))
     }
 
     /// The live connection, opened if there is none.
@@ -99,11 +189,47 @@ impl Hub {
         if let Some(live) = slot.as_ref().filter(|live| !live.dead.is_cancelled()) {
             return Ok(live.clone());
         }
-        let pubsub = self.client.get_async_pubsub().await.map_err(error::map)?;
-        let (sink, stream) = pubsub.split();
+        let timed_out = || Error::Timeout {
+            store: STORE,
+            operation: "subscribe",
+            after: self.timeout,
+        };
+        let pubsub = tokio::time::timeout(self.timeout, self.client.get_async_pubsub())
+            .await
+            .map_err(|_| timed_out())?
+            .map_err(error::map)?;
+        if self.mode != ExpiryEvents::Off && !self.fresh.swap(false, Ordering::AcqRel) {
+            // A new connection, perhaps to a restarted server that forgot a CONFIG SET: ask
+            // again (only once connected, so that an unreachable server fails fast).
+            self.probe().await.map_err(|why| Error::unreachable(STORE, why))?;
+        }
+        let (mut sink, stream) = pubsub.split();
+        let mut expired = None;
+        if self.expiry.load(Ordering::Acquire) == ON {
+            // Confirmed before the connection is used: a follower that reads the lease after
+            // `changes()` returned cannot miss its expiry.
+            let channel = self.route.channel.clone();
+            let subscribed = async {
+                sink.subscribe(&channel).await?;
+                // `subscribe` reads a refusal (NOPERM: an ACL without the channel) as success.
+                // This is the connection's first subscription, so a PING tells: a subscribed
+                // RESP2 connection answers `["pong", ""]`, one that was refused a plain `PONG`.
+                sink.ping::<redis::Value>().await
+            };
+            match tokio::time::timeout(self.timeout, subscribed).await {
+                Ok(Ok(redis::Value::Array(_))) => expired = Some(self.route.clone()),
+                Ok(Ok(_)) => self.set_off(&format!("SUBSCRIBE {channel} was refused (ACL channel permissions)")),
+                Ok(Err(e)) if !error::is_connection_error(&e) => {
+                    self.set_off(&format!("SUBSCRIBE {channel} failed: {e}"));
+                }
+                Ok(Err(e)) => return Err(error::map(e)),
+                Err(_) => return Err(timed_out()),
+            }
+        }
         let live = Arc::new(Live {
             sink,
             channels: Mutex::new(HashMap::new()),
+            expired,
             dead: CancellationToken::new(),
         });
         tokio::spawn(read(live.clone(), stream, self.dropped.clone()));
@@ -186,7 +312,14 @@ async fn read(live: Arc<Live>, mut stream: PubSubStream, dropped: CancellationTo
             () = dropped.cancelled() => break,
             () = live.dead.cancelled() => break,
             message = stream.next() => match message {
-                Some(message) => live.notify(message.get_channel_name()),
+                Some(message) => match &live.expired {
+                    Some(route) if message.get_channel_name() == route.channel => {
+                        if let Some(channel) = route.lease_channel(message.get_payload_bytes()) {
+                            live.notify(&channel);
+                        }
+                    }
+                    _ => live.notify(message.get_channel_name()),
+                },
                 None => {
                     tracing::debug!("redis pub/sub connection closed; candidates poll");
                     break;

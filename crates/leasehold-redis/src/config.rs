@@ -28,7 +28,7 @@ pub const DEFAULT_HISTORY_LIMIT: u32 = 1000;
 const MIN_TIMEOUT: Duration = Duration::from_millis(10);
 const MAX_TIMEOUT: Duration = Duration::from_secs(600);
 const MAX_PREFIX_LEN: usize = 64;
-const OPTIONS: &str = "prefix, timeout, history_limit, restart_guard";
+const OPTIONS: &str = "prefix, timeout, history_limit, restart_guard, expiry_events";
 
 /// How to reach a Redis server and how to lay out leasehold's keys on it.
 ///
@@ -51,6 +51,9 @@ const OPTIONS: &str = "prefix, timeout, history_limit, restart_guard";
 ///   [`Error::Timeout`] and its connection is replaced.
 /// - `history_limit`: terms kept per lease in the history stream, default 1000; `0` keeps all.
 /// - `restart_guard`: `true` (default) or `false`; see the [crate docs](crate::docs).
+/// - `expiry_events`: `auto` (default), `off` or `enable`: whether followers wait for the
+///   server's keyspace notification of an expired lease instead of polling when the holder's
+///   `PTTL` runs out; see [`ExpiryEvents`].
 ///
 /// `Debug` and `Display` never show the password; errors about a URL show it as `***`.
 ///
@@ -63,7 +66,10 @@ const OPTIONS: &str = "prefix, timeout, history_limit, restart_guard";
 /// let config: RedisConfig = "redis://app:s3cret@cache.internal:6380/2?prefix=billing:&timeout=250ms".parse()?;
 /// assert_eq!((config.host.as_str(), config.port, config.db), ("cache.internal", 6380, 2));
 /// assert_eq!(config.timeout, Duration::from_millis(250));
-/// assert_eq!(config.to_string(), "redis://app:***@cache.internal:6380/2?prefix=billing:&timeout=250ms&history_limit=1000&restart_guard=true");
+/// assert_eq!(
+///     config.to_string(),
+///     "redis://app:***@cache.internal:6380/2?prefix=billing:&timeout=250ms&history_limit=1000&restart_guard=true&expiry_events=auto"
+/// );
 /// assert!(!format!("{config:?}").contains("s3cret"));
 /// # Ok::<(), leasehold_core::Error>(())
 /// ```
@@ -92,6 +98,67 @@ pub struct RedisConfig {
     /// that a restart that lost the lease (no persistence) cannot hand it to someone else while
     /// the old holder still believes it leads. Default `true`.
     pub restart_guard: bool,
+    /// Whether to use the server's keyspace notifications of expired keys, so that followers
+    /// need not poll for the expiry of an abandoned lease. Default [`ExpiryEvents::Auto`].
+    pub expiry_events: ExpiryEvents,
+}
+
+/// Whether a [`RedisStore`](crate::RedisStore) listens for the server's keyspace notifications of
+/// expired keys (the `__keyevent@<db>__:expired` channel), the URL option `expiry_events`.
+///
+/// With them, the store reports
+/// [`Notifications::ReleaseAndExpiry`](leasehold_core::Notifications::ReleaseAndExpiry) and an
+/// idle follower makes no requests at all while a leader renews: it is woken when the lease is
+/// released, taken over, broken, or when the server deletes the expired record of a holder that
+/// stopped renewing. Without them it reports
+/// [`Notifications::Release`](leasehold_core::Notifications::Release) and a follower reads the
+/// lease again whenever the holder's `PTTL` runs out (about once per TTL while a leader renews).
+///
+/// The server sends expiry events only when its `notify-keyspace-events` setting contains `E`
+/// (key-event channels) and `x` (expired events) or `A` (all events). See the
+/// [crate docs](crate::docs#expiry-events) for the trade-offs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ExpiryEvents {
+    /// Use expiry events if the server already sends them (`CONFIG GET notify-keyspace-events`);
+    /// otherwise, or when `CONFIG` is not allowed, poll. The default.
+    #[default]
+    Auto,
+    /// Never use them: followers poll when the holder's `PTTL` runs out.
+    Off,
+    /// Turn them on if they are off (`CONFIG SET notify-keyspace-events`, adding `Ex` to the
+    /// flags already set), then use them. This changes the server's setting for every client and
+    /// database until the server restarts. When `CONFIG SET` is refused, the store polls.
+    Enable,
+}
+
+impl ExpiryEvents {
+    /// The option's value in a URL: `auto`, `off` or `enable`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExpiryEvents::Auto => "auto",
+            ExpiryEvents::Off => "off",
+            ExpiryEvents::Enable => "enable",
+        }
+    }
+}
+
+impl fmt::Display for ExpiryEvents {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for ExpiryEvents {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, String> {
+        match value.to_ascii_lowercase().as_str() {
+            "auto" => Ok(ExpiryEvents::Auto),
+            "off" => Ok(ExpiryEvents::Off),
+            "enable" => Ok(ExpiryEvents::Enable),
+            _ => Err(format!("{value:?} is not one of auto, off, enable")),
+        }
+    }
 }
 
 /// The Redis keys and the channel of one lease (see the [crate docs](crate::docs) for what each
@@ -139,6 +206,7 @@ impl RedisConfig {
             timeout: DEFAULT_TIMEOUT,
             history_limit: DEFAULT_HISTORY_LIMIT,
             restart_guard: true,
+            expiry_events: ExpiryEvents::Auto,
         }
     }
 
@@ -233,6 +301,9 @@ impl RedisConfig {
                     _ => return Err(bad("true or false")),
                 };
             }
+            "expiry_events" => {
+                self.expiry_events = value.parse().map_err(|_| bad("auto, off or enable"))?;
+            }
             _ => return Err(format!("unknown option {key:?} (known: {OPTIONS})")),
         }
         Ok(self)
@@ -316,13 +387,14 @@ impl fmt::Display for RedisConfig {
         }
         write!(
             f,
-            ":{}/{}?prefix={}&timeout={}ms&history_limit={}&restart_guard={}",
+            ":{}/{}?prefix={}&timeout={}ms&history_limit={}&restart_guard={}&expiry_events={}",
             self.port,
             self.db,
             percent_encode(&self.prefix),
             self.timeout.as_millis(),
             self.history_limit,
-            self.restart_guard
+            self.restart_guard,
+            self.expiry_events
         )
     }
 }
@@ -340,6 +412,7 @@ impl fmt::Debug for RedisConfig {
             .field("timeout", &self.timeout)
             .field("history_limit", &self.history_limit)
             .field("restart_guard", &self.restart_guard)
+            .field("expiry_events", &self.expiry_events)
             .finish()
     }
 }
@@ -440,15 +513,33 @@ mod tests {
 
     #[test]
     fn options() {
-        let config: RedisConfig = "redis://h/1?prefix=app%3Aleases:&timeout=250ms&history_limit=0&restart_guard=off"
-            .parse()
-            .unwrap();
+        let config: RedisConfig =
+            "redis://h/1?prefix=app%3Aleases:&timeout=250ms&history_limit=0&restart_guard=off&expiry_events=off"
+                .parse()
+                .unwrap();
+        assert_eq!(config.expiry_events, ExpiryEvents::Off);
         assert_eq!(config.prefix, "app:leases:");
         assert_eq!(config.timeout, Duration::from_millis(250));
         assert_eq!(config.history_limit, 0);
         assert!(!config.restart_guard);
         let config: RedisConfig = "redis://h?prefix=".parse().unwrap();
         assert_eq!(config.prefix, "");
+        assert_eq!(config.expiry_events, ExpiryEvents::Auto);
+        for (value, mode) in [
+            ("auto", ExpiryEvents::Auto),
+            ("off", ExpiryEvents::Off),
+            ("enable", ExpiryEvents::Enable),
+            ("Enable", ExpiryEvents::Enable),
+        ] {
+            let config = RedisConfig::from_url(&format!("redis://h?expiry_events={value}")).unwrap();
+            assert_eq!(config.expiry_events, mode, "{value}");
+            assert!(
+                config
+                    .to_string()
+                    .ends_with(&format!("&expiry_events={}", mode.as_str()))
+            );
+            assert_eq!(RedisConfig::from_url(&config.to_string()).unwrap(), config);
+        }
         for (value, ms) in [("2s", 2000), ("1500", 1500), ("1m", 60_000), ("10ms", 10)] {
             let config = RedisConfig::from_url(&format!("redis://h?timeout={value}")).unwrap();
             assert_eq!(config.timeout, Duration::from_millis(ms), "{value}");
@@ -471,6 +562,8 @@ mod tests {
             ("redis://h?timeout=11m", "timeout"),
             ("redis://h?history_limit=-1", "history_limit"),
             ("redis://h?restart_guard=maybe", "restart_guard"),
+            ("redis://h?expiry_events=on", "expiry_events"),
+            ("redis://h?expiry_events=", "expiry_events"),
             ("redis://h?prefix=a%20b", "prefix"),
             ("redis://h?prefix=%7Bx%7D", "prefix"),
             ("redis://h?db=2", "unknown option \"db\""),

@@ -6,6 +6,7 @@ mod changes;
 mod config;
 mod conn;
 mod error;
+mod expiry;
 mod scripts;
 mod store;
 
@@ -13,7 +14,8 @@ mod store;
 pub mod docs {}
 
 pub use config::{
-    DEFAULT_HISTORY_LIMIT, DEFAULT_PORT, DEFAULT_PREFIX, DEFAULT_TIMEOUT, LeaseKeys, RedisConfig, URL_SCHEMES,
+    DEFAULT_HISTORY_LIMIT, DEFAULT_PORT, DEFAULT_PREFIX, DEFAULT_TIMEOUT, ExpiryEvents, LeaseKeys, RedisConfig,
+    URL_SCHEMES,
 };
 pub use error::RedisStoreError;
 pub use store::{RedisStore, TTL_RANGE};

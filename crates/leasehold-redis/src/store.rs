@@ -112,6 +112,7 @@ impl RedisStore {
                 },
             ));
         }
+        store.inner.hub.start().await;
         Ok(store)
     }
 
@@ -125,7 +126,7 @@ impl RedisStore {
         config.validate()?;
         let client = redis::Client::open(connection_info(&config)).map_err(error::map)?;
         let commands = Commands::new(client.clone(), config.timeout)?;
-        let hub = Hub::new(client, config.timeout);
+        let hub = Hub::new(client, config.timeout, config.expiry_events, config.db, &config.prefix);
         Ok(RedisStore {
             inner: Arc::new(Inner { config, commands, hub }),
         })
@@ -360,24 +361,37 @@ fn transitions(
     Ok(out)
 }
 
+fn capabilities(notifications: Notifications) -> Capabilities {
+    Capabilities {
+        ttl: TTL_RANGE,
+        expiry: Expiry::ServerClock,
+        notifications,
+        fifo: false,
+        can_break: true,
+    }
+}
+
 #[async_trait]
 impl LeaseStore for RedisStore {
     fn name(&self) -> &'static str {
         STORE
     }
 
+    /// [`Notifications::ReleaseAndExpiry`] when the server sends expiry events and the store
+    /// uses them (see [`ExpiryEvents`](crate::ExpiryEvents)), as found at `connect` (or, for a
+    /// [`lazy`](RedisStore::lazy) store, when it first opened its pub/sub connection);
+    /// [`Notifications::Release`] otherwise.
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            ttl: TTL_RANGE,
-            expiry: Expiry::ServerClock,
-            notifications: Notifications::Release,
-            fifo: false,
-            can_break: true,
-        }
+        capabilities(if self.inner.hub.expiry_events() {
+            Notifications::ReleaseAndExpiry
+        } else {
+            Notifications::Release
+        })
     }
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
-        self.capabilities().check_ttl(STORE, request.ttl)?;
+        // Not `self.capabilities()`: that one marks expiry events as relied upon.
+        capabilities(Notifications::Release).check_ttl(STORE, request.ttl)?;
         let lease = &request.lease;
         let keys = self.keys(lease);
         let version = new_version();
@@ -466,7 +480,7 @@ impl LeaseStore for RedisStore {
 
     async fn changes(&self, lease: &LeaseName, _candidate: &CandidateId) -> Result<Option<Changes>> {
         let channel = self.keys(lease).channel;
-        self.inner.hub.changes(channel).await.map(Some)
+        self.inner.hub.changes(channel).await
     }
 
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
