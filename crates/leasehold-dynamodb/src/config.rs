@@ -15,7 +15,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The default number of operations a store has in flight at once
 /// ([`DynamoDbStore::with_max_in_flight`](crate::DynamoDbStore::with_max_in_flight)).
-pub const DEFAULT_MAX_IN_FLIGHT: usize = 64;
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 32;
 
 const MAX_IN_FLIGHT: usize = 10_000;
 const MIN_TIMEOUT: Duration = Duration::from_millis(10);
@@ -68,7 +68,7 @@ impl fmt::Debug for StaticCredentials {
 /// - `timeout`: how long one request may take, `2s` by default; `500ms`, `5s`, `1m` or a bare
 ///   number of milliseconds; 10 ms to 10 min.
 /// - `max_in_flight`: how many operations one store sends at once, 1 to 10,000; the others wait
-///   their turn in order. Default 64.
+///   their turn in order. Default 32.
 ///
 /// `Debug`, `Display` and every error replace the credentials with `***`.
 ///

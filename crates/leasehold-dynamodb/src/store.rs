@@ -11,9 +11,10 @@ use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::config::retry::RetryConfig;
 use aws_sdk_dynamodb::config::timeout::TimeoutConfig;
 use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region, StalledStreamProtectionConfig};
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ReturnValue, ScalarAttributeType,
-    TableStatus,
+    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ReturnValue,
+    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus,
 };
 use leasehold_core::{
     AcquireRequest, Acquired, Capabilities, EndReason, Error, Expiry, Grant, LeaseName, LeaseStore, Notifications,
@@ -389,8 +390,9 @@ impl DynamoDbStore {
     /// item exists, is free, held by the candidate itself or held at exactly the `takeover`
     /// version, and that its `prev_*` slot is empty (the term before has its history item). It
     /// raises the term by one and moves the term it ends into the slot, all from the item's own
-    /// attributes. `None` when the condition failed.
-    async fn take_unread(&self, request: &AcquireRequest) -> Result<Option<Acquired>> {
+    /// attributes. [`Taken::Refused`] when the condition failed, with the item that failed it
+    /// where the server returns it (DynamoDB does; emulators may not).
+    async fn take_unread(&self, request: &AcquireRequest) -> Result<Taken> {
         let lease = &request.lease;
         let now = (self.audit_clock)();
         let version = new_version();
@@ -415,6 +417,7 @@ impl DynamoDbStore {
             )
             .condition_expression(condition)
             .return_values(ReturnValue::AllNew)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .expression_attribute_names("#t", "term")
             .expression_attribute_names("#h", "holder")
             .expression_attribute_names("#lh", "last_holder")
@@ -443,8 +446,14 @@ impl DynamoDbStore {
         // that `#pt = #t` copied, so the slot would get the new term.
         let out = match update.send().await {
             Ok(out) => out,
-            Err(e) if error::is_condition_failed(&e) => return Ok(None),
-            Err(e) => return Err(error::map(e, "acquire", self.timeout)),
+            Err(e) => {
+                return match e.as_service_error() {
+                    Some(UpdateItemError::ConditionalCheckFailedException(refused)) => {
+                        Ok(Taken::Refused(refused.item().cloned()))
+                    }
+                    _ => Err(error::map(e, "acquire", self.timeout)),
+                };
+            }
         };
         // The grant is done; what it wrote says which term it is, and which term it ended.
         let record = match out.attributes() {
@@ -454,12 +463,12 @@ impl DynamoDbStore {
         match &record.holder {
             Some(h) if h.id == request.candidate && h.version == version => {}
             // Only a foreign write right after ours could get here.
-            _ => return Ok(Some(Acquired::Held(record.observation(lease)))),
+            _ => return Ok(Taken::Acquired(Acquired::Held(record.observation(lease)))),
         }
         if let Some(finished) = &record.previous {
             self.log_previous(lease, finished).await;
         }
-        Ok(Some(Acquired::Granted(grant(request, record.term, version))))
+        Ok(Taken::Acquired(Acquired::Granted(grant(request, record.term, version))))
     }
 
     /// Grants the lease over the item just read (`record`: present, and free, the candidate's,
@@ -724,6 +733,14 @@ impl DynamoDbStore {
     }
 }
 
+/// The answer to the one-request grant of an acquire.
+enum Taken {
+    /// The update was applied (or, after a foreign write, what the item says now).
+    Acquired(Acquired),
+    /// The condition failed; the item that failed it, where the server returns it.
+    Refused(Option<Item>),
+}
+
 fn grant(request: &AcquireRequest, term: Term, version: String) -> Grant {
     Grant {
         lease: request.lease.clone(),
@@ -811,11 +828,23 @@ impl LeaseStore for DynamoDbStore {
         let lease = &request.lease;
         // One conditional request first, so that an acquire whose reply is lost has been applied
         // (or not) as a whole, and a read-back settles it.
-        if let Some(acquired) = self.take_unread(request).await? {
-            return Ok(acquired);
-        }
+        let refused = match self.take_unread(request).await? {
+            Taken::Acquired(acquired) => return Ok(acquired),
+            Taken::Refused(item) => item,
+        };
         // Refused: the lease is held by someone else, its item is missing or unreadable, or the
-        // slot of the term before is still full. Read it and act on exactly what it says.
+        // slot of the term before is still full. When DynamoDB returned the item and it names
+        // another holder, that is the answer; otherwise read it and act on exactly what it says.
+        if let Some(item) = refused {
+            let record = Record::decode(lease, &item)?;
+            if record
+                .holder
+                .as_ref()
+                .is_some_and(|h| h.id != request.candidate && request.takeover.as_deref() != Some(h.version.as_str()))
+            {
+                return Ok(Acquired::Held(record.observation(lease)));
+            }
+        }
         let record = self.read(lease, "acquire").await?;
         if !record.present {
             return self.create(request, &record).await;
