@@ -21,10 +21,16 @@ pub const TTL_RANGE: RangeInclusive<Duration> = Duration::from_secs(15)..=Durati
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How many operations one store runs at once (each with its own HTTP connection), unless the
-/// URL says `max_requests=`; renewals and releases have as many again of their own. More wait for
+/// URL says `max_requests=`; renewals and releases have turns of their own
+/// ([`DEFAULT_MAX_RENEWALS`]). More wait for
 /// a turn (within their timeout): a thousand leases campaigning at once must not open a thousand
 /// connections, which overflows the server's accept queue and stalls requests for seconds.
 pub const DEFAULT_MAX_REQUESTS: usize = 64;
+
+/// How many renewals and releases one store runs at once, unless the URL says `max_renewals=`.
+/// They come at the pace the leaders renew, so the bound is only reached when the service answers
+/// slowly: then more of them in flight keep the renewals of many leases from falling behind.
+pub const DEFAULT_MAX_RENEWALS: usize = 64;
 
 /// The query parameters of a Shared Access Signature (they are gathered into the SAS when they
 /// appear directly in the store URL).
@@ -105,8 +111,11 @@ pub struct AzureConfig {
     pub auth: Auth,
     /// The longest one HTTP request may take (including its wait for a turn).
     pub request_timeout: Duration,
-    /// How many operations run at once, at most (renewals and releases count separately).
+    /// How many operations run at once, at most (renewals and releases count separately, in
+    /// [`AzureConfig::max_renewals`]).
     pub max_requests: usize,
+    /// How many renewals and releases run at once, at most.
+    pub max_renewals: usize,
 }
 
 impl AzureConfig {
@@ -132,12 +141,13 @@ impl AzureConfig {
             auth: Auth::Anonymous,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             max_requests: DEFAULT_MAX_REQUESTS,
+            max_renewals: DEFAULT_MAX_RENEWALS,
         })
     }
 
     /// Parses a store URL:
     ///
-    /// - `azblob://ACCOUNT/CONTAINER?prefix=P&endpoint=URL&sas=ENCODED_SAS&timeout=SECS&max_requests=N`, where
+    /// - `azblob://ACCOUNT/CONTAINER?prefix=P&endpoint=URL&sas=ENCODED_SAS&timeout=SECS&max_requests=N&max_renewals=N`, where
     ///   the SAS may also be given as its own parameters (`...&sv=...&sig=...`), or
     ///   `auth=managed-identity|workload-identity|developer-tools` (feature `identity`);
     /// - `https://ACCOUNT.blob.core.windows.net/CONTAINER?sv=...&sig=...` (the SAS URL the Azure
@@ -206,6 +216,7 @@ impl AzureConfig {
         let mut auth_name: Option<String> = None;
         let mut request_timeout = DEFAULT_REQUEST_TIMEOUT;
         let mut max_requests = DEFAULT_MAX_REQUESTS;
+        let mut max_renewals = DEFAULT_MAX_RENEWALS;
         for (key, value) in parsed.query_pairs() {
             match key.as_ref() {
                 "prefix" => {
@@ -236,6 +247,13 @@ impl AzureConfig {
                         .ok()
                         .filter(|n| (1..=4096).contains(n))
                         .ok_or_else(|| invalid("max_requests= must be a number from 1 to 4096"))?;
+                }
+                "max_renewals" => {
+                    max_renewals = value
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=4096).contains(n))
+                        .ok_or_else(|| invalid("max_renewals= must be a number from 1 to 4096"))?;
                 }
                 k if SAS_KEYS.contains(&k) => {
                     sas_inline.append_pair(k, &value);
@@ -283,6 +301,7 @@ impl AzureConfig {
             auth,
             request_timeout,
             max_requests,
+            max_renewals,
         })
     }
 
@@ -427,6 +446,22 @@ pub(crate) fn scrub(message: &str, secrets: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn turns_from_the_url() {
+        let config = AzureConfig::from_url("azblob://acct/leases?max_requests=8&max_renewals=128").unwrap();
+        assert_eq!((config.max_requests, config.max_renewals), (8, 128));
+        let config = AzureConfig::from_url("azblob://acct/leases").unwrap();
+        assert_eq!(
+            (config.max_requests, config.max_renewals),
+            (DEFAULT_MAX_REQUESTS, DEFAULT_MAX_RENEWALS)
+        );
+        for bad in ["max_renewals=0", "max_renewals=many", "max_requests=5000"] {
+            let err = AzureConfig::from_url(&format!("azblob://acct/leases?{bad}")).unwrap_err();
+            let name = bad.split('=').next().unwrap();
+            assert!(err.to_string().contains(name), "{err}");
+        }
+    }
 
     const SIG: &str = "c2VjcmV0LXNpZ25hdHVyZQ%3D%3D";
 

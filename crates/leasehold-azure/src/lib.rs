@@ -10,6 +10,9 @@ mod store;
 #[doc = include_str!("../docs.md")]
 pub mod docs {}
 
-pub use config::{Auth, AzureConfig, DEFAULT_MAX_REQUESTS, DEFAULT_REQUEST_TIMEOUT, SasToken, TTL_RANGE, URL_SCHEMES};
+pub use config::{
+    Auth, AzureConfig, DEFAULT_MAX_RENEWALS, DEFAULT_MAX_REQUESTS, DEFAULT_REQUEST_TIMEOUT, SasToken, TTL_RANGE,
+    URL_SCHEMES,
+};
 pub use error::AzureError;
 pub use store::AzureBlobStore;

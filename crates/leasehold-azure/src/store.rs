@@ -224,7 +224,7 @@ impl AzureBlobStore {
             reason: crate::config::scrub(&e.to_string(), &secrets),
         })?;
         let turns = tokio::sync::Semaphore::new(config.max_requests.max(1));
-        let holder_turns = tokio::sync::Semaphore::new(config.max_requests.max(1));
+        let holder_turns = tokio::sync::Semaphore::new(config.max_renewals.max(1));
         let inner = Inner {
             config,
             container,

@@ -1,31 +1,35 @@
-//! How many requests a second the Azurite emulator serves on this machine, by kind and by
-//! concurrency. A measurement, not a test: `cargo test -p leasehold-azure --test azurite_rate --
-//! --ignored --nocapture`.
+//! How many renewals a second the Azurite emulator serves on this machine, and how long they take,
+//! by how many are in flight at once. A measurement, not a test:
+//! `cargo test -p leasehold-azure --test azurite_rate -- --ignored --nocapture`.
+//!
+//! Each phase runs `concurrency` loops of back-to-back renewals for 5 s on one store. A phase that
+//! starts with more loops than the store has open connections opens the rest at once (the store
+//! drops connections idle for 2 s, so the phase after the pause starts cold): its first requests
+//! show what a burst of new connections costs on a busy emulator.
 
 mod common;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use leasehold_azure::AzureBlobStore;
 use leasehold_core::{AcquireRequest, Acquired, CandidateId, LeaseName, LeaseStore, Renewed, random_u64};
 
 const TTL: Duration = Duration::from_secs(60);
+const PHASE: Duration = Duration::from_secs(5);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement against Azurite"]
 async fn azurite_request_rate() {
-    let Some(config) = common::azurite() else { return };
+    let Some(mut config) = common::azurite() else { return };
+    config.max_requests = 256;
     let store = Arc::new(AzureBlobStore::connect_with(config).await.unwrap());
-    let leases = 64;
     let who = CandidateId::new("rate").unwrap();
     let mut grants = Vec::new();
     let started = Instant::now();
-    for i in 0..leases {
-        let lease = LeaseName::new(format!("rate-{i}-{:x}", random_u64())).unwrap();
+    for i in 0..64 {
         let request = AcquireRequest {
-            lease,
+            lease: LeaseName::new(format!("rate-{i}-{:x}", random_u64())).unwrap(),
             candidate: who.clone(),
             ttl: TTL,
             takeover: None,
@@ -37,66 +41,53 @@ async fn azurite_request_rate() {
     }
     let took = started.elapsed();
     eprintln!(
-        "acquire, one at a time: {:.1}/s ({:.1} ms each)",
-        leases as f64 / took.as_secs_f64(),
-        took.as_secs_f64() * 1000.0 / leases as f64
+        "acquire (claim, lease, confirm, history), one at a time: {:.1} ms each",
+        took.as_secs_f64() * 1000.0 / grants.len() as f64
     );
     let grants = Arc::new(grants);
-    for (k, concurrency) in [64usize, 64, 64, 64, 64, 64].into_iter().enumerate() {
-        if k == 3 {
+    for (phase, concurrency) in [1usize, 4, 16, 64, 64, 0, 64, 128].into_iter().enumerate() {
+        if concurrency == 0 {
+            eprintln!("(3 s pause: every connection is dropped)");
             tokio::time::sleep(Duration::from_secs(3)).await;
+            continue;
         }
-        let done = Arc::new(AtomicUsize::new(0));
-        let worst = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let until = Instant::now() + Duration::from_secs(5);
+        let latencies = Arc::new(Mutex::new(Vec::new()));
+        let began = Instant::now();
         let tasks: Vec<_> = (0..concurrency)
             .map(|w| {
-                let (store, grants, done, worst) = (store.clone(), grants.clone(), done.clone(), worst.clone());
+                let (store, grants, latencies) = (store.clone(), grants.clone(), latencies.clone());
                 tokio::spawn(async move {
                     let mut i = w;
-                    while Instant::now() < until {
+                    while began.elapsed() < PHASE {
                         let sent = Instant::now();
                         match store.renew(&grants[i % grants.len()]).await.unwrap() {
                             Renewed::Renewed(_) => {}
                             lost => panic!("{lost:?}"),
                         }
-                        let took = sent.elapsed();
-                        worst.lock().unwrap().push((took, sent));
-                        done.fetch_add(1, Ordering::Relaxed);
+                        latencies.lock().unwrap().push((sent.elapsed(), sent - began));
                         i += concurrency;
                     }
                 })
             })
             .collect();
-        for t in tasks {
-            t.await.unwrap();
+        for task in tasks {
+            task.await.unwrap();
         }
-        let n = done.load(Ordering::Relaxed);
-        let mut lat = worst.lock().unwrap().clone();
-        lat.sort();
-        let q = |f: f64| lat[((lat.len() - 1) as f64 * f) as usize].0;
-        let slow: Vec<_> = lat
-            .iter()
-            .rev()
-            .take(5)
-            .map(|(d, at)| {
-                format!(
-                    "{:?}@{:.2}s",
-                    d,
-                    (*at + Duration::from_secs(5))
-                        .saturating_duration_since(until)
-                        .as_secs_f64()
-                )
-            })
-            .collect();
+        let mut latencies = latencies.lock().unwrap().clone();
+        latencies.sort();
+        let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize].0;
+        let (slowest, sent) = latencies[latencies.len() - 1];
         eprintln!(
-            "renew, {concurrency:>3} at a time: {:.1}/s p50 {:?} p99 {:?} slowest {slow:?}",
-            n as f64 / 5.0,
-            q(0.5),
-            q(0.99),
+            "phase {phase}: renew, {concurrency:>3} in flight: {:>5.0}/s, p50 {:>6.1} ms, p99 {:>6.1} ms, \
+             slowest {:>6.1} ms (sent {:.2}s into the phase)",
+            latencies.len() as f64 / PHASE.as_secs_f64(),
+            at(0.5).as_secs_f64() * 1000.0,
+            at(0.99).as_secs_f64() * 1000.0,
+            slowest.as_secs_f64() * 1000.0,
+            sent.as_secs_f64()
         );
     }
-    for g in grants.iter() {
-        store.release(g).await.unwrap();
+    for grant in grants.iter() {
+        store.release(grant).await.unwrap();
     }
 }

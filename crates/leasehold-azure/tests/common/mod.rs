@@ -23,15 +23,17 @@ use url::Url;
 /// The container the tests use (lease names are random per scenario).
 pub const CONTAINER: &str = "leasehold-tests";
 
-/// How many operations (and as many renewals and releases) one test store runs at once.
+/// How many operations other than renewals and releases one test store runs at once.
 ///
-/// Azurite is one Node.js process: on this 2-core machine it serves about 400 simple requests a
-/// second, and once it has more requests in hand than it can serve, every client waits: with 64
-/// in flight a renewal takes 100-300 ms and the first request on a new connection up to 5 s
-/// (measured by `tests/azurite_rate.rs`). The other scenarios' stores open a new connection for
-/// nearly every renewal (idle connections are dropped after 2 s, before Azurite's 5 s
-/// keep-alive closes them), so `thousand_leases` must not saturate the emulator: 8 requests in
-/// flight keep it busy without a queue.
+/// Azurite is one Node.js process. On this shared 2-core machine it serves 100 to 400 simple
+/// requests a second, depending on what else runs; once it has more requests in hand than it
+/// can serve, every client waits: with 64 in flight a renewal takes 100-300 ms, and the first
+/// request on a new connection up to 5 s (`tests/azurite_rate.rs`). The other scenarios' stores
+/// open a new connection for nearly every renewal (idle connections are dropped after 2 s,
+/// before Azurite's 5 s keep-alive closes them), so the 1,000 campaigns of `thousand_leases`
+/// must not flood the emulator: 8 in flight keep it busy without a long queue. Renewals keep the
+/// default of 64 ([`leasehold_azure::DEFAULT_MAX_RENEWALS`]): they come at the leaders' pace, and
+/// when the emulator is slow a small bound would make 1,000 leases fall behind.
 pub const AZURITE_MAX_REQUESTS: usize = 8;
 
 /// The TTL of `thousand_leases`: 1,000 leases renewed every TTL/3 are 3,000/TTL renewals a
@@ -49,10 +51,9 @@ pub fn azurite() -> Option<AzureConfig> {
     config.endpoint = Url::parse(&format!("{}/", url.trim_end_matches('/'))).expect("LEASEHOLD_AZURITE_URL is a URL");
     config.auth = Auth::Sas(account_sas(&account, &key, Duration::from_secs(24 * 3600)));
     config.prefix = "t/".into();
-    config.max_requests = std::env::var("LEASEHOLD_AZURE_MAX_REQUESTS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(AZURITE_MAX_REQUESTS);
+    let number = |key: &str| std::env::var(key).ok().and_then(|n| n.parse().ok());
+    config.max_requests = number("LEASEHOLD_AZURE_MAX_REQUESTS").unwrap_or(AZURITE_MAX_REQUESTS);
+    config.max_renewals = number("LEASEHOLD_AZURE_MAX_RENEWALS").unwrap_or(config.max_renewals);
     Some(config)
 }
 
@@ -195,7 +196,8 @@ impl Backend for AzureBackend {
     }
 
     async fn connect(&self) -> Result<Arc<dyn LeaseStore>> {
-        Ok(Arc::new(AzureBlobStore::connect_with(self.config.clone()).await?))
+        let store = AzureBlobStore::connect_with(self.config.clone()).await?;
+        Ok(Arc::new(Timed { store }))
     }
 
     fn many_leases_ttl(&self) -> Option<Duration> {
@@ -214,16 +216,27 @@ impl Backend for AzureBackend {
     }
 
     /// Breaks the blob lease and writes garbage where the term belongs, as a foreign program
-    /// using the same blob would.
+    /// using the same blob would. A candidate may take the broken lease before the garbage is
+    /// written (Azure then refuses the write: the blob is leased again), so break and write again.
     async fn corrupt(&self, lease: &LeaseName) -> Result<()> {
         let store = self.store().await;
-        store.break_blob_lease(lease).await?;
-        raw_set_metadata(
-            &self.config,
-            &store.blob_name(lease),
-            &[("leasehold_term", "garbage"), ("vandal", "yes")],
-        )
-        .await
+        let mut attempts = 0;
+        loop {
+            store.break_blob_lease(lease).await?;
+            let written = raw_set_metadata(
+                &self.config,
+                &store.blob_name(lease),
+                &[("leasehold_term", "garbage"), ("vandal", "yes")],
+            )
+            .await;
+            attempts += 1;
+            match written {
+                Err(_) if attempts < 10 => {
+                    eprintln!("azure: corrupting {lease} was refused (leased again); breaking it again")
+                }
+                written => return written,
+            }
+        }
     }
 }
 
@@ -247,6 +260,108 @@ fn container_url(config: &AzureConfig) -> Url {
         url.set_query(Some(sas.expose()));
     }
     url
+}
+
+/// Deletes a container and every blob in it (the conformance suite's own container, at its end,
+/// so that the in-memory emulator, whose lookups scan every blob of the account, stays small).
+pub async fn delete_container(config: &AzureConfig) -> Result<()> {
+    let container = azure_storage_blob::BlobContainerClient::new(container_url(config), None, None)
+        .map_err(|e| Error::store("azure", e.to_string()))?;
+    container
+        .delete(None)
+        .await
+        .map(drop)
+        .map_err(|e| Error::store("azure", e.to_string()))
+}
+
+/// Renewals seen by the stores of [`Backend::connect`] (not the faulty ones, whose delays are
+/// injected): how many, how many took longer than a second, and the slowest (waiting for a turn
+/// included).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RenewStats {
+    pub count: u64,
+    pub over_1s: u64,
+    pub slowest: Duration,
+}
+
+impl RenewStats {
+    const NONE: RenewStats = RenewStats {
+        count: 0,
+        over_1s: 0,
+        slowest: Duration::ZERO,
+    };
+
+    fn record(&mut self, took: Duration) {
+        self.count += 1;
+        self.over_1s += u64::from(took > Duration::from_secs(1));
+        self.slowest = self.slowest.max(took);
+    }
+}
+
+impl std::fmt::Display for RenewStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} renewals, {} slower than 1 s, the slowest {:.3}s",
+            self.count,
+            self.over_1s,
+            self.slowest.as_secs_f64()
+        )
+    }
+}
+
+/// (the 1,000 leases of `thousand_leases`, every other lease)
+static RENEW_STATS: Mutex<(RenewStats, RenewStats)> = Mutex::new((RenewStats::NONE, RenewStats::NONE));
+
+/// Renewals of `thousand_leases`' leases, and of all the others.
+pub fn renew_stats() -> (RenewStats, RenewStats) {
+    *RENEW_STATS.lock().unwrap()
+}
+
+/// A store that times its renewals into [`renew_stats`].
+#[derive(Debug)]
+pub struct Timed {
+    pub store: AzureBlobStore,
+}
+
+#[async_trait]
+impl LeaseStore for Timed {
+    fn name(&self) -> &'static str {
+        self.store.name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.store.capabilities()
+    }
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
+        self.store.acquire(request).await
+    }
+    async fn renew(&self, grant: &Grant) -> Result<Renewed> {
+        let sent = std::time::Instant::now();
+        let answer = self.store.renew(grant).await;
+        let took = sent.elapsed();
+        let mut stats = RENEW_STATS.lock().unwrap();
+        if grant.lease.as_str().contains("thousand_leases") {
+            stats.0.record(took);
+        } else {
+            stats.1.record(took);
+        }
+        answer
+    }
+    async fn release(&self, grant: &Grant) -> Result<()> {
+        self.store.release(grant).await
+    }
+    async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
+        self.store.withdraw(lease, candidate).await
+    }
+    async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
+        self.store.inspect(lease).await
+    }
+    async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
+        self.store.history(lease, limit).await
+    }
+    async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
+        self.store.break_lease(lease).await
+    }
 }
 
 /// A store behind a fault proxy that also counts its requests in the proxy's [`Faults`] (a proxy
