@@ -125,8 +125,8 @@ impl Hub {
     /// Asks the server and records the answer; `Err` (and nothing recorded) when it could not
     /// be asked.
     async fn probe(&self) -> std::result::Result<(), String> {
-        let probe = expiry::probe(&self.client, self.mode, self.timeout).await;
-        expiry::log(&probe, self.mode);
+        let probe = expiry::probe(&self.client, self.mode, self.route.db, self.timeout).await;
+        expiry::log(&probe, self.mode, self.route.db);
         let state = match probe {
             Probe::On { .. } => ON,
             Probe::Off(_) => OFF,
@@ -137,7 +137,7 @@ impl Hub {
     }
 
     fn set_off(&self, why: &str) {
-        expiry::log(&Probe::Off(why.to_string()), self.mode);
+        expiry::log(&Probe::Off(why.to_string()), self.mode, self.route.db);
         self.expiry.store(OFF, Ordering::Release);
     }
 

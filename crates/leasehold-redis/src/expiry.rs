@@ -42,6 +42,8 @@ pub(crate) fn with_expired_events(flags: &str) -> String {
 pub(crate) struct Route {
     /// The key-event channel subscribed to.
     pub(crate) channel: String,
+    /// The database whose keys it announces.
+    pub(crate) db: u32,
     lease_prefix: String,
     changes_prefix: String,
 }
@@ -50,6 +52,7 @@ impl Route {
     pub(crate) fn new(db: u32, prefix: &str) -> Self {
         Route {
             channel: channel(db),
+            db,
             lease_prefix: format!("{prefix}lease:{{"),
             changes_prefix: format!("{prefix}changes:{{"),
         }
@@ -66,12 +69,56 @@ impl Route {
 /// What the server said about expiry events.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Probe {
-    /// They are on (`set`: because this store turned them on).
-    On { set: bool },
+    /// They are on (`set`: because this store turned them on); `scan`: how long the server may
+    /// take to find an expired key, when it can be estimated.
+    On { set: bool, scan: Option<Scan> },
     /// They are off, or the server will not say or turn them on: why, for the log.
     Off(String),
     /// The server could not be asked (a broken connection, a timeout): why.
     Unknown(String),
+}
+
+/// What makes an expiry event late: Redis deletes an expired key that nobody reads when its
+/// active expiry cycle finds it, and that cycle looks at about 20 keys with a TTL per database,
+/// `hz` times a second (more only while many of them have expired).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Scan {
+    /// Keys with a TTL in the store's database (`INFO keyspace`), the held leases among them.
+    pub(crate) expires: u64,
+    /// The server's `hz`.
+    pub(crate) hz: u64,
+}
+
+impl Scan {
+    /// About how long one pass over every key with a TTL takes: the longest an expiry event of
+    /// a lease nobody reads can come after its TTL.
+    pub(crate) fn pass(&self) -> Duration {
+        Duration::from_secs_f64(self.expires as f64 / (20.0 * self.hz.max(1) as f64))
+    }
+
+    async fn read(conn: &mut redis::aio::MultiplexedConnection, db: u32) -> Option<Scan> {
+        let info: String = redis::cmd("INFO").arg("keyspace").query_async(conn).await.ok()?;
+        let hz: Vec<(String, String)> = redis::cmd("CONFIG").arg("GET").arg("hz").query_async(conn).await.ok()?;
+        let hz = hz.first()?.1.parse().ok()?;
+        Some(Scan {
+            expires: keyspace_expires(&info, db),
+            hz,
+        })
+    }
+}
+
+/// The `expires` count of database `db` in an `INFO keyspace` answer (0 when it has no keys).
+pub(crate) fn keyspace_expires(info: &str, db: u32) -> u64 {
+    let line = format!("db{db}:");
+    info.lines()
+        .find_map(|l| l.trim().strip_prefix(line.as_str()))
+        .and_then(|fields| {
+            fields
+                .split(',')
+                .find_map(|f| f.strip_prefix("expires="))
+                .and_then(|n| n.parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 /// Reads `notify-keyspace-events` on a connection of its own (the command connection pairs
@@ -81,7 +128,7 @@ pub(crate) enum Probe {
 /// Never fails: a refusal (`CONFIG` renamed away or denied by an ACL, as managed services do) is
 /// [`Probe::Off`], a connection that fails or times out [`Probe::Unknown`]. Takes at most about
 /// two timeouts.
-pub(crate) async fn probe(client: &redis::Client, mode: ExpiryEvents, timeout: Duration) -> Probe {
+pub(crate) async fn probe(client: &redis::Client, mode: ExpiryEvents, db: u32, timeout: Duration) -> Probe {
     if mode == ExpiryEvents::Off {
         return Probe::Off("expiry_events=off".into());
     }
@@ -107,7 +154,8 @@ pub(crate) async fn probe(client: &redis::Client, mode: ExpiryEvents, timeout: D
             .await
             .map_err(failed("CONFIG GET notify-keyspace-events failed".into()))?;
         if expired_events_on(&flags) {
-            return Ok(Probe::On { set: false });
+            let scan = Scan::read(&mut conn, db).await;
+            return Ok(Probe::On { set: false, scan });
         }
         if mode != ExpiryEvents::Enable {
             return Ok(Probe::Off(format!(
@@ -126,7 +174,8 @@ pub(crate) async fn probe(client: &redis::Client, mode: ExpiryEvents, timeout: D
             .await
             .map_err(failed("CONFIG GET notify-keyspace-events failed".into()))?;
         if expired_events_on(&now) {
-            Ok(Probe::On { set: true })
+            let scan = Scan::read(&mut conn, db).await;
+            Ok(Probe::On { set: true, scan })
         } else {
             Ok(Probe::Off(format!(
                 "notify-keyspace-events is {now:?} after setting it to {wanted:?}"
@@ -153,25 +202,54 @@ async fn config_get(conn: &mut redis::aio::MultiplexedConnection) -> redis::Redi
     Ok(pairs.into_iter().next().map(|(_, flags)| flags).unwrap_or_default())
 }
 
-/// Logs the outcome of a probe: the first time a process falls back to polling (or turns events
-/// on) at info level, later ones at debug level, so that a process with many stores says it
-/// once.
-pub(crate) fn log(probe: &Probe, mode: ExpiryEvents) {
+/// Logs the outcome of a probe: the first time a process falls back to polling, turns events on,
+/// or finds them slow, at info level, later ones at debug level, so that a process with many
+/// stores says it once.
+pub(crate) fn log(probe: &Probe, mode: ExpiryEvents, db: u32) {
     static SAID: AtomicBool = AtomicBool::new(false);
-    let first = !SAID.swap(true, Ordering::Relaxed);
+    static SLOW: AtomicBool = AtomicBool::new(false);
+    let first = || !SAID.swap(true, Ordering::Relaxed);
     match probe {
-        Probe::On { set: false } => {
-            tracing::debug!("redis expiry events are on: idle followers wait for them instead of polling");
+        Probe::On { set, scan } => {
+            if *set && first() {
+                tracing::info!(
+                    "turned on redis expiry events (CONFIG SET notify-keyspace-events, expiry_events=enable): \
+                     idle followers wait for them instead of polling"
+                );
+            } else {
+                tracing::debug!(
+                    set,
+                    "redis expiry events are on: idle followers wait for them instead of polling"
+                );
+            }
+            if let Some(scan) = scan.as_ref().filter(|scan| scan.pass() >= Duration::from_secs(1)) {
+                let pass = scan.pass();
+                if !SLOW.swap(true, Ordering::Relaxed) {
+                    tracing::info!(
+                        db,
+                        keys_with_ttl = scan.expires,
+                        hz = scan.hz,
+                        ?pass,
+                        "redis may announce an expired lease up to about {pass:?} late: it finds expired keys \
+                         by scanning about 20 * hz keys with a TTL per second. A crashed leader's successor \
+                         waits that long (at most the engine's safety poll). Keep leases in a database of \
+                         their own, raise hz, or use expiry_events=off"
+                    );
+                } else {
+                    tracing::debug!(
+                        db,
+                        keys_with_ttl = scan.expires,
+                        hz = scan.hz,
+                        ?pass,
+                        "redis expiry events may be late"
+                    );
+                }
+            }
         }
-        Probe::On { set: true } if first => tracing::info!(
-            "turned on redis expiry events (CONFIG SET notify-keyspace-events, expiry_events=enable): \
-             idle followers wait for them instead of polling"
-        ),
-        Probe::On { set: true } => tracing::debug!("turned on redis expiry events (expiry_events=enable)"),
         Probe::Off(why) if mode == ExpiryEvents::Off => {
             tracing::debug!(%why, "redis expiry events not used; followers poll when the holder's PTTL runs out");
         }
-        Probe::Off(why) if first => tracing::info!(
+        Probe::Off(why) if first() => tracing::info!(
             %why,
             %mode,
             "redis expiry events are not available; followers poll when the holder's PTTL runs out \
@@ -213,6 +291,18 @@ mod tests {
         assert_eq!(with_expired_events(""), "Ex");
         assert_eq!(with_expired_events("K$"), "K$Ex");
         assert_eq!(with_expired_events("AK"), "AKE");
+    }
+
+    #[test]
+    fn scan_estimate() {
+        let info = "# Keyspace\r\ndb0:keys=4118,expires=12,avg_ttl=0\r\ndb2:keys=9,expires=2000,avg_ttl=5\r\n";
+        assert_eq!(keyspace_expires(info, 0), 12);
+        assert_eq!(keyspace_expires(info, 2), 2000);
+        assert_eq!(keyspace_expires(info, 1), 0);
+        assert_eq!(keyspace_expires("", 0), 0);
+        let scan = Scan { expires: 2000, hz: 10 };
+        assert_eq!(scan.pass(), Duration::from_secs(10));
+        assert_eq!(Scan { expires: 2000, hz: 0 }.pass(), Duration::from_secs(100));
     }
 
     #[test]

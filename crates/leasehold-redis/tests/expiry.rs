@@ -369,3 +369,53 @@ async fn refused_config_or_channel_falls_back_to_polling() {
 fn config_password(store: &RedisStore) -> &str {
     store.config().password.as_deref().unwrap()
 }
+
+/// Measurement (`--ignored`): how late the expiry event of a lease comes when the database holds
+/// many other keys with a TTL (Redis deletes expired keys by scanning the keys with a TTL a few
+/// at a time, `hz` times a second). Prints the delays for 0, 1000 and 10000 other keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement; run with --ignored --nocapture"]
+async fn expiry_event_delay_with_many_volatile_keys() {
+    let Some(backend) = backend(ExpiryEvents::Enable) else {
+        return;
+    };
+    let store = RedisStore::connect_with(backend.config.clone()).await.unwrap();
+    assert_eq!(store.capabilities().notifications, Notifications::ReleaseAndExpiry);
+    let filler = format!("{}filler-{:x}:", backend.config.prefix, random_u64());
+    let mut raw = backend.raw().await;
+    let mut made = 0;
+    for others in [0, 1000, 10_000] {
+        while made < others {
+            let mut pipe = redis::pipe();
+            for i in made..(made + 1000).min(others) {
+                pipe.cmd("SET")
+                    .arg(format!("{filler}{i}"))
+                    .arg("x")
+                    .arg("PX")
+                    .arg(600_000)
+                    .ignore();
+            }
+            pipe.query_async::<()>(&mut raw).await.unwrap();
+            made = (made + 1000).min(others);
+        }
+        let ttl = Duration::from_millis(200);
+        let mut delays = Vec::new();
+        for _ in 0..if others > 1000 { 3 } else { 10 } {
+            let lease = lease("delay");
+            let mut changes = store.changes(&lease, &id("watcher")).await.unwrap().unwrap();
+            let granted = Instant::now();
+            grant(&store, &lease, "abandoned", ttl).await;
+            let woken = tokio::time::timeout(ttl + Duration::from_secs(120), changes.next()).await;
+            assert_eq!(woken, Ok(Some(())));
+            delays.push((granted.elapsed() - ttl).as_millis());
+        }
+        delays.sort();
+        let hz = raw_cmd(&backend, &["CONFIG", "GET", "hz"]).await.unwrap();
+        println!("{others} other keys with a TTL ({hz:?}): expiry event {delays:?} ms after the TTL");
+    }
+    let mut pipe = redis::pipe();
+    for i in 0..made {
+        pipe.cmd("DEL").arg(format!("{filler}{i}")).ignore();
+    }
+    pipe.query_async::<()>(&mut raw).await.unwrap();
+}

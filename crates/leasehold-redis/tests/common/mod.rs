@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use leasehold_conformance::{Backend, FaultProxy, Faults, FaultyStore};
 use leasehold_core::{Error, LeaseName, LeaseStore, Result};
-use leasehold_redis::{RedisConfig, RedisStore};
+use leasehold_redis::{ExpiryEvents, RedisConfig, RedisStore};
 
 /// The server named by `LEASEHOLD_REDIS_URL`: every `connect` is a new `RedisStore`.
 pub struct RedisBackend {
@@ -74,10 +74,14 @@ impl RedisBackend {
 }
 
 /// The configuration of the test server: the URL with a prefix of its own, so that the tests'
-/// keys are easy to find (and delete) on a shared server.
+/// keys are easy to find (and delete) on a shared server, and with expiry events turned on
+/// (`expiry_events=enable`: the server started by `scripts/services` may not send them, and a
+/// restart forgets a `CONFIG SET`), so that every test runs the same way whatever the server's
+/// setting was.
 pub fn config(url: &str) -> RedisConfig {
     let mut config = RedisConfig::from_url(url).expect("LEASEHOLD_REDIS_URL is a redis URL");
     config.prefix = "leasehold-test:".into();
+    config.expiry_events = ExpiryEvents::Enable;
     config
 }
 
