@@ -539,6 +539,15 @@ async fn renew_throughput() {
     let Some(endpoint) = common::endpoint() else { return };
     let backend = DynamoBackend::with_table(endpoint, TABLE);
     let store = Arc::new(backend.store().await.unwrap());
+    for _ in 0..3 {
+        let (started, cpu) = (Instant::now(), cpu_seconds("self"));
+        let _other = backend.store().await.unwrap();
+        println!(
+            "a new store (client + DescribeTable): {:?}, CPU {:?} s",
+            started.elapsed(),
+            cpu_seconds("self").zip(cpu).map(|(b, a)| b - a)
+        );
+    }
     let server_pid = std::env::var("LEASEHOLD_DYNAMODB_PID_FILE")
         .ok()
         .and_then(|file| std::fs::read_to_string(file).ok())
