@@ -31,8 +31,11 @@ pub const TTL_RANGE: std::ops::RangeInclusive<Duration> = Duration::from_millis(
 /// and a record version; a persistent hash keeps the last term and how it ended; a stream keeps
 /// the history. Every operation is one Lua script, so each compare-and-set is atomic on the
 /// server, and the server's clock expires a silent holder ([`Expiry::ServerClock`]). Releases,
-/// breaks and takeovers are announced on a pub/sub channel per lease
-/// ([`Notifications::Release`]); followers otherwise sleep until the holder's `PTTL` runs out.
+/// breaks and takeovers are announced on a pub/sub channel per lease. When the server sends
+/// expired key-events (see [`ExpiryEvents`](crate::ExpiryEvents)), the expiry of an abandoned
+/// lease wakes its followers too ([`Notifications::ReleaseAndExpiry`]: idle followers make no
+/// requests); otherwise ([`Notifications::Release`]) followers sleep until the holder's `PTTL`
+/// runs out.
 ///
 /// Clones share one command connection (a `ConnectionManager`, which reconnects) and one pub/sub
 /// connection. See the [crate docs](crate::docs) for the keys, the term method and what a single
@@ -88,6 +91,12 @@ impl RedisStore {
 
     /// Connects to the server `config` describes and checks that it can run leasehold's scripts.
     ///
+    /// Unless [`RedisConfig::expiry_events`] is [`ExpiryEvents::Off`](crate::ExpiryEvents::Off),
+    /// it then asks the server whether it sends expired key-events (for `Enable`, turns them on)
+    /// and, if so, opens the pub/sub connection subscribed to them; the answer decides
+    /// [`LeaseStore::capabilities`]. Nothing of that makes `connect` fail: without expiry
+    /// events, followers poll.
+    ///
     /// # Errors
     ///
     /// - [`Error::InvalidConfig`] for a field out of range;
@@ -118,6 +127,10 @@ impl RedisStore {
 
     /// A store for the server `config` describes that connects on its first request. Must be
     /// called inside a tokio runtime.
+    ///
+    /// It learns whether the server sends expiry events only when it first opens its pub/sub
+    /// connection (the first [`LeaseStore::changes`] call): electors built before that see
+    /// [`Notifications::Release`] and poll.
     ///
     /// # Errors
     ///
