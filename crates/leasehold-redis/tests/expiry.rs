@@ -366,6 +366,63 @@ async fn refused_config_or_channel_falls_back_to_polling() {
     no_channel.delete().await;
 }
 
+/// Expiry events that vanish after the store reported them (here: the user loses the key-event
+/// channel, which also makes the server close the pub/sub connection): the next `changes` answers
+/// `None`, so that an elector that counted on them polls, and the store reports `Release`. When
+/// they come back, the next pub/sub connection finds them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_events_that_vanish_make_followers_poll() {
+    let Some(backend) = backend(ExpiryEvents::Enable) else {
+        return;
+    };
+    let keys = format!("~{}*", backend.config.prefix);
+    let channels = format!("&{}*", backend.config.prefix);
+    let keyevent = format!("&__keyevent@{}__:expired", backend.config.db);
+    let (user, config) = AclUser::create(&backend, &[&keys, &channels, &keyevent, "+@all"]).await;
+    let store = RedisStore::connect_with(config).await.unwrap();
+    assert_eq!(store.capabilities().notifications, Notifications::ReleaseAndExpiry);
+    let lease = lease("vanish");
+    let mut changes = store.changes(&lease, &id("watcher")).await.unwrap().unwrap();
+
+    raw_cmd(&backend, &["ACL", "SETUSER", &user.name, "resetchannels", &channels])
+        .await
+        .unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(5), changes.next()).await;
+    assert_eq!(
+        end,
+        Ok(None),
+        "the pub/sub connection closes with the channel permission"
+    );
+    assert!(store.changes(&lease, &id("watcher")).await.unwrap().is_none());
+    assert_eq!(store.capabilities().notifications, Notifications::Release);
+
+    // Back: a connection opened from now on finds them again (the one without them stays until
+    // it breaks; here the server closes it).
+    raw_cmd(&backend, &["ACL", "SETUSER", &user.name, &keyevent])
+        .await
+        .unwrap();
+    raw_cmd(&backend, &["CLIENT", "KILL", "USER", &user.name])
+        .await
+        .unwrap();
+    // The command connection went too: its next request fails (transient), the one after
+    // reconnects.
+    let _ = store.inspect(&lease).await;
+    let mut changes = None;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while changes.is_none() && Instant::now() < deadline {
+        match store.changes(&lease, &id("watcher")).await {
+            Ok(Some(stream)) => changes = Some(stream),
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let mut changes = changes.expect("a new connection with expiry events");
+    assert_eq!(store.capabilities().notifications, Notifications::ReleaseAndExpiry);
+    grant(&store, &lease, "a", Duration::from_millis(100)).await;
+    let woken = tokio::time::timeout(Duration::from_secs(1), changes.next()).await;
+    assert_eq!(woken, Ok(Some(())), "the expiry is heard again");
+    user.delete().await;
+}
+
 fn config_password(store: &RedisStore) -> &str {
     store.config().password.as_deref().unwrap()
 }
