@@ -61,7 +61,7 @@ impl std::fmt::Debug for Hub {
         f.debug_struct("Hub")
             .field("timeout", &self.timeout)
             .field("mode", &self.mode)
-            .field("expiry_events", &self.expiry_events())
+            .field("expiry_events", &(self.expiry.load(Ordering::Relaxed) == ON))
             .finish_non_exhaustive()
     }
 }
