@@ -76,6 +76,9 @@ pub struct DynamoDbStore {
     audit_clock: AuditClock,
     /// Bounds the operations in flight (and so the connections in the pool).
     in_flight: Arc<Semaphore>,
+    /// Bounds the operations other than renew and release to half of `in_flight`, so that
+    /// renewals never queue behind a backlog of campaigns.
+    others: Arc<Semaphore>,
     max_in_flight: usize,
 }
 
@@ -140,6 +143,7 @@ impl DynamoDbStore {
             timeout: DEFAULT_TIMEOUT,
             audit_clock: Arc::new(SystemTime::now),
             in_flight: Arc::new(Semaphore::new(DEFAULT_MAX_IN_FLIGHT)),
+            others: Arc::new(Semaphore::new(DEFAULT_MAX_IN_FLIGHT.div_ceil(2))),
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
         }
     }
@@ -152,7 +156,10 @@ impl DynamoDbStore {
     }
 
     /// Lets at most `max` operations of this store (and its clones) talk to DynamoDB at once;
-    /// the others wait their turn in order (default [`DEFAULT_MAX_IN_FLIGHT`]).
+    /// the others wait their turn in order (default [`DEFAULT_MAX_IN_FLIGHT`]). Acquires,
+    /// inspections, history reads and breaks together get at most half of the turns, so that a
+    /// renewal or release never waits behind a backlog of campaigns (1,000 electors starting at
+    /// once, say): keeping a lease matters more than winning one.
     ///
     /// Every operation in flight holds a connection, so this also bounds the connection pool.
     /// Past the server's own parallelism, more requests in flight only make each one slower
@@ -162,14 +169,21 @@ impl DynamoDbStore {
     pub fn with_max_in_flight(mut self, max: usize) -> Self {
         let max = max.max(1);
         self.in_flight = Arc::new(Semaphore::new(max));
+        self.others = Arc::new(Semaphore::new(max.div_ceil(2)));
         self.max_in_flight = max;
         self
     }
 
-    /// Waits for a turn to talk to DynamoDB (see [`DynamoDbStore::with_max_in_flight`]).
-    async fn turn(&self) -> Option<SemaphorePermit<'_>> {
-        // The semaphore is never closed; if it were, going ahead unlimited is the safe choice.
-        self.in_flight.acquire().await.ok()
+    /// Waits for a turn to talk to DynamoDB (see [`DynamoDbStore::with_max_in_flight`]); a
+    /// renewal or release (`keeping`) skips the queue of the other operations.
+    async fn turn(&self, keeping: bool) -> (Option<SemaphorePermit<'_>>, Option<SemaphorePermit<'_>>) {
+        // The semaphores are never closed; if they were, going ahead unlimited is the safe choice.
+        let other = if keeping {
+            None
+        } else {
+            self.others.acquire().await.ok()
+        };
+        (other, self.in_flight.acquire().await.ok())
     }
 
     /// Takes the wall-clock times written to the audit trail (`acquired_at`, `ended_at`) from
@@ -823,7 +837,7 @@ impl LeaseStore for DynamoDbStore {
     }
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
-        let _turn = self.turn().await;
+        let _turn = self.turn(false).await;
         self.capabilities().check_ttl(STORE, request.ttl)?;
         let lease = &request.lease;
         // One conditional request first, so that an acquire whose reply is lost has been applied
@@ -862,7 +876,7 @@ impl LeaseStore for DynamoDbStore {
     }
 
     async fn renew(&self, grant: &Grant) -> Result<Renewed> {
-        let _turn = self.turn().await;
+        let _turn = self.turn(true).await;
         let lease = &grant.lease;
         let version = new_version();
         let updated = self
@@ -901,7 +915,7 @@ impl LeaseStore for DynamoDbStore {
     }
 
     async fn release(&self, grant: &Grant) -> Result<()> {
-        let _turn = self.turn().await;
+        let _turn = self.turn(true).await;
         let lease = &grant.lease;
         if !self
             .end(
@@ -920,12 +934,12 @@ impl LeaseStore for DynamoDbStore {
     }
 
     async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
-        let _turn = self.turn().await;
+        let _turn = self.turn(false).await;
         Ok(self.read(lease, "inspect").await?.observation(lease))
     }
 
     async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
-        let _turn = self.turn().await;
+        let _turn = self.turn(false).await;
         // Like every operation, refuse to report on a lease whose record cannot be read.
         let record = self.read(lease, "history").await?;
         if limit == 0 {
@@ -950,7 +964,7 @@ impl LeaseStore for DynamoDbStore {
     }
 
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
-        let _turn = self.turn().await;
+        let _turn = self.turn(false).await;
         // A holder may renew (same term) between the read and the write; a new grant in between
         // (a new term) is broken on the next attempt.
         for _ in 0..3 {
