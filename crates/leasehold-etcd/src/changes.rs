@@ -76,7 +76,9 @@ impl Waiter {
             }
             self.set_tick(waiting);
             if let (Some(p), None) = (waiting, &self.watch) {
-                match self.look(p).await {
+                // Boxed: the look-up's etcd futures are large, and a stream's state lives as
+                // long as its candidate (10,000 leaders would otherwise hold ~44 KB each).
+                match Box::pin(self.look(p)).await {
                     Ok(true) => return Some(()),
                     Ok(false) => {}
                     Err(e) => {
@@ -106,7 +108,7 @@ impl Waiter {
                     }
                 }
                 _ = async { tick.as_mut().expect("guarded").0.tick().await }, if tick.is_some() => {
-                    match self.keep_alive(waiting).await {
+                    match Box::pin(self.keep_alive(waiting)).await {
                         Some(true) => {
                             // We announced "first" a tick ago and the engine has not asked since
                             // (it may have missed it while a request was out): say it again.

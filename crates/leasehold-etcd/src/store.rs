@@ -955,18 +955,19 @@ impl LeaseStore for EtcdStore {
         let keys = self.keys(&grant.lease);
         let ttl_secs = session_ttl_secs(grant.ttl);
         self.delivered(&keys, grant);
-        // Keepalive first, then the check: a key seen after a confirmed keepalive lives a TTL
+        // The paths off the common one are boxed, so that 10,000 renewals in flight at once do
+        // not each carry their large etcd futures. Keepalive first, then the check: a key seen after a confirmed keepalive lives a TTL
         // from a moment after this request began. Both are shared by every renewal of the
         // session that began before them.
         let own_key = keys.candidate(&grant.holder);
         let known = *inner.position(&own_key).borrow();
         if let Some(p) = known.filter(|p| p.granted && p.rev == i64::try_from(grant.term.0).unwrap_or(0)) {
             if inner.private.lock().expect("private lock").contains(&p.lease) {
-                return self.renew_private(grant, &keys, p.lease).await;
+                return Box::pin(self.renew_private(grant, &keys, p.lease)).await;
             }
         }
         let Some((session, bound)) = inner.session_keys(ttl_secs, started).await? else {
-            return Ok(Renewed::Lost(self.inspect(&grant.lease).await?));
+            return Ok(Renewed::Lost(Box::pin(self.inspect(&grant.lease)).await?));
         };
         let known = *inner.position(&own_key).borrow();
         let ours = known
@@ -976,12 +977,12 @@ impl LeaseStore for EtcdStore {
             return Ok(Renewed::Renewed(grant.clone()));
         }
         let session = Some(session);
-        let own = inner.get("renew", own_key.clone(), None).await?;
+        let own = Box::pin(inner.get("renew", own_key.clone(), None)).await?;
         if let Some(kv) = own.kvs().first() {
             let me = keys.parse_candidate(kv)?;
             let private = inner.private.lock().expect("private lock").contains(&me.lease);
             if private && me.term() == grant.term {
-                return self.renew_private(grant, &keys, me.lease).await;
+                return Box::pin(self.renew_private(grant, &keys, me.lease)).await;
             }
             if Some(me.lease) == session && me.term() == grant.term {
                 let position = Position {
@@ -994,7 +995,7 @@ impl LeaseStore for EtcdStore {
                 return Ok(Renewed::Renewed(grant.clone()));
             }
         }
-        Ok(Renewed::Lost(self.inspect(&grant.lease).await?))
+        Ok(Renewed::Lost(Box::pin(self.inspect(&grant.lease)).await?))
     }
 
     async fn release(&self, grant: &Grant) -> Result<()> {
