@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
+use leasehold_core::url_options::percent_decode;
 use leasehold_core::{Error, Result};
 
 /// The URL schemes this backend handles: `etcd` (plain gRPC) and `etcds` (gRPC over TLS).
@@ -88,7 +89,7 @@ impl EtcdConfig {
     /// [`Error::UnsupportedScheme`] for another scheme.
     pub fn from_url(url: &str) -> Result<Self> {
         let bad = |reason: String| Error::InvalidUrl {
-            url: redact_url(url),
+            url: leasehold_core::url_options::redact_url(url),
             reason,
         };
         let (scheme, rest) = url
@@ -126,12 +127,18 @@ impl EtcdConfig {
                 Some((u, p)) => (u, Some(p)),
                 None => (userinfo, None),
             };
-            let user = percent_decode(user).ok_or_else(|| bad("bad %-escape in the user name".into()))?;
+            let user = percent_decode(user)
+                .ok()
+                .ok_or_else(|| bad("bad %-escape in the user name".into()))?;
             if !user.is_empty() {
                 config.user = Some(user);
             }
             if let Some(p) = password {
-                config.password = Some(percent_decode(p).ok_or_else(|| bad("bad %-escape in the password".into()))?);
+                config.password = Some(
+                    percent_decode(p)
+                        .ok()
+                        .ok_or_else(|| bad("bad %-escape in the password".into()))?,
+                );
             }
         }
         for host in hosts.split(',') {
@@ -145,7 +152,7 @@ impl EtcdConfig {
             check_port(host).map_err(bad)?;
             config.endpoints.push(with_port(host));
         }
-        let prefix = percent_decode(path.trim_matches('/')).ok_or_else(|| bad("bad %-escape in the prefix".into()))?;
+        let prefix = percent_decode(path.trim_matches('/')).map_err(|_| bad("bad %-escape in the prefix".into()))?;
         if !prefix.is_empty() {
             if prefix.chars().any(char::is_control) {
                 return Err(bad("the prefix must not contain control characters".into()));
@@ -154,7 +161,7 @@ impl EtcdConfig {
         }
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let value = percent_decode(value).ok_or_else(|| bad(format!("bad %-escape in option {key}")))?;
+            let value = percent_decode(value).map_err(|_| bad(format!("bad %-escape in option {key}")))?;
             match key {
                 "user" | "username" => config.user = Some(value).filter(|v| !v.is_empty()),
                 "password" => config.password = Some(value),
@@ -264,64 +271,6 @@ fn check_port(host: &str) -> std::result::Result<(), String> {
     }
 }
 
-/// Replaces the password of a URL (in the userinfo or a `password=` option) by `***`.
-pub(crate) fn redact_url(url: &str) -> String {
-    let (head, query) = match url.split_once('?') {
-        Some((h, q)) => (h, Some(q)),
-        None => (url, None),
-    };
-    let head = match head.split_once("://") {
-        Some((scheme, rest)) => {
-            let (authority, path) = match rest.split_once('/') {
-                Some((a, p)) => (a, Some(p)),
-                None => (rest, None),
-            };
-            let authority = match authority.rsplit_once('@') {
-                Some((userinfo, hosts)) => match userinfo.split_once(':') {
-                    Some((user, _)) => format!("{user}:***@{hosts}"),
-                    None => authority.to_string(),
-                },
-                None => authority.to_string(),
-            };
-            match path {
-                Some(p) => format!("{scheme}://{authority}/{p}"),
-                None => format!("{scheme}://{authority}"),
-            }
-        }
-        None => head.to_string(),
-    };
-    match query {
-        None => head,
-        Some(q) => {
-            let q: Vec<String> = q
-                .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
-                    _ => pair.to_string(),
-                })
-                .collect();
-            format!("{head}?{}", q.join("&"))
-        }
-    }
-}
-
-fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
 fn parse_duration(s: &str) -> Option<Duration> {
     let s = s.trim();
     let (number, unit) = match s.find(|c: char| !c.is_ascii_digit() && c != '.') {
@@ -414,7 +363,7 @@ mod tests {
             }
         }
         assert_eq!(
-            redact_url("etcd://a:b@h/p?password=c&x=1"),
+            leasehold_core::url_options::redact_url("etcd://a:b@h/p?password=c&x=1"),
             "etcd://a:***@h/p?password=***&x=1"
         );
     }

@@ -346,46 +346,7 @@ impl fmt::Debug for PostgresConfig {
 /// assert_eq!(redact("postgres://app@db/x"), "postgres://app@db/x");
 /// ```
 pub fn redact(url: &str) -> String {
-    let (head, query) = match url.split_once('?') {
-        Some((head, query)) => (head, Some(query)),
-        None => (url, None),
-    };
-    // The user info ends at the last '@' of the authority (before the path) or, in a URL too
-    // malformed to have one, at the last '@' before the query.
-    let userinfo_end = match head.split_once("://") {
-        Some((scheme, rest)) => {
-            let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
-            authority.rfind('@').map(|at| scheme.len() + 3 + at)
-        }
-        None => head.rfind('@'),
-    };
-    let mut out = match userinfo_end {
-        Some(at) => {
-            let start = head[..at].rfind('/').map_or(0, |slash| slash + 1);
-            match head[start..at].find(':') {
-                Some(colon) => format!("{}:***{}", &head[..start + colon], &head[at..]),
-                None => head.to_string(),
-            }
-        }
-        None => head.to_string(),
-    };
-    if let Some(query) = query {
-        out.push('?');
-        let pairs: Vec<String> = query
-            .split('&')
-            .map(|pair| match pair.split_once('=') {
-                Some((key, _)) if is_secret_option(key) => format!("{key}=***"),
-                _ => pair.to_string(),
-            })
-            .collect();
-        out.push_str(&pairs.join("&"));
-    }
-    out
-}
-
-fn is_secret_option(key: &str) -> bool {
-    let key = key.to_ascii_lowercase();
-    key == "password" || key == "pass" || key.contains("secret") || key.contains("token")
+    leasehold_core::url_options::redact_url(url)
 }
 
 /// `500ms`, `5s`, `2m`, or a bare number of seconds (as libpq's `connect_timeout`).

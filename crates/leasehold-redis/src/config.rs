@@ -219,7 +219,7 @@ impl RedisConfig {
     /// [`Error::UnsupportedScheme`] for `rediss://` when the `tls` feature is off.
     pub fn from_url(url: &str) -> Result<Self> {
         let invalid = |reason: String| Error::InvalidUrl {
-            url: redact(url),
+            url: leasehold_core::url_options::redact_url(url),
             reason,
         };
         let parsed = url::Url::parse(url).map_err(|e| invalid(format!("not a URL: {e}")))?;
@@ -415,38 +415,6 @@ impl fmt::Debug for RedisConfig {
             .field("expiry_events", &self.expiry_events)
             .finish()
     }
-}
-
-/// A URL with its password, and any query value whose name suggests a secret, replaced by `***`.
-/// A string that does not parse as a URL keeps nothing of what precedes its last `@`.
-pub(crate) fn redact(url: &str) -> String {
-    let Ok(mut parsed) = url::Url::parse(url) else {
-        return match (url.split_once("://"), url.rsplit_once('@')) {
-            (Some((scheme, _)), Some((_, host))) => format!("{scheme}://***@{host}"),
-            (None, Some((_, host))) => format!("***@{host}"),
-            _ => url.to_string(),
-        };
-    };
-    if parsed.password().is_some() {
-        let _ = parsed.set_password(Some("***"));
-    }
-    if parsed.query().is_some() {
-        let secret = |key: &str| {
-            let key = key.to_ascii_lowercase();
-            ["pass", "secret", "token", "auth", "key"]
-                .iter()
-                .any(|s| key.contains(s))
-        };
-        let pairs: Vec<(String, String)> = parsed
-            .query_pairs()
-            .map(|(k, v)| {
-                let v = if secret(&k) { "***".to_string() } else { v.into_owned() };
-                (k.into_owned(), v)
-            })
-            .collect();
-        parsed.query_pairs_mut().clear().extend_pairs(pairs);
-    }
-    parsed.to_string()
 }
 
 fn percent_encode(text: &str) -> String {

@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use leasehold_core::url_options::percent_decode;
 use leasehold_core::{Error, Result};
 
 /// The URL schemes this backend handles: `zk://` and `zookeeper://`.
@@ -47,7 +48,7 @@ impl ZookeeperConfig {
     /// chroot that is not a valid znode path, or an unknown option.
     pub fn parse(url: &str) -> Result<Self> {
         let bad = |reason: &str| Error::InvalidUrl {
-            url: redact(url),
+            url: leasehold_core::url_options::redact_url(url),
             reason: reason.to_string(),
         };
         let (scheme, rest) = url
@@ -115,7 +116,8 @@ impl ZookeeperConfig {
                     if scheme != "digest" || !credential.contains(':') {
                         return Err(bad("auth must be digest:user:pass"));
                     }
-                    auth.push((scheme.to_string(), percent_decode(credential)));
+                    let credential = percent_decode(credential).map_err(|e| bad(&format!("auth: {e}")))?;
+                    auth.push((scheme.to_string(), credential));
                 }
                 _ => return Err(bad("unknown option (known: auth)")),
             }
@@ -170,56 +172,6 @@ impl fmt::Debug for ZookeeperConfig {
     }
 }
 
-/// The URL with every `auth=scheme:user:secret` secret replaced by `***`.
-pub(crate) fn redact(url: &str) -> String {
-    let Some((head, query)) = url.split_once('?') else {
-        // Userinfo before the host is rejected, but must not be printed either.
-        return match url.split_once("://") {
-            Some((scheme, rest)) if rest.split('/').next().is_some_and(|a| a.contains('@')) => {
-                let after = &rest[rest.find('@').map_or(0, |i| i + 1)..];
-                format!("{scheme}://***@{after}")
-            }
-            _ => url.to_string(),
-        };
-    };
-    let head = redact(head);
-    let pairs: Vec<String> = query
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some(("auth", value)) => {
-                let mut parts = value.splitn(3, ':');
-                let scheme = parts.next().unwrap_or("");
-                match (parts.next(), parts.next()) {
-                    (Some(user), Some(_)) => format!("auth={scheme}:{user}:***"),
-                    _ => "auth=***".to_string(),
-                }
-            }
-            _ => pair.to_string(),
-        })
-        .collect();
-    format!("{head}?{}", pairs.join("&"))
-}
-
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = s.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (bytes[i], hex) {
-            (b'%', Some(b)) => {
-                out.push(b);
-                i += 3;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -263,8 +215,8 @@ mod tests {
         }
         assert_eq!(c.to_string(), "zk://a:1/app?auth=digest:alice:***");
         assert_eq!(
-            redact("zk://a?auth=digest:alice:topsecret"),
-            "zk://a?auth=digest:alice:***"
+            leasehold_core::url_options::redact_url("zk://a?auth=digest:alice:topsecret"),
+            "zk://a?auth=***"
         );
     }
 }

@@ -149,50 +149,7 @@ fn feature_enabled(feature: &str) -> bool {
 /// );
 /// ```
 pub fn redact(url: &str) -> String {
-    let Ok(mut parsed) = url::Url::parse(url) else {
-        // Unparseable: keep only what precedes any credentials.
-        return match url.rsplit_once('@') {
-            Some((_, host)) => format!("***@{host}"),
-            None => url.to_string(),
-        };
-    };
-    if parsed.password().is_some() {
-        let _ = parsed.set_password(Some("***"));
-    }
-    if parsed.query().is_some() {
-        const SECRET: &[&str] = &[
-            "sig",
-            "password",
-            "secret",
-            "token",
-            "key",
-            "access_key",
-            "secret_key",
-            "sas",
-            "session_token",
-        ];
-        let pairs: Vec<(String, String)> = parsed
-            .query_pairs()
-            .map(|(k, v)| {
-                let secret = SECRET
-                    .iter()
-                    .any(|s| k.eq_ignore_ascii_case(s) || k.to_ascii_lowercase().contains("secret"));
-                (k.into_owned(), if secret { "***".to_string() } else { v.into_owned() })
-            })
-            .collect();
-        let query: Vec<String> = pairs
-            .iter()
-            .map(|(k, v)| {
-                if v == "***" {
-                    format!("{k}=***")
-                } else {
-                    format!("{k}={v}")
-                }
-            })
-            .collect();
-        parsed.set_query(Some(&query.join("&")));
-    }
-    parsed.to_string()
+    leasehold_core::url_options::redact_url(url)
 }
 
 #[cfg(test)]
