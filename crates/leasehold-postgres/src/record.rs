@@ -213,6 +213,32 @@ pub(crate) fn new_version() -> String {
     format!("{:016x}", random_u64())
 }
 
+/// A renewal announced on the renewal channel: `<lease>/<term>/<ttl_ms>/<version>/<holder>`
+/// (after the schema prefix; candidate ids may hold `/`, so the holder comes last). `None` for
+/// anything else: the channel is open to every session of the database.
+pub(crate) fn parse_renewal(payload: &str) -> Option<(LeaseName, Record)> {
+    let mut parts = payload.splitn(5, '/');
+    let lease = LeaseName::new(parts.next()?).ok()?;
+    let term = parts.next()?.parse::<u64>().ok().filter(|t| *t > 0).map(Term)?;
+    let ttl = parts
+        .next()?
+        .parse::<u64>()
+        .ok()
+        .map(Duration::from_millis)
+        .filter(|ttl| TTL_RANGE.contains(ttl))?;
+    let version = parts.next().filter(|v| is_version(v))?.to_string();
+    let id = CandidateId::new(parts.next()?).ok()?;
+    Some((
+        lease,
+        Record {
+            holder: Some(Holding { id, ttl, version }),
+            term,
+            last_term: term,
+            previous_end: None,
+        },
+    ))
+}
+
 fn is_version(text: &str) -> bool {
     text.len() == 16 && text.bytes().all(|b| b.is_ascii_hexdigit())
 }
@@ -237,10 +263,21 @@ fn system_time(millis: i64) -> Option<SystemTime> {
 /// assert_ne!(lock_key("leasehold", "a"), lock_key("other", "a"));
 /// ```
 pub fn lock_key(schema: &str, lease: &str) -> i64 {
+    fnv("leasehold/", schema, lease)
+}
+
+/// The advisory lock key a follower holds in shared mode to ask for renewal notifications of
+/// `lease`: the hash of `leasehold-follow/<schema>/<lease>` (see [`lock_key`]).
+pub(crate) fn interest_key(schema: &str, lease: &str) -> i64 {
+    fnv("leasehold-follow/", schema, lease)
+}
+
+/// The 64-bit FNV-1a hash of `<prefix><schema>/<lease>`, as a signed `bigint`.
+fn fnv(prefix: &str, schema: &str, lease: &str) -> i64 {
     const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
     const PRIME: u64 = 0x0000_0100_0000_01b3;
     let mut hash = OFFSET;
-    for byte in "leasehold/"
+    for byte in prefix
         .bytes()
         .chain(schema.bytes())
         .chain(std::iter::once(b'/'))
@@ -303,6 +340,12 @@ impl Sightings {
                 Some(at)
             }
         }
+    }
+
+    /// Since when this store has seen the current holder record of `lease`, and its TTL.
+    pub(crate) fn since(&self, lease: &LeaseName) -> Option<(Instant, Duration)> {
+        let seen = self.seen.lock().expect("sightings lock poisoned");
+        seen.get(lease).map(|s| (s.since, s.holder.ttl))
     }
 
     /// The holder record of `lease` that has been seen unchanged for its full TTL by `now`.

@@ -129,7 +129,7 @@ impl PostgresStore {
                 Some(_) => options.clone(),
                 None => options.clone().application_name("leasehold"),
             });
-        let notifier = Notifier::new(options, timeout, cx.config.schema());
+        let notifier = Notifier::new(cx.clone(), options, timeout);
         let session = LockSession::spawn(cx.clone(), conn);
         Ok(PostgresStore {
             inner: Arc::new(Inner {
@@ -174,7 +174,7 @@ impl LeaseStore for PostgresStore {
         Capabilities {
             ttl: TTL_RANGE,
             expiry: Expiry::ServerSession,
-            notifications: Notifications::Release,
+            notifications: Notifications::ReleaseAndExpiry,
             fifo: false,
             can_break: true,
         }
@@ -182,7 +182,11 @@ impl LeaseStore for PostgresStore {
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
         self.capabilities().check_ttl(STORE, request.ttl)?;
-        self.inner.session.acquire(request.clone(), Instant::now()).await
+        let answer = self.inner.session.acquire(request.clone(), Instant::now()).await?;
+        self.inner
+            .notifier
+            .answered(&request.lease, &request.candidate, &answer, Instant::now());
+        Ok(answer)
     }
 
     async fn renew(&self, grant: &Grant) -> Result<Renewed> {

@@ -165,9 +165,7 @@ struct PostgresStoreHandle(Arc<dyn LeaseStore>);
 impl PostgresStoreHandle {
     async fn connect(url: &str) -> Self {
         PostgresStoreHandle(Arc::new(
-            leasehold_postgres::PostgresStore::connect(url)
-                .await
-                .expect("a store"),
+            leasehold_postgres::PostgresStore::connect(url).await.expect("a store"),
         ))
     }
 }
