@@ -12,15 +12,11 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::RedisBackend;
+use common::{RedisBackend, TTL, elector, grant, id};
 use futures::StreamExt;
 use leasehold_conformance::{Direction, Fault, Faults, FaultyStore, SafetyChecker, require_server};
-use leasehold_core::{
-    AcquireRequest, Acquired, CandidateId, Elector, Grant, LeaseName, LeaseStore, Notifications, random_u64,
-};
+use leasehold_core::{LeaseName, LeaseStore, Notifications, random_u64};
 use leasehold_redis::{ExpiryEvents, RedisConfig, RedisStore};
-
-const TTL: Duration = Duration::from_secs(1);
 
 fn backend(mode: ExpiryEvents) -> Option<RedisBackend> {
     let url = require_server("redis", "LEASEHOLD_REDIS_URL")?;
@@ -32,38 +28,6 @@ fn backend(mode: ExpiryEvents) -> Option<RedisBackend> {
 
 fn lease(tag: &str) -> LeaseName {
     LeaseName::new(format!("expiry-{tag}-{:x}", random_u64())).unwrap()
-}
-
-fn id(name: &str) -> CandidateId {
-    CandidateId::new(name).unwrap()
-}
-
-async fn grant(store: &RedisStore, lease: &LeaseName, who: &str, ttl: Duration) -> Grant {
-    let request = AcquireRequest {
-        lease: lease.clone(),
-        candidate: id(who),
-        ttl,
-        takeover: None,
-    };
-    match store.acquire(&request).await {
-        Ok(Acquired::Granted(grant)) => grant,
-        other => panic!("{who} must be granted {lease}: {other:?}"),
-    }
-}
-
-/// An elector with the conformance suite's timings.
-fn elector(store: Arc<dyn LeaseStore>, lease: &LeaseName, who: &str) -> Elector {
-    Elector::builder(store, lease.as_str())
-        .candidate_id(who)
-        .ttl(TTL)
-        .renew_every(TTL / 3)
-        .retry_every(TTL / 5)
-        .jitter(0.2)
-        .drift(0.01)
-        .step_down_margin(TTL / 4)
-        .request_timeout(TTL / 4)
-        .build()
-        .unwrap()
 }
 
 async fn raw_cmd(backend: &RedisBackend, args: &[&str]) -> redis::RedisResult<redis::Value> {

@@ -9,26 +9,15 @@
 
 mod common;
 
+use common::{TTL, elector, request};
+
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use leasehold_conformance::{SafetyChecker, require_server};
-use leasehold_core::{
-    AcquireRequest, Acquired, CandidateId, Elector, Error, Event, LeaseName, LeaseStore, Term, random_u64,
-};
+use leasehold_core::{Acquired, Error, Event, LeaseName, LeaseStore, Term, random_u64};
 use leasehold_redis::{RedisStore, RedisStoreError};
-
-const TTL: Duration = Duration::from_secs(1);
-
-fn request(lease: &LeaseName, who: &str) -> AcquireRequest {
-    AcquireRequest {
-        lease: lease.clone(),
-        candidate: CandidateId::new(who).unwrap(),
-        ttl: TTL,
-        takeover: None,
-    }
-}
 
 fn is_recent_restart(error: &Error) -> bool {
     matches!(error, Error::Store { source, .. }
@@ -39,7 +28,7 @@ fn is_recent_restart(error: &Error) -> bool {
 async fn acquire_when_allowed(store: &RedisStore, lease: &LeaseName, who: &str) -> Term {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        match store.acquire(&request(lease, who)).await {
+        match store.acquire(&request(lease, who, TTL)).await {
             Ok(Acquired::Granted(grant)) => {
                 store.release(&grant).await.unwrap();
                 return grant.term;
@@ -50,20 +39,6 @@ async fn acquire_when_allowed(store: &RedisStore, lease: &LeaseName, who: &str) 
             other => panic!("{who} cannot acquire {lease}: {other:?}"),
         }
     }
-}
-
-fn elector(store: Arc<dyn LeaseStore>, lease: &LeaseName, who: &str) -> Elector {
-    Elector::builder(store, lease.as_str())
-        .candidate_id(who)
-        .ttl(TTL)
-        .renew_every(TTL / 3)
-        .retry_every(TTL / 5)
-        .jitter(0.2)
-        .drift(0.01)
-        .step_down_margin(TTL / 4)
-        .request_timeout(TTL / 4)
-        .build()
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -137,13 +112,7 @@ async fn redis_restart_while_a_lease_is_held() {
     // probe, so that a slow machine cannot outrun the guard).
     let fresh = LeaseName::new(format!("restart-fresh-{:x}", random_u64())).unwrap();
     let refused = loop {
-        match raw
-            .acquire(&AcquireRequest {
-                ttl: Duration::from_secs(10),
-                ..request(&fresh, "early")
-            })
-            .await
-        {
+        match raw.acquire(&request(&fresh, "early", Duration::from_secs(10))).await {
             Err(e) if e.is_transient() => tokio::time::sleep(Duration::from_millis(20)).await,
             other => break other,
         }

@@ -7,16 +7,11 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::RedisBackend;
+use common::{RedisBackend, TTL, elector, grant, id, request};
 use futures::StreamExt;
 use leasehold_conformance::{Direction, Fault, SafetyChecker, require_server};
-use leasehold_core::{
-    AcquireRequest, Acquired, CandidateId, Elector, EndReason, Error, Grant, LeaseName, LeaseStore, Renewed, Term,
-    random_u64,
-};
+use leasehold_core::{EndReason, Error, Grant, LeaseName, LeaseStore, Renewed, Term, random_u64};
 use leasehold_redis::{RedisConfig, RedisStore, RedisStoreError};
-
-const TTL: Duration = Duration::from_secs(1);
 
 /// The test server, without the restart guard: `tests/restart.rs` tests the guard, and may have
 /// restarted the server just before these tests run.
@@ -29,41 +24,6 @@ fn backend() -> Option<RedisBackend> {
 
 fn lease(tag: &str) -> LeaseName {
     LeaseName::new(format!("store-{tag}-{:x}", random_u64())).unwrap()
-}
-
-fn id(name: &str) -> CandidateId {
-    CandidateId::new(name).unwrap()
-}
-
-fn request(lease: &LeaseName, who: &str, ttl: Duration) -> AcquireRequest {
-    AcquireRequest {
-        lease: lease.clone(),
-        candidate: id(who),
-        ttl,
-        takeover: None,
-    }
-}
-
-async fn grant(store: &RedisStore, lease: &LeaseName, who: &str, ttl: Duration) -> Grant {
-    match store.acquire(&request(lease, who, ttl)).await {
-        Ok(Acquired::Granted(grant)) => grant,
-        other => panic!("{who} must be granted {lease}: {other:?}"),
-    }
-}
-
-/// An elector with the conformance suite's timings.
-fn elector(store: Arc<dyn LeaseStore>, lease: &LeaseName, who: &str) -> Elector {
-    Elector::builder(store, lease.as_str())
-        .candidate_id(who)
-        .ttl(TTL)
-        .renew_every(TTL / 3)
-        .retry_every(TTL / 5)
-        .jitter(0.2)
-        .drift(0.01)
-        .step_down_margin(TTL / 4)
-        .request_timeout(TTL / 4)
-        .build()
-        .unwrap()
 }
 
 async fn raw_cmd(backend: &RedisBackend, args: &[&str]) -> redis::Value {

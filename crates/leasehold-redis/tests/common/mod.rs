@@ -6,10 +6,11 @@
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_conformance::{Backend, FaultProxy, Faults, FaultyStore};
-use leasehold_core::{Error, LeaseName, LeaseStore, Result};
+use leasehold_core::{AcquireRequest, Acquired, CandidateId, Elector, Error, Grant, LeaseName, LeaseStore, Result};
 use leasehold_redis::{ExpiryEvents, RedisConfig, RedisStore};
 
 /// The server named by `LEASEHOLD_REDIS_URL`: every `connect` is a new `RedisStore`.
@@ -130,4 +131,43 @@ pub fn services() -> Option<(PathBuf, String)> {
     }
     let script = value("LEASEHOLD_SERVICES_SCRIPT").map_or_else(|| root.join("scripts/services"), PathBuf::from);
     Some((script, url))
+}
+
+/// The TTL of the store tests.
+pub const TTL: Duration = Duration::from_secs(1);
+
+pub fn id(name: &str) -> CandidateId {
+    CandidateId::new(name).unwrap()
+}
+
+pub fn request(lease: &LeaseName, who: &str, ttl: Duration) -> AcquireRequest {
+    AcquireRequest {
+        lease: lease.clone(),
+        candidate: id(who),
+        ttl,
+        takeover: None,
+    }
+}
+
+/// Acquires `lease` for `who`, which must be granted.
+pub async fn grant(store: &RedisStore, lease: &LeaseName, who: &str, ttl: Duration) -> Grant {
+    match store.acquire(&request(lease, who, ttl)).await {
+        Ok(Acquired::Granted(grant)) => grant,
+        other => panic!("{who} must be granted {lease}: {other:?}"),
+    }
+}
+
+/// An elector with the conformance suite's timings.
+pub fn elector(store: Arc<dyn LeaseStore>, lease: &LeaseName, who: &str) -> Elector {
+    Elector::builder(store, lease.as_str())
+        .candidate_id(who)
+        .ttl(TTL)
+        .renew_every(TTL / 3)
+        .retry_every(TTL / 5)
+        .jitter(0.2)
+        .drift(0.01)
+        .step_down_margin(TTL / 4)
+        .request_timeout(TTL / 4)
+        .build()
+        .unwrap()
 }
