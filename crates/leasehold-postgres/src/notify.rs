@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures::StreamExt;
-use leasehold_core::{Acquired, CandidateId, Changes, LeaseName};
+use leasehold_core::{Acquired, CandidateId, Changes, HolderInfo, LeaseName};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -156,15 +156,30 @@ impl Notifier {
         .boxed()
     }
 
-    /// Learns from the store's answer to an acquire of `candidate`, which arrived at `arrived`,
-    /// when its stream should wake next (see the module docs).
-    pub(crate) fn answered(&self, lease: &LeaseName, candidate: &CandidateId, answer: &Acquired, arrived: Instant) {
+    /// Learns from the store's answer to an acquire of `candidate` (or a renewal of its that was
+    /// lost: `Held`), which arrived at `arrived`, when its stream should wake next (see the module
+    /// docs). A failed acquire (`None`) wakes it at the expected expiry of the holder last seen,
+    /// if any: the engine may settle the failure by a read and then wait for this stream.
+    pub(crate) fn answered(
+        &self,
+        lease: &LeaseName,
+        candidate: &CandidateId,
+        answer: Option<&Acquired>,
+        arrived: Instant,
+    ) {
         let at = match answer {
-            Acquired::Granted(_) => None,
-            Acquired::Held(observation) => observation.holder.as_ref().map(|holder| match holder.store_remaining {
-                Some(remaining) => arrived + remaining,
-                None => expected_expiry(&self.cx, lease, arrived, holder.ttl),
-            }),
+            Some(Acquired::Granted(_)) => None,
+            Some(Acquired::Held(observation)) => {
+                observation.holder.as_ref().map(|holder| match holder.store_remaining {
+                    Some(remaining) => arrived + remaining,
+                    None => expected_expiry(&self.cx, lease, arrived, holder.ttl),
+                })
+            }
+            None => self
+                .cx
+                .sightings
+                .since(lease)
+                .map(|(_, ttl)| expected_expiry(&self.cx, lease, arrived, ttl)),
         };
         let state = self.state.lock().expect("notifier lock poisoned");
         if let Some(tx) = state
@@ -177,6 +192,25 @@ impl Notifier {
                 wake.at = at;
                 modified
             });
+        }
+    }
+
+    /// Learns from a read of `lease` that showed `holder` at `arrived`: the streams of the
+    /// lease's waiters with no wake to come wake at the holder's expected expiry.
+    pub(crate) fn read(&self, lease: &LeaseName, holder: Option<&HolderInfo>, arrived: Instant) {
+        let Some(holder) = holder else { return };
+        let at = expected_expiry(&self.cx, lease, arrived, holder.ttl);
+        let state = self.state.lock().expect("notifier lock poisoned");
+        for (candidate, tx) in state.waiting.get(lease.as_str()).into_iter().flatten() {
+            if candidate != holder.id.as_str() {
+                tx.send_if_modified(|wake| {
+                    let idle = wake.at.is_none_or(|at| at <= arrived);
+                    if idle {
+                        wake.at = Some(at);
+                    }
+                    idle
+                });
+            }
         }
     }
 }

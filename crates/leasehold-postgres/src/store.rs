@@ -182,11 +182,11 @@ impl LeaseStore for PostgresStore {
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
         self.capabilities().check_ttl(STORE, request.ttl)?;
-        let answer = self.inner.session.acquire(request.clone(), Instant::now()).await?;
+        let answer = self.inner.session.acquire(request.clone(), Instant::now()).await;
         self.inner
             .notifier
-            .answered(&request.lease, &request.candidate, &answer, Instant::now());
-        Ok(answer)
+            .answered(&request.lease, &request.candidate, answer.as_ref().ok(), Instant::now());
+        answer
     }
 
     async fn renew(&self, grant: &Grant) -> Result<Renewed> {
@@ -204,6 +204,12 @@ impl LeaseStore for PostgresStore {
                 {
                     observation.holder = None;
                 }
+                // The engine follows from here: its stream wakes at the new holder's expected
+                // expiry (this store does not follow the lease yet: no renewal is announced).
+                let held = Acquired::Held(observation.clone());
+                self.inner
+                    .notifier
+                    .answered(&grant.lease, &grant.holder, Some(&held), Instant::now());
                 Ok(Renewed::Lost(observation))
             }
         }
@@ -214,7 +220,11 @@ impl LeaseStore for PostgresStore {
     }
 
     async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
-        Ok(self.read(lease, "inspect").await?.observation(lease))
+        let observation = self.read(lease, "inspect").await?.observation(lease);
+        self.inner
+            .notifier
+            .read(lease, observation.holder.as_ref(), Instant::now());
+        Ok(observation)
     }
 
     async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {

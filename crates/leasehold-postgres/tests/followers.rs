@@ -1,9 +1,10 @@
-//! Measurements for issue 8 (idle followers): what an idle follower costs and how fast it takes
-//! over from a crashed leader, and what a follower that blocks on the leader's advisory lock
-//! (the proposed change stream for `Notifications::ReleaseAndExpiry`) would learn and when.
+//! Idle followers (issue 8): an idle follower makes no requests (it learns the holder's renewals
+//! from notifications), and is woken without polling when the holder's session ends, as fast as
+//! polling took over before.
 //!
-//! Both are measurements, not checks of the contract (the conformance suite does that): run them
-//! with `--ignored --nocapture` against the test server.
+//! The `#[ignore]`d tests are measurements (run them with `--ignored --nocapture`): what an idle
+//! follower costs and how fast it takes over from a crashed leader at TTL 2 s, and what a
+//! follower that only blocked on the leader's advisory lock would learn and when.
 
 mod common;
 
@@ -11,10 +12,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use leasehold_conformance::{Direction, Fault, Faults, FaultyStore};
-use leasehold_core::{AcquireRequest, Acquired, CandidateId, Elector, LeaseStore};
+use leasehold_core::{AcquireRequest, Acquired, CandidateId, Elector, Leader, LeaseStore};
+use leasehold_postgres::PostgresStore;
 use sqlx::Connection;
 
-use common::server;
+use common::{lock_holder, server};
 
 const TTL: Duration = Duration::from_secs(2);
 
@@ -168,4 +170,192 @@ impl PostgresStoreHandle {
             leasehold_postgres::PostgresStore::connect(url).await.expect("a store"),
         ))
     }
+}
+
+/// The TTL of the checks.
+const SHORT: Duration = Duration::from_secs(1);
+
+/// A leader A (its store behind a fault proxy, so it can be silenced) and a follower B whose
+/// requests are counted, on a fresh lease, with the engine's default timings at TTL `SHORT`.
+struct Pair {
+    server: common::PostgresBackend,
+    lease: leasehold_core::LeaseName,
+    leader_a: Leader,
+    faults_a: Faults,
+    counts: Faults,
+    campaign_b: tokio::task::JoinHandle<leasehold_core::Result<Leader>>,
+}
+
+async fn pair(tag: &str) -> Option<Pair> {
+    let server = server()?;
+    let lease = common::lease(tag);
+    let (store_a, faults_a) = server.faulty_store().await.expect("store A");
+    let a = Elector::builder(Arc::new(store_a), lease.as_str())
+        .candidate_id("A")
+        .ttl(SHORT)
+        .build()
+        .expect("elector A");
+    let leader_a = a.campaign().await.expect("A leads");
+    let store_b = PostgresStore::connect(&server.url).await.expect("store B");
+    let counts = Faults::new();
+    let b = Elector::builder(
+        Arc::new(FaultyStore::counting(Arc::new(store_b), counts.clone())),
+        lease.as_str(),
+    )
+    .candidate_id("B")
+    .ttl(SHORT)
+    .build()
+    .expect("elector B");
+    let campaign_b = tokio::spawn(async move { b.campaign().await });
+    // B's first acquire, its interest key, the listener.
+    tokio::time::sleep(SHORT / 2).await;
+    counts.reset_counts();
+    Some(Pair {
+        server,
+        lease,
+        leader_a,
+        faults_a,
+        counts,
+        campaign_b,
+    })
+}
+
+impl Pair {
+    /// Waits for B to lead; checks it comes after A's deadline at a higher term.
+    async fn b_leads(self, within: Duration) -> (Leader, Leader) {
+        let leader_b = tokio::time::timeout(within, self.campaign_b)
+            .await
+            .expect("B leads in time")
+            .expect("B's campaign task")
+            .expect("B leads");
+        assert!(
+            leader_b.elected_at() >= self.leader_a.valid_until(),
+            "B was elected before A's valid_until"
+        );
+        assert!(leader_b.term() > self.leader_a.term());
+        (self.leader_a, leader_b)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_follower_makes_no_requests() {
+    let Some(pair) = pair("idle0").await else { return };
+    tokio::time::sleep(SHORT * 5).await;
+    let counts = pair.counts.counts();
+    assert!(counts.total() <= 1, "an idle follower asked {counts:?} in 5 TTLs");
+    assert!(!pair.leader_a.is_cancelled(), "A kept leading");
+    assert!(!pair.campaign_b.is_finished(), "B kept following");
+    pair.campaign_b.abort();
+    pair.leader_a.resign().await;
+}
+
+/// A silent leader (blackholed: no FIN, no RST) is taken over at about its TTL, as fast as
+/// polling took over, with a couple of requests instead of one per `retry_every`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_leader_is_taken_over_without_polling() {
+    let Some(pair) = pair("silent").await else { return };
+    tokio::time::sleep(SHORT * 2).await;
+    let crashed = Instant::now();
+    pair.faults_a.set(Direction::Both, Fault::Blackhole);
+    let counts = pair.counts.clone();
+    let (leader_a, leader_b) = pair.b_leads(SHORT * 4).await;
+    let failover = leader_b.elected_at() - crashed;
+    let asked = counts.counts();
+    println!(
+        "silent leader: failover {} ({:.2} TTL), {} requests",
+        secs(failover),
+        failover.as_secs_f64() / SHORT.as_secs_f64(),
+        asked.total()
+    );
+    // Polling (retry_every = TTL/5) took 0.95 to 1.35 TTL here.
+    assert!(failover <= SHORT * 3 / 2, "failover took {}", secs(failover));
+    assert!(asked.total() <= 3, "{asked:?}");
+    leader_b.resign().await;
+    drop(leader_a);
+}
+
+/// The leader's lock session is ended by an operator while the leader is silent: its lock is
+/// free at once, but the row still names it; the follower, which saw its last renewal, takes
+/// over once the leader's deadline has passed, without polling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminated_leader_session_is_taken_over_without_polling() {
+    let Some(pair) = pair("killed").await else { return };
+    tokio::time::sleep(SHORT * 2).await;
+    let mut conn = pair.server.raw().await;
+    let key = leasehold_postgres::lock_key("leasehold", pair.lease.as_str());
+    let pid = lock_holder(&mut conn, key).await.expect("A's session holds the lock");
+    let crashed = Instant::now();
+    pair.faults_a.set(Direction::Both, Fault::Blackhole);
+    let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(&mut conn)
+        .await
+        .expect("pg_terminate_backend");
+    assert!(ended);
+    let counts = pair.counts.clone();
+    let (leader_a, leader_b) = pair.b_leads(SHORT * 4).await;
+    let failover = leader_b.elected_at() - crashed;
+    let asked = counts.counts();
+    println!(
+        "terminated leader session: failover {} ({:.2} TTL), {} requests",
+        secs(failover),
+        failover.as_secs_f64() / SHORT.as_secs_f64(),
+        asked.total()
+    );
+    assert!(failover <= SHORT * 3 / 2, "failover took {}", secs(failover));
+    assert!(asked.total() <= 3, "{asked:?}");
+    let _ = conn.close().await;
+    leader_b.resign().await;
+    drop(leader_a);
+}
+
+/// The follower's own lock session ends (it held the interest key): renewals are no longer
+/// announced to it, so it looks once at the holder's expected expiry, takes the key again, and
+/// goes on without polling; it still takes over from a silent leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_that_lost_its_interest_key_looks_once_and_follows_again() {
+    let Some(pair) = pair("interest").await else { return };
+    let mut conn = pair.server.raw().await;
+    // The interest key: the FNV-1a hash of `leasehold-follow/<schema>/<lease>` (as `lock_key`).
+    let interest = "leasehold-follow/leasehold/"
+        .bytes()
+        .chain(pair.lease.as_str().bytes())
+        .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+    let followers: Vec<i32> = sqlx::query_scalar(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted
+         AND mode = 'ShareLock'
+         AND classid = ((($1::int8) >> 32) & 4294967295)::oid AND objid = ($1::int8 & 4294967295)::oid",
+    )
+    .bind(i64::from_ne_bytes(interest.to_ne_bytes()))
+    .fetch_all(&mut conn)
+    .await
+    .expect("pg_locks");
+    assert_eq!(followers.len(), 1, "B's session holds the lease's interest key");
+    for pid in &followers {
+        let _: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .fetch_one(&mut conn)
+            .await
+            .expect("pg_terminate_backend");
+    }
+    tokio::time::sleep(SHORT * 4).await;
+    let asked = pair.counts.counts();
+    assert!(
+        (1..=4).contains(&asked.total()),
+        "4 TTLs after losing its interest key: {asked:?}"
+    );
+    pair.counts.reset_counts();
+    tokio::time::sleep(SHORT * 3).await;
+    let asked = pair.counts.counts();
+    assert!(asked.total() <= 1, "following again: {asked:?}");
+    let _ = conn.close().await;
+    let crashed = Instant::now();
+    pair.faults_a.set(Direction::Both, Fault::Blackhole);
+    let (leader_a, leader_b) = pair.b_leads(SHORT * 4).await;
+    let failover = leader_b.elected_at() - crashed;
+    assert!(failover <= SHORT * 3 / 2, "failover took {}", secs(failover));
+    leader_b.resign().await;
+    drop(leader_a);
 }
