@@ -296,7 +296,8 @@ fn fnv(prefix: &str, schema: &str, lease: &str) -> i64 {
 /// an operator's `pg_terminate_backend` frees the advisory lock at once, while the holder still
 /// believes its grant until its local deadline. A contender that gets the lock but finds such a
 /// row replaces it only once it has seen the same version unchanged for the holder's whole TTL,
-/// counted from when the reply that first showed it arrived.
+/// counted from when the reply (or the renewal notification, see [`crate::notify`]) that first
+/// showed it arrived.
 #[derive(Debug, Default)]
 pub(crate) struct Sightings {
     seen: Mutex<HashMap<LeaseName, Sighting>>,

@@ -85,12 +85,13 @@ async fn idle_follower_requests_and_crash_failover() {
     drop(leader_a);
 }
 
-/// The proposed change stream, by hand: a follower's connection blocks on the leader's advisory
-/// lock with `pg_advisory_lock_shared` while the leader renews for 3 TTLs; then the leader is
-/// blackholed. Prints when the waiter wakes and what the follower's next acquire says: the
-/// row still names the silent leader, at a version this follower has never seen (the leader
-/// renewed while the follower made no request), so the store makes it wait a whole TTL from
-/// the wake (`store_remaining`), about two TTLs after the crash in all.
+/// The design not taken, by hand: a follower's connection blocks on the leader's advisory lock
+/// with `pg_advisory_lock_shared` while the leader renews for 3 TTLs; then the leader is
+/// blackholed. B has no change stream here, so its store records no announced renewals: this is
+/// what the waiter alone gives. Prints when the waiter wakes and what the follower's next acquire
+/// says: the row still names the silent leader, at a version this follower has never seen (the
+/// leader renewed while the follower made no request), so the store makes it wait a whole TTL
+/// from the wake (`store_remaining`), about two TTLs after the crash in all (polling: one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "measurement: run with --ignored --nocapture"]
 async fn lock_waiter_wakes_at_session_end() {
