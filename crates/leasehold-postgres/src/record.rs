@@ -372,6 +372,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn renewal_payloads() {
+        let (lease, record) = parse_renewal("jobs/7/2000/00ff00ff00ff00ff/host-1/pid 42").expect("a renewal");
+        assert_eq!(lease.as_str(), "jobs");
+        assert_eq!(record.term, Term(7));
+        let holder = record.holder.expect("a holder");
+        assert_eq!(holder.id.as_str(), "host-1/pid 42", "candidate ids may hold '/'");
+        assert_eq!(holder.ttl, Duration::from_secs(2));
+        assert_eq!(holder.version, "00ff00ff00ff00ff");
+        for garbage in [
+            "",
+            "jobs",
+            "jobs/7/2000/00ff00ff00ff00ff",
+            "jobs/0/2000/00ff00ff00ff00ff/a",
+            "jobs/-1/2000/00ff00ff00ff00ff/a",
+            "jobs/7/10/00ff00ff00ff00ff/a",
+            "jobs/7/99999999/00ff00ff00ff00ff/a",
+            "jobs/7/2000/not-a-version!!/a",
+            "jobs/7/2000/00ff00ff00ff00ff/",
+            "bad name!/7/2000/00ff00ff00ff00ff/a",
+        ] {
+            assert!(parse_renewal(garbage).is_none(), "{garbage:?}");
+        }
+        assert_ne!(interest_key("leasehold", "jobs"), lock_key("leasehold", "jobs"));
+    }
+
+    #[test]
     fn lock_keys_are_stable() {
         // FNV-1a 64 of "leasehold/leasehold/invoice-scheduler", computed independently.
         let expected = {
