@@ -567,6 +567,13 @@ impl Actor {
                         batch.len()
                     ))),
                 };
+                // Whether the failed statement took or gave back interest keys is unknown: forget
+                // them, so that the next answer `Held` takes them again (shared locks stack).
+                if let Some(session) = self.session.as_mut() {
+                    for interest in &interests {
+                        session.interest.remove(interest);
+                    }
+                }
                 // Locks the failed statement took survive its rollback: give them back.
                 let taken: Vec<i64> = keys
                     .iter()
