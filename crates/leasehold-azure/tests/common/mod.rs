@@ -215,42 +215,72 @@ impl Backend for AzureBackend {
         ))
     }
 
-    /// Breaks the blob lease and writes garbage where the term belongs, as a foreign program
-    /// using the same blob would. A candidate may take the broken lease before the garbage is
-    /// written (Azure then refuses the write: the blob is leased again), so break and write again.
+    /// Writes garbage where the term belongs, as a foreign program using the same blob would,
+    /// then breaks the blob lease. The garbage is written *under the holder's lease* (its id is in
+    /// the record version), so that no candidate can take the lease between the break and the
+    /// write; a holder that changed in between makes Azure refuse the write, and it is tried again.
     async fn corrupt(&self, lease: &LeaseName) -> Result<()> {
         let store = self.store().await;
+        let blob = store.blob_name(lease);
         let mut attempts = 0;
         loop {
-            store.break_blob_lease(lease).await?;
-            let written = raw_set_metadata(
-                &self.config,
-                &store.blob_name(lease),
-                &[("leasehold_term", "garbage"), ("vandal", "yes")],
-            )
-            .await;
+            let seen = store.inspect(lease).await?;
+            let lease_id = seen
+                .holder
+                .as_ref()
+                .and_then(|h| h.version.split(';').next().map(str::to_string));
+            let garbage = [("leasehold_term", "garbage"), ("vandal", "yes")];
+            let written = raw_set_metadata(&self.config, &blob, &garbage, lease_id.as_deref()).await;
             attempts += 1;
             match written {
+                Ok(()) => break,
                 Err(_) if attempts < 10 => {
-                    eprintln!("azure: corrupting {lease} was refused (leased again); breaking it again")
+                    eprintln!("azure: corrupting {lease} was refused (the holder changed); again")
                 }
-                written => return written,
+                Err(e) => return Err(e),
             }
         }
+        raw_break_lease(&self.config, &blob).await
     }
 }
 
-/// Overwrites the metadata of a blob (which must not be leased), bypassing the store.
-pub async fn raw_set_metadata(config: &AzureConfig, blob: &str, pairs: &[(&str, &str)]) -> Result<()> {
+/// Overwrites the metadata of a blob, bypassing the store: under `lease_id` if the blob is
+/// leased.
+pub async fn raw_set_metadata(
+    config: &AzureConfig,
+    blob: &str,
+    pairs: &[(&str, &str)],
+    lease_id: Option<&str>,
+) -> Result<()> {
     let container = azure_storage_blob::BlobContainerClient::new(container_url(config), None, None)
         .map_err(|e| Error::store("azure", e.to_string()))?;
     let metadata = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let options = azure_storage_blob::models::BlobClientSetMetadataOptions {
+        lease_id: lease_id.map(str::to_string),
+        ..Default::default()
+    };
     container
         .blob_client(blob)
-        .set_metadata(&metadata, None)
+        .set_metadata(&metadata, Some(options))
         .await
         .map(drop)
         .map_err(|e| Error::store("azure", e.to_string()))
+}
+
+/// Breaks the blob lease at once, if there is one, bypassing the store.
+pub async fn raw_break_lease(config: &AzureConfig, blob: &str) -> Result<()> {
+    let container = azure_storage_blob::BlobContainerClient::new(container_url(config), None, None)
+        .map_err(|e| Error::store("azure", e.to_string()))?;
+    let options = azure_storage_blob::models::BlobClientBreakLeaseOptions {
+        break_period: Some(0),
+        ..Default::default()
+    };
+    match container.blob_client(blob).break_lease(Some(options)).await {
+        Ok(_) => Ok(()),
+        // 409: no lease to break.
+        Err(e) if e.http_status().is_some_and(|s| u16::from(s) == 409) => Ok(()),
+        Err(e) => Err(Error::store("azure", e.to_string())),
+    }
 }
 
 fn container_url(config: &AzureConfig) -> Url {
