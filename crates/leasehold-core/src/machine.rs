@@ -660,19 +660,25 @@ impl Machine {
             },
             (Purpose::RenewReadBack, Reply::Inspect(result)) => {
                 let retry = now + self.retry_delay();
+                // The last moment a renewal can be sent and still be confirmed before the
+                // step-down point: a retry interval later may be too late on a slow store.
+                let last_chance = self.timing.step_down_margin + self.timing.request_timeout;
                 let State::Leading(l) = &mut self.state else { return };
+                let next = retry
+                    .min(l.valid_until.checked_sub(last_chance).unwrap_or(now))
+                    .max(now);
                 match result {
                     Ok(observation) => match &observation.holder {
                         Some(h) if h.id == self.me && h.term == l.grant.term => {
                             // Still ours; the deadline stays where the last confirmed renewal put it.
                             l.grant.token = h.version.clone();
-                            l.next_renew = retry;
+                            l.next_renew = next;
                         }
                         _ => self.superseded(now, &observation, out),
                     },
                     Err(e) if e.is_transient() => {
                         l.last_error = Some(e.to_string());
-                        l.next_renew = retry;
+                        l.next_renew = next;
                         out.push(Output::StoreTrouble(e));
                     }
                     Err(e) => {

@@ -605,11 +605,27 @@ fn read_back_showing_us_keeps_the_deadline_and_retries_soon() {
     assert_eq!(h.reply(3_200, OpId(2), Reply::Inspect(Ok(ours))), vec![]);
     assert!(h.believes(7_999));
     assert!(!h.believes(8_000));
-    // Renew again after retry_every, with the version read back.
-    assert_eq!(h.wake(), Some(5_200));
-    assert_eq!(h.tick(5_200), vec![Ev::Send(OpId(3), Request::Renew(grant(1, "v2")))]);
-    let out = h.reply(5_300, OpId(3), Reply::Renew(Ok(Renewed::Renewed(grant(1, "v3")))));
-    assert_eq!(out, vec![Ev::Extended(ms(13_200))]);
+    // Renew again with the version read back: not after retry_every (5 200), which would be too
+    // late for a renewal to be confirmed before the step-down at 7 000 (request_timeout 3 000),
+    // but at 4 000, the last moment that still can.
+    assert_eq!(h.wake(), Some(4_000));
+    assert_eq!(h.tick(3_999), vec![]);
+    assert_eq!(h.tick(4_000), vec![Ev::Send(OpId(3), Request::Renew(grant(1, "v2")))]);
+    let out = h.reply(4_100, OpId(3), Reply::Renew(Ok(Renewed::Renewed(grant(1, "v3")))));
+    assert_eq!(out, vec![Ev::Extended(ms(12_000))]);
+}
+
+#[test]
+fn read_back_past_the_last_chance_renews_at_once() {
+    let mut h = Harness::leader();
+    let op = h.send_at(3_000);
+    let _ = h.reply(4_400, op, Reply::Renew(Err(unreachable())));
+    let ours = held(holder(me(), 1, "v2", Some(ms(9_900))));
+    assert_eq!(
+        h.reply(4_500, OpId(2), Reply::Inspect(Ok(ours))),
+        vec![Ev::Send(OpId(3), Request::Renew(grant(1, "v2")))]
+    );
+    assert!(h.believes(6_999), "the deadline is still the last confirmed renewal's");
 }
 
 #[test]
