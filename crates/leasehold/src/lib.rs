@@ -128,16 +128,16 @@ fn unsupported(scheme: &str) -> Error {
 
 #[cfg(test)]
 fn feature_enabled(feature: &str) -> bool {
-    match feature {
-        "sqlite" => cfg!(feature = "sqlite"),
-        "postgres" => cfg!(feature = "postgres"),
-        "redis" => cfg!(feature = "redis"),
-        "etcd" => cfg!(feature = "etcd"),
-        "zookeeper" => cfg!(feature = "zookeeper"),
-        "dynamodb" => cfg!(feature = "dynamodb"),
-        "azure" => cfg!(feature = "azure"),
-        _ => false,
-    }
+    const COMPILED: &[(&str, bool)] = &[
+        ("sqlite", cfg!(feature = "sqlite")),
+        ("postgres", cfg!(feature = "postgres")),
+        ("redis", cfg!(feature = "redis")),
+        ("etcd", cfg!(feature = "etcd")),
+        ("zookeeper", cfg!(feature = "zookeeper")),
+        ("dynamodb", cfg!(feature = "dynamodb")),
+        ("azure", cfg!(feature = "azure")),
+    ];
+    COMPILED.iter().any(|&(name, on)| name == feature && on)
 }
 
 /// Replaces the password of a URL (and any query value that looks secret) with `***`.
