@@ -213,32 +213,6 @@ pub(crate) fn new_version() -> String {
     format!("{:016x}", random_u64())
 }
 
-/// A renewal announced on the renewal channel: `<lease>/<term>/<ttl_ms>/<version>/<holder>`
-/// (after the schema prefix; candidate ids may hold `/`, so the holder comes last). `None` for
-/// anything else: the channel is open to every session of the database.
-pub(crate) fn parse_renewal(payload: &str) -> Option<(LeaseName, Record)> {
-    let mut parts = payload.splitn(5, '/');
-    let lease = LeaseName::new(parts.next()?).ok()?;
-    let term = parts.next()?.parse::<u64>().ok().filter(|t| *t > 0).map(Term)?;
-    let ttl = parts
-        .next()?
-        .parse::<u64>()
-        .ok()
-        .map(Duration::from_millis)
-        .filter(|ttl| TTL_RANGE.contains(ttl))?;
-    let version = parts.next().filter(|v| is_version(v))?.to_string();
-    let id = CandidateId::new(parts.next()?).ok()?;
-    Some((
-        lease,
-        Record {
-            holder: Some(Holding { id, ttl, version }),
-            term,
-            last_term: term,
-            previous_end: None,
-        },
-    ))
-}
-
 fn is_version(text: &str) -> bool {
     text.len() == 16 && text.bytes().all(|b| b.is_ascii_hexdigit())
 }
@@ -263,21 +237,10 @@ fn system_time(millis: i64) -> Option<SystemTime> {
 /// assert_ne!(lock_key("leasehold", "a"), lock_key("other", "a"));
 /// ```
 pub fn lock_key(schema: &str, lease: &str) -> i64 {
-    fnv("leasehold/", schema, lease)
-}
-
-/// The advisory lock key a follower holds in shared mode to ask for renewal notifications of
-/// `lease`: the hash of `leasehold-follow/<schema>/<lease>` (see [`lock_key`]).
-pub(crate) fn interest_key(schema: &str, lease: &str) -> i64 {
-    fnv("leasehold-follow/", schema, lease)
-}
-
-/// The 64-bit FNV-1a hash of `<prefix><schema>/<lease>`, as a signed `bigint`.
-fn fnv(prefix: &str, schema: &str, lease: &str) -> i64 {
     const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
     const PRIME: u64 = 0x0000_0100_0000_01b3;
     let mut hash = OFFSET;
-    for byte in prefix
+    for byte in "leasehold/"
         .bytes()
         .chain(schema.bytes())
         .chain(std::iter::once(b'/'))
@@ -296,8 +259,7 @@ fn fnv(prefix: &str, schema: &str, lease: &str) -> i64 {
 /// an operator's `pg_terminate_backend` frees the advisory lock at once, while the holder still
 /// believes its grant until its local deadline. A contender that gets the lock but finds such a
 /// row replaces it only once it has seen the same version unchanged for the holder's whole TTL,
-/// counted from when the reply (or the renewal notification, see [`crate::notify`]) that first
-/// showed it arrived.
+/// counted from when the reply that first showed it arrived.
 #[derive(Debug, Default)]
 pub(crate) struct Sightings {
     seen: Mutex<HashMap<LeaseName, Sighting>>,
@@ -343,12 +305,6 @@ impl Sightings {
         }
     }
 
-    /// Since when this store has seen the current holder record of `lease`, and its TTL.
-    pub(crate) fn since(&self, lease: &LeaseName) -> Option<(Instant, Duration)> {
-        let seen = self.seen.lock().expect("sightings lock poisoned");
-        seen.get(lease).map(|s| (s.since, s.holder.ttl))
-    }
-
     /// The holder record of `lease` that has been seen unchanged for its full TTL by `now`.
     pub(crate) fn stale(&self, lease: &LeaseName, now: Instant) -> Option<Stale> {
         let seen = self.seen.lock().expect("sightings lock poisoned");
@@ -370,32 +326,6 @@ impl Sightings {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn renewal_payloads() {
-        let (lease, record) = parse_renewal("jobs/7/2000/00ff00ff00ff00ff/host-1/pid 42").expect("a renewal");
-        assert_eq!(lease.as_str(), "jobs");
-        assert_eq!(record.term, Term(7));
-        let holder = record.holder.expect("a holder");
-        assert_eq!(holder.id.as_str(), "host-1/pid 42", "candidate ids may hold '/'");
-        assert_eq!(holder.ttl, Duration::from_secs(2));
-        assert_eq!(holder.version, "00ff00ff00ff00ff");
-        for garbage in [
-            "",
-            "jobs",
-            "jobs/7/2000/00ff00ff00ff00ff",
-            "jobs/0/2000/00ff00ff00ff00ff/a",
-            "jobs/-1/2000/00ff00ff00ff00ff/a",
-            "jobs/7/10/00ff00ff00ff00ff/a",
-            "jobs/7/99999999/00ff00ff00ff00ff/a",
-            "jobs/7/2000/not-a-version!!/a",
-            "jobs/7/2000/00ff00ff00ff00ff/",
-            "bad name!/7/2000/00ff00ff00ff00ff/a",
-        ] {
-            assert!(parse_renewal(garbage).is_none(), "{garbage:?}");
-        }
-        assert_ne!(interest_key("leasehold", "jobs"), lock_key("leasehold", "jobs"));
-    }
 
     #[test]
     fn lock_keys_are_stable() {

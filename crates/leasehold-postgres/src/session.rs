@@ -32,7 +32,7 @@ use tracing::{debug, warn};
 
 use crate::config::PostgresConfig;
 use crate::error::{self, STORE};
-use crate::record::{Record, Sightings, interest_key, lock_key, millis, new_version, term_value};
+use crate::record::{Record, Sightings, lock_key, millis, new_version, term_value};
 use crate::sql::{self, Sql};
 
 /// Acquires sent in one statement at most (between two looks at the queue for releases and
@@ -152,7 +152,6 @@ impl LockSession {
                 held: HashMap::new(),
                 idle_timeout: Duration::ZERO,
                 last_used: Instant::now(),
-                interest: HashSet::new(),
             }),
             releases: VecDeque::new(),
             renewals: Vec::new(),
@@ -208,10 +207,6 @@ struct Session {
     idle_timeout: Duration,
     /// When the last statement's answer arrived.
     last_used: Instant,
-    /// The interest keys this session holds in shared mode: taken by an acquire told `Held`
-    /// because another session holds the lock, given back by a grant (see the `acquire` and
-    /// `renew` statements).
-    interest: HashSet<i64>,
 }
 
 /// Why a statement failed, kept so that one failure can answer many requests.
@@ -385,7 +380,6 @@ impl Actor {
                     held: HashMap::new(),
                     idle_timeout: Duration::ZERO,
                     last_used: Instant::now(),
-                    interest: HashSet::new(),
                 });
                 Ok(())
             }
@@ -519,8 +513,6 @@ impl Actor {
         let mut stale_versions = Vec::new();
         let mut payloads = Vec::new();
         let mut old_ttls = Vec::new();
-        let mut interests = Vec::new();
-        let mut following = Vec::new();
         for (request, ..) in &batch {
             let lease = &request.lease;
             let holding = session.held.get(lease);
@@ -536,9 +528,6 @@ impl Actor {
             stale_versions.push(stale.map(|s| s.version));
             payloads.push(cx.payload(lease, request.candidate.as_str()));
             old_ttls.push(holding.map(|h| millis(h.ttl)));
-            let interest = interest_key(cx.config.schema(), lease.as_str());
-            following.push(session.interest.contains(&interest));
-            interests.push(interest);
         }
         let query = sql::query(&cx.sql.acquire)
             .bind(names)
@@ -553,9 +542,7 @@ impl Actor {
             .bind(payloads)
             .bind(old_ttls)
             .bind(i64::from(cx.config.history_limit()))
-            .bind(millis(base))
-            .bind(interests.clone())
-            .bind(following);
+            .bind(millis(base));
         let rows = match self.fetch_all(query, limit).await {
             Ok(rows) if rows.len() == batch.len() => rows,
             outcome => {
@@ -567,13 +554,6 @@ impl Actor {
                         batch.len()
                     ))),
                 };
-                // Whether the failed statement took or gave back interest keys is unknown: forget
-                // them, so that the next answer `Held` takes them again (shared locks stack).
-                if let Some(session) = self.session.as_mut() {
-                    for interest in &interests {
-                        session.interest.remove(interest);
-                    }
-                }
                 // Locks the failed statement took survive its rollback: give them back.
                 let taken: Vec<i64> = keys
                     .iter()
@@ -589,20 +569,9 @@ impl Actor {
             }
         };
         let arrived = Instant::now();
-        for (((((request, at, reply), row), key), version), interest) in
-            batch.into_iter().zip(&rows).zip(keys).zip(versions).zip(interests)
-        {
-            let granted = row.try_get::<bool, _>(2).unwrap_or(false);
-            let followed = row.try_get::<bool, _>(16).unwrap_or(false);
+        for ((((request, at, reply), row), key), version) in batch.into_iter().zip(&rows).zip(keys).zip(versions) {
             let answer = self.answer_acquire(&request, at, row, key, version, arrived);
             let _ = reply.send(answer);
-            if let Some(session) = self.session.as_mut() {
-                if followed {
-                    session.interest.insert(interest);
-                } else if granted {
-                    session.interest.remove(&interest);
-                }
-            }
         }
         if let Some(session) = self.session.as_mut() {
             session.idle_timeout = idle_timeout(&session.held, None, None);
@@ -710,13 +679,7 @@ impl Actor {
             )
             .bind(mine.iter().map(|(g, ..)| term_value(g.term)).collect::<Vec<_>>())
             .bind(versions.clone())
-            .bind(mine.iter().map(|(g, ..)| cx.key(&g.lease)).collect::<Vec<_>>())
-            .bind(
-                mine.iter()
-                    .map(|(g, ..)| interest_key(cx.config.schema(), g.lease.as_str()))
-                    .collect::<Vec<_>>(),
-            )
-            .bind(format!("{}/", cx.config.schema()));
+            .bind(mine.iter().map(|(g, ..)| cx.key(&g.lease)).collect::<Vec<_>>());
         let rows = match self.fetch_all(query, limit).await {
             Ok(rows) => rows,
             Err(failure) => {

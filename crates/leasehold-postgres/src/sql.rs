@@ -19,10 +19,6 @@ use crate::schema::quoted;
 /// `<schema>/<lease>/<candidate who made the change>`.
 pub(crate) const CHANNEL: &str = "leasehold";
 
-/// The channel of renewals of leases somebody follows; the payload is
-/// `<schema>/<lease>/<term>/<ttl_ms>/<version>/<holder>`.
-pub(crate) const RENEW_CHANNEL: &str = "leasehold_renewed";
-
 /// The statements of one schema.
 #[derive(Debug)]
 pub(crate) struct Sql {
@@ -52,7 +48,6 @@ impl Sql {
                 .replace("{schema}", &s)
                 .replace("{min_ttl_ms}", &millis(*TTL_RANGE.start()).to_string())
                 .replace("{max_ttl_ms}", &millis(*TTL_RANGE.end()).to_string())
-                .replace("{renew_channel}", RENEW_CHANNEL)
                 .replace("{channel}", CHANNEL)
                 .into()
         };
@@ -67,14 +62,8 @@ impl Sql {
             // versions, $7..$9 holder, term and version of a record this store has seen unchanged
             // for a full TTL (or NULL), $10 notification payloads, $11 the TTL of the grant this
             // session holds on the lease (or NULL); $12 history limit, $13 the shortest TTL among
-            // the session's other leases (0: none); $14 the leases' interest keys, $15 whether this
-            // session holds each in shared mode → per request, in order: whether the lock was
-            // free, whether granted, the new term, the record as it was, whether it was valid,
-            // (counts), whether the interest key was taken now.
-            //
-            // A request told Held because another session holds the lock takes the lease's
-            // interest key in shared mode (never waiting), so that the holder's renewals are
-            // announced to this store (see `renew`); a grant gives it back.
+            // the session's other leases (0: none) → per request, in order: whether the lock was
+            // free, whether granted, the new term, the record as it was, whether it was valid.
             //
             // Per request: takes the lock (unless already held), reads the row, grants if the
             // lock is ours and the row is absent, free, the candidate's own, or the stale record
@@ -89,10 +78,9 @@ impl Sql {
                 "WITH req AS MATERIALIZED (
                     SELECT * FROM unnest($1::text[], $2::bool[], $3::int8[], $4::text[], $5::int8[],
                                          $6::text[], $7::text[], $8::int8[], $9::text[], $10::text[],
-                                         $11::int8[], $14::int8[], $15::bool[])
+                                         $11::int8[])
                         WITH ORDINALITY AS r(name, held, key, candidate, ttl_ms, version, stale_holder,
-                                             stale_term, stale_version, payload, old_ttl_ms, interest,
-                                             following, i)
+                                             stale_term, stale_version, payload, old_ttl_ms, i)
                  ),
                  lk AS MATERIALIZED (
                     SELECT r.i, CASE WHEN r.held THEN true ELSE pg_try_advisory_lock(r.key) END AS got
@@ -174,15 +162,6 @@ impl Sql {
                     FROM verdict AS v JOIN granted AS g ON g.name = v.name
                     WHERE v.c_holder IS NOT NULL AND v.c_holder <> v.candidate
                  ),
-                 followed AS MATERIALIZED (
-                    SELECT v.i, pg_try_advisory_lock_shared(v.interest) AS ok FROM verdict AS v
-                    WHERE NOT v.got AND NOT v.following
-                 ),
-                 unfollowed AS (
-                    SELECT pg_advisory_unlock_shared(v.interest)
-                    FROM verdict AS v JOIN granted AS g ON g.name = v.name
-                    WHERE v.following
-                 ),
                  timeout AS MATERIALIZED (
                     SELECT set_config('idle_session_timeout', COALESCE(least(NULLIF($13::int8, 0),
                         (SELECT min(CASE WHEN g.name IS NOT NULL THEN v.ttl_ms ELSE v.old_ttl_ms END)
@@ -195,49 +174,31 @@ impl Sql {
                         (SELECT count(*) FROM unlocked), (SELECT count(*) FROM notified),
                         (SELECT count(*) FROM ended) + (SELECT count(*) FROM began)
                             + (SELECT count(*) FROM pruned),
-                        (SELECT setting FROM timeout),
-                        COALESCE((SELECT f.ok FROM followed AS f WHERE f.i = v.i), false),
-                        (SELECT count(*) FROM unfollowed)
+                        (SELECT setting FROM timeout)
                  FROM verdict AS v LEFT JOIN granted AS g ON g.name = v.name
                  ORDER BY v.i",
             ),
-            // $1 leases, $2 holders, $3 terms, $4 new versions, $5 lock keys, $6 interest keys,
-            // $7 the notification prefix `<schema>/` → the renewed leases.
+            // $1 leases, $2 holders, $3 terms, $4 new versions, $5 lock keys → the renewed leases.
             // A row is renewed only if it still names the grant, was written by this session
-            // (lock_pid) and pg_locks shows this session holding the lease's key. A renewal of a
-            // lease whose interest key another session holds (a follower) is announced on the
-            // renewal channel, so that followers know the version without asking.
+            // (lock_pid) and pg_locks shows this session holding the lease's key.
             renew: fill(
-                "WITH locks AS MATERIALIZED (
-                    SELECT pid, classid, objid FROM pg_locks
+                "WITH mine AS MATERIALIZED (
+                    SELECT classid, objid FROM pg_locks
                     WHERE locktype = 'advisory' AND objsubid = 1 AND granted
+                      AND pid = pg_backend_pid()
                  ),
                  r AS (
-                    SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::text[], $5::int8[],
-                                         $6::int8[])
-                        AS r(name, holder, term, version, key, interest)
-                 ),
-                 upd AS (
-                    UPDATE {schema}.leases AS l SET version = r.version, renewed_at = now()
-                    FROM r
-                    WHERE l.name = r.name AND l.holder = r.holder AND l.term = r.term
-                      AND l.lock_pid = pg_backend_pid()
-                      AND EXISTS (SELECT 1 FROM locks AS m
-                                  WHERE m.pid = pg_backend_pid()
-                                    AND m.classid = ((r.key >> 32) & 4294967295)::oid
-                                    AND m.objid = (r.key & 4294967295)::oid)
-                    RETURNING l.name, l.holder, l.term, l.ttl_ms, l.version, r.interest
-                 ),
-                 notified AS (
-                    SELECT pg_notify('{renew_channel}', $7::text || u.name || '/' || u.term || '/'
-                                     || u.ttl_ms || '/' || u.version || '/' || u.holder)
-                    FROM upd AS u
-                    WHERE EXISTS (SELECT 1 FROM locks AS k
-                                  WHERE k.pid <> pg_backend_pid()
-                                    AND k.classid = ((u.interest >> 32) & 4294967295)::oid
-                                    AND k.objid = (u.interest & 4294967295)::oid)
+                    SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::text[], $5::int8[])
+                        AS r(name, holder, term, version, key)
                  )
-                 SELECT u.name, (SELECT count(*) FROM notified) FROM upd AS u",
+                 UPDATE {schema}.leases AS l SET version = r.version, renewed_at = now()
+                 FROM r
+                 WHERE l.name = r.name AND l.holder = r.holder AND l.term = r.term
+                   AND l.lock_pid = pg_backend_pid()
+                   AND EXISTS (SELECT 1 FROM mine AS m
+                               WHERE m.classid = ((r.key >> 32) & 4294967295)::oid
+                                 AND m.objid = (r.key & 4294967295)::oid)
+                 RETURNING l.name",
             ),
             // $1 lease, $2 holder, $3 term, $4 lock key, $5 new version, $6 idle_session_timeout
             // if renewed, $7 otherwise → whether it was renewed.

@@ -129,7 +129,7 @@ impl PostgresStore {
                 Some(_) => options.clone(),
                 None => options.clone().application_name("leasehold"),
             });
-        let notifier = Notifier::new(cx.clone(), options, timeout);
+        let notifier = Notifier::new(options, timeout, cx.config.schema());
         let session = LockSession::spawn(cx.clone(), conn);
         Ok(PostgresStore {
             inner: Arc::new(Inner {
@@ -174,7 +174,7 @@ impl LeaseStore for PostgresStore {
         Capabilities {
             ttl: TTL_RANGE,
             expiry: Expiry::ServerSession,
-            notifications: Notifications::ReleaseAndExpiry,
+            notifications: Notifications::Release,
             fifo: false,
             can_break: true,
         }
@@ -182,11 +182,7 @@ impl LeaseStore for PostgresStore {
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
         self.capabilities().check_ttl(STORE, request.ttl)?;
-        let answer = self.inner.session.acquire(request.clone(), Instant::now()).await;
-        self.inner
-            .notifier
-            .answered(&request.lease, &request.candidate, answer.as_ref().ok(), Instant::now());
-        answer
+        self.inner.session.acquire(request.clone(), Instant::now()).await
     }
 
     async fn renew(&self, grant: &Grant) -> Result<Renewed> {
@@ -204,12 +200,6 @@ impl LeaseStore for PostgresStore {
                 {
                     observation.holder = None;
                 }
-                // The engine follows from here: its stream wakes at the new holder's expected
-                // expiry (this store does not follow the lease yet: no renewal is announced).
-                let held = Acquired::Held(observation.clone());
-                self.inner
-                    .notifier
-                    .answered(&grant.lease, &grant.holder, Some(&held), Instant::now());
                 Ok(Renewed::Lost(observation))
             }
         }
@@ -220,11 +210,7 @@ impl LeaseStore for PostgresStore {
     }
 
     async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
-        let observation = self.read(lease, "inspect").await?.observation(lease);
-        self.inner
-            .notifier
-            .read(lease, observation.holder.as_ref(), Instant::now());
-        Ok(observation)
+        Ok(self.read(lease, "inspect").await?.observation(lease))
     }
 
     async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
