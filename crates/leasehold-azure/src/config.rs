@@ -159,7 +159,7 @@ impl AzureConfig {
     /// [`Error::InvalidUrl`], with the SAS signature redacted, for anything malformed or unknown.
     pub fn from_url(url: &str) -> Result<Self> {
         let invalid = |reason: &str| Error::InvalidUrl {
-            url: redact_url(url),
+            url: leasehold_core::url_options::redact_url(url),
             reason: reason.to_string(),
         };
         let parsed = Url::parse(url).map_err(|e| invalid(&e.to_string()))?;
@@ -406,23 +406,6 @@ fn check_prefix(prefix: &str) -> std::result::Result<(), String> {
     }
 }
 
-/// `url` with the values of `sig=` and `sas=` replaced by `***`, for messages.
-pub(crate) fn redact_url(url: &str) -> String {
-    let Some((base, query)) = url.split_once('?') else {
-        return url.to_string();
-    };
-    let query: Vec<String> = query
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some((key, _)) if matches!(key.to_ascii_lowercase().as_str(), "sig" | "sas" | "key" | "account_key") => {
-                format!("{key}=***")
-            }
-            _ => pair.to_string(),
-        })
-        .collect();
-    format!("{base}?{}", query.join("&"))
-}
-
 /// `message` with every secret replaced by `***`.
 pub(crate) fn scrub(message: &str, secrets: &[String]) -> String {
     let mut message = message.to_string();
@@ -565,7 +548,7 @@ mod tests {
             "url (http://h/c?sig=***&x=1)"
         );
         assert_eq!(
-            redact_url("azblob://a/b?prefix=x&sig=abc"),
+            leasehold_core::url_options::redact_url("azblob://a/b?prefix=x&sig=abc"),
             "azblob://a/b?prefix=x&sig=***"
         );
         assert_eq!(

@@ -305,6 +305,8 @@ fn is_secret(key: &str) -> bool {
 }
 
 /// `url` with the values of credential options, and anything before an `@`, replaced by `***`.
+/// Stricter than `leasehold_core::url_options::redact_url` on purpose: the user part would be an
+/// AWS access key id, which this hides too.
 pub(crate) fn redact_url(url: &str) -> String {
     let (head, query) = url.split_once('?').unwrap_or((url, ""));
     let head = match head.split_once("://") {
