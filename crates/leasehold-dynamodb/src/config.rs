@@ -139,7 +139,10 @@ impl DynamoDbConfig {
                 invalid("the scheme must be dynamodb:// (e.g. dynamodb://leases?region=eu-west-1)".into())
             })?;
         let (table, query) = rest.split_once('?').unwrap_or((rest, ""));
-        if table.contains('@') {
+        // An '@' before any option value, or a ':' in the table, is user info (whose password
+        // may hold a '?' and so reach into the query): rejected without quoting any of it.
+        let first_value = rest.find('=').unwrap_or(rest.len());
+        if table.contains(['@', ':']) || rest[..first_value].contains('@') {
             return Err(invalid(
                 "credentials go in the query (access_key_id=...&secret_access_key=...), not before '@'".into(),
             ));
@@ -150,8 +153,15 @@ impl DynamoDbConfig {
         }
         let mut config = DynamoDbConfig::new(percent_decode(table).map_err(invalid)?);
         let (mut key_id, mut secret, mut token) = (None, None, None);
+        let mut after_secret = false;
         for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+            if after_secret && !pair.contains('=') {
+                return Err(invalid(
+                    "a credential option's value holds an unescaped '&' (write it as %26)".into(),
+                ));
+            }
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let follows_secret = std::mem::replace(&mut after_secret, is_secret(key));
             let value = percent_decode(value).map_err(invalid)?;
             let bad = |allowed: &str| {
                 let shown = if is_secret(key) { REDACTED } else { value.as_str() };
@@ -192,6 +202,12 @@ impl DynamoDbConfig {
                         .ok()
                         .filter(|n| (1..=MAX_IN_FLIGHT).contains(n))
                         .ok_or_else(|| bad("a whole number from 1 to 10000"))?;
+                }
+                // Perhaps the rest of a secret value: not quoted.
+                _ if follows_secret => {
+                    return Err(invalid(format!(
+                        "an unknown option follows a credential; if the credential holds an '&', write it as %26 (known options: {OPTIONS})"
+                    )));
                 }
                 _ => return Err(invalid(format!("unknown option {key:?} (known: {OPTIONS})"))),
             }
@@ -304,29 +320,12 @@ fn is_secret(key: &str) -> bool {
     matches!(key, "access_key_id" | "secret_access_key" | "session_token")
 }
 
-/// `url` with the values of credential options, and anything before an `@`, replaced by `***`.
-/// Stricter than `leasehold_core::url_options::redact_url` on purpose: the user part would be an
-/// AWS access key id, which this hides too.
+/// `url` with the user info (all of it: the user part would be an AWS access key id) and the
+/// values of credential options replaced by `***`: core's
+/// [`redact_url_and_user`](leasehold_core::url_options::redact_url_and_user), which also hides
+/// passwords typed with `/`, `?`, `#` or `@` in them.
 pub(crate) fn redact_url(url: &str) -> String {
-    let (head, query) = url.split_once('?').unwrap_or((url, ""));
-    let head = match head.split_once("://") {
-        Some((scheme, rest)) if rest.contains('@') => {
-            let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
-            format!("{scheme}://{REDACTED}@{host}")
-        }
-        _ => head.to_string(),
-    };
-    if !url.contains('?') {
-        return head;
-    }
-    let pairs: Vec<String> = query
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some((key, _)) if is_secret(key) => format!("{key}={REDACTED}"),
-            _ => pair.to_string(),
-        })
-        .collect();
-    format!("{head}?{}", pairs.join("&"))
+    leasehold_core::url_options::redact_url_and_user(url)
 }
 
 #[cfg(test)]
@@ -394,6 +393,26 @@ mod tests {
             let err = DynamoDbConfig::from_url(&url).unwrap_err();
             let text = format!("{err} {err:?}");
             for secret in ["AKIDSECRETID", "wJalrSECRETKEY", "TOKENSECRET"] {
+                assert!(!text.contains(secret), "{secret} in {text}");
+            }
+            assert!(matches!(err, Error::InvalidUrl { .. }), "{err:?}");
+        }
+    }
+
+    /// Finding 11 of issue 12: a secret holding `/`, `?`, `#`, `@` or `&` must not show in an error.
+    #[test]
+    fn secrets_holding_url_delimiters_never_show() {
+        for url in [
+            "dynamodb://AKIDSECRETID:wJalr/SECRETKEY@leases",
+            "dynamodb://AKIDSECRETID:wJalr?SECRETKEY@leases",
+            "dynamodb://AKIDSECRETID:wJalr#SECRETKEY@leases?region=eu-west-1",
+            "dynamodb://AKIDSECRETID:wJalr@SECRETKEY@leases",
+            "dynamodb://AKIDSECRETID:wJalr?x=SECRETKEY@leases",
+            "dynamodb://leases?access_key_id=AKIDSECRETID&secret_access_key=wJalr&SECRETKEY",
+        ] {
+            let err = DynamoDbConfig::from_url(url).unwrap_err();
+            let text = format!("{err} {err:?}");
+            for secret in ["AKIDSECRETID", "wJalr", "SECRETKEY"] {
                 assert!(!text.contains(secret), "{secret} in {text}");
             }
             assert!(matches!(err, Error::InvalidUrl { .. }), "{err:?}");

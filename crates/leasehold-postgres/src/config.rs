@@ -471,10 +471,37 @@ mod tests {
             "the last @ ends the user info"
         );
         assert_eq!(redact("postgres://h/db?token=x&a=1"), "postgres://h/db?token=***&a=1");
-        assert_eq!(redact("postgres:/u:pw@h/db"), "postgres:/u:***@h/db");
-        assert_eq!(redact("postgres://u:pw@h/a:b@c"), "postgres://u:***@h/a:b@c");
+        assert_eq!(redact("postgres:/u:pw@h/db"), "postgres:***@h/db");
+        // An '@' after the host hides everything from the first ':' to it (it could end a
+        // password holding '/').
+        assert_eq!(redact("postgres://u:pw@h/a:b@c"), "postgres://u:***@c");
         assert_eq!(redact("postgres://h/db@x"), "postgres://h/db@x");
         assert_eq!(redact("u:pw@h"), "u:***@h");
+    }
+
+    /// Finding 11 of issue 12: the CLI printed `cannot connect to postgres://app:pa/ss@db.internal/jobs`.
+    #[test]
+    fn passwords_holding_url_delimiters_are_never_shown() {
+        for url in [
+            "postgres://app:pa/ss@db.internal/jobs",
+            "postgres://app:pa?ss@db.internal/jobs",
+            "postgres://app:pa#ss@db.internal/jobs",
+            "postgresql://app:pa/s?s#@db.internal:5432/jobs?sslmode=disable",
+        ] {
+            let err = PostgresConfig::from_url(url).unwrap_err();
+            for text in [err.to_string(), format!("{err:?}"), redact(url)] {
+                assert!(
+                    !text.contains("pa/") && !text.contains("ss@") && !text.contains("s#"),
+                    "{url}: leaked in {text}"
+                );
+                assert!(text.contains("app:***@db.internal"), "{text}");
+            }
+        }
+        // Escaped, the same password parses, and is hidden too.
+        let config = PostgresConfig::from_url("postgres://app:pa%2Fss@db.internal/jobs").unwrap();
+        for text in [config.to_string(), format!("{config:?}")] {
+            assert!(!text.contains("pa%2Fss"), "{text}");
+        }
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Where the lease file is and how to open it: `sqlite://` URLs and their options.
 
-use leasehold_core::url_options::{parse_duration, percent_decode};
+use leasehold_core::url_options::{parse_duration, percent_decode, redact_url};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -98,10 +98,11 @@ impl SqliteConfig {
     /// # Errors
     ///
     /// [`Error::InvalidUrl`] naming what is wrong: another scheme, an empty path, an in-memory
-    /// database, an unknown option or a bad option value.
+    /// database, an unknown option or a bad option value. The URL in it is redacted: a URL meant
+    /// for another store (or a `key=` option) may carry a password.
     pub fn from_url(url: &str) -> Result<Self> {
         let invalid = |reason: String| Error::InvalidUrl {
-            url: url.to_string(),
+            url: redact_url(url),
             reason,
         };
         let rest = URL_SCHEMES
@@ -293,6 +294,28 @@ mod tests {
                     assert!(reason.contains(why), "{url}: {reason}");
                 }
                 other => panic!("{url}: expected InvalidUrl, got {other:?}"),
+            }
+        }
+    }
+
+    /// Finding 11 of issue 12: errors quoted the URL as given.
+    #[test]
+    fn errors_never_show_a_password() {
+        for url in [
+            "postgres://app:hunter2@db.internal/jobs",
+            "postgres://app:hun/ter2@db.internal/jobs",
+            "sqlite://app:hunter2@host/x.db?pool_size=0",
+            "sqlite:x.db?key=hunter2",
+            "sqlite:x.db?password=hunter2&busy_timeout=soon",
+        ] {
+            let err = SqliteConfig::from_url(url).unwrap_err();
+            assert!(matches!(err, Error::InvalidUrl { .. }), "{err:?}");
+            for text in [err.to_string(), format!("{err:?}")] {
+                assert!(
+                    !text.contains("hunter2") && !text.contains("ter2"),
+                    "{url}: leaked in {text}"
+                );
+                assert!(text.contains("***"), "{text}");
             }
         }
     }

@@ -177,4 +177,26 @@ mod tests {
         let r = redact("not a url user:pw@host");
         assert!(!r.contains("pw@"), "{r}");
     }
+
+    /// Finding 11 of issue 12: the CLI printed `cannot connect to postgres://app:pa/ss@db.internal/jobs`.
+    #[tokio::test]
+    async fn redaction_hides_passwords_holding_slash_or_question_mark() {
+        for (url, shown) in [
+            (
+                "postgres://app:pa/ss@db.internal/jobs",
+                "postgres://app:***@db.internal/jobs",
+            ),
+            (
+                "postgres://app:pa?ss@db.internal/jobs",
+                "postgres://app:***@db.internal/jobs",
+            ),
+            ("redis://:pa/ss#x@cache:6379/0", "redis://:***@cache:6379/0"),
+        ] {
+            assert_eq!(redact(url), shown);
+        }
+        let err = connect("app:pa/ss@db.internal/jobs").await.unwrap_err();
+        for text in [err.to_string(), format!("{err:?}")] {
+            assert!(!text.contains("pa/ss"), "{text}");
+        }
+    }
 }
