@@ -172,6 +172,7 @@ impl ElectorBuilder {
                 leader: watch::channel(None).0,
                 events: std::sync::OnceLock::new(),
                 not_before: Mutex::new(None),
+                earlier: Mutex::new(None),
                 one_driver: Arc::new(tokio::sync::Mutex::new(())),
             }),
         })
@@ -203,6 +204,9 @@ struct Inner {
     events: std::sync::OnceLock<broadcast::Sender<Event>>,
     /// After a step-down, the next campaign waits until then so another candidate can win.
     not_before: Mutex<Option<Instant>>,
+    /// The machine of the previous campaign: the next one continues from what it knew (the
+    /// oldest acquire whose outcome is unknown may still be applied by the store).
+    earlier: Mutex<Option<Machine>>,
     /// Held by the running driver: a new campaign starts only once the previous one has finished
     /// stepping down or withdrawing, so a store never sees two campaigns of one candidate.
     one_driver: Arc<tokio::sync::Mutex<()>>,
@@ -376,6 +380,10 @@ impl Elector {
             let control = leader.shared.clone();
             let mut handle = tokio::spawn(task(leader));
             *control.abort.lock().expect("abort lock") = Some(handle.abort_handle());
+            // Should this future be dropped (a `select!` against a shutdown signal), the task is
+            // cancelled at once, aborted at `valid_until` if it has not returned, and the lease
+            // released once it has: the driver carries that out on its own.
+            let _stop_on_drop = StopOnDrop(&control);
             let outcome = tokio::select! {
                 outcome = &mut handle => Some(outcome),
                 () = &mut shutdown => None,
@@ -394,6 +402,18 @@ impl Elector {
                 };
             }
             debug!(?reason, "leadership ended; campaigning again");
+        }
+    }
+}
+
+/// Shuts the leadership down when dropped before it stepped down (a dropped `run` future).
+struct StopOnDrop<'a>(&'a Shared);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        if !self.0.status.borrow().stepped_down {
+            self.0.token.cancel();
+            let _ = self.0.commands.send(Command::Shutdown);
         }
     }
 }
@@ -419,6 +439,10 @@ struct Shared {
     heartbeat: AtomicU64,
     commands: mpsc::UnboundedSender<Command>,
     abort: Mutex<Option<AbortHandle>>,
+    /// The work is cancelled at `valid_until - step_down_margin` at the latest.
+    step_down_margin: Duration,
+    /// The most a renewal can give: `ttl * (1 - drift)`.
+    believed_ttl: Duration,
 }
 
 #[derive(Clone, Debug)]
@@ -432,9 +456,40 @@ struct Status {
 enum Command {
     Resign(oneshot::Sender<()>),
     Shutdown,
+    /// The leader's handle ended the leadership (see [`Input::StepDown`]).
+    StepDown(DeposedReason),
 }
 
 impl Shared {
+    /// Cancels the work and tells the driver to step down, unless that already happened.
+    fn step_down(&self, reason: DeposedReason) {
+        if !self.token.is_cancelled() {
+            self.token.cancel();
+            let _ = self.commands.send(Command::StepDown(reason));
+        }
+    }
+
+    /// The instant the work must be cancelled by if no renewal is confirmed.
+    fn cancel_at(&self) -> Instant {
+        let valid_until = self.status.borrow().valid_until;
+        valid_until.checked_sub(self.step_down_margin).unwrap_or(valid_until)
+    }
+
+    /// Whether leadership has ended: the driver cancelled the work, or the clock passed the
+    /// step-down point (the driver may not have been scheduled in time to notice).
+    fn is_cancelled(&self) -> bool {
+        if self.token.is_cancelled() {
+            return true;
+        }
+        if now() < self.cancel_at() {
+            return false;
+        }
+        self.step_down(DeposedReason::RenewFailed {
+            last_error: Some("no renewal confirmed by the step-down point".into()),
+        });
+        true
+    }
+
     /// Waits until stepping down is complete and returns why it happened.
     async fn stepped_down(&self) -> Option<DeposedReason> {
         let mut status = self.status.clone();
@@ -485,38 +540,80 @@ impl Leader {
     ///
     /// # Errors
     ///
-    /// [`Error::NotLeader`] saying why (deposed, or too little time left).
+    /// This is the authoritative check: it reads the clock itself, so it is right even when the
+    /// runtime is too busy to run the election's driver (then [`Leader::is_cancelled`] and
+    /// [`Leader::cancelled`] are right from the step-down point on, but nothing can interrupt
+    /// code that never yields).
+    ///
+    /// When the leader is not deposed but less than `min_remaining` is left (renewals were late),
+    /// the leadership ends here: the work is cancelled, the lease released once the work has
+    /// returned, and [`Elector::run`] campaigns again rather than returning the task's error. So
+    /// `leader.ensure_valid(d)?` in a task is the intended pattern.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotLeader`] when deposed; [`Error::LeaseEnding`] when too little time is left.
     pub fn ensure_valid(&self, min_remaining: Duration) -> Result<()> {
-        let status = self.shared.status.borrow();
-        let reason = match &status.deposed {
-            Some(reason) => format!("deposed: {reason}"),
-            None => {
-                let remaining = status.valid_until.saturating_duration_since(now());
-                if remaining > min_remaining {
-                    return Ok(());
-                }
-                format!("only {remaining:?} left, {min_remaining:?} required")
-            }
+        let (deposed, remaining) = {
+            let status = self.shared.status.borrow();
+            (status.deposed.clone(), status.valid_until.saturating_duration_since(now()))
         };
-        Err(Error::NotLeader {
+        if let Some(reason) = deposed {
+            return Err(Error::NotLeader {
+                lease: self.shared.lease.clone(),
+                term: self.shared.term,
+                reason: format!("deposed: {reason}"),
+            });
+        }
+        if remaining > min_remaining {
+            return Ok(());
+        }
+        self.shared.step_down(DeposedReason::TooLittleTime {
+            remaining,
+            required: min_remaining,
+        });
+        Err(Error::LeaseEnding {
             lease: self.shared.lease.clone(),
             term: self.shared.term,
-            reason,
+            remaining,
+            required: min_remaining,
+            never: min_remaining >= self.shared.believed_ttl,
         })
     }
 
-    /// Whether leadership has ended and the work should stop.
+    /// Whether leadership has ended and the work should stop: true once the driver cancelled the
+    /// work, and also once the clock passes `valid_until - step_down_margin` whatever the driver
+    /// is doing.
     pub fn is_cancelled(&self) -> bool {
-        self.shared.token.is_cancelled()
+        self.shared.is_cancelled()
     }
 
-    /// Completes when leadership ends and the work should stop.
+    /// Completes when leadership ends and the work should stop: when the driver cancels the
+    /// work, or at `valid_until - step_down_margin` at the latest.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe.
     pub async fn cancelled(&self) {
-        self.shared.token.cancelled().await;
+        let mut status = self.shared.status.clone();
+        loop {
+            let cancel_at = self.shared.cancel_at();
+            tokio::select! {
+                () = self.shared.token.cancelled() => return,
+                () = tokio::time::sleep_until(cancel_at.into()) => {
+                    if self.shared.is_cancelled() {
+                        return;
+                    }
+                }
+                changed = status.changed() => {
+                    if changed.is_err() {
+                        // The driver is gone; it cancels the token before it goes.
+                        self.shared.token.cancelled().await;
+                        return;
+                    }
+                }
+            }
+        }
     }
 
     /// A token cancelled when leadership ends, to hand to code that takes one.
@@ -579,7 +676,7 @@ impl Driver {
             .lock()
             .expect("not_before lock")
             .map_or(now, |t| t.max(now));
-        let machine = Machine::new(
+        let mut machine = Machine::new(
             inner.timing,
             inner.caps.expiry,
             inner.caps.notifications,
@@ -588,6 +685,9 @@ impl Driver {
             first_attempt,
             random_u64(),
         )?;
+        if let Some(earlier) = inner.earlier.lock().expect("earlier lock").as_ref() {
+            machine.continue_from(earlier);
+        }
         let (commands_tx, commands) = mpsc::unbounded_channel();
         let (alive, alive_rx) = mpsc::channel(1);
         Ok(Driver {
@@ -668,6 +768,23 @@ impl Driver {
         let op = &mut self.op;
         let changes = &mut self.changes;
         tokio::select! {
+            // Commands before the work's end: a handle that asks to step down and then returns
+            // must be seen stepping down, not finishing.
+            biased;
+            Some(command) = self.commands.recv() => match command {
+                Command::Resign(ack) => {
+                    self.resign_acks.push(ack);
+                    Input::Resign
+                }
+                Command::Shutdown => Input::Shutdown,
+                Command::StepDown(reason) => Input::StepDown(reason),
+            },
+            None = self.alive_rx.recv(), if work_running && self.alive.is_none() => {
+                if let Some(l) = &mut self.leader {
+                    l.work_stopped = true;
+                }
+                Input::WorkStopped
+            }
             reply = async { let (id, fut) = op.as_mut().expect("guarded"); (*id, fut.await) }, if op.is_some() => {
                 self.op = None;
                 Input::Reply(reply.0, reply.1)
@@ -680,19 +797,6 @@ impl Driver {
                     Input::NotificationsLost
                 }
             },
-            Some(command) = self.commands.recv() => match command {
-                Command::Resign(ack) => {
-                    self.resign_acks.push(ack);
-                    Input::Resign
-                }
-                Command::Shutdown => Input::Shutdown,
-            },
-            None = self.alive_rx.recv(), if work_running && self.alive.is_none() => {
-                if let Some(l) = &mut self.leader {
-                    l.work_stopped = true;
-                }
-                Input::WorkStopped
-            }
             () = async { elected.expect("guarded").closed().await }, if elected.is_some() => Input::Shutdown,
             // Wake up now and then so heartbeats are seen before a stall deadline.
             () = tokio::time::sleep(self.inner.timing.ttl / 20), if watching_heartbeats => Input::Tick,
@@ -762,6 +866,8 @@ impl Driver {
                     heartbeat: AtomicU64::new(0),
                     commands: self.commands_tx.clone(),
                     abort: Mutex::new(None),
+                    step_down_margin: self.inner.timing.step_down_margin,
+                    believed_ttl: self.inner.timing.believed_ttl(),
                 });
                 self.leader = Some(LeaderControl {
                     shared: shared.clone(),
@@ -790,7 +896,10 @@ impl Driver {
                 reason,
                 believed_until,
             } => {
-                warn!(%term, %reason, "deposed");
+                match reason {
+                    DeposedReason::Resigned | DeposedReason::WorkFinished => info!(%term, %reason, "stepped down"),
+                    _ => warn!(%term, %reason, "deposed"),
+                }
                 metrics::gauge!("leasehold_is_leader", "lease" => lease.clone()).set(0.0);
                 metrics::counter!("leasehold_transitions_total", "lease" => lease, "to" => "follower").increment(1);
                 if let Some(l) = &self.leader {
@@ -856,6 +965,13 @@ impl Driver {
         if let Some(events) = self.inner.events.get() {
             let _ = events.send(event);
         }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        // However the campaign ends, the next one continues from what this one knew.
+        *self.inner.earlier.lock().expect("earlier lock") = Some(self.machine.clone());
     }
 }
 

@@ -135,6 +135,27 @@ pub enum Error {
         reason: String,
     },
 
+    /// The leader is not deposed, but less of its lease is left than the work asked for before
+    /// a side effect (renewals were late). The leadership ends: the work is cancelled, the
+    /// lease released once the work has returned, and [`Elector::run`](crate::Elector::run)
+    /// campaigns again.
+    #[error(
+        "lease {lease} (term {term}) has only {remaining:?} left but {required:?} was required{}: stepping down to campaign again",
+        if *never { " (more than a renewal can ever give: lower min_remaining or raise the ttl)" } else { "" }
+    )]
+    LeaseEnding {
+        /// The lease.
+        lease: LeaseName,
+        /// The term that ends.
+        term: Term,
+        /// How much of the lease was left.
+        remaining: Duration,
+        /// How much the caller required.
+        required: Duration,
+        /// `required` is at least `ttl * (1 - drift)`: no renewal can ever meet it.
+        never: bool,
+    },
+
     /// Any other error from a store's client, definite (not transient).
     #[error("{store} store error: {source}")]
     Store {

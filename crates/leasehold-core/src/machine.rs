@@ -17,11 +17,17 @@
 //!   back: the lease is lost only when the store proves another holder, or the deadline passes.
 //!   A candidate adopts a grant it finds by reading back only if its term is above every term
 //!   seen before, and believes it from the send time of the oldest acquire whose outcome was
-//!   unknown (any of them may be the one the store applied).
+//!   ever unknown (any of them may be the one the store applied, however late): that instant is
+//!   kept for the machine's whole life and carried into the next campaign's machine
+//!   ([`Machine::continue_from`]), so a step-down or a new campaign never forgets it.
+//! - Every retry has a floor ([`Timing::retry_floor`]), also a leader's last renewals before its
+//!   step-down point, so a store that refuses connections sees a bounded number of requests.
 //! - On stores without a clock, a contender takes over only after it has seen the same record
 //!   version unchanged for the holder's full TTL, counted from when the reply that showed it
 //!   arrived.
-//! - After an unclean end (expiry), a contender waits `lock_delay` before taking over.
+//! - After an unclean end (expiry), a contender waits `lock_delay` before taking over, and looks
+//!   again after the wait: it acquires only if no term started in between (a term that started
+//!   and expired inside the wait starts a new delay).
 //! - A leader whose work stops calling heartbeat for `stall_timeout` steps down; the lease is
 //!   released only once the work has stopped.
 
@@ -84,6 +90,10 @@ pub enum Input {
     Heartbeat(Instant),
     /// The leader resigns (its work has stopped): release the lease now.
     Resign,
+    /// The leader's handle ended the leadership for this reason (too little time left for the
+    /// work's next side effect, or the step-down point passed while the driver was not
+    /// scheduled): step down, release once the work has stopped, and campaign again.
+    StepDown(DeposedReason),
     /// The leader's work ended on its own (all its handles dropped).
     WorkStopped,
     /// Stop campaigning for good: a leader cancels its work and releases the lease once the work
@@ -114,6 +124,15 @@ pub enum DeposedReason {
     },
     /// The work did not call heartbeat within `stall_timeout`.
     Stalled,
+    /// The work found too little of the lease left for its next side effect
+    /// ([`Leader::ensure_valid`](crate::Leader::ensure_valid)) and the leader stepped down to
+    /// campaign again.
+    TooLittleTime {
+        /// How much of the lease was left.
+        remaining: Duration,
+        /// How much the work asked for.
+        required: Duration,
+    },
     /// The leader resigned.
     Resigned,
     /// The work ended on its own.
@@ -134,6 +153,10 @@ impl fmt::Display for DeposedReason {
             DeposedReason::RenewFailed { last_error: None } => f.write_str("renew not confirmed in time"),
             DeposedReason::StoreError { error } => write!(f, "store error: {error}"),
             DeposedReason::Stalled => f.write_str("the leader's work stalled (no heartbeat)"),
+            DeposedReason::TooLittleTime { remaining, required } => write!(
+                f,
+                "only {remaining:?} of the lease was left and the work needed {required:?} (renewals were late)"
+            ),
             DeposedReason::Resigned => f.write_str("resigned"),
             DeposedReason::WorkFinished => f.write_str("the leader's work finished"),
         }
@@ -232,20 +255,25 @@ struct Seen {
 struct Following {
     next_attempt: Instant,
     seen: Option<Seen>,
-    /// The highest term seen, once anything was seen: a read-back only adopts a grant of ours
-    /// above it. `None` (nothing seen yet): a grant of ours found by a read-back could be an old
-    /// one, so it is not adopted; the next acquire gets a new term instead.
-    term_floor: Option<Term>,
-    /// The send time of the oldest acquire whose outcome is unknown.
-    unsettled_since: Option<Instant>,
     /// A change was notified while a request was under way: its reply may predate the change,
     /// so retry right after it.
     notified: bool,
     /// No attempt before this instant, notified or not (the back-off after stepping down).
     not_before: Instant,
-    /// With a lock delay: when a check found the lease free, the instant from which it may be
-    /// acquired. `None`: check first (an Inspect), whatever notifications say.
-    cleared_from: Option<Instant>,
+    /// With a lock delay: what the last check found. `None`: check first (an Inspect),
+    /// whatever notifications say.
+    cleared: Option<Cleared>,
+}
+
+/// A lock-delay check found the lease free.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Cleared {
+    /// The instant from which it may be acquired.
+    from: Instant,
+    /// The highest term ever granted, as the check saw it.
+    last_term: Term,
+    /// A second check after the wait found no newer term: acquire now.
+    confirmed: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -291,7 +319,23 @@ pub struct Machine {
     pending: Option<Pending>,
     next_op: u64,
     leader_seen: Option<(CandidateId, Term)>,
+    /// The highest term seen, once anything was seen: a read-back only adopts a grant of ours
+    /// above it. `None` (nothing seen yet): a grant of ours found by a read-back could be an old
+    /// one, so it is not adopted; the next acquire gets a new term instead.
+    term_floor: Option<Term>,
+    /// The send time of the oldest acquire whose outcome was ever unknown (timed out, failed
+    /// ambiguously). Such a request may still be applied at any later moment, so it is never
+    /// forgotten: not at a step-down, and not across campaigns ([`Machine::continue_from`]).
+    unsettled_since: Option<Instant>,
     rng: u64,
+}
+
+/// The highest term an observation proves was granted.
+fn highest_term(observation: &Observation) -> Term {
+    observation
+        .holder
+        .as_ref()
+        .map_or(observation.last_term, |h| h.term.max(observation.last_term))
 }
 
 /// How long a follower with change notifications that cover expiry waits between safety polls,
@@ -326,17 +370,34 @@ impl Machine {
             state: State::Following(Following {
                 next_attempt: now,
                 seen: None,
-                term_floor: None,
-                unsettled_since: None,
                 notified: false,
                 not_before: now,
-                cleared_from: None,
+                cleared: None,
             }),
             pending: None,
             next_op: 0,
             leader_seen: None,
+            term_floor: None,
+            unsettled_since: None,
             rng: seed | 1,
         })
+    }
+
+    /// Carries over what an earlier machine of the same candidate and lease knew that still
+    /// matters for safety: the send time of its oldest acquire whose outcome is unknown (the
+    /// store may apply it at any later moment) and the highest term it saw. The driver calls this
+    /// for every new campaign of one [`Elector`](crate::Elector).
+    pub fn continue_from(&mut self, earlier: &Machine) {
+        self.unsettled_since = match (self.unsettled_since, earlier.unsettled_since) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.term_floor = self.term_floor.max(earlier.term_floor);
+    }
+
+    /// Whether the machine is a follower (campaigning, not leading or stepping down).
+    pub fn is_following(&self) -> bool {
+        matches!(self.state, State::Following(_))
     }
 
     /// The timing the machine runs with.
@@ -421,6 +482,7 @@ impl Machine {
                 }
             }
             Input::Resign => self.resign(now, false, out),
+            Input::StepDown(reason) => self.step_down(now, reason, true, false, out),
             Input::Shutdown => self.resign(now, true, out),
             Input::WorkStopped => match &mut self.state {
                 State::Leading(_) => {
@@ -497,15 +559,22 @@ impl Machine {
                         && now >= seen.since + seen.ttl + self.timing.lock_delay.unwrap_or_default()
                 });
                 let lock_delay = self.timing.lock_delay.is_some() && takeover.is_none();
-                if lock_delay && f.cleared_from.is_none() {
-                    self.send(now, Purpose::LockDelayCheck, Request::Inspect, out);
-                } else if lock_delay && f.cleared_from.is_some_and(|from| now < from) {
+                let wait_until = f.cleared.as_ref().filter(|c| lock_delay && now < c.from).map(|c| c.from);
+                let look = lock_delay && !f.cleared.as_ref().is_some_and(|c| c.confirmed);
+                if let Some(at) = wait_until {
                     // Still inside the lock delay (a notification woke us early).
-                    f.next_attempt = f.cleared_from.unwrap_or(now);
+                    f.next_attempt = at;
+                } else if look {
+                    // The first look, or the look again once the delay has passed.
+                    self.send(now, Purpose::LockDelayCheck, Request::Inspect, out);
                 } else {
                     let takeover = takeover.map(|seen| seen.version.clone());
                     if let Some(seen) = f.seen.as_mut().filter(|_| takeover.is_some()) {
                         seen.takeover_asked = true;
+                    }
+                    // Should this acquire fail, the next one looks again first.
+                    if let Some(c) = &mut f.cleared {
+                        c.confirmed = false;
                     }
                     let request = AcquireRequest {
                         lease: self.lease.clone(),
@@ -549,7 +618,8 @@ impl Machine {
             work_stopped_after: s.work_stopped.map(|at| at - s.cancelled_at),
             aborted: s.aborted,
         });
-        let (then_stop, term_floor) = (s.then_stop, Some(s.grant.term));
+        let (then_stop, term) = (s.then_stop, s.grant.term);
+        self.raise_term_floor(term);
         if then_stop {
             self.state = State::Stopped;
             out.push(Output::Stopped);
@@ -559,11 +629,9 @@ impl Machine {
             self.state = State::Following(Following {
                 next_attempt,
                 seen: None,
-                term_floor,
-                unsettled_since: None,
                 notified: false,
                 not_before: next_attempt,
-                cleared_from: None,
+                cleared: None,
             });
         }
     }
@@ -586,13 +654,8 @@ impl Machine {
                 Ok(Acquired::Granted(grant)) => self.granted(now, pending.sent, grant, out),
                 Ok(Acquired::Held(observation)) => self.observe(now, &observation, out),
                 Err(e) if e.is_transient() => {
-                    let (sent, term_floor) = match self.following_mut() {
-                        Some(f) => {
-                            let oldest = *f.unsettled_since.get_or_insert(pending.sent);
-                            (oldest, f.term_floor)
-                        }
-                        None => (pending.sent, None),
-                    };
+                    let sent = *self.unsettled_since.get_or_insert(pending.sent);
+                    let term_floor = self.term_floor;
                     out.push(Output::StoreTrouble(e));
                     let purpose = Purpose::AcquireReadBack { sent, term_floor };
                     self.send(now, purpose, Request::Inspect, out);
@@ -621,10 +684,23 @@ impl Machine {
                         Some(EndReason::Released) => Duration::ZERO,
                         _ => self.timing.lock_delay.unwrap_or_default(),
                     };
+                    let earlier = self.following_mut().and_then(|f| f.cleared.take());
                     self.observe(now, &observation, out);
                     if let Some(f) = self.following_mut() {
-                        f.next_attempt = now + delay;
-                        f.cleared_from = Some(now + delay);
+                        let last_term = observation.last_term;
+                        let cleared = match earlier {
+                            // The second look after the wait: no term started in between.
+                            Some(c) if c.last_term == last_term && now >= c.from => Cleared { confirmed: true, ..c },
+                            // First look, or a term started (and ended) inside the wait: wait
+                            // again, from now. A release needs no delay and no second look.
+                            _ => Cleared {
+                                from: now + delay,
+                                last_term,
+                                confirmed: delay.is_zero(),
+                            },
+                        };
+                        f.next_attempt = if cleared.confirmed { now } else { cleared.from };
+                        f.cleared = Some(cleared);
                     }
                 }
                 Ok(observation) => self.observe(now, &observation, out),
@@ -663,10 +739,13 @@ impl Machine {
                 // The last moment a renewal can be sent and still be confirmed before the
                 // step-down point: a retry interval later may be too late on a slow store.
                 let last_chance = self.timing.step_down_margin + self.timing.request_timeout;
+                let floor = self.timing.retry_floor();
                 let State::Leading(l) = &mut self.state else { return };
+                // Never sooner than the retry floor: a store that fails at once must not see a
+                // storm of renewals near the step-down point.
                 let next = retry
                     .min(l.valid_until.checked_sub(last_chance).unwrap_or(now))
-                    .max(now);
+                    .max(now + floor);
                 match result {
                     Ok(observation) => match &observation.holder {
                         Some(h) if h.id == self.me && h.term == l.grant.term => {
@@ -723,12 +802,14 @@ impl Machine {
                 after: now - sent,
             }));
             self.send(now, Purpose::Release, Request::Release(grant), out);
+            let next = now + self.timing.retry_floor();
             if let Some(f) = self.following_mut() {
-                f.next_attempt = now;
+                f.next_attempt = next;
             }
             return;
         }
         let next_renew = sent + self.timing.renew_every;
+        self.raise_term_floor(grant.term);
         self.set_leader_seen(Some((grant.holder.clone(), grant.term)), out);
         out.push(Output::Elected {
             grant: grant.clone(),
@@ -744,6 +825,9 @@ impl Machine {
     }
 
     fn superseded(&mut self, now: Instant, observation: &Observation, out: &mut Vec<Output>) {
+        // The store may show this very candidate at a newer term (an old acquire applied late):
+        // that term must not be adopted later by a read-back.
+        self.raise_term_floor(highest_term(observation));
         let by = observation.holder.as_ref().map(|h| h.id.clone());
         let term = observation.holder.as_ref().map(|h| h.term);
         self.step_down(now, DeposedReason::Superseded { by, term }, false, false, out);
@@ -800,15 +884,11 @@ impl Machine {
         let lock_delay = self.timing.lock_delay.unwrap_or_default();
         let safety_poll = now + self.timing.ttl * SAFETY_POLL_TTLS;
         let me = self.me.clone();
+        self.raise_term_floor(highest_term(observation));
         let Some(f) = self.following_mut() else { return };
-        let seen_term = observation
-            .holder
-            .as_ref()
-            .map_or(observation.last_term, |h| h.term.max(observation.last_term));
-        f.term_floor = Some(f.term_floor.unwrap_or_default().max(seen_term));
         match &observation.holder {
             Some(h) => {
-                f.cleared_from = None;
+                f.cleared = None;
                 let store_deadline = h.store_remaining.map(|r| now + r);
                 match &mut f.seen {
                     Some(seen) if seen.version == h.version && seen.holder == h.id && seen.term == h.term => {
@@ -846,6 +926,10 @@ impl Machine {
         }
         let leader = observation.holder.as_ref().map(|h| (h.id.clone(), h.term));
         self.set_leader_seen(leader, out);
+    }
+
+    fn raise_term_floor(&mut self, term: Term) {
+        self.term_floor = Some(self.term_floor.unwrap_or_default().max(term));
     }
 
     fn set_leader_seen(&mut self, leader: Option<(CandidateId, Term)>, out: &mut Vec<Output>) {

@@ -19,6 +19,8 @@ use crate::error::{Error, Result};
 /// - `0 < retry_every <= ttl`, `0 <= jitter <= 1`
 /// - `0 < request_timeout <= ttl`
 /// - `stall_timeout`, when set, `> 0`; `lock_delay`, when set, `<= 60 s`
+/// - `ttl` and `stall_timeout` at most [`Timing::MAX_DURATION`] (30 days), so no deadline
+///   computed from them can overflow an `Instant`
 ///
 /// # Examples
 ///
@@ -81,6 +83,10 @@ impl Millis {
 }
 
 impl Timing {
+    /// The longest `ttl` and `stall_timeout` accepted: 30 days. Every other duration is bounded
+    /// by the TTL (or by 60 s for `lock_delay`), so no deadline the engine computes overflows.
+    pub const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
+
     /// Defaults derived from `ttl`.
     pub fn new(ttl: Duration) -> Self {
         let renew_every = ttl / 3;
@@ -102,6 +108,13 @@ impl Timing {
         self.ttl.mul_f64(1.0 - self.drift.as_f64())
     }
 
+    /// The shortest pause before any retry, also a leader's last renewals before its step-down
+    /// point: `retry_every / 4`. It bounds the requests an election sends to a store that fails
+    /// at once (see docs/guarantees.md).
+    pub fn retry_floor(&self) -> Duration {
+        self.retry_every / 4
+    }
+
     /// How long a candidate that just stepped down waits before campaigning again:
     /// `retry_every × (2 + jitter)`, longer than any follower's poll interval, so that a healthy
     /// follower takes over rather than the candidate that just failed.
@@ -116,8 +129,8 @@ impl Timing {
     /// [`Error::InvalidConfig`] naming the first field that breaks one, with the allowed range.
     pub fn validate(&self) -> Result<()> {
         let zero = Duration::ZERO;
-        if self.ttl == zero {
-            return Err(Error::config("ttl", self.ttl, "greater than zero"));
+        if self.ttl == zero || self.ttl > Self::MAX_DURATION {
+            return Err(Error::config("ttl", self.ttl, "greater than zero and at most 30 days"));
         }
         if self.drift >= Millis(500) {
             return Err(Error::config("drift", self.drift.as_f64(), "0 <= drift < 0.5"));
@@ -130,7 +143,7 @@ impl Timing {
                 format!("less than ttl * (1 - drift) = {believed:?}"),
             ));
         }
-        if self.renew_every == zero || self.renew_every + self.step_down_margin >= believed {
+        if self.renew_every == zero || self.renew_every.saturating_add(self.step_down_margin) >= believed {
             return Err(Error::config(
                 "renew_every",
                 self.renew_every,
@@ -157,8 +170,8 @@ impl Timing {
                 format!("0 < request_timeout <= ttl ({:?})", self.ttl),
             ));
         }
-        if self.stall_timeout == Some(zero) {
-            return Err(Error::config("stall_timeout", zero, "greater than zero"));
+        if let Some(stall) = self.stall_timeout.filter(|s| *s == zero || *s > Self::MAX_DURATION) {
+            return Err(Error::config("stall_timeout", stall, "greater than zero and at most 30 days"));
         }
         if let Some(delay) = self.lock_delay {
             if delay > Duration::from_secs(60) {

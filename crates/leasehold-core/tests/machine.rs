@@ -344,9 +344,10 @@ fn grant_too_late_to_use_is_released_not_elected() {
     );
     assert!(!h.believes(7_000));
     assert_eq!(h.m.term(), None);
-    // Once released, it campaigns again at once.
-    let out = h.reply(7_100, OpId(1), Reply::Release(Ok(())));
-    assert_eq!(out, vec![Ev::Send(OpId(2), acquire(None))]);
+    // Once released, it campaigns again after the retry floor (retry_every / 4), not in a loop.
+    assert_eq!(h.reply(7_100, OpId(1), Reply::Release(Ok(()))), vec![]);
+    assert_eq!(h.wake(), Some(7_500));
+    assert_eq!(h.tick(7_500), vec![Ev::Send(OpId(2), acquire(None))]);
 }
 
 #[test]
@@ -616,16 +617,48 @@ fn read_back_showing_us_keeps_the_deadline_and_retries_soon() {
 }
 
 #[test]
-fn read_back_past_the_last_chance_renews_at_once() {
+fn read_back_past_the_last_chance_renews_after_the_retry_floor() {
     let mut h = Harness::leader();
     let op = h.send_at(3_000);
     let _ = h.reply(4_400, op, Reply::Renew(Err(unreachable())));
     let ours = held(holder(me(), 1, "v2", Some(ms(9_900))));
-    assert_eq!(
-        h.reply(4_500, OpId(2), Reply::Inspect(Ok(ours))),
-        vec![Ev::Send(OpId(3), Request::Renew(grant(1, "v2")))]
-    );
+    assert_eq!(h.reply(4_500, OpId(2), Reply::Inspect(Ok(ours))), vec![]);
+    // Past the last chance (4 000): the next renewal goes out after the floor (retry_every / 4),
+    // never at once, so a store that fails at once does not get a storm of retries.
+    assert_eq!(h.wake(), Some(5_000));
+    assert_eq!(h.tick(5_000), vec![Ev::Send(OpId(3), Request::Renew(grant(1, "v2")))]);
     assert!(h.believes(6_999), "the deadline is still the last confirmed renewal's");
+}
+
+/// Finding 7 of the safety review: past the last chance, a renewal that fails at once was
+/// retried with no pause (thousands of requests in under two seconds). Every retry now waits at
+/// least the floor: from the first failure to the step-down point the leader sends a bounded
+/// number of requests.
+#[test]
+fn renewals_refused_at_once_are_bounded_until_the_step_down() {
+    let mut h = Harness::leader();
+    let mut requests = 0;
+    let mut t = 3_000;
+    while t < 8_000 {
+        let mut out = h.tick(t);
+        while let Some(op) = h.m.pending() {
+            requests += 1;
+            let reply = match sends(&out).last() {
+                Some(Request::Renew(_)) => Reply::Renew(Err(unreachable())),
+                _ => Reply::Inspect(Err(unreachable())),
+            };
+            out = h.reply(t, op, reply);
+            assert!(requests <= 1_000, "a storm: {requests} requests at {t} ms");
+        }
+        if out.iter().any(|e| matches!(e, Ev::Deposed { .. })) {
+            break;
+        }
+        t += 1;
+    }
+    assert!(!h.believes(7_000));
+    // 3 000..7 000 with a floor of 500 ms: at most 9 renewals, each with one read-back.
+    assert!(requests <= 18, "{requests} requests before stepping down");
+    assert!(requests >= 4, "{requests}: the leader must keep trying");
 }
 
 #[test]
@@ -1073,6 +1106,83 @@ fn acquire_read_back_with_an_old_term_is_not_adopted() {
     assert_eq!(sends(&h.tick(t + 5_100)), vec![&acquire(None)]);
 }
 
+/// Finding 1 of the safety review, inside one machine: an acquire whose outcome was unknown in an
+/// earlier follower phase (here: before this candidate led and resigned) may still be applied by
+/// the store. A later read-back that finds it must believe it from that old send time, not from
+/// the send time of the current phase's unknown acquire. Before the fix the step-down started a
+/// new phase that forgot it, and the stale grant was believed for a fresh TTL.
+#[test]
+fn read_back_after_a_step_down_counts_from_an_unknown_acquire_of_the_earlier_phase() {
+    let mut h = Harness::follower();
+    let op = h.send_at(0); // R1: stuck in the network
+    assert_eq!(
+        h.tick(3_000),
+        vec![Ev::Trouble("timeout"), Ev::Send(OpId(1), Request::Inspect)]
+    );
+    let _ = h.reply(3_000, OpId(1), Reply::Inspect(Ok(free(0, EndReason::Released))));
+    assert_ne!(op, OpId(2));
+    let op = h.send_at(5_000);
+    let _ = h.reply(5_000, op, Reply::Acquire(Ok(Acquired::Granted(grant(1, "v1")))));
+    let _ = h.step(6_000, Input::Resign);
+    let _ = h.reply(6_000, OpId(3), Reply::Release(Ok(())));
+    // Someone else leads term 2, then releases; R1 is applied: we hold term 3 in the store.
+    let t = 6_000 + BACKOFF;
+    let op = h.send_at(t);
+    let _ = h.reply(t, op, Reply::Acquire(Ok(Acquired::Held(held(holder(other(), 2, "v2", None))))));
+    let op = h.send_at(t + 2_000);
+    // This poll fails at once (connection refused, not applied); the read-back finds term 3.
+    let out = h.reply(t + 2_000, op, Reply::Acquire(Err(unreachable())));
+    assert_eq!(sends(&out), vec![&Request::Inspect]);
+    let ours = held(holder(me(), 3, "v3", Some(ms(9_000))));
+    let out = h.reply(t + 2_000, h.m.pending().unwrap(), Reply::Inspect(Ok(ours)));
+    // Believed from R1's send time (0): long over. Not elected; the stale grant is released.
+    assert!(!out.iter().any(|e| matches!(e, Ev::Elected { .. })), "{out:?}");
+    assert!(!h.believes(t + 2_000));
+    assert!(sends(&out).iter().any(|r| matches!(r, Request::Release(g) if g.term == Term(3))), "{out:?}");
+}
+
+/// Finding 1, second variant: a renewal answered `Lost` shows this very candidate at a newer term
+/// (an old acquire applied while it led). That term must become the floor: a later read-back
+/// that finds it is not adopted. Before the fix the floor after the step-down was the old term.
+#[test]
+fn lost_renewal_showing_us_at_a_newer_term_raises_the_term_floor() {
+    let mut h = Harness::leader();
+    let op = h.send_at(3_000);
+    let ours_newer = held(holder(me(), 2, "v2", Some(ms(9_000))));
+    let out = h.reply(3_000, op, Reply::Renew(Ok(Renewed::Lost(ours_newer.clone()))));
+    assert!(out.iter().any(|e| matches!(e, Ev::Deposed { .. })), "{out:?}");
+    let _ = h.step(3_000, Input::WorkStopped);
+    let t = 3_000 + BACKOFF;
+    let op = h.send_at(t);
+    let out = h.reply(t, op, Reply::Acquire(Err(unreachable())));
+    assert_eq!(sends(&out), vec![&Request::Inspect]);
+    let out = h.reply(t, h.m.pending().unwrap(), Reply::Inspect(Ok(ours_newer)));
+    assert!(!out.iter().any(|e| matches!(e, Ev::Elected { .. })), "{out:?}");
+    assert!(!h.believes(t));
+}
+
+/// Finding 1 across campaigns: every campaign of an `Elector` runs a new machine. It continues
+/// from the earlier one ([`Machine::continue_from`]), so an acquire of the earlier campaign whose
+/// outcome is unknown still bounds what a read-back may believe.
+#[test]
+fn a_new_campaign_continues_from_the_unknown_acquires_of_the_earlier_one() {
+    let mut first = Harness::follower();
+    let op = first.send_at(0);
+    let _ = first.reply(0, op, Reply::Acquire(Err(unreachable()))); // R1: outcome unknown
+    let mut h = Harness::follower();
+    h.base = first.base;
+    h.m = Machine::new(timing(), Expiry::ServerClock, Notifications::None, lease(), me(), h.at(6_000), 7).unwrap();
+    h.m.continue_from(&first.m);
+    let op = h.send_at(6_000);
+    let _ = h.reply(6_000, op, Reply::Acquire(Ok(Acquired::Held(held(holder(other(), 2, "v2", None))))));
+    let op = h.send_at(8_000);
+    let _ = h.reply(8_000, op, Reply::Acquire(Err(unreachable())));
+    let ours = held(holder(me(), 3, "v3", Some(ms(9_000))));
+    let out = h.reply(8_000, h.m.pending().unwrap(), Reply::Inspect(Ok(ours)));
+    assert!(!out.iter().any(|e| matches!(e, Ev::Elected { .. })), "{out:?}");
+    assert!(!h.believes(8_000));
+}
+
 #[test]
 fn stale_reply_is_ignored() {
     let mut h = Harness::follower();
@@ -1135,7 +1245,29 @@ fn lock_delay_free_after_expiry_acquires_only_after_the_delay() {
     assert_eq!(out, vec![Ev::LeaderChanged(None)]);
     assert_eq!(h.wake(), Some(7_100));
     assert_eq!(h.tick(7_099), vec![]);
-    assert_eq!(h.tick(7_100), vec![Ev::Send(OpId(2), acquire(None))]);
+    // After the wait it looks again: no term started in between, so it acquires.
+    assert_eq!(h.tick(7_100), vec![Ev::Send(OpId(2), Request::Inspect)]);
+    let out = h.reply(7_150, OpId(2), Reply::Inspect(Ok(free(1, EndReason::Expired))));
+    assert_eq!(out, vec![Ev::Send(OpId(3), acquire(None))]);
+}
+
+/// Finding 4 of the safety review: with `lock_delay` longer than the TTL, a whole term can start
+/// and expire inside the wait. The follower used to acquire right after the wait without
+/// looking again, skipping the lock delay that term's expiry calls for.
+#[test]
+fn lock_delay_restarts_when_a_term_started_and_expired_inside_the_wait() {
+    let mut h = lock_delay_follower(Expiry::ServerClock);
+    let _ = h.tick(2_000);
+    let _ = h.reply(2_000, OpId(1), Reply::Inspect(Ok(free(1, EndReason::Expired))));
+    assert_eq!(h.wake(), Some(7_000));
+    // Meanwhile term 2 was granted to someone else and expired: the look after the wait sees
+    // last_term 2 and waits a full lock delay again.
+    assert_eq!(h.tick(7_000), vec![Ev::Send(OpId(2), Request::Inspect)]);
+    assert_eq!(h.reply(7_000, OpId(2), Reply::Inspect(Ok(free(2, EndReason::Expired)))), vec![]);
+    assert_eq!(h.wake(), Some(12_000));
+    assert_eq!(h.tick(12_000), vec![Ev::Send(OpId(3), Request::Inspect)]);
+    let out = h.reply(12_000, OpId(3), Reply::Inspect(Ok(free(2, EndReason::Expired))));
+    assert_eq!(out, vec![Ev::Send(OpId(4), acquire(None))]);
 }
 
 #[test]
