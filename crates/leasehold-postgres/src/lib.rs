@@ -19,4 +19,4 @@ pub use config::{
     redact,
 };
 pub use record::{TTL_RANGE, lock_key};
-pub use store::PostgresStore;
+pub use store::{PostgresStore, WriteSessionSetting};

@@ -69,9 +69,33 @@ impl std::fmt::Debug for Context {
     }
 }
 
+/// The `synchronous_commit` of every connection that writes lease records.
+///
+/// A grant is acknowledged when its statement commits. With `off` (or `local` while synchronous
+/// standbys are configured), a commit can be acknowledged before it is durable, so a server
+/// crash or a failover can bring the row back one term older and the same term is granted twice.
+/// The database's, role's or server's default may say so, so it is set explicitly on each
+/// connection, as a startup option: it comes after any `options` of the URL and overrides the
+/// `ALTER DATABASE`/`ALTER ROLE ... SET` defaults.
+///
+/// `on` and not `remote_apply`: without synchronous standbys both wait for the local WAL flush
+/// only; with them, `on` also waits until the standbys have flushed the commit, which is what
+/// makes it survive a failover to one of them. `remote_apply` also waits until they have replayed
+/// it, which matters only to reads on a standby (leasehold reads the primary), and a standby's
+/// replay can stall for `max_standby_streaming_delay` (30 s by default) behind its own queries:
+/// every renewal would wait for it and leaders would lose leases for no safety gained. Failover
+/// to an *asynchronous* standby can lose acknowledged commits whatever this setting says (see
+/// the docs).
+pub(crate) const SYNCHRONOUS_COMMIT: &str = "on";
+
+/// `options` with the settings every connection that writes lease records needs.
+pub(crate) fn for_writes(options: PgConnectOptions) -> PgConnectOptions {
+    options.options([("synchronous_commit", SYNCHRONOUS_COMMIT)])
+}
+
 impl Context {
     pub(crate) fn new(config: PostgresConfig) -> Context {
-        let mut lock_options = config.connect_options().clone().options([
+        let mut lock_options = for_writes(config.connect_options().clone()).options([
             ("idle_session_timeout", "0".to_string()),
             ("client_connection_check_interval", CLIENT_CHECK_INTERVAL_MS.to_string()),
             ("lock_timeout", LOCK_TIMEOUT_MS.to_string()),
@@ -131,6 +155,10 @@ enum Command {
         grant: Grant,
         reply: oneshot::Sender<Result<()>>,
     },
+    Show {
+        setting: String,
+        reply: oneshot::Sender<Result<String>>,
+    },
 }
 
 /// The handle of the lock session's task; the task ends (and the session with it) when every
@@ -154,6 +182,7 @@ impl LockSession {
                 last_used: Instant::now(),
             }),
             releases: VecDeque::new(),
+            shows: VecDeque::new(),
             renewals: Vec::new(),
             acquires: VecDeque::new(),
         };
@@ -178,6 +207,13 @@ impl LockSession {
     pub(crate) async fn release(&self, grant: Grant) -> Result<()> {
         let (reply, answer) = oneshot::channel();
         self.send(Command::Release { grant, reply }, answer).await
+    }
+
+    /// The value of a server setting on the lock session (connecting it if needed).
+    pub(crate) async fn show(&self, setting: &str) -> Result<String> {
+        let (reply, answer) = oneshot::channel();
+        let setting = setting.to_string();
+        self.send(Command::Show { setting, reply }, answer).await
     }
 
     async fn send<T>(&self, command: Command, answer: oneshot::Receiver<Result<T>>) -> Result<T> {
@@ -243,6 +279,7 @@ struct Actor {
     cx: Arc<Context>,
     session: Option<Session>,
     releases: VecDeque<(Grant, oneshot::Sender<Result<()>>)>,
+    shows: VecDeque<(String, oneshot::Sender<Result<String>>)>,
     renewals: Vec<(Grant, Instant, oneshot::Sender<Result<Renewal>>)>,
     acquires: VecDeque<(AcquireRequest, Instant, oneshot::Sender<Result<Acquired>>)>,
 }
@@ -265,7 +302,8 @@ fn setting(duration: Duration) -> String {
 impl Actor {
     async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
         loop {
-            if self.releases.is_empty() && self.renewals.is_empty() && self.acquires.is_empty() {
+            if self.releases.is_empty() && self.shows.is_empty() && self.renewals.is_empty() && self.acquires.is_empty()
+            {
                 match commands.recv().await {
                     Some(command) => self.queue(command),
                     None => break,
@@ -279,6 +317,10 @@ impl Actor {
             while let Some((grant, reply)) = self.releases.pop_front() {
                 // Always carried out, even when the caller gave up: it only frees the lease.
                 let result = self.release(&grant).await;
+                let _ = reply.send(result);
+            }
+            while let Some((setting, reply)) = self.shows.pop_front() {
+                let result = self.show(&setting).await;
                 let _ = reply.send(result);
             }
             while !self.renewals.is_empty() {
@@ -299,6 +341,7 @@ impl Actor {
             Command::Acquire { request, at, reply } => self.acquires.push_back((request, at, reply)),
             Command::Renew { grant, at, reply } => self.renewals.push((grant, at, reply)),
             Command::Release { grant, reply } => self.releases.push_back((grant, reply)),
+            Command::Show { setting, reply } => self.shows.push_back((setting, reply)),
         }
     }
 
@@ -438,6 +481,16 @@ impl Actor {
             .into_iter()
             .next()
             .ok_or(Failure::Sql(sqlx::Error::RowNotFound))
+    }
+
+    /// `SHOW setting` on the lock session.
+    async fn show(&mut self, setting: &str) -> Result<String> {
+        let limit = self.statement_limit(None);
+        self.connect(limit).await.map_err(|f| f.to_error("show"))?;
+        let query = sqlx::query("SELECT current_setting($1)").bind(setting.to_string());
+        let row = self.fetch_one(query, limit).await.map_err(|f| f.to_error("show"))?;
+        row.try_get(0)
+            .map_err(|e| Error::store(STORE, format!("unexpected answer to show: {e}")))
     }
 
     /// Gives back `keys` after a statement that may have taken one failed (a session-level

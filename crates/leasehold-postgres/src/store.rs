@@ -17,7 +17,7 @@ use crate::error::{self, STORE};
 use crate::notify::Notifier;
 use crate::record::{self, Record, TTL_RANGE, term_value};
 use crate::schema;
-use crate::session::{Context, LockSession, Renewal};
+use crate::session::{self, Context, LockSession, Renewal};
 use crate::sql;
 
 /// A [`LeaseStore`] on a Postgres database (14 or later), shared by every process that connects
@@ -125,10 +125,10 @@ impl PostgresStore {
             .max_connections(cx.config.pool_size())
             .min_connections(0)
             .acquire_timeout(timeout)
-            .connect_lazy_with(match options.get_application_name() {
+            .connect_lazy_with(session::for_writes(match options.get_application_name() {
                 Some(_) => options.clone(),
                 None => options.clone().application_name("leasehold"),
-            });
+            }));
         let notifier = Notifier::new(options, timeout, cx.config.schema());
         let session = LockSession::spawn(cx.clone(), conn);
         Ok(PostgresStore {
@@ -151,6 +151,27 @@ impl PostgresStore {
         self.inner.cx.key(lease)
     }
 
+    /// The value of the server setting `name` (as `SHOW` reports it) on the connections that
+    /// write lease records: the lock session, and a pooled connection (it writes for
+    /// [`break_lease`](LeaseStore::break_lease)). For operators and tests checking what the
+    /// store runs with whatever the server's, database's or role's defaults, for example that
+    /// `synchronous_commit` is `on`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unreachable`] or [`Error::Timeout`] when the server cannot be reached;
+    /// [`Error::Store`] for a setting the server does not know.
+    pub async fn write_session_setting(&self, name: &str) -> Result<WriteSessionSetting> {
+        let lock_session = self.inner.session.show(name).await?;
+        let timeout = self.inner.cx.config.connect_timeout();
+        let pool = sqlx::query_scalar("SELECT current_setting($1)")
+            .bind(name)
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(|e| error::map(&e, "show", timeout))?;
+        Ok(WriteSessionSetting { lock_session, pool })
+    }
+
     async fn read(&self, lease: &LeaseName, operation: &'static str) -> Result<Record> {
         let timeout = self.inner.cx.config.connect_timeout();
         let row = sql::query(&self.inner.cx.sql.read)
@@ -162,6 +183,17 @@ impl PostgresStore {
         self.inner.cx.sightings.see(lease, &record, Instant::now());
         Ok(record)
     }
+}
+
+/// A server setting on the connections of a [`PostgresStore`] that write lease records (see
+/// [`PostgresStore::write_session_setting`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WriteSessionSetting {
+    /// Its value on the lock session (acquires, renewals, releases).
+    pub lock_session: String,
+    /// Its value on a pooled connection (operator writes: `break_lease`).
+    pub pool: String,
 }
 
 #[async_trait]

@@ -662,3 +662,64 @@ async fn an_elector_leads_and_hands_over() {
     )));
     checker.assert_safe().await;
 }
+
+/// Finding 8 of issue 12: with `synchronous_commit = off` as the database's or the role's default,
+/// the lock session inherited it, so an acknowledged grant could be lost in a server crash and its
+/// term granted again. Every connection that writes lease records must commit synchronously
+/// whatever the defaults.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_writes_commit_synchronously_whatever_the_defaults() {
+    use sqlx::Connection as _;
+    let Some(pg) = server() else { return };
+    let name = common::schema("sync");
+    let mut admin = pg.raw().await;
+    for statement in [
+        format!("CREATE ROLE {name} LOGIN"),
+        format!("CREATE DATABASE {name} OWNER {name}"),
+        format!("ALTER DATABASE {name} SET synchronous_commit = off"),
+        format!("ALTER ROLE {name} SET synchronous_commit = off"),
+    ] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+    }
+    let mut url = url::Url::parse(&pg.url).unwrap();
+    url.set_username(&name).unwrap();
+    url.set_path(&format!("/{name}"));
+
+    // Any other session of that role in that database commits asynchronously.
+    let mut plain = sqlx::PgConnection::connect(url.as_str()).await.unwrap();
+    let inherited: String = sqlx::query_scalar("SHOW synchronous_commit")
+        .fetch_one(&mut plain)
+        .await
+        .unwrap();
+    assert_eq!(inherited, "off", "the test's defaults did not apply");
+    plain.close().await.unwrap();
+
+    // Nor can the URL's own options weaken it.
+    url.query_pairs_mut()
+        .append_pair("options", "-c synchronous_commit=off");
+    let store = PostgresStore::connect(url.as_str()).await.unwrap();
+    let lease = common::lease("sync");
+    let grant = granted(acquire(&store, &lease, "a", Duration::from_secs(5)).await);
+    let setting = store.write_session_setting("synchronous_commit").await;
+    store.release(&grant).await.unwrap();
+    drop(store);
+    for statement in [
+        format!("DROP DATABASE {name} WITH (FORCE)"),
+        format!("DROP ROLE {name}"),
+    ] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+    }
+
+    let setting = setting.unwrap();
+    assert_eq!(setting.lock_session, "on", "the lock session's synchronous_commit");
+    assert_eq!(
+        setting.pool, "on",
+        "the pool's synchronous_commit (break_lease writes there)"
+    );
+}
