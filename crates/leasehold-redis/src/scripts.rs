@@ -31,6 +31,20 @@ local function fmt(n)
   return string.format('%d', n)
 end
 
+-- A string of digits without its leading zeros ('0' for zero): what HINCRBY accepts.
+local function norm(s)
+  local n = string.match(s, '^0*(%d*)$')
+  if n == '' then return '0' end
+  return n
+end
+
+-- Whether the digit string a is at least b, exactly (Lua numbers are doubles: 19 digits are not).
+local function ge(a, b)
+  a, b = norm(a), norm(b)
+  if #a ~= #b then return #a > #b end
+  return a >= b
+end
+
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -111,6 +125,12 @@ const ACQUIRE: &str = r#"
 local candidate, ttl, version, maxlen, guard, channel = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local lease, state, bad = load()
 if bad then return {nonce, 'corrupt', bad} end
+-- The highest term this server remembers granting.
+local stored = state.term
+if lease and (not stored or ge(lease.term, stored)) then stored = lease.term end
+if stored and ge(stored, '9223372036854775807') then
+  return {nonce, 'corrupt', 'key ' .. state_key .. ' holds term ' .. stored .. ', which no term can follow'}
+end
 local now = now_ms()
 local takeover = false
 if lease then
@@ -129,13 +149,17 @@ else
     takeover = true
   end
 end
-if not state.term then
-  -- A lease never granted here, or a server that lost its data: start above every term it can
-  -- have granted before, the server's time in microseconds (see docs.md).
-  local t = redis.call('TIME')
-  redis.call('HSET', state_key, 'term', t[1] .. string.format('%06d', tonumber(t[2])))
+-- The next term is max(stored + 1, the server's time in microseconds), so that it is above every
+-- term granted before also when the counter is missing, or older than the terms granted (a
+-- restored snapshot, an AOF that lost its last second, a promoted replica): see docs.md.
+local t = redis.call('TIME')
+local now_us = t[1] .. string.format('%06d', tonumber(t[2]))
+if stored and ge(stored, now_us) then
+  redis.call('HSET', state_key, 'term', norm(stored))
+  redis.call('HINCRBY', state_key, 'term', 1)
+else
+  redis.call('HSET', state_key, 'term', now_us)
 end
-redis.call('HINCRBY', state_key, 'term', 1)
 local term = redis.call('HGET', state_key, 'term')
 redis.call('DEL', lease_key)
 redis.call('HSET', lease_key, 'holder', candidate, 'term', term, 'ttl', ttl, 'version', version)
