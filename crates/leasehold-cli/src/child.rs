@@ -1,9 +1,10 @@
-//! The leader's command, as `run` sees it: a process group headed by the child guard.
+//! The command's process tree, as `run` sees it.
 //!
-//! `run` never starts the command itself. It starts `leasehold __child-guard` (this binary again,
-//! see `guard.rs`) as the leader of a new process group, and the guard starts the command inside
-//! that group. So the group's id is the guard's pid, which stays reserved until `run` reaps the
-//! guard: signalling the group can never hit an unrelated process.
+//! `run` does not start the command itself: it starts `leasehold __child-guard` (this binary
+//! again, see `guard.rs`) as the leader of a new process group, and the guard starts the command.
+//! Both `run` and the guard are child subreapers, and the command runs in a cgroup v2 leaf where
+//! one can be made (see `tree.rs`), so every process the command starts stays within reach: the
+//! tree is everything below `run`, plus everything in the leaf.
 
 use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt;
@@ -11,49 +12,68 @@ use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use tokio_util::sync::CancellationToken;
 
 use crate::exit::{Failure, NOT_EXECUTABLE, NOT_FOUND};
+use crate::tree::{Cgroup, Process, Tree};
 
-/// A running command group. Dropping it without having seen the guard exit kills the group
-/// with SIGKILL at once: that is what happens when the engine aborts the leader's work at
+/// How long SIGKILL is sent again and again before the processes still there are reported (they
+/// are most likely in uninterruptible sleep); the killing goes on after that.
+pub(crate) const STUCK_AFTER: Duration = Duration::from_millis(100);
+
+/// A running command tree. Dropping it without having seen the tree empty sends SIGKILL to
+/// everything in it at once: that is what happens when the engine aborts the leader's work at
 /// `valid_until`.
 #[derive(Debug)]
 pub(crate) struct CommandGroup {
     guard: tokio::process::Child,
-    pgid: Pid,
-    reaped: bool,
-    /// What to print on stderr if the group has to be killed on drop (`None`: nothing).
-    drop_notice: Option<String>,
+    guard_pid: i32,
+    /// The guard's exit status, once reaped.
+    status: Option<ExitStatus>,
+    tree: Tree,
+    /// Whether the tree was seen empty.
+    emptied: bool,
 }
 
 /// How a stop went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stopped {
-    /// The command exited after SIGTERM.
+    /// Every process of the command ended after SIGTERM.
     Terminated,
     /// SIGKILL was needed (the grace ran out, or there was no time left for one).
     Killed,
 }
 
+/// What a stop did.
+#[derive(Debug)]
+pub(crate) struct Stop {
+    pub(crate) how: Stopped,
+    /// How many processes the command's tree had when the stop began.
+    pub(crate) processes: usize,
+}
+
 impl CommandGroup {
-    /// Starts `command` under a child guard in a new process group, with `env` added.
+    /// Starts `command` under a child guard in a new process group, with `env` added, in
+    /// `cgroup` if given.
     pub(crate) fn spawn(
         command: &[OsString],
         env: &[(&str, String)],
         grace: Duration,
-        drop_notice: Option<String>,
+        cgroup: Option<Cgroup>,
     ) -> Result<Self, Failure> {
-        let mut guard = tokio::process::Command::new(Self::own_executable());
+        let mut guard = tokio::process::Command::new(own_executable());
         guard
             .arg0("leasehold")
             .arg("__child-guard")
             .arg("--parent")
             .arg(std::process::id().to_string())
             .arg("--grace-ms")
-            .arg(grace.as_millis().to_string())
+            .arg(grace.as_millis().to_string());
+        if let Some(cgroup) = &cgroup {
+            guard.arg("--cgroup").arg(cgroup.path());
+        }
+        guard
             .arg("--")
             .args(command)
             .envs(env.iter().map(|(k, v)| (k, v)))
@@ -62,86 +82,142 @@ impl CommandGroup {
         let guard = guard
             .spawn()
             .map_err(|e| Failure::runtime(format!("cannot start the child guard: {e}")))?;
-        let pid = guard
+        let guard_pid = guard
             .id()
+            .and_then(|id| i32::try_from(id).ok())
             .ok_or_else(|| Failure::runtime("the child guard exited at once"))?;
-        let pgid = Pid::from_raw(i32::try_from(pid).map_err(|_| Failure::runtime("pid out of range"))?);
         Ok(CommandGroup {
             guard,
-            pgid,
-            reaped: false,
-            drop_notice,
+            guard_pid,
+            status: None,
+            tree: Tree::below_me(cgroup),
+            emptied: false,
         })
-    }
-
-    /// This very binary, also after it was replaced on disk by an upgrade.
-    fn own_executable() -> PathBuf {
-        let proc = Path::new("/proc/self/exe");
-        if proc.exists() {
-            proc.to_path_buf()
-        } else {
-            std::env::current_exe().unwrap_or_else(|_| "leasehold".into())
-        }
     }
 
     /// The process group id (the guard's pid).
     pub(crate) fn pgid(&self) -> i32 {
-        self.pgid.as_raw()
+        self.guard_pid
     }
 
-    /// Waits until the guard exits, which it does once the command and everything else in its
-    /// group has ended. Cancel safe.
+    /// The cgroup leaf the command runs in, if any.
+    pub(crate) fn cgroup(&self) -> Option<&Path> {
+        self.tree.cgroup().map(Cgroup::path)
+    }
+
+    /// Waits until the guard exits: after the command exited and the guard ended what it left
+    /// behind, or because the guard was killed. Cancel safe.
     pub(crate) async fn wait(&mut self) -> ExitStatus {
+        if let Some(status) = self.status {
+            return status;
+        }
         let status = match self.guard.wait().await {
             Ok(status) => status,
             // Only if the child was already reaped elsewhere; treat as killed.
             Err(_) => ExitStatus::from_raw(Signal::SIGKILL as i32),
         };
-        self.reaped = true;
+        self.status = Some(status);
         status
     }
 
-    /// Stops the group: SIGTERM now and SIGKILL `grace` later, but SIGKILL no later than
-    /// `kill_by`, and at once when `kill_by` has passed (a process that was paused past its
-    /// lease) or `hurry` is cancelled. Returns once the guard has exited.
+    /// Pids that only tokio may reap.
+    fn tokio_reaps(&self) -> Vec<i32> {
+        if self.status.is_some() {
+            Vec::new()
+        } else {
+            vec![self.guard_pid]
+        }
+    }
+
+    /// Stops the tree: SIGTERM to every process of it now and SIGKILL `grace` later, but SIGKILL
+    /// no later than `kill_by`, and at once when `kill_by` has passed (a process that was paused
+    /// past its lease) or `hurry` is cancelled. SIGKILL is repeated until nothing is left.
+    ///
+    /// Returns once the tree is empty, or with what is left [`STUCK_AFTER`] into the SIGKILLs
+    /// (then call [`CommandGroup::clear`] to go on killing).
     pub(crate) async fn stop(
         &mut self,
         grace: Duration,
         kill_by: Option<Instant>,
         hurry: &CancellationToken,
-    ) -> (Stopped, ExitStatus) {
+    ) -> Result<Stop, (Stop, Vec<Process>)> {
         let now = Instant::now();
         let kill_at = kill_by.map_or(now, |by| by.min(now + grace));
-        if kill_at <= now || hurry.is_cancelled() {
-            self.signal(Signal::SIGKILL);
-            return (Stopped::Killed, self.wait().await);
+        let guard = [self.guard_pid];
+        let processes = self.tree.members().iter().filter(|p| p.pid != self.guard_pid).count();
+        if kill_at > now && !hurry.is_cancelled() {
+            self.tree.signal(Signal::SIGTERM, &guard);
+            let reap = self.tokio_reaps();
+            let emptied = tokio::select! {
+                emptied = self.tree.wait_empty(kill_at, &guard, &reap) => emptied,
+                () = hurry.cancelled() => false,
+            };
+            if emptied {
+                // The guard exits by itself once the command has.
+                let status = tokio::select! {
+                    status = self.wait() => Some(status),
+                    () = tokio::time::sleep_until(kill_at.into()) => None,
+                    () = hurry.cancelled() => None,
+                };
+                if status.is_some() && self.clear(Some(Instant::now())).await.is_ok() {
+                    return Ok(Stop {
+                        how: Stopped::Terminated,
+                        processes,
+                    });
+                }
+            }
         }
-        self.signal(Signal::SIGTERM);
-        tokio::select! {
-            status = self.wait() => return (Stopped::Terminated, status),
-            () = tokio::time::sleep_until(kill_at.into()) => {}
-            () = hurry.cancelled() => {}
+        let reap = self.tokio_reaps();
+        let killed = self
+            .tree
+            .kill_until_empty(Some(Instant::now() + STUCK_AFTER), &reap)
+            .await;
+        let stop = Stop {
+            how: Stopped::Killed,
+            processes,
+        };
+        match killed {
+            Ok(()) => {
+                // The guard was SIGKILLed with the rest (or had just exited): reaped at once.
+                self.wait().await;
+                self.emptied = true;
+                Ok(stop)
+            }
+            Err(left) => Err((stop, left)),
         }
-        self.signal(Signal::SIGKILL);
-        (Stopped::Killed, self.wait().await)
     }
 
-    fn signal(&self, signal: Signal) {
-        if !self.reaped {
-            // ESRCH (the group is already gone) is fine.
-            let _ = killpg(self.pgid, signal);
-        }
+    /// Kills what is left of the tree (SIGKILL, again and again) until it is empty (`Ok` with
+    /// how many processes there were) or `until` passes (`Err` with what is left). Forever
+    /// without `until`.
+    pub(crate) async fn clear(&mut self, until: Option<Instant>) -> Result<usize, Vec<Process>> {
+        let found = self.tree.members().len();
+        let reap = self.tokio_reaps();
+        self.tree.kill_until_empty(until, &reap).await?;
+        self.emptied = true;
+        Ok(found)
     }
 }
 
 impl Drop for CommandGroup {
     fn drop(&mut self) {
-        if !self.reaped {
-            self.signal(Signal::SIGKILL);
-            if let Some(notice) = &self.drop_notice {
-                eprintln!("leasehold: {notice}");
-            }
+        if !self.emptied {
+            // The engine's Deposed event (`aborted`) is logged instead.
+            self.tree.signal(Signal::SIGKILL, &[]);
         }
+        if let Some(cgroup) = self.tree.cgroup() {
+            cgroup.remove(); // refused while a process is still in it
+        }
+    }
+}
+
+/// This very binary, also after it was replaced on disk by an upgrade.
+pub(crate) fn own_executable() -> PathBuf {
+    let proc = Path::new("/proc/self/exe");
+    if proc.exists() {
+        proc.to_path_buf()
+    } else {
+        std::env::current_exe().unwrap_or_else(|_| "leasehold".into())
     }
 }
 

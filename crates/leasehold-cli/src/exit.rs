@@ -15,6 +15,9 @@ pub(crate) const UNREACHABLE: i32 = 3;
 pub(crate) const UNSUPPORTED: i32 = 4;
 /// `run --wait`: not elected in time; the command was not run.
 pub(crate) const NOT_ELECTED: i32 = 5;
+/// The store refused the credentials or the permissions (a wrong password, key or SAS token, a
+/// user without the rights): retrying will not help until someone fixes them.
+pub(crate) const AUTH: i32 = 6;
 /// `run`: the command cannot be executed (shell convention).
 pub(crate) const NOT_EXECUTABLE: i32 = 126;
 /// `run`: the command was not found (shell convention).
@@ -52,6 +55,7 @@ impl Failure {
     pub(crate) fn connect(url: &str, error: &Error) -> Self {
         let code = match code_of(error) {
             USAGE => USAGE,
+            AUTH => AUTH,
             _ => UNREACHABLE,
         };
         Failure::new(code, format!("cannot connect to {}: {error}", leasehold::redact(url)))
@@ -59,9 +63,84 @@ impl Failure {
 
     /// Prints the line and returns the exit code.
     pub(crate) fn report(self) -> i32 {
-        eprintln!("leasehold: {}", self.message);
+        crate::output::log(&self.message);
         self.code
     }
+}
+
+/// Whether an error's text (with its sources) says that the store refused the credentials or
+/// the permissions, as each backend's client words it: Postgres SQLSTATE 28xxx and 42501,
+/// Redis `WRONGPASS`/`NOAUTH`/`NOPERM`, etcd and gRPC `Unauthenticated`/`PermissionDenied`,
+/// ZooKeeper `AuthFailed`/`NoAuth`, DynamoDB `AccessDenied`/`UnrecognizedClient`/signature and
+/// token errors, Azure HTTP 401/403 (`AuthenticationFailed`, `AuthorizationFailure`), and
+/// "permission denied"/"read-only" from the file system (SQLite).
+///
+/// The engine reports store trouble as text only, so this reads text; see the report on
+/// issue 13 for the API in `leasehold-core` that would make it exact.
+pub(crate) fn is_auth_failure(text: &str) -> bool {
+    let text = text.to_ascii_lowercase();
+    const WORDS: &[&str] = &[
+        "password authentication failed",
+        "authentication failed",
+        "authenticationfailed",
+        "authorizationfailure",
+        "authorizationpermissionmismatch",
+        "not authorized",
+        "unauthorized",
+        "unauthenticated",
+        "permission denied",
+        "permissiondenied",
+        "access denied",
+        "accessdenied",
+        "wrongpass",
+        "noauth",
+        "noperm",
+        "authfailed",
+        "auth failed",
+        "invalid auth token",
+        "invalidsignature",
+        "signaturedoesnotmatch",
+        "unrecognizedclient",
+        "security token included in the request is invalid",
+        "expiredtoken",
+        "no pg_hba.conf entry",
+        "insufficient_privilege",
+        "must be owner of",
+        "readonly database",
+        "read-only file system",
+        "forbidden",
+        "(28p01)",
+        "(28000)",
+        "(42501)",
+        "sqlstate 28p01",
+        "sqlstate 28000",
+        "sqlstate 42501",
+    ];
+    if WORDS.iter().any(|w| text.contains(w)) {
+        return true;
+    }
+    // HTTP status codes, only where they are named as such.
+    ["401", "403"].iter().any(|code| {
+        text.contains(&format!("status {code}"))
+            || text.contains(&format!("status: {code}"))
+            || text.contains(&format!("status code {code}"))
+            || text.contains(&format!("statuscode: {code}"))
+            || text.contains(&format!("http {code}"))
+            || text.contains(&format!("{code} forbidden"))
+            || text.contains(&format!("{code} unauthorized"))
+    })
+}
+
+/// The text of `error` and of every source under it.
+fn chain_text(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// The exit code for a store or configuration error.
@@ -73,8 +152,13 @@ pub(crate) fn code_of(error: &Error) -> i32 {
         | Error::InvalidConfig { .. }
         | Error::InvalidUrl { .. }
         | Error::UnsupportedScheme { .. } => USAGE,
-        Error::Unreachable { .. } | Error::Timeout { .. } => UNREACHABLE,
         Error::Unsupported { .. } => UNSUPPORTED,
+        Error::Unreachable { .. } | Error::Store { .. } | Error::Timeout { .. } | Error::NotLeader { .. }
+            if is_auth_failure(&chain_text(error)) =>
+        {
+            AUTH
+        }
+        Error::Unreachable { .. } | Error::Timeout { .. } => UNREACHABLE,
         _ => RUNTIME,
     }
 }
@@ -102,6 +186,36 @@ mod tests {
             }),
             UNSUPPORTED
         );
+    }
+
+    #[test]
+    fn authentication_and_permission_failures_have_their_own_code() {
+        let cases = [
+            "password authentication failed for user \"app\"",
+            "WRONGPASS invalid username-password pair or user is disabled.",
+            "NOPERM User app has no permissions to run the 'eval' command",
+            "status: PermissionDenied, message: \"etcdserver: permission denied\"",
+            "AuthFailed",
+            "service error: AccessDeniedException: User is not authorized",
+            "UnrecognizedClientException: The security token included in the request is invalid.",
+            "HTTP status 403 (AuthenticationFailed): Server failed to authenticate the request",
+            "attempt to write a readonly database",
+        ];
+        for text in cases {
+            let error = Error::store("x", text.to_string());
+            assert_eq!(code_of(&error), AUTH, "{text}");
+            assert_eq!(Failure::connect("x://h", &error).code, AUTH, "{text}");
+        }
+        let nested = Error::unreachable("redis", std::io::Error::other("WRONGPASS"));
+        assert_eq!(code_of(&nested), AUTH);
+        for text in [
+            "connection refused",
+            "127.0.0.1:4031: timed out",
+            "no such table: leases403",
+            "corrupt record",
+        ] {
+            assert_ne!(code_of(&Error::store("x", text.to_string())), AUTH, "{text}");
+        }
     }
 
     #[test]

@@ -1,35 +1,44 @@
-//! The child guard: `leasehold __child-guard --parent PID --grace-ms MS -- CMD ARGS...`.
+//! The child guard: `leasehold __child-guard --parent PID --grace-ms MS [--cgroup DIR] -- CMD...`.
 //!
 //! `run` starts this binary again in this mode, as the leader of a new process group, instead
 //! of starting the command itself. The guard:
 //!
 //! 1. takes over SIGHUP, SIGTERM and SIGINT (a handler, not the default action), so that the
-//!    SIGTERM that `run` sends to the whole group reaches the command while the guard stays to
-//!    see it out;
-//! 2. asks the kernel for a SIGHUP when its parent dies (`PR_SET_PDEATHSIG`; the parent thread
+//!    SIGTERM that `run` sends to the command's tree does not end the guard before the command;
+//! 2. becomes a child subreaper (`PR_SET_CHILD_SUBREAPER`): whatever the command forks, however
+//!    it detaches (`setsid`, a double fork), stays a descendant of the guard;
+//! 3. asks the kernel for a SIGHUP when its parent dies (`PR_SET_PDEATHSIG`; the parent thread
 //!    is `run`'s main thread, which lives as long as the process), then checks that the parent
 //!    is still the one that started it (it may have died before the request);
-//! 3. starts the command in its group, and waits for it;
-//! 4. if the parent dies meanwhile (SIGHUP and `getppid()` changed, or the once-a-second check
-//!    sees it), kills the whole group, itself included, with SIGKILL;
-//! 5. when the command exits, ends what it left behind in the group (SIGTERM, then SIGKILL after
-//!    the grace), and exits with the command's status (128 + N for a signal N).
+//! 4. starts the command (through `leasehold __enter-cgroup DIR`, which moves itself into the
+//!    cgroup leaf `run` made and then executes the command, when there is one), and waits for it;
+//! 5. if the parent dies meanwhile (SIGHUP and `getppid()` changed, or the once-a-second check
+//!    sees it), kills the whole tree with SIGKILL until nothing of it is left, and exits;
+//! 6. when the command exits, ends what it left behind (SIGTERM, then SIGKILL after the grace,
+//!    for a bounded time), and exits with the command's status (128 + N for a signal N); `run`
+//!    then checks that the tree is empty before it releases the lease.
 //!
-//! All of it through safe wrappers (`nix`, tokio): the workspace forbids `unsafe`, which a
-//! `pre_exec` hook setting the death signal in the command itself would need. It also covers
-//! what a `pre_exec` hook would not: the command's own children, which share the group.
+//! All of it through safe wrappers (`nix`, `rustix`, tokio): the workspace forbids `unsafe`,
+//! which a `pre_exec` hook in the command itself would need.
 
 use std::ffi::OsString;
-use std::time::Duration;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use clap::Args;
-use nix::sys::prctl::set_pdeathsig;
-use nix::sys::signal::{Signal, kill, killpg};
-use nix::unistd::{Pid, getpgrp, getpid, getppid};
+use nix::sys::prctl::{set_child_subreaper, set_pdeathsig};
+use nix::sys::signal::Signal;
+use nix::unistd::{Pid, getppid};
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::child::exit_code;
+use crate::child::{exit_code, own_executable};
 use crate::exit::{NOT_EXECUTABLE, NOT_FOUND, RUNTIME};
+use crate::tree::{Cgroup, Tree, list};
+
+/// How long the guard keeps sending SIGKILL to what the command left behind before it exits
+/// anyway and leaves the rest to `run`.
+const LEFTOVER_KILL_LIMIT: Duration = Duration::from_secs(1);
 
 /// The arguments of the hidden `__child-guard` subcommand.
 #[derive(Debug, Args)]
@@ -40,9 +49,42 @@ pub(crate) struct GuardArgs {
     /// How long leftovers of the command get between SIGTERM and SIGKILL.
     #[arg(long, default_value_t = 2000)]
     grace_ms: u64,
+    /// The cgroup v2 leaf to run the command in (made by `run`).
+    #[arg(long, value_name = "DIR")]
+    cgroup: Option<PathBuf>,
     /// The command and its arguments.
     #[arg(required = true, last = true, value_parser = clap::value_parser!(OsString))]
     command: Vec<OsString>,
+}
+
+/// The arguments of the hidden `__enter-cgroup` subcommand.
+#[derive(Debug, Args)]
+pub(crate) struct EnterArgs {
+    /// The cgroup v2 leaf to move into.
+    cgroup: PathBuf,
+    /// The command and its arguments.
+    #[arg(required = true, last = true, value_parser = clap::value_parser!(OsString))]
+    command: Vec<OsString>,
+}
+
+/// `leasehold __enter-cgroup DIR -- CMD...`: moves itself into the leaf, then becomes CMD, so
+/// that every process CMD starts is born in the leaf (no window in which a fork escapes it).
+pub(crate) fn enter_cgroup(args: EnterArgs) -> i32 {
+    if let Err(e) = Cgroup::at(&args.cgroup).enter() {
+        eprintln!(
+            "leasehold: cannot move the command into cgroup {}: {e}; it is contained by the child \
+             subreapers only",
+            args.cgroup.display()
+        );
+    }
+    let program = &args.command[0];
+    let error = std::process::Command::new(program).args(&args.command[1..]).exec();
+    eprintln!("leasehold: cannot run {}: {error}", program.to_string_lossy());
+    if error.kind() == std::io::ErrorKind::NotFound {
+        NOT_FOUND
+    } else {
+        NOT_EXECUTABLE
+    }
 }
 
 /// Runs the guard; returns its exit code.
@@ -72,11 +114,33 @@ async fn guard(args: GuardArgs) -> i32 {
         eprintln!("leasehold: child guard: cannot watch its parent: {e}");
         return RUNTIME;
     }
+    if let Err(e) = set_child_subreaper(true) {
+        eprintln!("leasehold: child guard: cannot become a child subreaper: {e}");
+        return RUNTIME;
+    }
     if getppid() != parent {
         return RUNTIME; // `run` died before the command could start: start nothing.
     }
+    let cgroup = args.cgroup.as_ref().map(Cgroup::at);
+    let tree = Tree::below_me(cgroup.clone());
     let program = &args.command[0];
-    let mut child = match tokio::process::Command::new(program).args(&args.command[1..]).spawn() {
+    let mut command = match &cgroup {
+        Some(cgroup) => {
+            let mut hop = tokio::process::Command::new(own_executable());
+            hop.arg0("leasehold")
+                .arg("__enter-cgroup")
+                .arg(cgroup.path())
+                .arg("--")
+                .args(&args.command);
+            hop
+        }
+        None => {
+            let mut direct = tokio::process::Command::new(program);
+            direct.args(&args.command[1..]);
+            direct
+        }
+    };
+    let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
             eprintln!("leasehold: cannot run {}: {e}", program.to_string_lossy());
@@ -88,13 +152,17 @@ async fn guard(args: GuardArgs) -> i32 {
             return code;
         }
     };
+    let command_pid = child.id().and_then(|id| i32::try_from(id).ok()).unwrap_or(0);
     let mut check = tokio::time::interval(Duration::from_secs(1));
     let status = loop {
         tokio::select! {
             status = child.wait() => break status,
-            _ = hangup.recv() => kill_group_if_orphaned(parent),
-            _ = check.tick() => kill_group_if_orphaned(parent),
-            // Sent to the whole group by `run`: the command got it too, and will exit (or be
+            _ = hangup.recv() => kill_tree_if_orphaned(parent, &tree).await,
+            _ = check.tick() => {
+                kill_tree_if_orphaned(parent, &tree).await;
+                tree.reap(&[command_pid]);
+            }
+            // Sent by `run` to the whole tree: the command got it too, and will exit (or be
             // killed). Stay until then.
             _ = terminate.recv() => {}
             _ = interrupt.recv() => {}
@@ -107,82 +175,43 @@ async fn guard(args: GuardArgs) -> i32 {
             RUNTIME
         }
     };
-    end_leftovers(Duration::from_millis(args.grace_ms)).await;
+    end_leftovers(&tree, Duration::from_millis(args.grace_ms)).await;
     code
 }
 
-/// `run` is gone: nobody renews the lease any more, so nothing in the group may go on.
-fn kill_group_if_orphaned(parent: Pid) {
-    if getppid() != parent {
-        let _ = killpg(getpgrp(), Signal::SIGKILL);
-        // Not reached: the guard is in the group.
-        std::process::exit(137);
-    }
-}
-
-/// Ends every other live process of the guard's group (what the command left running in the
-/// background): SIGTERM, then SIGKILL to those still there after `grace`.
-async fn end_leftovers(grace: Duration) {
-    let group = getpgrp();
-    if group_members(group).is_empty() {
+/// `run` is gone: nobody renews the lease any more, so nothing of the tree may go on. Kills it
+/// until it is empty (however long that takes: nobody else will), then exits.
+async fn kill_tree_if_orphaned(parent: Pid, tree: &Tree) {
+    if getppid() == parent {
         return;
     }
-    let _ = killpg(group, Signal::SIGTERM); // the guard itself ignores it
-    let deadline = tokio::time::Instant::now() + grace;
-    while tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        if group_members(group).is_empty() {
-            return;
-        }
+    let limit = Instant::now() + LEFTOVER_KILL_LIMIT;
+    if let Err(left) = tree.kill_until_empty(Some(limit), &[]).await {
+        eprintln!(
+            "leasehold: child guard: `leasehold run` is gone; {} still alive after SIGKILL; \
+             killing until they are gone",
+            list(&left)
+        );
+        let _ = tree.kill_until_empty(None, &[]).await;
     }
-    for pid in group_members(group) {
-        let _ = kill(pid, Signal::SIGKILL);
+    if let Some(cgroup) = tree.cgroup() {
+        cgroup.remove();
     }
+    std::process::exit(137);
 }
 
-/// The live processes of `group` other than this one, from `/proc`.
-fn group_members(group: Pid) -> Vec<Pid> {
-    let me = getpid();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .map(Pid::from_raw)
-        .filter(|&pid| pid != me)
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|stat| parse_stat(&stat))
-                .is_some_and(|(state, pgrp)| pgrp == group.as_raw() && !matches!(state, 'Z' | 'X' | 'x'))
-        })
-        .collect()
-}
-
-/// The state and process group from the text of `/proc/PID/stat`.
-fn parse_stat(stat: &str) -> Option<(char, i32)> {
-    // "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace();
-    let state = fields.next()?.chars().next()?;
-    let _ppid = fields.next()?;
-    let pgrp = fields.next()?.parse().ok()?;
-    Some((state, pgrp))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stat_lines() {
-        assert_eq!(parse_stat("42 (sh) S 1 40 40 0 -1"), Some(('S', 40)));
-        assert_eq!(parse_stat("42 (a) (b) c) Z 1 7 7"), Some(('Z', 7)));
-        assert_eq!(parse_stat("garbage"), None);
+/// Ends what the command left behind (anything still in the tree): SIGTERM, then SIGKILL to
+/// what is still there after `grace`, for at most [`LEFTOVER_KILL_LIMIT`]. `run` deals with
+/// what survives even that.
+async fn end_leftovers(tree: &Tree, grace: Duration) {
+    if tree.wait_empty(Instant::now(), &[], &[]).await {
+        return;
     }
-
-    #[test]
-    fn own_group_is_found_without_self() {
-        assert!(!group_members(getpgrp()).contains(&getpid()));
+    tree.signal(Signal::SIGTERM, &[]);
+    if tree.wait_empty(Instant::now() + grace, &[], &[]).await {
+        return;
     }
+    let _ = tree
+        .kill_until_empty(Some(Instant::now() + LEFTOVER_KILL_LIMIT), &[])
+        .await;
 }

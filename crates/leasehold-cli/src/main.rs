@@ -20,6 +20,7 @@ mod guard;
 mod inspect;
 mod output;
 mod run;
+mod tree;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -29,13 +30,27 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::exit::Failure;
 
+/// The exit-code table of `--help` (docs/cli.md has the same table; tests check both).
+const EXIT_CODES: &str = "\
+Exit codes:
+  0        success (`watch`: interrupted)
+  1        runtime error: the store failed during the operation, a corrupt record, ...
+  2        usage or configuration error (bad arguments, URL, lease name, timing)
+  3        the store is unreachable or cannot be opened, or did not answer
+  4        the store does not support the operation (`break`)
+  5        `run --wait`: not elected in time; the command was not run
+  6        the store refused the credentials or permissions (`run`: after retrying for
+           --auth-retry, or --wait when shorter)
+  126, 127 `run`: the command is not executable, or not found
+  129, 130, 143
+           `run`: stopped by SIGHUP, SIGINT or SIGTERM (the command was stopped, the lease
+           released)
+  N        `run`: the command's exit status; 128 + N when it was killed by signal N";
+
 /// Leader election from the shell: run a command on exactly one of many hosts or processes.
 #[derive(Debug, Parser)]
 #[command(name = "leasehold", version, propagate_version = true, max_term_width = 100)]
-#[command(after_help = "Exit codes: 0 ok, 1 runtime error, 2 usage or configuration error, \
-                        3 store unreachable, 4 operation not supported by the store, \
-                        5 not elected within `run --wait`; otherwise `run` exits with its \
-                        command's status (128 + N when killed by signal N).")]
+#[command(after_help = EXIT_CODES)]
 struct Cli {
     /// The lease store, e.g. sqlite:///var/lib/leasehold/leases.db.
     #[arg(
@@ -59,16 +74,19 @@ struct Cli {
 enum Command {
     /// Run a command while this process leads a lease; stop it before the lease can pass on.
     ///
-    /// Campaigns for LEASE; when elected, starts CMD in its own process group with
-    /// LEASEHOLD_LEASE, LEASEHOLD_HOLDER and LEASEHOLD_TERM (the fencing token) in its
-    /// environment, and renews the lease while CMD runs. When leadership ends, CMD's group gets
-    /// SIGTERM, then SIGKILL after --kill-grace, early enough that it is gone before the lease
-    /// could be granted to anyone else. If this process dies, even by SIGKILL, CMD is killed too.
+    /// Campaigns for LEASE; when elected, starts CMD with LEASEHOLD_LEASE, LEASEHOLD_HOLDER and
+    /// LEASEHOLD_TERM (the fencing token) in its environment, and renews the lease while CMD
+    /// runs. Every process CMD starts stays within reach (a cgroup v2 leaf where one can be made,
+    /// child subreapers everywhere), also after setsid or a double fork. When leadership ends,
+    /// all of them get SIGTERM, then SIGKILL after --kill-grace until none is left, early enough
+    /// that they are gone before the lease could be granted to anyone else. If this process dies,
+    /// even by SIGKILL, they are killed too.
     ///
-    /// When CMD exits, the lease is released and leasehold exits with CMD's status (with
-    /// --keep-running: campaigns again and restarts CMD). SIGINT, SIGTERM or SIGHUP stop CMD the
-    /// same way, release the lease and exit with 128 + the signal number; a second signal kills
-    /// CMD at once.
+    /// When CMD exits, what it left behind is ended, then the lease is released and leasehold
+    /// exits with CMD's status (with --keep-running: campaigns again and restarts CMD, after a
+    /// growing delay while it keeps failing). SIGINT, SIGTERM or SIGHUP stop CMD the same way,
+    /// release the lease and exit with 128 + the signal number; a second signal kills CMD at
+    /// once.
     Run(RunArgs),
 
     /// Show who holds each lease, at which term, and for how long the store keeps it.
@@ -110,6 +128,21 @@ enum Command {
     /// Internal: the small supervisor `run` puts at the head of the command's process group.
     #[command(name = "__child-guard", hide = true)]
     ChildGuard(guard::GuardArgs),
+
+    /// Internal: moves itself into a cgroup v2 leaf, then executes the command.
+    #[command(name = "__enter-cgroup", hide = true)]
+    EnterCgroup(guard::EnterArgs),
+}
+
+/// When `run` starts its log lines with the time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Timestamps {
+    /// When stderr is not a terminal, and not the systemd journal (which stamps lines itself).
+    Auto,
+    /// Always.
+    Always,
+    /// Never.
+    Never,
 }
 
 /// The arguments of `leasehold run`.
@@ -132,7 +165,9 @@ struct RunArgs {
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     kill_grace: Option<Duration>,
 
-    /// When CMD exits, campaign again and restart it instead of exiting.
+    /// When CMD exits, campaign again and restart it instead of exiting. While it keeps failing
+    /// (non-zero status, killed by a signal), each restart waits twice as long as the one before:
+    /// 1s, 2s, 4s, ... up to 1m; a run that succeeds or lasts 1m resets the delay.
     #[arg(long)]
     keep_running: bool,
 
@@ -141,9 +176,24 @@ struct RunArgs {
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     wait: Option<Duration>,
 
-    /// Do not print what happens to the election on stderr.
+    /// How long authentication and permission failures of the store (a wrong password, key or
+    /// SAS token, missing rights) are retried before giving up with exit status 6.
+    #[arg(long, default_value = "1m", value_parser = parse_duration, value_name = "DURATION")]
+    auth_retry: Duration,
+
+    /// Contain CMD's tree with child subreapers only, even where a cgroup v2 leaf could be made.
+    #[arg(long)]
+    no_cgroup: bool,
+
+    /// Do not print what happens to the election on stderr (failures that end leasehold, and
+    /// authentication or permission failures, are printed all the same).
     #[arg(long, short)]
     quiet: bool,
+
+    /// Start each line on stderr with the time (RFC 3339, UTC, milliseconds).
+    #[arg(long, value_enum, value_name = "WHEN", default_value = "auto", num_args = 0..=1,
+          default_missing_value = "always", require_equals = true)]
+    timestamps: Timestamps,
 
     /// The command to run while leader, and its arguments (after `--`).
     #[arg(required = true, last = true, value_name = "CMD", value_parser = clap::value_parser!(OsString))]
@@ -163,6 +213,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let code = match cli.command {
         Command::ChildGuard(args) => guard::main(args),
+        Command::EnterCgroup(args) => guard::enter_cgroup(args),
         command => match dispatch(cli.store, cli.json, command) {
             Ok(code) => code,
             Err(failure) => failure.report(),
@@ -172,6 +223,13 @@ fn main() -> ExitCode {
 }
 
 fn dispatch(store: Option<String>, json: bool, command: Command) -> Result<i32, Failure> {
+    if let Command::Run(args) = &command {
+        output::set_timestamps(match args.timestamps {
+            Timestamps::Auto => output::timestamps_by_default(),
+            Timestamps::Always => true,
+            Timestamps::Never => false,
+        });
+    }
     let store = store.ok_or_else(|| Failure::usage("no store given: pass --store URL or set LEASEHOLD_STORE"))?;
     // One thread: the command's supervisor is spawned from this (main) thread, which lives as
     // long as the process, so its parent-death signal fires only when the process dies.
@@ -186,7 +244,7 @@ fn dispatch(store: Option<String>, json: bool, command: Command) -> Result<i32, 
             Command::History { lease, limit } => inspect::history(&store, &lease, limit, json).await,
             Command::Watch { lease, interval } => inspect::watch(&store, &lease, interval, json).await,
             Command::Break { lease } => inspect::break_lease(&store, &lease, json).await,
-            Command::ChildGuard(_) => unreachable!("handled before the runtime starts"),
+            Command::ChildGuard(_) | Command::EnterCgroup(_) => unreachable!("handled before the runtime starts"),
         }
     })
 }

@@ -16,15 +16,19 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use leasehold::{CandidateId, DeposedReason, Elector, Event, Leader, RunError};
+use std::os::unix::process::ExitStatusExt;
+
+use leasehold::{CandidateId, DeposedReason, Elector, Event, Leader, RunError, Term};
+use nix::sys::prctl::set_child_subreaper;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
 use crate::RunArgs;
-use crate::child::{CommandGroup, Stopped, check_program, describe, exit_code};
-use crate::exit::{Failure, NOT_ELECTED};
+use crate::child::{CommandGroup, STUCK_AFTER, Stopped, check_program, describe, exit_code};
+use crate::exit::{AUTH, Failure, NOT_ELECTED, is_auth_failure};
 use crate::inspect::{connect, lease_name};
-use crate::output::short;
+use crate::output::{self, short};
+use crate::tree::{Cgroup, Process, Tree, list};
 
 /// The longest kill grace used when none is given.
 const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(2);
@@ -75,6 +79,18 @@ impl KillTiming {
     }
 }
 
+/// The first restart delay of `--keep-running` after a failed run; it doubles with every failure
+/// in a row, up to [`BACKOFF_CAP`].
+const BACKOFF_BASE: Duration = Duration::from_secs(1);
+/// The longest restart delay; a run that lasts this long resets the delay.
+const BACKOFF_CAP: Duration = Duration::from_secs(60);
+
+/// The restart delay after `failures` failed runs in a row (`failures >= 1`).
+fn backoff(failures: u32) -> Duration {
+    let factor = 1u32 << failures.saturating_sub(1).min(16);
+    BACKOFF_BASE.saturating_mul(factor).min(BACKOFF_CAP)
+}
+
 /// `leasehold run`. Returns the exit code.
 pub(crate) async fn run(url: &str, args: RunArgs) -> Result<i32, Failure> {
     let lease = lease_name(&args.lease)?;
@@ -84,6 +100,8 @@ pub(crate) async fn run(url: &str, args: RunArgs) -> Result<i32, Failure> {
     };
     let kill = KillTiming::new(args.ttl, args.kill_grace);
     check_program(&args.command[0])?;
+    // Orphans of the command's tree come to this process, not to PID 1, once the guard is gone.
+    set_child_subreaper(true).map_err(|e| Failure::runtime(format!("cannot become a child subreaper: {e}")))?;
     let stop = Shutdown::listen()?;
     let store = connect(url).await?;
     let builder = Elector::builder(store, lease.as_str())
@@ -94,21 +112,26 @@ pub(crate) async fn run(url: &str, args: RunArgs) -> Result<i32, Failure> {
     let elector = builder
         .build()
         .map_err(|e| Failure::store("invalid election settings", &e))?;
-    if !args.quiet {
-        tokio::spawn(log_events(elector.clone()));
-    }
 
     let ctx = Arc::new(Supervisor {
+        name: args.command[0].to_string_lossy().into_owned(),
         command: args.command,
         kill,
         quiet: args.quiet,
+        no_cgroup: args.no_cgroup,
+        stop_requested: stop.requested.clone(),
+        stop_signal: stop.signal.clone(),
         hurry: stop.hurry.clone(),
         exited: Mutex::new(None),
-        finished: CancellationToken::new(),
+        finished: Mutex::new(CancellationToken::new()),
         keep_running: args.keep_running,
         give_up: CancellationToken::new(),
         elected: AtomicBool::new(false),
+        containment_said: AtomicBool::new(false),
+        explained: Mutex::new(None),
+        auth: Arc::new(AuthWatch::new(args.auth_retry)),
     });
+    tokio::spawn(log_events(elector.clone(), ctx.clone()));
     if let Some(wait) = args.wait {
         let ctx = ctx.clone();
         tokio::spawn(async move {
@@ -120,7 +143,10 @@ pub(crate) async fn run(url: &str, args: RunArgs) -> Result<i32, Failure> {
             }
         });
     }
+    let mut failures = 0u32;
     loop {
+        let finished = CancellationToken::new();
+        *ctx.finished.lock().expect("finished lock") = finished.clone();
         let task = {
             let ctx = ctx.clone();
             move |leader: Leader| {
@@ -129,12 +155,13 @@ pub(crate) async fn run(url: &str, args: RunArgs) -> Result<i32, Failure> {
             }
         };
         let shutdown = {
-            let (stop, finished, give_up) = (stop.requested.clone(), ctx.finished.clone(), ctx.give_up.clone());
+            let (stop, give_up, auth) = (stop.requested.clone(), ctx.give_up.clone(), ctx.auth.give_up.clone());
             async move {
                 tokio::select! {
                     () = stop.cancelled() => {}
                     () = finished.cancelled() => {}
                     () = give_up.cancelled() => {}
+                    () = auth.cancelled() => {}
                 }
             }
         };
@@ -149,6 +176,9 @@ pub(crate) async fn run(url: &str, args: RunArgs) -> Result<i32, Failure> {
         if let Some(signal) = stop.signal() {
             return Ok(128 + signal);
         }
+        if ctx.auth.give_up.is_cancelled() || (ctx.give_up.is_cancelled() && ctx.auth.failing()) {
+            return Err(ctx.auth.failure(&lease));
+        }
         if ctx.give_up.is_cancelled() && !ctx.elected.load(Ordering::SeqCst) {
             let holder = match &*elector.observe().borrow() {
                 Some(info) => format!("held by {} at term {}", info.holder, info.term),
@@ -161,31 +191,74 @@ pub(crate) async fn run(url: &str, args: RunArgs) -> Result<i32, Failure> {
             return Ok(NOT_ELECTED);
         }
         let exited = ctx.exited.lock().expect("exit status lock").take();
-        match exited {
-            Some(code) if !ctx.keep_running => return Ok(code),
-            Some(_) => ctx.log(format_args!("campaigning again for lease {lease}")),
-            None => {}
+        let Some(exited) = exited else { continue };
+        if !ctx.keep_running {
+            return Ok(exited.code);
         }
+        if exited.code == 0 || exited.ran >= BACKOFF_CAP {
+            failures = 0;
+        } else {
+            failures += 1;
+            let delay = backoff(failures);
+            ctx.log(format_args!(
+                "{} failed {failures} time{} in a row; restarting it in {}",
+                ctx.name,
+                if failures == 1 { "" } else { "s" },
+                short(delay),
+            ));
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = stop.requested.cancelled() => {}
+                () = ctx.auth.give_up.cancelled() => {}
+            }
+            if let Some(signal) = stop.signal() {
+                return Ok(128 + signal);
+            }
+        }
+        ctx.log(format_args!("campaigning again for lease {lease}"));
     }
+}
+
+/// How the command's run ended, when it ended on its own.
+#[derive(Debug, Clone, Copy)]
+struct Exited {
+    /// As a shell reports it.
+    code: i32,
+    /// How long it ran.
+    ran: Duration,
 }
 
 /// What the leader's task needs; shared by every term.
 #[derive(Debug)]
 struct Supervisor {
     command: Vec<OsString>,
+    /// The command's name, for log lines.
+    name: String,
     kill: KillTiming,
     quiet: bool,
+    no_cgroup: bool,
+    /// Cancelled by the first SIGINT, SIGTERM or SIGHUP.
+    stop_requested: CancellationToken,
+    /// Which signal that was.
+    stop_signal: Arc<AtomicI32>,
     /// Cancelled by a second signal: kill the command now.
     hurry: CancellationToken,
-    /// The command's exit code, when it exited on its own.
-    exited: Mutex<Option<i32>>,
-    /// Cancelled when the command exited on its own and `run` should end.
-    finished: CancellationToken,
+    /// The command's exit, when it exited on its own.
+    exited: Mutex<Option<Exited>>,
+    /// This round of `run_until`'s: cancelled to end it (stop campaigning; release once the
+    /// command's tree is empty).
+    finished: Mutex<CancellationToken>,
     keep_running: bool,
     /// Cancelled when `--wait` ran out before this candidate was ever elected.
     give_up: CancellationToken,
     /// Whether the command was ever started.
     elected: AtomicBool,
+    /// Whether the containment (cgroup or subreaper only) was said.
+    containment_said: AtomicBool,
+    /// The last term whose end was already explained in the log (the engine's Deposed event
+    /// then says nothing more).
+    explained: Mutex<Option<Term>>,
+    auth: Arc<AuthWatch>,
 }
 
 impl Supervisor {
@@ -199,100 +272,372 @@ impl Supervisor {
         if self.give_up.is_cancelled() {
             return Ok(()); // elected just as --wait ran out: release, run nothing
         }
+        // Processes of an earlier term that could not be killed then (uninterruptible sleep):
+        // the command never runs next to them.
+        let earlier = Tree::below_me(None);
+        let left = earlier.members();
+        if !left.is_empty() {
+            self.log(format_args!(
+                "{} of an earlier term still alive; killing them before starting {}",
+                list(&left),
+                self.name
+            ));
+            tokio::select! {
+                _ = earlier.kill_until_empty(None, &[]) => {}
+                () = leader.cancelled() => return Ok(()),
+            }
+        }
         self.elected.store(true, Ordering::SeqCst);
+        let term = leader.term();
         let env = [
             ("LEASEHOLD_LEASE", leader.lease().to_string()),
             ("LEASEHOLD_HOLDER", leader.holder().to_string()),
-            ("LEASEHOLD_TERM", leader.term().to_string()),
+            ("LEASEHOLD_TERM", term.to_string()),
         ];
-        let name = self.command[0].to_string_lossy();
-        let notice = (!self.quiet).then(|| {
-            format!(
-                "killed {name} with SIGKILL: leadership ended and its deadline passed (term {})",
-                leader.term()
-            )
-        });
-        let mut group = CommandGroup::spawn(&self.command, &env, self.kill.grace, notice)?;
-        self.log(format_args!(
-            "started {name} (process group {}) at term {}",
-            group.pgid(),
-            leader.term()
-        ));
+        let name = &self.name;
+        let cgroup = self.leaf(term);
+        let mut group = CommandGroup::spawn(&self.command, &env, self.kill.grace, cgroup)?;
+        let started = Instant::now();
+        let place = match group.cgroup() {
+            Some(dir) => format!("process group {}, cgroup {}", group.pgid(), dir.display()),
+            None => format!("process group {}", group.pgid()),
+        };
+        self.log(format_args!("started {name} ({place}) at term {term}"));
         tokio::select! {
-            status = group.wait() => {
-                self.log(format_args!("{name} {}; releasing lease {}", describe(status), leader.lease()));
-                *self.exited.lock().expect("exit status lock") = Some(exit_code(status));
-                if !self.keep_running {
-                    self.finished.cancel();
-                }
-                return Ok(()); // returning while leader releases the lease
-            }
+            status = group.wait() => return self.after_exit(&leader, group, status, started).await,
             () = leader.cancelled() => {}
         }
-        // Leadership is ending (lost, or shutting down). `valid_until` is the last confirmed
-        // deadline; SIGKILL goes out no later than `slack` before it, at once if that has passed.
+
+        // Leadership is ending: say why first, once.
+        *self.explained.lock().expect("explained lock") = Some(term);
+        let why = self.why_ending(&leader);
+        // `valid_until` is the last confirmed deadline; SIGKILL goes out no later than `slack`
+        // before it, at once if that has passed.
         let kill_by = leader.valid_until().checked_sub(self.kill.slack);
-        let started = Instant::now();
-        let (how, status) = group.stop(self.kill.grace, kill_by, &self.hurry).await;
-        let how = match how {
-            Stopped::Terminated => "after SIGTERM",
-            Stopped::Killed => "after SIGKILL",
+        let now = Instant::now();
+        let plan = match kill_by {
+            Some(by) if by > now && !self.hurry.is_cancelled() => format!(
+                "stopping {name}: SIGTERM now, SIGKILL in {}",
+                short(self.kill.grace.min(by - now))
+            ),
+            _ => format!("killing {name} with SIGKILL now: no time is left for a graceful stop"),
         };
-        self.log(format_args!(
-            "{name} {} {how} in {}, {} before the lease's deadline",
-            describe(status),
-            short(started.elapsed()),
-            leader
-                .valid_until()
-                .checked_duration_since(Instant::now())
-                .map_or_else(|| "not".into(), short),
-        ));
+        self.log(format_args!("{why}; {plan}"));
+        let stopping = Instant::now();
+        let deadline = |leader: &Leader| {
+            leader.valid_until().checked_duration_since(Instant::now()).map_or_else(
+                || "after the lease's deadline".to_string(),
+                |d| format!("{} before the lease's deadline", short(d)),
+            )
+        };
+        match group.stop(self.kill.grace, kill_by, &self.hurry).await {
+            Ok(stop) => {
+                let took = short(stopping.elapsed());
+                let processes = match stop.processes {
+                    0 | 1 => String::new(),
+                    n => format!(" ({n} processes)"),
+                };
+                let what = match stop.how {
+                    Stopped::Terminated => format!("{name}{processes} ended after SIGTERM in {took}"),
+                    Stopped::Killed => {
+                        format!("killed {name}{processes} with SIGKILL: gone {took} after the stop began")
+                    }
+                };
+                self.log(format_args!("{what}, {}", deadline(&leader)));
+            }
+            Err((_, left)) => {
+                self.say_stuck(&left, leader.lease());
+                let _ = group.clear(None).await; // until empty, or aborted at `valid_until`
+                self.log(format_args!("{name}'s tree is empty now, {}", deadline(&leader)));
+            }
+        }
         Ok(())
+    }
+
+    /// The command's guard exited: the command exited (the guard ended what it left behind), or
+    /// the guard itself was killed. Empties the tree before anything else; the lease is released
+    /// when this returns.
+    async fn after_exit(
+        &self,
+        leader: &Leader,
+        mut group: CommandGroup,
+        status: std::process::ExitStatus,
+        started: Instant,
+    ) -> Result<(), Failure> {
+        let name = &self.name;
+        let ran = started.elapsed();
+        let guard_died = status.signal().is_some();
+        let left = group.clear(Some(Instant::now() + STUCK_AFTER)).await;
+        if guard_died {
+            let killed = match &left {
+                Ok(0) => format!("nothing of {name}'s tree was left"),
+                Ok(n) => format!(
+                    "killed {name}'s tree ({n} process{}) with SIGKILL",
+                    if *n == 1 { "" } else { "es" }
+                ),
+                Err(_) => format!("killing {name}'s tree with SIGKILL"),
+            };
+            self.log(format_args!(
+                "the child guard (pid {}) {}: {killed} before releasing lease {}",
+                group.pgid(),
+                describe(status),
+                leader.lease()
+            ));
+        } else {
+            let behind = match &left {
+                Ok(0) => String::new(),
+                Ok(n) => format!("; killed {n} process{} it left behind", if *n == 1 { "" } else { "es" }),
+                Err(_) => String::new(),
+            };
+            let next = if self.keep_running { "" } else { "; releasing lease" };
+            let next = if next.is_empty() {
+                String::new()
+            } else {
+                format!("{next} {}", leader.lease())
+            };
+            self.log(format_args!("{name} {}{behind}{next}", describe(status)));
+        }
+        *self.exited.lock().expect("exit status lock") = Some(Exited {
+            code: exit_code(status),
+            ran,
+        });
+        if let Err(left) = left {
+            // Not released early: stop renewing and let the lease run out, killing meanwhile.
+            *self.explained.lock().expect("explained lock") = Some(leader.term());
+            self.say_stuck(&left, leader.lease());
+            self.finish();
+            let _ = group.clear(None).await;
+            return Ok(());
+        }
+        if !self.keep_running {
+            self.finish();
+        }
+        Ok(()) // returning while leader releases the lease
+    }
+
+    /// Logs processes that SIGKILL does not end, and what that means for the lease.
+    fn say_stuck(&self, left: &[Process], lease: &leasehold::LeaseName) {
+        self.log(format_args!(
+            "{} still alive {} into SIGKILL (a process in uninterruptible sleep dies only when its \
+             system call returns); lease {lease} is not released: it runs out at its deadline, and \
+             leasehold keeps killing",
+            list(left),
+            short(STUCK_AFTER),
+        ));
+    }
+
+    /// Why leadership is ending, for the first line about it.
+    fn why_ending(&self, leader: &Leader) -> String {
+        let lease = leader.lease();
+        let term = leader.term();
+        if self.stop_requested.is_cancelled() {
+            let signal = self.stop_signal.load(Ordering::SeqCst);
+            let name = nix::sys::signal::Signal::try_from(signal)
+                .map_or_else(|_| format!("signal {signal}"), |s| s.to_string());
+            return format!("received {name}: giving up lease {lease} (term {term})");
+        }
+        if self.auth.give_up.is_cancelled() {
+            return format!("giving up lease {lease} (term {term}): the store keeps refusing our credentials");
+        }
+        match leader.ensure_valid(Duration::ZERO) {
+            Err(leasehold::Error::NotLeader { reason, .. }) => {
+                let reason = reason.strip_prefix("deposed: ").unwrap_or(&reason).to_string();
+                format!("lost {lease} (term {term}): {reason}")
+            }
+            _ => format!("lost {lease} (term {term})"),
+        }
+    }
+
+    /// The cgroup v2 leaf for this term's command, if one can be made; says once which
+    /// containment is in use.
+    fn leaf(&self, term: Term) -> Option<Cgroup> {
+        let first = !self.containment_said.swap(true, Ordering::SeqCst);
+        if self.no_cgroup {
+            if first {
+                self.log(format_args!(
+                    "containing {}'s tree with child subreapers only (--no-cgroup)",
+                    self.name
+                ));
+            }
+            return None;
+        }
+        match Cgroup::create(&format!("leasehold-{}-{term}", std::process::id())) {
+            Ok(cgroup) => {
+                if first {
+                    let how = if cgroup.can_kill() {
+                        "cgroup.kill"
+                    } else {
+                        "no cgroup.kill: killed one by one"
+                    };
+                    self.log(format_args!(
+                        "containing {}'s tree in a cgroup v2 leaf per run, under {} ({how})",
+                        self.name,
+                        cgroup.path().parent().unwrap_or(cgroup.path()).display()
+                    ));
+                }
+                Some(cgroup)
+            }
+            Err(why) => {
+                if first {
+                    self.log(format_args!(
+                        "no cgroup v2 leaf for {} ({why}): containing its tree with child subreapers \
+                         (orphans come back to leasehold, which kills every descendant)",
+                        self.name
+                    ));
+                }
+                None
+            }
+        }
+    }
+
+    /// Ends this round of `run_until`: no more renewals; the lease is released once the task
+    /// returns before its deadline.
+    fn finish(&self) {
+        self.finished.lock().expect("finished lock").cancel();
     }
 
     fn log(&self, message: std::fmt::Arguments<'_>) {
         if !self.quiet {
-            eprintln!("leasehold: {message}");
+            output::log(message);
         }
     }
 }
 
-/// Prints what happens to the election on stderr.
-async fn log_events(elector: Elector) {
+/// Authentication and permission failures of the store: said even under `--quiet`, and given up
+/// on after `--auth-retry` of them with no success in between.
+#[derive(Debug)]
+struct AuthWatch {
+    retry: Duration,
+    /// The current streak of failures: when it began, and the last error.
+    streak: Mutex<Option<(Instant, String)>>,
+    /// Counts streaks, so that a timer of an earlier one does nothing.
+    streaks: std::sync::atomic::AtomicU64,
+    /// Cancelled when a streak lasted `retry`.
+    give_up: CancellationToken,
+}
+
+impl AuthWatch {
+    fn new(retry: Duration) -> Self {
+        AuthWatch {
+            retry,
+            streak: Mutex::new(None),
+            streaks: Default::default(),
+            give_up: CancellationToken::new(),
+        }
+    }
+
+    /// A failure: says it (once per distinct text) and starts the give-up timer of a new streak.
+    fn failed(self: &Arc<Self>, error: &str) {
+        let mut streak = self.streak.lock().expect("auth lock");
+        let said = streak.as_ref().is_some_and(|(_, last)| last == error);
+        let new = streak.is_none();
+        let since = streak.as_ref().map_or_else(Instant::now, |(since, _)| *since);
+        *streak = Some((since, error.to_string()));
+        drop(streak);
+        if !said {
+            output::log(format_args!(
+                "the store refused our credentials or permissions (retrying for up to {}, then exit 6): {error}",
+                short(self.retry)
+            ));
+        }
+        if new {
+            let id = self.streaks.fetch_add(1, Ordering::SeqCst) + 1;
+            let this = self.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep_until((since + this.retry).into()).await;
+                if this.streaks.load(Ordering::SeqCst) == id && this.failing() {
+                    this.give_up.cancel();
+                }
+            });
+        }
+    }
+
+    /// Anything else happened (a success, or another kind of trouble): the streak is over.
+    fn succeeded(&self) {
+        if self.streak.lock().expect("auth lock").take().is_some() {
+            self.streaks.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn failing(&self) -> bool {
+        self.streak.lock().expect("auth lock").is_some()
+    }
+
+    fn failure(&self, lease: &leasehold::LeaseName) -> Failure {
+        let streak = self.streak.lock().expect("auth lock").clone();
+        let (since, error) = streak.unwrap_or_else(|| (Instant::now(), "authentication or permission failure".into()));
+        Failure::new(
+            AUTH,
+            format!(
+                "giving up on lease {lease} after {} of authentication or permission failures: {error}",
+                short(since.elapsed())
+            ),
+        )
+    }
+}
+
+/// Prints what happens to the election on stderr (unless quiet), and watches for
+/// authentication and permission failures (always).
+async fn log_events(elector: Elector, ctx: Arc<Supervisor>) {
     let mut events = elector.events();
     let (lease, me) = (elector.lease().clone(), elector.id().clone());
     let mut last_trouble = None;
+    let say = |text: std::fmt::Arguments<'_>| ctx.log(text);
     loop {
         let event = match events.recv().await {
             Ok(event) => event,
             Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
             Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
         };
+        if let Event::StoreTrouble { error } = &event
+            && is_auth_failure(error)
+        {
+            ctx.auth.failed(error);
+            continue;
+        }
+        ctx.auth.succeeded();
         match event {
             Event::Elected { term, valid_until, at } => {
                 last_trouble = None;
-                eprintln!(
-                    "leasehold: {me} leads {lease} at term {term} (valid for {})",
+                say(format_args!(
+                    "{me} leads {lease} at term {term} (valid for {})",
                     short(valid_until.saturating_duration_since(at))
-                );
+                ));
             }
-            Event::Deposed { term, reason, .. } => match reason {
-                DeposedReason::WorkFinished => {
-                    eprintln!("leasehold: released {lease} (term {term})")
+            Event::Deposed {
+                term, reason, aborted, ..
+            } => {
+                let explained = *ctx.explained.lock().expect("explained lock") == Some(term);
+                let name = &ctx.name;
+                match reason {
+                    DeposedReason::WorkFinished | DeposedReason::Resigned if aborted => say(format_args!(
+                        "lease {lease} (term {term}) was not released: {name}'s tree was not empty by \
+                         the lease's deadline, and got SIGKILL then; the lease runs out"
+                    )),
+                    DeposedReason::WorkFinished | DeposedReason::Resigned => {
+                        say(format_args!("released {lease} (term {term})"))
+                    }
+                    _ if aborted && explained => say(format_args!(
+                        "{name}'s tree got SIGKILL once more at the lease's deadline (term {term})"
+                    )),
+                    // Resumed after a pause past the deadline: the engine deposed and aborted
+                    // in one step, before the supervisor could say anything.
+                    reason if aborted => say(format_args!(
+                        "lost {lease} (term {term}): {reason}; the lease's deadline had passed, so \
+                         {name}'s tree got SIGKILL at once"
+                    )),
+                    _ if explained => {}
+                    reason => say(format_args!("lost {lease} (term {term}): {reason}")),
                 }
-                DeposedReason::Resigned => {
-                    eprintln!("leasehold: stepping down from {lease} (term {term})")
-                }
-                reason => eprintln!("leasehold: lost {lease} (term {term}): {reason}"),
-            },
+            }
             Event::LeaderChanged(Some(info)) if info.holder != me => {
-                eprintln!(
-                    "leasehold: {lease} is held by {} at term {}; waiting",
+                say(format_args!(
+                    "{lease} is held by {} at term {}; waiting",
                     info.holder, info.term
-                );
+                ));
             }
             Event::StoreTrouble { error } if last_trouble.as_ref() != Some(&error) => {
-                eprintln!("leasehold: store trouble (retrying): {error}");
+                say(format_args!("store trouble (retrying): {error}"));
                 last_trouble = Some(error);
             }
             _ => {}
@@ -337,7 +682,7 @@ impl Shutdown {
                 });
                 let (number, _, _) = futures::future::select_all(arrivals).await;
                 if requested.is_cancelled() {
-                    eprintln!("leasehold: second signal: killing the command now");
+                    output::log("second signal: killing the command now");
                     hurry.cancel();
                 } else {
                     received.store(number, Ordering::SeqCst);

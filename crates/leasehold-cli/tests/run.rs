@@ -126,7 +126,7 @@ fn a_command_that_ignores_sigterm_is_killed_after_the_grace() {
         "SIGKILL came before the grace: {took:?}"
     );
     assert!(!alive(shell));
-    assert!(run.log_text().contains("after SIGKILL"), "{}", run.log_text());
+    assert!(run.log_text().contains("with SIGKILL"), "{}", run.log_text());
 }
 
 #[test]

@@ -227,7 +227,16 @@ pub fn fresh_lease(prefix: &str) -> String {
     format!("{prefix}-{}-{nanos:x}", std::process::id())
 }
 
-/// stderr as text, and a check that it is exactly one line starting with `leasehold: `.
+/// A log line without the time that `run` puts first when stderr is not a terminal.
+pub fn untimed(line: &str) -> &str {
+    match line.split_once(' ') {
+        Some((time, rest)) if time.len() == 24 && time.ends_with('Z') && time.as_bytes()[10] == b'T' => rest,
+        _ => line,
+    }
+}
+
+/// stderr as text (without timestamps), and a check that it is exactly one line starting with
+/// `leasehold: `.
 pub fn one_error_line(output: &Output) -> String {
     let stderr = String::from_utf8_lossy(&output.stderr).to_string();
     assert_eq!(
@@ -235,10 +244,177 @@ pub fn one_error_line(output: &Output) -> String {
         1,
         "expected one line on stderr, got {stderr:?}"
     );
+    let stderr = untimed(&stderr).to_string();
     assert!(stderr.starts_with("leasehold: "), "{stderr:?}");
     stderr
 }
 
 pub fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).to_string()
+}
+
+/// A live process whose environment names `LEASEHOLD_LEASE=lease`: one of the processes a
+/// `leasehold run` started for that lease (the guard, the command, and all it started), by the
+/// term in its `LEASEHOLD_TERM`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TermProcess {
+    pub pid: i32,
+    pub term: u64,
+    pub comm: String,
+}
+
+impl TermProcess {
+    /// The child guard (and the short-lived step that moves the command into its cgroup) are
+    /// `leasehold` itself; everything else is the command's.
+    pub fn is_command(&self) -> bool {
+        self.comm != "leasehold"
+    }
+}
+
+/// The live processes started for `lease`, from `/proc/PID/environ` (zombies have none).
+pub fn term_processes(lease: &str) -> Vec<TermProcess> {
+    let want = format!("LEASEHOLD_LEASE={lease}");
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        if let Some(process) = term_process(pid, &want) {
+            found.push(process);
+        }
+    }
+    found
+}
+
+fn term_process(pid: i32, want: &str) -> Option<TermProcess> {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let mut lease = false;
+    let mut term = None;
+    for var in environ.split(|&b| b == 0) {
+        if var == want.as_bytes() {
+            lease = true;
+        } else if let Some(value) = var.strip_prefix(b"LEASEHOLD_TERM=") {
+            term = std::str::from_utf8(value).ok()?.parse().ok();
+        }
+    }
+    if !lease || !alive(pid) {
+        return None;
+    }
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    Some(TermProcess {
+        pid,
+        term: term?,
+        comm: comm.trim_end().to_string(),
+    })
+}
+
+/// When the command processes of each term were first and last seen alive.
+#[derive(Clone, Copy, Debug)]
+pub struct Seen {
+    pub first: Instant,
+    pub last: Instant,
+}
+
+/// Watches `/proc` from a thread, as often as it can (a few ms a scan), for the command
+/// processes of `lease`: for each term, when one was first and last seen alive, on this test's
+/// monotonic clock (`Instant`, CLOCK_MONOTONIC).
+pub struct TermWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<(std::collections::BTreeMap<u64, Seen>, Duration)>>,
+}
+
+impl TermWatch {
+    pub fn start(lease: &str) -> Self {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let want = format!("LEASEHOLD_LEASE={lease}");
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut seen = std::collections::BTreeMap::<u64, Seen>::new();
+            let (mut scans, started) = (0u32, Instant::now());
+            while !flag.load(Ordering::SeqCst) {
+                let Ok(entries) = std::fs::read_dir("/proc") else { break };
+                for entry in entries.flatten() {
+                    let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+                        continue;
+                    };
+                    let Some(process) = term_process(pid, &want) else {
+                        continue;
+                    };
+                    let now = Instant::now();
+                    if process.is_command() {
+                        seen.entry(process.term)
+                            .and_modify(|s| s.last = now)
+                            .or_insert(Seen { first: now, last: now });
+                    }
+                }
+                scans += 1;
+            }
+            (seen, started.elapsed() / scans.max(1))
+        });
+        TermWatch {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops watching: what was seen, and how long a scan of `/proc` took on average.
+    pub fn finish(mut self) -> (std::collections::BTreeMap<u64, Seen>, Duration) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for TermWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A shell snippet that, first thing in a command, appends to `ledger` the line
+/// `start TERM PID [PID:COMM:TERM ...]`, listing every command process of the same lease and
+/// another term that is alive at that moment (from `/proc/*/environ`; the guard excluded).
+pub fn start_check(ledger: &Path) -> String {
+    format!(
+        r#"old=''
+for f in $(grep -lsazx "LEASEHOLD_LEASE=$LEASEHOLD_LEASE" /proc/[0-9]*/environ); do
+  p=${{f#/proc/}}; p=${{p%/environ}}
+  t=$(grep -sazx 'LEASEHOLD_TERM=[0-9]*' "$f" | tr -d '\000'); t=${{t#LEASEHOLD_TERM=}}
+  c=$(cat /proc/$p/comm 2>/dev/null)
+  if [ -n "$t" ] && [ "$t" != "$LEASEHOLD_TERM" ] && [ -n "$c" ] && [ "$c" != leasehold ]; then old="$old $p:$c:$t"; fi
+done
+echo "start $LEASEHOLD_TERM $$$old" >> '{}'
+"#,
+        ledger.display()
+    )
+}
+
+/// A `start` line of the ledger written by [`start_check`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Start {
+    pub term: u64,
+    pub pid: i32,
+    /// `PID:COMM:TERM` of each other-term command process alive when this one started.
+    pub others: Vec<String>,
+}
+
+/// The `start` lines of a ledger.
+pub fn starts(path: &Path) -> Vec<Start> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| {
+            let mut parts = line.split_whitespace();
+            if parts.next()? != "start" {
+                return None;
+            }
+            Some(Start {
+                term: parts.next()?.parse().ok()?,
+                pid: parts.next()?.parse().ok()?,
+                others: parts.map(str::to_string).collect(),
+            })
+        })
+        .collect()
 }

@@ -1,0 +1,452 @@
+//! The command's whole process tree: found, signalled and waited for until it is empty.
+//!
+//! A process group is not a tree: `setsid`, `setpgid` and a double fork all leave it. Two things
+//! keep every process that the command ever starts within reach:
+//!
+//! - **Child subreapers.** `leasehold run` and its child guard both call
+//!   `prctl(PR_SET_CHILD_SUBREAPER)` (`nix::sys::prctl::set_child_subreaper`). An orphan is
+//!   reparented to its nearest living subreaper ancestor instead of PID 1, so whatever the
+//!   command forks, however it detaches, stays a descendant of the guard (of `run`, once the guard
+//!   is gone). The tree is then "every descendant in `/proc`", read by parent pid.
+//! - **A cgroup v2 leaf**, where one can be made (a writable cgroup2 mount: root, or a delegated
+//!   systemd unit). The command is moved into it before it runs, so every process it starts is
+//!   in it too; `cgroup.kill` kills them all in one step, and `cgroup.events` says when it is
+//!   empty. Where no leaf can be made (a read-only `/sys/fs/cgroup` in a container, no cgroup2
+//!   mount, too old a kernel), the subreapers alone do the work, and `run` says so once.
+//!
+//! Signals go through a pidfd opened after the process was found, and only once its start time
+//! is seen unchanged: a pid that was reused in between is never signalled.
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use nix::sys::wait::{WaitPidFlag, waitpid};
+use nix::unistd::{Pid, getpid};
+
+/// One process, as `/proc/PID/stat` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Process {
+    pub(crate) pid: i32,
+    pub(crate) ppid: i32,
+    pub(crate) state: char,
+    /// In clock ticks after boot: with the pid, it names one process for good.
+    pub(crate) start: u64,
+    pub(crate) comm: String,
+}
+
+impl Process {
+    fn read(pid: i32) -> Option<Process> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        parse_stat(pid, &text)
+    }
+
+    /// Zombies and dying processes can do nothing any more.
+    pub(crate) fn is_live(&self) -> bool {
+        !matches!(self.state, 'Z' | 'X' | 'x')
+    }
+
+    /// "1234 (sleep, state D: uninterruptible sleep)": for a log line.
+    pub(crate) fn describe(&self) -> String {
+        let state = match self.state {
+            'D' => "state D: uninterruptible sleep",
+            'R' => "running",
+            'S' => "sleeping",
+            'T' | 't' => "stopped",
+            'Z' => "zombie",
+            _ => "",
+        };
+        if state.is_empty() {
+            format!("{} ({}, state {})", self.pid, self.comm, self.state)
+        } else {
+            format!("{} ({}, {state})", self.pid, self.comm)
+        }
+    }
+}
+
+/// Parses the text of `/proc/PID/stat`: "pid (comm) state ppid pgrp ... starttime ...".
+fn parse_stat(pid: i32, text: &str) -> Option<Process> {
+    // comm may hold spaces and parentheses: it ends at the last ')'.
+    let open = text.find('(')?;
+    let close = text.rfind(')')?;
+    let comm = text.get(open + 1..close)?.to_string();
+    let fields: Vec<&str> = text.get(close + 1..)?.split_whitespace().collect();
+    Some(Process {
+        pid,
+        state: fields.first()?.chars().next()?,
+        ppid: fields.get(1)?.parse().ok()?,
+        start: fields.get(19)?.parse().ok()?,
+        comm,
+    })
+}
+
+/// Every process in `/proc`.
+fn all_processes() -> Vec<Process> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(Process::read)
+        .collect()
+}
+
+/// The descendants of `root` among `processes` (not `root` itself), zombies included.
+fn descendants(root: i32, processes: &[Process]) -> Vec<Process> {
+    let mut children: HashMap<i32, Vec<&Process>> = HashMap::new();
+    for process in processes {
+        children.entry(process.ppid).or_default().push(process);
+    }
+    let mut found = Vec::new();
+    let mut queue = vec![root];
+    let mut seen = HashSet::from([root]);
+    while let Some(parent) = queue.pop() {
+        for child in children.get(&parent).into_iter().flatten() {
+            if seen.insert(child.pid) {
+                queue.push(child.pid);
+                found.push((*child).clone());
+            }
+        }
+    }
+    found
+}
+
+/// A cgroup v2 leaf made for one run of the command.
+#[derive(Debug, Clone)]
+pub(crate) struct Cgroup {
+    path: PathBuf,
+}
+
+impl Cgroup {
+    /// Makes the leaf `name` under this process's own cgroup v2, if there is a cgroup2 mount
+    /// and it can be written. The error says why not, for the log.
+    pub(crate) fn create(name: &str) -> Result<Cgroup, String> {
+        let own = own_cgroup_dir()?;
+        let path = own.join(name);
+        match std::fs::create_dir(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(format!("cannot create {}: {e}", path.display())),
+        }
+        // Before Linux 5.14 there is no cgroup.kill: the leaf still contains, and its processes
+        // are killed one by one.
+        Ok(Cgroup { path })
+    }
+
+    /// A leaf made by someone else (`run`, for the guard).
+    pub(crate) fn at(path: impl Into<PathBuf>) -> Cgroup {
+        Cgroup { path: path.into() }
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether the kernel can kill the whole leaf in one step (`cgroup.kill`, Linux 5.14).
+    pub(crate) fn can_kill(&self) -> bool {
+        self.path.join("cgroup.kill").exists()
+    }
+
+    /// Moves the calling process into the leaf (what it starts afterwards is born there).
+    pub(crate) fn enter(&self) -> io::Result<()> {
+        std::fs::write(self.path.join("cgroup.procs"), "0")
+    }
+
+    /// The pids in the leaf and in any cgroup below it.
+    fn pids(&self) -> Vec<i32> {
+        let mut pids = Vec::new();
+        let mut dirs = vec![self.path.clone()];
+        while let Some(dir) = dirs.pop() {
+            if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+                pids.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+            }
+            if let Ok(entries) = std::fs::read_dir(&dir) {
+                dirs.extend(
+                    entries
+                        .filter_map(Result::ok)
+                        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                        .map(|e| e.path()),
+                );
+            }
+        }
+        pids
+    }
+
+    /// Whether any process is left in the leaf or below it (`None`: cannot tell).
+    fn populated(&self) -> Option<bool> {
+        let events = std::fs::read_to_string(self.path.join("cgroup.events")).ok()?;
+        events
+            .lines()
+            .find_map(|line| line.strip_prefix("populated "))
+            .map(|value| value.trim() != "0")
+    }
+
+    /// SIGKILL to every process in the leaf and below, by the kernel, in one step.
+    fn kill(&self) -> bool {
+        std::fs::write(self.path.join("cgroup.kill"), "1").is_ok()
+    }
+
+    /// Removes the leaf (and any cgroups the command made below it) once it is empty.
+    pub(crate) fn remove(&self) {
+        fn remove(dir: &Path) {
+            if let Ok(entries) = std::fs::read_dir(dir) {
+                for entry in entries.filter_map(Result::ok) {
+                    if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                        remove(&entry.path());
+                    }
+                }
+            }
+            let _ = std::fs::remove_dir(dir);
+        }
+        remove(&self.path);
+    }
+}
+
+/// This process's cgroup v2 directory: the cgroup2 mount point joined with the path in
+/// `/proc/self/cgroup` (the `0::` line).
+fn own_cgroup_dir() -> Result<PathBuf, String> {
+    let cgroups =
+        std::fs::read_to_string("/proc/self/cgroup").map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+    let own = cgroups
+        .lines()
+        .find_map(|line| line.strip_prefix("0::"))
+        .ok_or("this process is in no cgroup v2 hierarchy")?;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
+    let (root, mount_point) = cgroup2_mount(&mounts).ok_or("no cgroup2 file system is mounted")?;
+    // A mount of a subtree (a container's cgroup namespace shows "/") holds the paths below its root.
+    let relative = own.strip_prefix(root.as_str()).unwrap_or(own).trim_start_matches('/');
+    if own.contains("/../") || own.ends_with("/..") {
+        return Err(format!(
+            "this process's cgroup {own} is outside the mounted cgroup2 tree"
+        ));
+    }
+    Ok(Path::new(&mount_point).join(relative))
+}
+
+/// The root and mount point of the first cgroup2 mount in `/proc/self/mountinfo`.
+fn cgroup2_mount(mountinfo: &str) -> Option<(String, String)> {
+    mountinfo.lines().find_map(|line| {
+        let (before, after) = line.split_once(" - ")?;
+        let fstype = after.split_whitespace().next()?;
+        if fstype != "cgroup2" {
+            return None;
+        }
+        let fields: Vec<&str> = before.split_whitespace().collect();
+        Some((unescape(fields.get(3)?), unescape(fields.get(4)?)))
+    })
+}
+
+/// mountinfo escapes space, tab, newline and backslash as octal.
+fn unescape(field: &str) -> String {
+    field
+        .replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
+}
+
+/// The processes of one run of the command: the live descendants of `root` (this process, a
+/// child subreaper) and everything in the cgroup leaf, if there is one.
+#[derive(Debug)]
+pub(crate) struct Tree {
+    root: i32,
+    cgroup: Option<Cgroup>,
+}
+
+impl Tree {
+    /// The tree below this process (which must be a child subreaper), with the command's leaf.
+    pub(crate) fn below_me(cgroup: Option<Cgroup>) -> Tree {
+        Tree {
+            root: getpid().as_raw(),
+            cgroup,
+        }
+    }
+
+    pub(crate) fn cgroup(&self) -> Option<&Cgroup> {
+        self.cgroup.as_ref()
+    }
+
+    /// The live processes of the tree, this process excluded.
+    pub(crate) fn members(&self) -> Vec<Process> {
+        let processes = all_processes();
+        let mut members = descendants(self.root, &processes);
+        if let Some(cgroup) = &self.cgroup {
+            let known: HashSet<i32> = members.iter().map(|p| p.pid).collect();
+            for pid in cgroup.pids() {
+                if pid != self.root
+                    && !known.contains(&pid)
+                    && let Some(process) = Process::read(pid)
+                {
+                    members.push(process);
+                }
+            }
+        }
+        members.retain(Process::is_live);
+        members
+    }
+
+    /// Whether the tree is empty: no live member, and the leaf (if any) unpopulated.
+    fn is_empty(&self, except: &[i32]) -> bool {
+        let populated = self.cgroup.as_ref().and_then(Cgroup::populated).unwrap_or(false);
+        !populated && self.members().iter().all(|p| except.contains(&p.pid))
+    }
+
+    /// Sends `signal` to every member but those in `except`; SIGKILL also through
+    /// `cgroup.kill`. Returns the members found.
+    pub(crate) fn signal(&self, signal: Signal, except: &[i32]) -> Vec<Process> {
+        if signal == Signal::SIGKILL
+            && except.is_empty()
+            && let Some(cgroup) = &self.cgroup
+        {
+            cgroup.kill();
+        }
+        let members: Vec<Process> = self
+            .members()
+            .into_iter()
+            .filter(|p| !except.contains(&p.pid))
+            .collect();
+        for process in &members {
+            send(process, signal);
+        }
+        members
+    }
+
+    /// Reaps the zombies among this process's own children (orphans reparented to it), except
+    /// `except` (a child that tokio waits for).
+    pub(crate) fn reap(&self, except: &[i32]) {
+        let me = getpid().as_raw();
+        for process in all_processes() {
+            if process.ppid == me && process.state == 'Z' && !except.contains(&process.pid) {
+                let _ = waitpid(Pid::from_raw(process.pid), Some(WaitPidFlag::WNOHANG));
+            }
+        }
+    }
+
+    /// Waits up to `until` for every member but `except` to be gone; reaps meanwhile. Whether it
+    /// emptied.
+    pub(crate) async fn wait_empty(&self, until: Instant, except: &[i32], reap_except: &[i32]) -> bool {
+        loop {
+            self.reap(reap_except);
+            if self.is_empty(except) && self.is_empty(except) {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// SIGKILL to the whole tree, again and again, until it is empty (`Ok`) or `until` passes
+    /// (`Err` with what is left, e.g. a process in uninterruptible sleep). Each round kills what
+    /// the last one's processes forked before they died.
+    pub(crate) async fn kill_until_empty(
+        &self,
+        until: Option<Instant>,
+        reap_except: &[i32],
+    ) -> Result<(), Vec<Process>> {
+        loop {
+            self.reap(reap_except);
+            // Twice: a scan of /proc is not atomic, and the cgroup says "populated" at once.
+            if self.is_empty(&[]) && self.is_empty(&[]) {
+                return Ok(());
+            }
+            let found = self.signal(Signal::SIGKILL, &[]);
+            if until.is_some_and(|until| Instant::now() >= until) {
+                return Err(found);
+            }
+            tokio::time::sleep(KILL_POLL).await;
+        }
+    }
+}
+
+/// How often a wait for the tree to empty looks again.
+const POLL: Duration = Duration::from_millis(10);
+/// How often the kill loop looks again.
+const KILL_POLL: Duration = Duration::from_millis(2);
+
+/// Signals `process` through a pidfd, if it is still the process that was found.
+fn send(process: &Process, signal: Signal) {
+    use rustix::process::{PidfdFlags, pidfd_open, pidfd_send_signal};
+    let Some(pid) = rustix::process::Pid::from_raw(process.pid) else {
+        return;
+    };
+    let Ok(fd) = pidfd_open(pid, PidfdFlags::empty()) else {
+        return; // gone
+    };
+    // The pidfd names whatever has this pid now; it is ours if it started when ours did.
+    if Process::read(process.pid).is_none_or(|now| now.start != process.start) {
+        return;
+    }
+    let Some(signal) = rustix::process::Signal::from_named_raw(signal as i32) else {
+        return;
+    };
+    let _ = pidfd_send_signal(&fd, signal);
+}
+
+/// "3 processes: 1234 (sleep, sleeping), ..." for a log line (at most 5 named).
+pub(crate) fn list(processes: &[Process]) -> String {
+    let mut named: Vec<String> = processes.iter().take(5).map(Process::describe).collect();
+    if processes.len() > 5 {
+        named.push(format!("and {} more", processes.len() - 5));
+    }
+    let noun = if processes.len() == 1 { "process" } else { "processes" };
+    format!("{} {noun}: {}", processes.len(), named.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_lines() {
+        let line = "42 (a) (b) c) S 1 40 40 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 777 0 0";
+        let process = parse_stat(42, line).unwrap();
+        assert_eq!(process.comm, "a) (b) c");
+        assert_eq!((process.state, process.ppid, process.start), ('S', 1, 777));
+        assert_eq!(parse_stat(1, "garbage"), None);
+    }
+
+    #[test]
+    fn descendants_follow_parent_pids() {
+        let p = |pid, ppid| Process {
+            pid,
+            ppid,
+            state: 'S',
+            start: 0,
+            comm: "x".into(),
+        };
+        let all = [p(10, 1), p(11, 10), p(12, 11), p(13, 1), p(14, 12)];
+        let mut found: Vec<i32> = descendants(10, &all).iter().map(|p| p.pid).collect();
+        found.sort_unstable();
+        assert_eq!(found, [11, 12, 14]);
+    }
+
+    #[test]
+    fn cgroup2_mounts_are_found() {
+        let mountinfo = "\
+30 25 0:26 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw";
+        assert_eq!(
+            cgroup2_mount(mountinfo),
+            Some(("/".to_string(), "/sys/fs/cgroup/unified".to_string()))
+        );
+        assert_eq!(cgroup2_mount("30 25 0:26 / /x rw - ext4 /dev/sda rw"), None);
+    }
+
+    #[test]
+    fn own_children_are_found() {
+        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let tree = Tree::below_me(None);
+        let members = tree.members();
+        assert!(
+            members.iter().any(|p| p.pid == child.id() as i32 && p.comm == "sleep"),
+            "{members:?}"
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+}
