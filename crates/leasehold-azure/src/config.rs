@@ -32,6 +32,10 @@ pub const DEFAULT_MAX_REQUESTS: usize = 64;
 /// slowly: then more of them in flight keep the renewals of many leases from falling behind.
 pub const DEFAULT_MAX_RENEWALS: usize = 64;
 
+/// How many terms of each lease keep their history blob, unless the URL says `history_limit=`
+/// (`0` keeps all). Older ones are deleted as new terms are granted.
+pub const DEFAULT_HISTORY_LIMIT: u32 = 1000;
+
 /// The query parameters of a Shared Access Signature (they are gathered into the SAS when they
 /// appear directly in the store URL).
 const SAS_KEYS: &[&str] = &[
@@ -116,6 +120,9 @@ pub struct AzureConfig {
     pub max_requests: usize,
     /// How many renewals and releases run at once, at most.
     pub max_renewals: usize,
+    /// How many terms of each lease keep their history blob (the most recent ones); `0` keeps
+    /// all. Default [`DEFAULT_HISTORY_LIMIT`].
+    pub history_limit: u32,
 }
 
 impl AzureConfig {
@@ -142,12 +149,13 @@ impl AzureConfig {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             max_requests: DEFAULT_MAX_REQUESTS,
             max_renewals: DEFAULT_MAX_RENEWALS,
+            history_limit: DEFAULT_HISTORY_LIMIT,
         })
     }
 
     /// Parses a store URL:
     ///
-    /// - `azblob://ACCOUNT/CONTAINER?prefix=P&endpoint=URL&sas=ENCODED_SAS&timeout=SECS&max_requests=N&max_renewals=N`, where
+    /// - `azblob://ACCOUNT/CONTAINER?prefix=P&endpoint=URL&sas=ENCODED_SAS&timeout=SECS&max_requests=N&max_renewals=N&history_limit=N`, where
     ///   the SAS may also be given as its own parameters (`...&sv=...&sig=...`), or
     ///   `auth=managed-identity|workload-identity|developer-tools` (feature `identity`);
     /// - `https://ACCOUNT.blob.core.windows.net/CONTAINER?sv=...&sig=...` (the SAS URL the Azure
@@ -217,6 +225,7 @@ impl AzureConfig {
         let mut request_timeout = DEFAULT_REQUEST_TIMEOUT;
         let mut max_requests = DEFAULT_MAX_REQUESTS;
         let mut max_renewals = DEFAULT_MAX_RENEWALS;
+        let mut history_limit = DEFAULT_HISTORY_LIMIT;
         for (key, value) in parsed.query_pairs() {
             match key.as_ref() {
                 "prefix" => {
@@ -254,6 +263,11 @@ impl AzureConfig {
                         .ok()
                         .filter(|n| (1..=4096).contains(n))
                         .ok_or_else(|| invalid("max_renewals= must be a number from 1 to 4096"))?;
+                }
+                "history_limit" => {
+                    history_limit = value
+                        .parse()
+                        .map_err(|_| invalid("history_limit= must be a number of terms (0 keeps all)"))?;
                 }
                 k if SAS_KEYS.contains(&k) => {
                     sas_inline.append_pair(k, &value);
@@ -302,6 +316,7 @@ impl AzureConfig {
             request_timeout,
             max_requests,
             max_renewals,
+            history_limit,
         })
     }
 
@@ -443,6 +458,18 @@ mod tests {
             let err = AzureConfig::from_url(&format!("azblob://acct/leases?{bad}")).unwrap_err();
             let name = bad.split('=').next().unwrap();
             assert!(err.to_string().contains(name), "{err}");
+        }
+    }
+
+    #[test]
+    fn history_limit_from_the_url() {
+        let config = AzureConfig::from_url("azblob://acct/leases").unwrap();
+        assert_eq!(config.history_limit, DEFAULT_HISTORY_LIMIT);
+        let config = AzureConfig::from_url("azblob://acct/leases?history_limit=0").unwrap();
+        assert_eq!(config.history_limit, 0);
+        for bad in ["history_limit=-1", "history_limit=lots"] {
+            let err = AzureConfig::from_url(&format!("azblob://acct/leases?{bad}")).unwrap_err();
+            assert!(err.to_string().contains("history_limit"), "{err}");
         }
     }
 

@@ -11,8 +11,8 @@ mod store;
 pub mod docs {}
 
 pub use config::{
-    Auth, AzureConfig, DEFAULT_MAX_RENEWALS, DEFAULT_MAX_REQUESTS, DEFAULT_REQUEST_TIMEOUT, SasToken, TTL_RANGE,
-    URL_SCHEMES,
+    Auth, AzureConfig, DEFAULT_HISTORY_LIMIT, DEFAULT_MAX_RENEWALS, DEFAULT_MAX_REQUESTS, DEFAULT_REQUEST_TIMEOUT,
+    SasToken, TTL_RANGE, URL_SCHEMES,
 };
 pub use error::AzureError;
 pub use store::AzureBlobStore;

@@ -9,6 +9,8 @@ use leasehold_core::{CandidateId, EndReason, Error, LeaseName, Result, Term, Tra
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
 use sha2::{Digest, Sha256};
 
+use crate::config::TTL_RANGE;
+
 pub(crate) const STORE: &str = "azure";
 
 /// Metadata keys (valid C# identifiers, as Azure requires; lower case, as Azure reports them).
@@ -88,10 +90,17 @@ impl Record {
             "released" => State::Released,
             other => return Err(fields.bad(STATE, other, "not claimed, leased, broken or released")),
         };
+        // Written by a grant, so within what Azure allows; anything else is foreign (and a huge
+        // TTL would overflow the engine's deadlines).
+        let ttl_ms = fields.number(TTL)?;
+        let ttl = Duration::from_millis(ttl_ms);
+        if !TTL_RANGE.contains(&ttl) {
+            return Err(fields.bad(TTL, &ttl_ms.to_string(), "not a TTL Azure allows (15 to 60 s)"));
+        }
         Ok(Some(Record {
             holder: fields.holder()?,
             term,
-            ttl: Duration::from_millis(fields.number(TTL)?),
+            ttl,
             acquired_ms: fields.number(ACQUIRED)?,
             state,
         }))
@@ -310,6 +319,13 @@ mod tests {
             "{err:?}"
         );
         assert!(err.to_string().contains(TERM), "{err}");
+        for ttl in ["0", "14999", "60001", &u64::MAX.to_string()] {
+            let mut metadata = metadata.clone();
+            metadata.insert(TERM.into(), "1".into());
+            metadata.insert(TTL.into(), ttl.to_string());
+            let err = Record::decode(&lease(), &metadata).unwrap_err();
+            assert!(err.to_string().contains(TTL), "{ttl}: {err}");
+        }
         metadata.insert(TERM.into(), "1".into());
         metadata.remove(STATE);
         assert!(

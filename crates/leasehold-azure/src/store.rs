@@ -25,11 +25,20 @@ use crate::config::{Auth, AzureConfig, TTL_RANGE};
 use crate::error::Failure;
 use crate::record::{Entry, Record, STORE, State, Token, lease_id, now_ms};
 
+/// How often (in terms) a grant also looks for old history blobs that the per-grant deletion
+/// missed.
+const SWEEP_EVERY: u64 = 100;
+
+/// The most history blobs one sweep deletes (a store upgraded from a version that kept every
+/// term catches up over several sweeps).
+const SWEEP_MAX_DELETES: usize = 1000;
+
 /// A lease store on Azure Blob Storage (or the Azurite emulator).
 ///
 /// Each lease is a blob `{prefix}{lease}` in one container; its metadata holds the holder and
 /// the fencing term, and a blob lease (15 to 60 s, enforced by the service's clock) keeps
-/// everyone else out. History is kept in small blobs `{prefix}{lease}.history/{term:020}`.
+/// everyone else out. History is kept in small blobs `{prefix}{lease}.history/{term:020}`, for
+/// the most recent [`history_limit`](AzureConfig::history_limit) terms.
 ///
 /// Clones share the HTTP connections and the cache of record versions.
 ///
@@ -455,7 +464,10 @@ impl AzureBlobStore {
             acquired_ms: leased.acquired_ms,
             end: None,
         };
-        self.write_history(lease, leased.term, &entry).await;
+        futures::join!(
+            self.write_history(lease, leased.term, &entry),
+            self.prune_history(lease, leased.term)
+        );
         Ok(Some(Grant {
             lease: lease.clone(),
             holder: leased.holder.clone(),
@@ -483,6 +495,84 @@ impl AzureBlobStore {
         if let Err(failure) = self.call("upload history", upload).await {
             let error = failure.into_error();
             tracing::warn!(lease = %lease, term = %term, %error, "cannot write the history of a term");
+        }
+    }
+
+    /// Keeps the history of `lease` to the most recent `history_limit` terms now that `term` is
+    /// granted: deletes the blob of the term that just fell out (at the same time as the new
+    /// term's blob is written, so a grant takes no longer) and, every [`SWEEP_EVERY`] terms, in
+    /// a task of its own, any older blob left behind (a term skipped by a claim that lost its
+    /// race leaves the blob `history_limit` terms before it; a store upgraded from a version that
+    /// kept all). Best effort, like every history write.
+    async fn prune_history(&self, lease: &LeaseName, term: Term) {
+        let limit = u64::from(self.inner.config.history_limit);
+        let Some(oldest_kept) = term.0.checked_sub(limit).filter(|_| limit > 0).map(|t| t + 1) else {
+            return;
+        };
+        self.delete_history(lease, oldest_kept - 1).await;
+        if term.0.is_multiple_of(SWEEP_EVERY) {
+            let store = self.clone();
+            let lease = lease.clone();
+            tokio::spawn(async move { store.sweep_history(&lease, oldest_kept).await });
+        }
+    }
+
+    /// Deletes the history blobs of `lease` below `oldest_kept`, at most [`SWEEP_MAX_DELETES`].
+    async fn sweep_history(&self, lease: &LeaseName, oldest_kept: u64) {
+        let prefix = self.history_prefix(lease);
+        let options = BlobContainerClientListBlobsOptions {
+            prefix: Some(prefix.clone()),
+            ..Default::default()
+        };
+        let mut stale = Vec::new();
+        let mut pages = match self.inner.container.list_blobs(Some(options)) {
+            Ok(pager) => pager.into_pages(),
+            Err(e) => {
+                let error = Failure::from_sdk("list_blobs", &e, &self.inner.secrets).into_error();
+                tracing::warn!(%lease, %error, "cannot list the history to prune it");
+                return;
+            }
+        };
+        while stale.len() < SWEEP_MAX_DELETES {
+            let page = match self.call("list_blobs", pages.try_next()).await {
+                Ok(Some(page)) => page.into_model().ok(),
+                Ok(None) | Err(Failure::NotFound(_)) => break,
+                Err(failure) => {
+                    let error = failure.into_error();
+                    tracing::warn!(%lease, %error, "cannot list the history to prune it");
+                    return;
+                }
+            };
+            let Some(page) = page else { break };
+            let terms = page.blob_items.into_iter().filter_map(|item| {
+                let name = item.name?;
+                name.strip_prefix(&prefix)?.parse::<u64>().ok()
+            });
+            let before = stale.len();
+            stale.extend(terms.filter(|t| *t < oldest_kept));
+            // Names come in order: a page past the window ends the search.
+            if stale.len() == before {
+                break;
+            }
+        }
+        stale.truncate(SWEEP_MAX_DELETES);
+        for term in stale {
+            self.delete_history(lease, term).await;
+        }
+    }
+
+    /// Deletes the history blob of one term (gone already is fine).
+    async fn delete_history(&self, lease: &LeaseName, term: u64) {
+        let blob = self
+            .inner
+            .container
+            .blob_client(&format!("{}{term:020}", self.history_prefix(lease)));
+        match self.call("delete history", blob.delete(None)).await {
+            Ok(_) | Err(Failure::NotFound(_)) => {}
+            Err(failure) => {
+                let error = failure.into_error();
+                tracing::warn!(%lease, term, %error, "cannot delete an old history blob");
+            }
         }
     }
 
@@ -540,6 +630,13 @@ impl AzureBlobStore {
         self.read(lease).await?;
         Ok(Some(record.term))
     }
+}
+
+/// Keeps the `limit` entries with the highest terms, in term order.
+fn keep_newest<T>(entries: &mut Vec<(Term, T)>, limit: usize) {
+    entries.sort_by_key(|(term, _)| *term);
+    let skip = entries.len().saturating_sub(limit);
+    entries.drain(..skip);
 }
 
 fn header<'h>(headers: &'h Headers, name: &HeaderName) -> Option<&'h str> {
@@ -632,9 +729,17 @@ impl LeaseStore for AzureBlobStore {
             if fresh && view.holder().is_some_and(|r| r.holder != *me) {
                 return Ok(Acquired::Held(view.observation(lease)));
             }
+            // Metadata anyone can write: a term of u64::MAX is bad data, not a panic or a wrap.
+            let term = view.last_term().0.checked_add(1).ok_or_else(|| {
+                Error::corrupt(
+                    STORE,
+                    lease,
+                    format!("the lease blob holds term {}, which no term can follow", u64::MAX),
+                )
+            })?;
             let record = Record {
                 holder: me.clone(),
-                term: Term(view.last_term().0 + 1),
+                term: Term(term),
                 ttl: request.ttl,
                 acquired_ms: now_ms(),
                 state: State::Claimed,
@@ -758,8 +863,9 @@ impl LeaseStore for AzureBlobStore {
         Ok(self.read(lease).await?.observation(lease))
     }
 
-    /// Lists the history blobs of the lease (one request per 5,000 terms) and completes the
-    /// latest term from the lease blob.
+    /// Lists the history blobs of the lease with their metadata (one request per 5,000 terms;
+    /// `history_limit` keeps them to one) and decodes only the newest `limit`, then completes the
+    /// latest term from the lease blob. Memory is bounded by `limit`, not by the terms listed.
     async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
         let _turn = self.turn(false, "history").await?;
         let prefix = self.history_prefix(lease);
@@ -768,7 +874,7 @@ impl LeaseStore for AzureBlobStore {
             include: Some(vec![ListBlobsIncludeItem::Metadata]),
             ..Default::default()
         };
-        let mut entries: Vec<(Term, Entry)> = Vec::new();
+        let mut newest: Vec<(Term, HashMap<String, String>)> = Vec::new();
         let mut pages = match self.inner.container.list_blobs(Some(options)) {
             Ok(pager) => pager.into_pages(),
             Err(e) => return Err(Failure::from_sdk("list_blobs", &e, &self.inner.secrets).into_error()),
@@ -791,11 +897,17 @@ impl LeaseStore for AzureBlobStore {
                         format!("unexpected history blob {name:?}"),
                     ));
                 };
-                let metadata = item.metadata.and_then(|m| m.values).unwrap_or_default();
-                entries.push((Term(term), Entry::decode(lease, &metadata)?));
+                newest.push((Term(term), item.metadata.and_then(|m| m.values).unwrap_or_default()));
+            }
+            if newest.len() > limit.saturating_mul(2) {
+                keep_newest(&mut newest, limit);
             }
         }
-        entries.sort_by_key(|(term, _)| *term);
+        keep_newest(&mut newest, limit);
+        let mut entries = newest
+            .into_iter()
+            .map(|(term, metadata)| Ok((term, Entry::decode(lease, &metadata)?)))
+            .collect::<Result<Vec<(Term, Entry)>>>()?;
         let view = self.read(lease).await?;
         if let Some(record) = &view.record {
             let granted = matches!(record.state, State::Leased | State::Broken) || view.holder().is_some();

@@ -238,3 +238,111 @@ async fn connect_by_url_and_ttls() {
     assert!(store.inspect(&lease).await.unwrap().holder.is_none());
     assert_eq!(leasehold_azure::URL_SCHEMES, &["azblob"]);
 }
+
+/// Finding 10 of issue 12: a term read from blob metadata was incremented with `+ 1`, which
+/// panics at `u64::MAX` in a debug build (and wraps to 0 in release). It is bad data: a typed
+/// error, and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_term_that_cannot_be_followed_is_corrupt() {
+    let Some(store) = store().await else { return };
+    let lease = lease("max-term");
+    let grant = granted(&store, &lease, "a").await;
+    store.release(&grant).await.unwrap();
+    let blob = store.blob_name(&lease);
+    let max = u64::MAX.to_string();
+    let record = [
+        ("leasehold_term", max.as_str()),
+        ("leasehold_holder", "a"),
+        ("leasehold_ttl_ms", "15000"),
+        ("leasehold_acquired_ms", "1700000000000"),
+        ("leasehold_state", "released"),
+    ];
+    common::raw_set_metadata(store.config(), &blob, &record, None)
+        .await
+        .unwrap();
+    for (who, client) in [("b", &store), ("c", &store_b().await)] {
+        let err = client.acquire(&request(&lease, who)).await.unwrap_err();
+        assert!(matches!(err, Error::CorruptRecord { .. }), "{who}: {err:?}");
+        assert!(err.to_string().contains("no term can follow"), "{err}");
+    }
+    let seen = store.inspect(&lease).await.unwrap();
+    assert_eq!((seen.holder, seen.last_term.0), (None, u64::MAX), "nothing was written");
+}
+
+async fn history_blobs(store: &AzureBlobStore, lease: &LeaseName) -> Vec<u64> {
+    let prefix = format!("{}.history/", store.blob_name(lease));
+    common::raw_list(store.config(), &prefix)
+        .await
+        .unwrap()
+        .iter()
+        .map(|name| name.strip_prefix(&prefix).unwrap().parse().unwrap())
+        .collect()
+}
+
+/// Finding 10 of issue 12: history blobs were never deleted, and `history` read all of them, so
+/// requests and memory grew with every term ever granted. The store keeps the most recent
+/// `history_limit` terms, deleting the one that falls out with each grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_keeps_the_most_recent_terms() {
+    let Some(mut config) = common::azurite() else { return };
+    config.history_limit = 5;
+    let store = AzureBlobStore::connect_with(config).await.unwrap();
+    let lease = lease("pruned");
+    let mut terms = Vec::new();
+    for _ in 0..12 {
+        terms.push(granted(&store, &lease, "a").await.term.0);
+    }
+    let kept = history_blobs(&store, &lease).await;
+    assert_eq!(kept, terms[7..], "the blobs of the 5 most recent terms, of {terms:?}");
+    let history = store.history(&lease, 3).await.unwrap();
+    assert_eq!(
+        history.iter().map(|t| t.term.0).collect::<Vec<_>>(),
+        terms[9..],
+        "history(3) is the newest 3 terms, oldest first"
+    );
+    assert_eq!(store.history(&lease, 100).await.unwrap().len(), 5);
+}
+
+/// Blobs the per-grant deletion misses (left by a store that kept every term, or by a term that
+/// a lost race skipped) are swept every 100 terms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn old_history_blobs_are_swept() {
+    let Some(mut config) = common::azurite() else { return };
+    config.history_limit = 5;
+    let store = AzureBlobStore::connect_with(config.clone()).await.unwrap();
+    let lease = lease("swept");
+    let grant = granted(&store, &lease, "a").await;
+    store.release(&grant).await.unwrap();
+    let prefix = format!("{}.history/", store.blob_name(&lease));
+    let entry = [("leasehold_holder", "old"), ("leasehold_acquired_ms", "1700000000000")];
+    for term in [2_u64, 40, 90] {
+        common::raw_upload(&config, &format!("{prefix}{term:020}"), &entry)
+            .await
+            .unwrap();
+    }
+    // The lease blob says term 98 was the last: the next grants are 99 and 100.
+    let record = [
+        ("leasehold_term", "98"),
+        ("leasehold_holder", "a"),
+        ("leasehold_ttl_ms", "15000"),
+        ("leasehold_acquired_ms", "1700000000000"),
+        ("leasehold_state", "released"),
+    ];
+    common::raw_set_metadata(&config, &store.blob_name(&lease), &record, None)
+        .await
+        .unwrap();
+    let fresh = AzureBlobStore::connect_with(config).await.unwrap();
+    assert_eq!(granted(&fresh, &lease, "a").await.term.0, 99);
+    assert_eq!(history_blobs(&store, &lease).await, [1, 2, 40, 90, 99]);
+    assert_eq!(granted(&fresh, &lease, "a").await.term.0, 100);
+    // The sweep runs in a task of its own.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let kept = history_blobs(&store, &lease).await;
+        if kept == [99, 100] {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "still there: {kept:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

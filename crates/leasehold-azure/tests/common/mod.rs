@@ -304,6 +304,47 @@ pub async fn delete_container(config: &AzureConfig) -> Result<()> {
         .map_err(|e| Error::store("azure", e.to_string()))
 }
 
+/// The names of the blobs under `prefix`, bypassing the store.
+pub async fn raw_list(config: &AzureConfig, prefix: &str) -> Result<Vec<String>> {
+    use futures::TryStreamExt;
+    let container = azure_storage_blob::BlobContainerClient::new(container_url(config), None, None)
+        .map_err(|e| Error::store("azure", e.to_string()))?;
+    let options = azure_storage_blob::models::BlobContainerClientListBlobsOptions {
+        prefix: Some(prefix.to_string()),
+        ..Default::default()
+    };
+    let mut pages = container
+        .list_blobs(Some(options))
+        .map_err(|e| Error::store("azure", e.to_string()))?
+        .into_pages();
+    let mut names = Vec::new();
+    while let Some(page) = pages
+        .try_next()
+        .await
+        .map_err(|e| Error::store("azure", e.to_string()))?
+    {
+        let page = page.into_model().map_err(|e| Error::store("azure", e.to_string()))?;
+        names.extend(page.blob_items.into_iter().filter_map(|item| item.name));
+    }
+    Ok(names)
+}
+
+/// Writes an empty blob with `metadata`, bypassing the store.
+pub async fn raw_upload(config: &AzureConfig, blob: &str, metadata: &[(&str, &str)]) -> Result<()> {
+    let container = azure_storage_blob::BlobContainerClient::new(container_url(config), None, None)
+        .map_err(|e| Error::store("azure", e.to_string()))?;
+    let options = azure_storage_blob::models::BlobClientUploadOptions {
+        metadata: Some(metadata.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+        ..Default::default()
+    };
+    container
+        .blob_client(blob)
+        .upload(azure_core::http::RequestContent::from(Vec::new()), Some(options))
+        .await
+        .map(drop)
+        .map_err(|e| Error::store("azure", e.to_string()))
+}
+
 /// Renewals seen by the stores of [`Backend::connect`] (not the faulty ones, whose delays are
 /// injected): how many, how many took longer than a second, and the slowest (waiting for a turn
 /// included).
