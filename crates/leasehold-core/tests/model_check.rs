@@ -9,19 +9,29 @@
 //!   the process: its clock runs on, it neither acts nor receives) and resumed later;
 //! - requests and replies delivered late, interleaved across connections in any order (FIFO
 //!   within one direction of one connection), or lost (up to a bound);
-//! - a leader resigning.
+//! - a request held back and applied by the store at any later moment, out of order, even after
+//!   its sender gave up on it, stepped down and campaigned again (a real store applies abandoned
+//!   requests late: Redis, DynamoDB, Postgres and Azure can);
+//! - a request refused at once with a transient error, not applied ("connection refused");
+//! - a new campaign: the candidate's driver ends (after stepping down, or after a shutdown) and
+//!   the next campaign runs a new [`Machine`], continuing from the earlier one as the `Elector`
+//!   does ([`Machine::continue_from`]); replies to the old machine are dropped;
+//! - a leader resigning, a shutdown, the leader's work stalling (with `stall_timeout`), and a
+//!   `lock_delay` in one configuration.
 //!
 //! Properties: at no instant do two candidates believe they lead (each checked with
 //! [`Machine::believes_leader`] at its own local time), and every election has a term greater
 //! than every earlier one. A second test breaks the rule on purpose (drift 0 with the same clock
-//! rates) and asserts that the checker finds the double leadership.
+//! rates) and asserts that the checker finds the double leadership; a third forgets, as the
+//! engine did before, what the earlier campaign knew, and asserts that the checker finds the
+//! stale read-back grant of the safety review's finding 1.
 
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use leasehold_core::machine::{Input, Machine, OpId, Output, Reply, Request};
 use leasehold_core::{
-    Acquired, CandidateId, EndReason, Expiry, Grant, HolderInfo, LeaseName, Millis, Notifications, Observation,
+    Acquired, CandidateId, EndReason, Error, Expiry, Grant, HolderInfo, LeaseName, Millis, Notifications, Observation,
     Renewed, Term, Timing,
 };
 use stateright::{Checker, Model, Property};
@@ -35,8 +45,20 @@ const RATES: [u64; 3] = [1_000, 900, 1_100];
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Msg {
-    Request { from: usize, id: OpId, request: Request },
-    Reply { to: usize, id: OpId, reply: ModelReply },
+    /// `generation` counts the candidate's campaigns: a reply to an earlier campaign's machine
+    /// is dropped (its driver is gone), but the store still applies its requests.
+    Request {
+        from: usize,
+        generation: u8,
+        id: OpId,
+        request: Request,
+    },
+    Reply {
+        to: usize,
+        generation: u8,
+        id: OpId,
+        reply: ModelReply,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -46,6 +68,8 @@ enum ModelReply {
     Release,
     Inspect(Observation),
     Withdraw,
+    /// Refused at once, not applied: a transient error answering this request.
+    Refused(Request),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -70,6 +94,15 @@ struct State {
     resigns_left: u8,
     paused: [bool; 3],
     pauses_left: u8,
+    /// Requests held back, applied by the store at some later moment.
+    late: Vec<Msg>,
+    holdbacks_left: u8,
+    refusals_left: u8,
+    restarts_left: u8,
+    shutdowns_left: u8,
+    stalls_left: u8,
+    generation: [u8; 3],
+    stalled: [bool; 3],
     max_elected_term: u64,
     term_went_back: bool,
 }
@@ -83,6 +116,12 @@ enum Action {
     Resign(usize),
     Pause(usize),
     Resume(usize),
+    HoldBack(usize),
+    ApplyLate(usize),
+    Refuse(usize),
+    Restart(usize),
+    Shutdown(usize),
+    Stall(usize),
 }
 
 struct Election {
@@ -94,10 +133,28 @@ struct Election {
     losses: u8,
     resigns: u8,
     pauses: u8,
+    /// How many requests may be held back and applied late, refused at once, how many new
+    /// campaigns, shutdowns and stalls of the leader's work.
+    holdbacks: u8,
+    refusals: u8,
+    restarts: u8,
+    shutdowns: u8,
+    stalls: u8,
+    /// Clock rates in parts per thousand of real (store) time.
+    rates: [u64; 3],
+    /// Whether a new campaign continues from the earlier machine (the fix of finding 1).
+    carry_over: bool,
+    /// A directed search: the one-shot faults (hold back, refuse, pause, new campaign) happen
+    /// only to this candidate, only its acquires are held back or refused, it is paused only
+    /// while it believes it leads, and only the others resign. `None`: faults hit anyone.
+    focus: Option<usize>,
+    /// Every message is delivered (or lost, held back, refused) before time moves on: delays
+    /// come only from held-back requests and pauses. Cuts the space by orders of magnitude.
+    prompt: bool,
 }
 
-fn local_now(now_ms: u64, i: usize) -> Instant {
-    *BASE + Duration::from_micros(now_ms * RATES[i])
+fn local_now(rates: &[u64; 3], now_ms: u64, i: usize) -> Instant {
+    *BASE + Duration::from_micros(now_ms * rates[i])
 }
 
 fn lease() -> LeaseName {
@@ -196,12 +253,21 @@ impl Election {
     /// Feeds one input to candidate `i` and routes its outputs.
     fn feed(&self, s: &mut State, i: usize, input: Input) {
         let mut out = Vec::new();
-        let now = local_now(s.now, i);
+        let now = self.local(s, i);
+        if self.timing.stall_timeout.is_some() && !s.stalled[i] {
+            // Healthy work reports progress whenever its process runs.
+            s.machines[i].handle(now, Input::Heartbeat(now), &mut out);
+        }
         s.machines[i].handle(now, input, &mut out);
         let mut follow_up = Vec::new();
         for output in out {
             match output {
-                Output::Send(id, request) => s.net.push(Msg::Request { from: i, id, request }),
+                Output::Send(id, request) => s.net.push(Msg::Request {
+                    from: i,
+                    generation: s.generation[i],
+                    id,
+                    request,
+                }),
                 Output::Elected { grant, .. } => {
                     if grant.term.0 <= s.max_elected_term {
                         s.term_went_back = true;
@@ -217,6 +283,14 @@ impl Election {
             self.feed(s, i, input);
         }
     }
+
+    fn local(&self, s: &State, i: usize) -> Instant {
+        local_now(&self.rates, s.now, i)
+    }
+
+    fn machine(&self, i: usize, now: Instant) -> Machine {
+        Machine::new(self.timing, self.expiry, Notifications::None, lease(), candidate(i), now, 7).unwrap()
+    }
 }
 
 impl Model for Election {
@@ -225,18 +299,7 @@ impl Model for Election {
 
     fn init_states(&self) -> Vec<State> {
         let machines = (0..self.candidates)
-            .map(|i| {
-                Machine::new(
-                    self.timing,
-                    self.expiry,
-                    Notifications::None,
-                    lease(),
-                    candidate(i),
-                    local_now(0, i),
-                    7,
-                )
-                .unwrap()
-            })
+            .map(|i| self.machine(i, local_now(&self.rates, 0, i)))
             .collect();
         vec![State {
             now: 0,
@@ -250,6 +313,14 @@ impl Model for Election {
             resigns_left: self.resigns,
             paused: [false; 3],
             pauses_left: self.pauses,
+            late: Vec::new(),
+            holdbacks_left: self.holdbacks,
+            refusals_left: self.refusals,
+            restarts_left: self.restarts,
+            shutdowns_left: self.shutdowns,
+            stalls_left: self.stalls,
+            generation: [0; 3],
+            stalled: [false; 3],
             max_elected_term: 0,
             term_went_back: false,
         }]
@@ -260,23 +331,39 @@ impl Model for Election {
         // running process has acted. Pauses model everything else.
         let mut someone_due = false;
         for (i, m) in s.machines.iter().enumerate() {
-            let now = local_now(s.now, i);
+            let now = self.local(s, i);
             if s.paused[i] {
                 actions.push(Action::Resume(i));
                 continue;
             }
-            if s.pauses_left > 0 {
+            let focused = self.focus.is_none_or(|f| f == i);
+            if s.pauses_left > 0 && focused && (self.focus.is_none() || m.believes_leader(now)) {
                 actions.push(Action::Pause(i));
             }
             if m.next_wake().is_some_and(|at| at <= now) {
                 someone_due = true;
                 actions.push(Action::Tick(i));
             }
-            if s.resigns_left > 0 && m.believes_leader(now) {
+            if s.resigns_left > 0 && m.believes_leader(now) && self.focus.is_none_or(|f| f != i) {
                 actions.push(Action::Resign(i));
             }
+            if s.stalls_left > 0 && !s.stalled[i] && m.believes_leader(now) {
+                actions.push(Action::Stall(i));
+            }
+            if s.shutdowns_left > 0 && !m.is_stopped() {
+                actions.push(Action::Shutdown(i));
+            }
+            // The driver ends after a step-down or a shutdown; the next campaign starts a new
+            // machine (a follower with nothing outstanding stands for both).
+            if s.restarts_left > 0 && focused && (m.is_stopped() || (m.is_following() && m.pending().is_none())) {
+                actions.push(Action::Restart(i));
+            }
         }
-        if s.now < self.horizon_ms && !someone_due {
+        for k in 0..s.late.len() {
+            actions.push(Action::ApplyLate(k));
+        }
+        let settled = !self.prompt || s.net.iter().all(|m| matches!(m, Msg::Reply { to, .. } if s.paused[*to]));
+        if s.now < self.horizon_ms && !someone_due && settled {
             actions.push(Action::Advance);
         }
         // Each direction of each candidate's connection is FIFO; the connections interleave freely.
@@ -296,6 +383,21 @@ impl Model for Election {
             actions.push(Action::Deliver(k));
             if s.losses_left > 0 {
                 actions.push(Action::Lose(k));
+            }
+            if let Msg::Request { from, request, .. } = msg {
+                let target = match self.focus {
+                    None => true,
+                    Some(f) => f == *from && matches!(request, Request::Acquire(_)),
+                };
+                if !target {
+                    continue;
+                }
+                if s.holdbacks_left > 0 {
+                    actions.push(Action::HoldBack(k));
+                }
+                if s.refusals_left > 0 {
+                    actions.push(Action::Refuse(k));
+                }
             }
         }
     }
@@ -318,18 +420,94 @@ impl Model for Election {
                 s.losses_left -= 1;
                 s.net.remove(k);
             }
-            Action::Deliver(k) => match s.net.remove(k) {
-                Msg::Request { from, id, request } => {
+            Action::HoldBack(k) => {
+                s.holdbacks_left -= 1;
+                let msg = s.net.remove(k);
+                s.late.push(msg);
+            }
+            Action::ApplyLate(k) => {
+                if let Msg::Request {
+                    from,
+                    generation,
+                    id,
+                    request,
+                } = s.late.remove(k)
+                {
                     let reply = self.apply(&mut s, from, &request);
-                    s.net.push(Msg::Reply { to: from, id, reply });
+                    s.net.push(Msg::Reply {
+                        to: from,
+                        generation,
+                        id,
+                        reply,
+                    });
                 }
-                Msg::Reply { to, id, reply } => {
+            }
+            Action::Refuse(k) => {
+                s.refusals_left -= 1;
+                if let Msg::Request {
+                    from,
+                    generation,
+                    id,
+                    request,
+                } = s.net.remove(k)
+                {
+                    let reply = ModelReply::Refused(request);
+                    s.net.push(Msg::Reply {
+                        to: from,
+                        generation,
+                        id,
+                        reply,
+                    });
+                }
+            }
+            Action::Restart(i) => {
+                s.restarts_left -= 1;
+                s.generation[i] += 1;
+                let mut machine = self.machine(i, self.local(&s, i));
+                if self.carry_over {
+                    machine.continue_from(&s.machines[i]);
+                }
+                s.machines[i] = machine;
+                s.stalled[i] = false;
+            }
+            Action::Shutdown(i) => {
+                s.shutdowns_left -= 1;
+                self.feed(&mut s, i, Input::Shutdown);
+            }
+            Action::Stall(i) => {
+                s.stalls_left -= 1;
+                s.stalled[i] = true;
+            }
+            Action::Deliver(k) => match s.net.remove(k) {
+                Msg::Request {
+                    from,
+                    generation,
+                    id,
+                    request,
+                } => {
+                    let reply = self.apply(&mut s, from, &request);
+                    s.net.push(Msg::Reply {
+                        to: from,
+                        generation,
+                        id,
+                        reply,
+                    });
+                }
+                // The earlier campaign's driver is gone: nobody reads this reply.
+                Msg::Reply { to, generation, .. } if generation != s.generation[to] => {}
+                Msg::Reply { to, id, reply, .. } => {
+                    let refused = || Error::unreachable("model", "connection refused");
                     let reply = match reply {
                         ModelReply::Acquire(a) => Reply::Acquire(Ok(a)),
                         ModelReply::Renew(r) => Reply::Renew(Ok(r)),
                         ModelReply::Release => Reply::Release(Ok(())),
                         ModelReply::Inspect(o) => Reply::Inspect(Ok(o)),
                         ModelReply::Withdraw => Reply::Withdraw(Ok(())),
+                        ModelReply::Refused(Request::Acquire(_)) => Reply::Acquire(Err(refused())),
+                        ModelReply::Refused(Request::Renew(_)) => Reply::Renew(Err(refused())),
+                        ModelReply::Refused(Request::Release(_)) => Reply::Release(Err(refused())),
+                        ModelReply::Refused(Request::Withdraw) => Reply::Withdraw(Err(refused())),
+                        ModelReply::Refused(Request::Inspect) => Reply::Inspect(Err(refused())),
                     };
                     self.feed(&mut s, to, Input::Reply(id, reply));
                 }
@@ -340,9 +518,9 @@ impl Model for Election {
 
     fn properties(&self) -> Vec<Property<Self>> {
         vec![
-            Property::always("at most one candidate believes it leads", |_, s: &State| {
+            Property::always("at most one candidate believes it leads", |m: &Election, s: &State| {
                 (0..s.machines.len())
-                    .filter(|&i| s.machines[i].believes_leader(local_now(s.now, i)))
+                    .filter(|&i| s.machines[i].believes_leader(m.local(s, i)))
                     .count()
                     <= 1
             }),
@@ -367,13 +545,12 @@ fn timing(drift: u32) -> Timing {
 }
 
 fn check(model: Election, max_states: usize) -> (usize, Vec<&'static str>) {
-    let checker = model
+    let builder = model
         .checker()
         .threads(2)
         .target_state_count(max_states)
-        .timeout(Duration::from_secs(50))
-        .spawn_dfs()
-        .join();
+        .timeout(Duration::from_secs(120));
+    let checker = builder.spawn_dfs().join();
     let found: Vec<&'static str> = checker.discoveries().into_keys().collect();
     if let Some(path) = checker.discovery("at most one candidate believes it leads") {
         eprintln!("counterexample: {:?}", path.into_actions());
@@ -390,6 +567,34 @@ fn model(expiry: Expiry, drift: u32) -> Election {
         losses: 1,
         resigns: 1,
         pauses: 1,
+        holdbacks: 0,
+        refusals: 0,
+        restarts: 0,
+        shutdowns: 0,
+        stalls: 0,
+        rates: RATES,
+        carry_over: true,
+        focus: None,
+        prompt: false,
+    }
+}
+
+/// Two candidates whose requests may be applied late, refused at once, across new campaigns.
+/// Equal clock rates and 1% drift keep the space small; the faults here do not depend on drift.
+fn late_requests_model(expiry: Expiry, carry_over: bool) -> Election {
+    Election {
+        horizon_ms: 2_500,
+        candidates: 2,
+        losses: 0,
+        resigns: 1,
+        pauses: 1,
+        holdbacks: 1,
+        refusals: 1,
+        restarts: 1,
+        rates: [1_000; 3],
+        carry_over,
+        prompt: true,
+        ..model(expiry, 10)
     }
 }
 
@@ -433,4 +638,71 @@ fn ignoring_drift_is_caught() {
         found.contains(&"at most one candidate believes it leads"),
         "no counterexample found"
     );
+}
+
+#[test]
+fn late_requests_and_new_campaigns_are_safe() {
+    for expiry in [Expiry::ServerClock, Expiry::ObservedByContenders] {
+        let (states, found) = check(late_requests_model(expiry, true), 3_000_000);
+        println!("late requests, {expiry:?}: {states} unique states explored; discoveries: {found:?}");
+        assert!(states >= 100_000, "explored only {states} states");
+        assert!(!found.contains(&"at most one candidate believes it leads"), "{expiry:?}");
+        assert!(!found.contains(&"terms strictly increase"), "{expiry:?}");
+        assert!(found.contains(&"leadership changes hands"), "{expiry:?}");
+    }
+}
+
+/// The directed search of finding 1: faults only to candidate 0 (its acquires held back or
+/// refused, a pause while it leads, one new campaign), candidate 1 resigns, 1.4 s (1.4 TTL).
+fn finding_1_model(carry_over: bool) -> Election {
+    Election {
+        focus: Some(0),
+        horizon_ms: 1_400,
+        ..late_requests_model(Expiry::ServerClock, carry_over)
+    }
+}
+
+#[test]
+fn forgetting_unknown_acquires_across_campaigns_is_caught() {
+    // The engine before the fix of finding 1: every campaign started a machine that knew nothing
+    // of the earlier campaign's acquires whose outcome was unknown. One of them, applied late,
+    // is adopted by a read-back as if it had been sent just now.
+    let (states, found) = check(finding_1_model(false), 40_000_000);
+    println!("forgetful model: {states} unique states explored; discoveries: {found:?}");
+    assert!(
+        found.contains(&"at most one candidate believes it leads"),
+        "no counterexample found"
+    );
+}
+
+#[test]
+fn continuing_from_the_earlier_campaign_is_safe_in_the_same_space() {
+    let (states, found) = check(finding_1_model(true), 40_000_000);
+    println!("finding 1 space, fixed: {states} unique states explored; discoveries: {found:?}");
+    assert!(states >= 1_000_000, "explored only {states} states");
+    assert!(!found.contains(&"at most one candidate believes it leads"));
+    assert!(!found.contains(&"terms strictly increase"));
+}
+
+#[test]
+fn shutdown_stall_and_lock_delay_are_safe() {
+    let timing = Timing {
+        stall_timeout: Some(Duration::from_millis(400)),
+        lock_delay: Some(Duration::from_millis(300)),
+        ..timing(200)
+    };
+    let model = Election {
+        timing,
+        candidates: 2,
+        shutdowns: 1,
+        stalls: 1,
+        restarts: 1,
+        ..model(Expiry::ServerClock, 200)
+    };
+    let (states, found) = check(model, 3_000_000);
+    println!("shutdown, stall, lock delay: {states} unique states explored; discoveries: {found:?}");
+    assert!(states >= 100_000, "explored only {states} states");
+    assert!(!found.contains(&"at most one candidate believes it leads"));
+    assert!(!found.contains(&"terms strictly increase"));
+    assert!(found.contains(&"leadership changes hands"));
 }
