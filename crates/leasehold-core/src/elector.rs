@@ -321,7 +321,14 @@ impl Elector {
     /// losing the lease never ends `run`.
     ///
     /// `run` returns only when the task itself returns while still leader: the lease is released
-    /// and the task's result returned.
+    /// and the task's result returned. A task that stops because [`Leader::ensure_valid`] found
+    /// too little time left (its `?` returns [`Error::LeaseEnding`]) does not end `run`: that is
+    /// a step-down, and `run` campaigns again.
+    ///
+    /// Dropping the future (a `select!` against a shutdown signal) cancels the task at once,
+    /// aborts it at `valid_until` if it has not returned, and releases the lease as soon as it
+    /// has; the election's driver carries that out after `run` is gone. To wait for all of it,
+    /// use [`Elector::run_until`].
     ///
     /// # Errors
     ///
@@ -556,7 +563,10 @@ impl Leader {
     pub fn ensure_valid(&self, min_remaining: Duration) -> Result<()> {
         let (deposed, remaining) = {
             let status = self.shared.status.borrow();
-            (status.deposed.clone(), status.valid_until.saturating_duration_since(now()))
+            (
+                status.deposed.clone(),
+                status.valid_until.saturating_duration_since(now()),
+            )
         };
         if let Some(reason) = deposed {
             return Err(Error::NotLeader {

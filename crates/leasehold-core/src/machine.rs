@@ -559,7 +559,11 @@ impl Machine {
                         && now >= seen.since + seen.ttl + self.timing.lock_delay.unwrap_or_default()
                 });
                 let lock_delay = self.timing.lock_delay.is_some() && takeover.is_none();
-                let wait_until = f.cleared.as_ref().filter(|c| lock_delay && now < c.from).map(|c| c.from);
+                let wait_until = f
+                    .cleared
+                    .as_ref()
+                    .filter(|c| lock_delay && now < c.from)
+                    .map(|c| c.from);
                 let look = lock_delay && !f.cleared.as_ref().is_some_and(|c| c.confirmed);
                 if let Some(at) = wait_until {
                     // Still inside the lock delay (a notification woke us early).

@@ -171,7 +171,11 @@ impl Timing {
             ));
         }
         if let Some(stall) = self.stall_timeout.filter(|s| *s == zero || *s > Self::MAX_DURATION) {
-            return Err(Error::config("stall_timeout", stall, "greater than zero and at most 30 days"));
+            return Err(Error::config(
+                "stall_timeout",
+                stall,
+                "greater than zero and at most 30 days",
+            ));
         }
         if let Some(delay) = self.lock_delay {
             if delay > Duration::from_secs(60) {

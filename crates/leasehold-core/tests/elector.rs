@@ -441,16 +441,27 @@ async fn dropping_run_cancels_the_task_and_releases_the_lease() {
         // The task wakes at its next sleep's end, sees the cancellation and returns.
         sleep(ms(600)).await;
         let last = *writes.lock().unwrap().last().expect("the task wrote");
-        assert!(last < dropped_at, "{kind}: a write {:?} after run was dropped", last - dropped_at);
+        assert!(
+            last < dropped_at,
+            "{kind}: a write {:?} after run was dropped",
+            last - dropped_at
+        );
         let obs = store.inspect(&lease()).await.unwrap();
-        assert_eq!(obs.holder, None, "{kind}: the lease must be released once the task returned");
+        assert_eq!(
+            obs.holder, None,
+            "{kind}: the lease must be released once the task returned"
+        );
         assert_eq!(obs.previous_end, Some(EndReason::Released), "{kind}");
         // A successor is elected at once, not a TTL later.
         let b = builder(&store, "b").build().unwrap();
         let started = now();
         let successor = timeout(PATIENCE, b.campaign()).await.unwrap().unwrap();
         assert_eq!(successor.term(), Term(2), "{kind}");
-        assert!(now() - started < ms(100), "{kind}: successor after {:?}", now() - started);
+        assert!(
+            now() - started < ms(100),
+            "{kind}: successor after {:?}",
+            now() - started
+        );
         successor.resign().await;
     }
 }
@@ -506,9 +517,15 @@ async fn is_cancelled_follows_the_clock_when_the_driver_is_starved() {
     // Blocking work: the driver (on this same thread) cannot renew or cancel.
     std::thread::sleep(ms(400));
     assert!(leader.ensure_valid(Duration::ZERO).is_err(), "past valid_until");
-    assert!(leader.is_cancelled(), "past the step-down point, whatever the driver did");
+    assert!(
+        leader.is_cancelled(),
+        "past the step-down point, whatever the driver did"
+    );
     use futures::FutureExt;
-    assert!(leader.cancelled().now_or_never().is_some(), "cancelled() completes at once");
+    assert!(
+        leader.cancelled().now_or_never().is_some(),
+        "cancelled() completes at once"
+    );
 }
 
 /// Finding 5 of the safety review: `stall_timeout(Duration::MAX)` passed validation and then
@@ -518,7 +535,13 @@ fn huge_durations_are_config_errors_not_panics() {
     let store = MemoryStore::new();
     let err = builder(&store, "a").stall_timeout(Duration::MAX).build().unwrap_err();
     assert!(
-        matches!(err, Error::InvalidConfig { field: "stall_timeout", .. }),
+        matches!(
+            err,
+            Error::InvalidConfig {
+                field: "stall_timeout",
+                ..
+            }
+        ),
         "{err}"
     );
     for b in [

@@ -1128,7 +1128,11 @@ fn read_back_after_a_step_down_counts_from_an_unknown_acquire_of_the_earlier_pha
     // Someone else leads term 2, then releases; R1 is applied: we hold term 3 in the store.
     let t = 6_000 + BACKOFF;
     let op = h.send_at(t);
-    let _ = h.reply(t, op, Reply::Acquire(Ok(Acquired::Held(held(holder(other(), 2, "v2", None))))));
+    let _ = h.reply(
+        t,
+        op,
+        Reply::Acquire(Ok(Acquired::Held(held(holder(other(), 2, "v2", None))))),
+    );
     let op = h.send_at(t + 2_000);
     // This poll fails at once (connection refused, not applied); the read-back finds term 3.
     let out = h.reply(t + 2_000, op, Reply::Acquire(Err(unreachable())));
@@ -1138,7 +1142,12 @@ fn read_back_after_a_step_down_counts_from_an_unknown_acquire_of_the_earlier_pha
     // Believed from R1's send time (0): long over. Not elected; the stale grant is released.
     assert!(!out.iter().any(|e| matches!(e, Ev::Elected { .. })), "{out:?}");
     assert!(!h.believes(t + 2_000));
-    assert!(sends(&out).iter().any(|r| matches!(r, Request::Release(g) if g.term == Term(3))), "{out:?}");
+    assert!(
+        sends(&out)
+            .iter()
+            .any(|r| matches!(r, Request::Release(g) if g.term == Term(3))),
+        "{out:?}"
+    );
 }
 
 /// Finding 1, second variant: a renewal answered `Lost` shows this very candidate at a newer term
@@ -1171,10 +1180,23 @@ fn a_new_campaign_continues_from_the_unknown_acquires_of_the_earlier_one() {
     let _ = first.reply(0, op, Reply::Acquire(Err(unreachable()))); // R1: outcome unknown
     let mut h = Harness::follower();
     h.base = first.base;
-    h.m = Machine::new(timing(), Expiry::ServerClock, Notifications::None, lease(), me(), h.at(6_000), 7).unwrap();
+    h.m = Machine::new(
+        timing(),
+        Expiry::ServerClock,
+        Notifications::None,
+        lease(),
+        me(),
+        h.at(6_000),
+        7,
+    )
+    .unwrap();
     h.m.continue_from(&first.m);
     let op = h.send_at(6_000);
-    let _ = h.reply(6_000, op, Reply::Acquire(Ok(Acquired::Held(held(holder(other(), 2, "v2", None))))));
+    let _ = h.reply(
+        6_000,
+        op,
+        Reply::Acquire(Ok(Acquired::Held(held(holder(other(), 2, "v2", None))))),
+    );
     let op = h.send_at(8_000);
     let _ = h.reply(8_000, op, Reply::Acquire(Err(unreachable())));
     let ours = held(holder(me(), 3, "v3", Some(ms(9_000))));
@@ -1263,7 +1285,10 @@ fn lock_delay_restarts_when_a_term_started_and_expired_inside_the_wait() {
     // Meanwhile term 2 was granted to someone else and expired: the look after the wait sees
     // last_term 2 and waits a full lock delay again.
     assert_eq!(h.tick(7_000), vec![Ev::Send(OpId(2), Request::Inspect)]);
-    assert_eq!(h.reply(7_000, OpId(2), Reply::Inspect(Ok(free(2, EndReason::Expired)))), vec![]);
+    assert_eq!(
+        h.reply(7_000, OpId(2), Reply::Inspect(Ok(free(2, EndReason::Expired)))),
+        vec![]
+    );
     assert_eq!(h.wake(), Some(12_000));
     assert_eq!(h.tick(12_000), vec![Ev::Send(OpId(3), Request::Inspect)]);
     let out = h.reply(12_000, OpId(3), Reply::Inspect(Ok(free(2, EndReason::Expired))));

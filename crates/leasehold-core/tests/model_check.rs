@@ -289,7 +289,16 @@ impl Election {
     }
 
     fn machine(&self, i: usize, now: Instant) -> Machine {
-        Machine::new(self.timing, self.expiry, Notifications::None, lease(), candidate(i), now, 7).unwrap()
+        Machine::new(
+            self.timing,
+            self.expiry,
+            Notifications::None,
+            lease(),
+            candidate(i),
+            now,
+            7,
+        )
+        .unwrap()
     }
 }
 
@@ -362,7 +371,10 @@ impl Model for Election {
         for k in 0..s.late.len() {
             actions.push(Action::ApplyLate(k));
         }
-        let settled = !self.prompt || s.net.iter().all(|m| matches!(m, Msg::Reply { to, .. } if s.paused[*to]));
+        let settled = !self.prompt
+            || s.net
+                .iter()
+                .all(|m| matches!(m, Msg::Reply { to, .. } if s.paused[*to]));
         if s.now < self.horizon_ms && !someone_due && settled {
             actions.push(Action::Advance);
         }
@@ -646,7 +658,10 @@ fn late_requests_and_new_campaigns_are_safe() {
         let (states, found) = check(late_requests_model(expiry, true), 3_000_000);
         println!("late requests, {expiry:?}: {states} unique states explored; discoveries: {found:?}");
         assert!(states >= 100_000, "explored only {states} states");
-        assert!(!found.contains(&"at most one candidate believes it leads"), "{expiry:?}");
+        assert!(
+            !found.contains(&"at most one candidate believes it leads"),
+            "{expiry:?}"
+        );
         assert!(!found.contains(&"terms strictly increase"), "{expiry:?}");
         assert!(found.contains(&"leadership changes hands"), "{expiry:?}");
     }
