@@ -87,6 +87,9 @@ const MAX_REFUSED_PER_SECOND: usize = 25;
 const DEFAULT_SEEDS: u64 = 100;
 /// Wall time after which a seed counts as hung.
 const WALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(120);
+/// How often one request's future may be polled at one simulated instant before it counts as a
+/// busy loop (a healthy driver polls it a few times).
+const SPIN_POLLS: u32 = 10_000;
 /// Wall time without the probe running after which the watchdog nudges (see [`unstick`]).
 const STUCK_AFTER: std::time::Duration = std::time::Duration::from_millis(20);
 
@@ -172,21 +175,33 @@ struct Plan {
     stall_timeout: Option<Duration>,
     /// Per work step, the chance that the work blocks the whole runtime for a while.
     block: f64,
+    /// The chance that a campaign gets working change notifications (it polls otherwise, so a
+    /// released lease stays free for up to a retry interval).
+    notifications: f64,
+    /// Leaders resign, return or fail soon, and services restart quickly: many campaigns.
+    turbulent: bool,
 }
 
 impl Plan {
     fn draw(rng: &mut Rng) -> Plan {
+        let turbulent = rng.chance(0.5);
         Plan {
             candidates: 3 + rng.below(2) as usize,
             faults: Faults {
                 refuse: 0.02 + 0.25 * rng.unit(),
                 lose_reply: 0.08 * rng.unit(),
-                late: 0.02 + 0.10 * rng.unit(),
+                late: if turbulent {
+                    0.10 + 0.20 * rng.unit()
+                } else {
+                    0.02 + 0.10 * rng.unit()
+                },
                 slow: 0.25 * rng.unit(),
             },
             lock_delay: rng.chance(0.2).then(|| rng.ms(0, 1_500)),
             stall_timeout: rng.chance(0.2).then(|| rng.ms(300, 800)),
             block: if rng.chance(0.5) { 0.0 } else { 0.002 },
+            notifications: if turbulent { 0.2 } else { 0.8 },
+            turbulent,
         }
     }
 }
@@ -348,6 +363,27 @@ fn lock(world: &Shared) -> MutexGuard<'_, World> {
 }
 
 impl World {
+    fn new(start: Instant, candidates: usize) -> Self {
+        World {
+            start,
+            finished: false,
+            trace: Vec::new(),
+            leaders: HashMap::new(),
+            next_slot: 0,
+            ledger: Vec::new(),
+            elections: Vec::new(),
+            grants: HashMap::new(),
+            task_ends: HashMap::new(),
+            drops: Vec::new(),
+            outages: Vec::new(),
+            refused_in_outage: vec![Vec::new(); candidates],
+            violations: Vec::new(),
+            reported: HashSet::new(),
+            lagged: 0,
+            stats: Stats::default(),
+        }
+    }
+
     fn since(&self, at: Instant) -> Duration {
         at.saturating_duration_since(self.start)
     }
@@ -754,6 +790,8 @@ struct Net {
     faults: Faults,
     pauses: Arc<[(Instant, Instant)]>,
     outages: Arc<[(Instant, Instant)]>,
+    /// The chance that a `changes` call gives a working stream.
+    notifications: f64,
     rng: Mutex<(Rng, u64)>,
     world: Shared,
 }
@@ -765,7 +803,46 @@ impl std::fmt::Debug for Net {
 }
 
 impl Net {
+    /// One request through the network, guarded against a caller that polls it in a busy loop.
     async fn call<T, F, Fut>(&self, op: &'static str, apply: F) -> Result<T>
+    where
+        T: Describe + Send + 'static,
+        F: FnOnce(MemoryStore) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T>> + Send + 'static,
+    {
+        let me = self.me;
+        let mut request = std::pin::pin!(self.deliver(op, apply));
+        let mut at = Instant::now();
+        let mut polls = 0u32;
+        let outcome = std::future::poll_fn(|cx| {
+            let now = Instant::now();
+            if now != at {
+                (at, polls) = (now, 0);
+            }
+            polls += 1;
+            if polls > SPIN_POLLS {
+                return std::task::Poll::Ready(None);
+            }
+            request.as_mut().poll(cx).map(Some)
+        })
+        .await;
+        match outcome {
+            Some(result) => result,
+            None => {
+                lock(&self.world).violation(
+                    Kind::Livelock,
+                    format!(
+                        "c{me}'s engine polled its {op} request {SPIN_POLLS} times at one simulated instant: a busy \
+                         loop (simulated time cannot pass; in real time it burns a core until the reply); the \
+                         simulation answers it as refused to break the loop"
+                    ),
+                );
+                Err(Error::unreachable("sim", "busy loop broken by the simulation"))
+            }
+        }
+    }
+
+    async fn deliver<T, F, Fut>(&self, op: &'static str, apply: F) -> Result<T>
     where
         T: Describe + Send + 'static,
         F: FnOnce(MemoryStore) -> Fut + Send + 'static,
@@ -927,7 +1004,8 @@ impl LeaseStore for Net {
         let (choice, mut rng) = {
             let mut guard = self.rng.lock().unwrap_or_else(|p| p.into_inner());
             let (rng, _) = &mut *guard;
-            (rng.below(10), rng.fork())
+            let works = rng.chance(self.notifications);
+            (if works { 2 } else { rng.below(2) }, rng.fork())
         };
         match choice {
             0 => Err(Error::unreachable("sim", "watch refused")),
@@ -1042,7 +1120,11 @@ async fn work(
     } else {
         u64::MAX
     };
-    let steps = if rng.chance(0.5) { u64::MAX } else { rng.below(300) };
+    let steps = match (plan.turbulent, rng.chance(0.5)) {
+        (false, true) => u64::MAX,
+        (false, false) => rng.below(300),
+        (true, _) => rng.below(60),
+    };
     let min_remaining = if rng.chance(0.5) {
         Duration::ZERO
     } else {
@@ -1112,7 +1194,11 @@ fn tasks(
 /// A service that embeds the elector: starts, is shut down, restarts, until the end.
 async fn service(c: usize, elector: Elector, world: Shared, mut rng: Rng, plan: Plan, end: Instant) {
     while Instant::now() < end {
-        let life = rng.ms(300, 15_000);
+        let life = if plan.turbulent {
+            rng.ms(100, 4_000)
+        } else {
+            rng.ms(300, 15_000)
+        };
         match rng.below(10) {
             0..=3 => {
                 lock(&world).log(format!("c{c} service starts run (shut down after {life:?})"));
@@ -1150,7 +1236,12 @@ async fn service(c: usize, elector: Elector, world: Shared, mut rng: Rng, plan: 
                 }
             }
         }
-        sleep(rng.ms(0, 2_000)).await;
+        sleep(if plan.turbulent {
+            rng.ms(0, 300)
+        } else {
+            rng.ms(0, 2_000)
+        })
+        .await;
     }
 }
 
@@ -1296,24 +1387,7 @@ fn simulate(mode: Mode, seed: u64, shared: Arc<Mutex<Option<Running>>>) -> SeedR
             Mode::ServerClock => MemoryStore::new(),
             Mode::ObservedExpiry => MemoryStore::observed_expiry(),
         };
-        let world: Shared = Arc::new(Mutex::new(World {
-            start,
-            finished: false,
-            trace: Vec::new(),
-            leaders: HashMap::new(),
-            next_slot: 0,
-            ledger: Vec::new(),
-            elections: Vec::new(),
-            grants: HashMap::new(),
-            task_ends: HashMap::new(),
-            drops: Vec::new(),
-            outages: Vec::new(),
-            refused_in_outage: vec![Vec::new(); plan.candidates],
-            violations: Vec::new(),
-            reported: HashSet::new(),
-            lagged: 0,
-            stats: Stats::default(),
-        }));
+        let world: Shared = Arc::new(Mutex::new(World::new(start, plan.candidates)));
         lock(&world).log(format!("{} seed {seed}: {plan:?}", mode.name()));
         let progress = Arc::new(AtomicU64::new(0));
         let (nudge, nudges) = mpsc::unbounded_channel();
@@ -1336,6 +1410,7 @@ fn simulate(mode: Mode, seed: u64, shared: Arc<Mutex<Option<Running>>>) -> SeedR
                 faults: plan.faults,
                 pauses,
                 outages,
+                notifications: plan.notifications,
                 rng: Mutex::new((net_rng, 0)),
                 world: world.clone(),
             };
@@ -1502,8 +1577,16 @@ fn run_seed(mode: Mode, seed: u64) -> SeedReport {
 
 fn print_failure(mode: Mode, report: &SeedReport, full_trace: bool) {
     println!("\n=== {} seed {} FAILED ({:?})", mode.name(), report.seed, report.plan);
+    let mut shown: HashMap<Kind, usize> = HashMap::new();
     for v in &report.violations {
-        println!("  {} at {:.3}s: {}", v.kind.name(), v.at.as_secs_f64(), v.detail);
+        let n = shown.entry(v.kind).or_default();
+        *n += 1;
+        if *n <= 3 || full_trace {
+            println!("  {} at {:.3}s: {}", v.kind.name(), v.at.as_secs_f64(), v.detail);
+        }
+    }
+    for (kind, n) in shown.into_iter().filter(|(_, n)| *n > 3) {
+        println!("  ... {} {} violations in all", n, kind.name());
     }
     println!(
         "  replay: LEASEHOLD_SIM_SEED={} cargo test -p leasehold-core --test simulation {} -- --nocapture",
@@ -1618,4 +1701,55 @@ fn simulation_server_clock() {
 #[test]
 fn simulation_observed_expiry() {
     run_many(Mode::ObservedExpiry);
+}
+
+/// A `campaign` future dropped while a request is in flight must not make the driver spin: it
+/// used to see the dropped receiver as a fresh shutdown on every turn of its loop (the closed
+/// channel is always ready), a busy loop until the request's reply or timeout (under paused time
+/// the clock never moves again). The network here only delays requests and replies (20-400 ms
+/// each way), so every drop happens with a request in flight.
+#[test]
+fn dropped_campaign_does_not_busy_loop() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime");
+    let violations = runtime.block_on(async {
+        let start = Instant::now();
+        let world: Shared = Arc::new(Mutex::new(World::new(start, 1)));
+        let net = Net {
+            me: 0,
+            store: MemoryStore::new(),
+            faults: Faults {
+                refuse: 0.0,
+                lose_reply: 0.0,
+                late: 0.0,
+                slow: 1.0,
+            },
+            pauses: Arc::new([]),
+            outages: Arc::new([]),
+            notifications: 1.0,
+            rng: Mutex::new((Rng::new(12), 0)),
+            world: world.clone(),
+        };
+        let elector = Elector::builder(Arc::new(net), "sim")
+            .candidate_id("c0")
+            .ttl(TTL)
+            .renew_every(RENEW_EVERY)
+            .build()
+            .expect("a valid configuration");
+        for _ in 0..5 {
+            let dropped = timeout(Duration::from_millis(10), elector.campaign()).await;
+            assert!(
+                dropped.is_err(),
+                "elected within 10 ms although every request takes 40 ms or more"
+            );
+            sleep(2 * TTL).await;
+        }
+        assert!(Instant::now() >= start + 10 * TTL);
+        std::mem::take(&mut lock(&world).violations)
+    });
+    let livelocks: Vec<_> = violations.iter().filter(|v| v.kind == Kind::Livelock).collect();
+    assert!(livelocks.is_empty(), "{livelocks:#?}");
 }
