@@ -123,6 +123,16 @@ impl PostgresConfig {
         }
         // The url crate's messages never quote the input, so they cannot leak the password.
         let parsed = Url::parse(url).map_err(|e| invalid(format!("malformed URL: {e}")))?;
+        // An '@' in the path or an option name is a user name or password holding an unescaped
+        // '/' or '?' (the parser ended the authority there): its rest would be taken for the
+        // database or an option and quoted by errors. Say so, quoting none of it (a database
+        // whose name holds an '@' is written with %40).
+        if parsed.path().contains('@') || parsed.query_pairs().any(|(key, _)| key.contains('@')) {
+            return Err(invalid(
+                "an '@' after the host: a user name or password must have its '/', '?' and '#' %-escaped (%2F, %3F, %23)"
+                    .into(),
+            ));
+        }
         let mut config = PostgresConfig {
             shown: redact(url),
             connect: PgConnectOptions::new_without_pgpass(),
@@ -141,6 +151,14 @@ impl PostgresConfig {
                 } else if DRIVER_OPTIONS.contains(&&*key) {
                     check_driver_option(&key, &value).map_err(invalid)?;
                     pairs.append_pair(&key, &value);
+                } else if value.contains('@') {
+                    // Perhaps the rest of a password with an unescaped '?': not quoted.
+                    return Err(invalid(format!(
+                        "an unknown option whose value holds an '@' (a password with an unescaped '?'?); \
+                         leasehold's options: {}; the driver's: {}",
+                        OWN_OPTIONS.join(", "),
+                        DRIVER_OPTIONS.join(", ")
+                    )));
                 } else {
                     return Err(invalid(format!(
                         "unknown option {key:?} (leasehold's: {}; the driver's: {})",
@@ -497,6 +515,20 @@ mod tests {
                 assert!(text.contains("app:***@db.internal"), "{text}");
             }
         }
+        // Read by the parser as host:port, the password's rest is neither the database nor an
+        // option, and never quoted.
+        for url in [
+            "postgres://app:12/s3cr3t@db.internal/jobs",
+            "postgres://app:12?s3cr3t@db.internal/jobs",
+            "postgres://app:12?s3cr3t=x@db.internal/jobs",
+        ] {
+            let err = PostgresConfig::from_url(url).unwrap_err();
+            for text in [err.to_string(), format!("{err:?}")] {
+                assert!(!text.contains("s3cr3t"), "{url}: leaked in {text}");
+            }
+        }
+        let config = PostgresConfig::from_url("postgres://app@db/jobs%40eu?application_name=me@box").unwrap();
+        assert_eq!(config.connect_options().get_database(), Some("jobs@eu"));
         // Escaped, the same password parses, and is hidden too.
         let config = PostgresConfig::from_url("postgres://app:pa%2Fss@db.internal/jobs").unwrap();
         for text in [config.to_string(), format!("{config:?}")] {

@@ -238,6 +238,19 @@ impl RedisConfig {
                 hint: "TLS needs the `tls` feature of the leasehold-redis crate".into(),
             });
         }
+        // An '@' after the host is a user name or password holding an unescaped '/', '?' or '#'
+        // (the parser ended the authority there): the rest of it would be quoted as a path or an
+        // option. Say so, quoting none of it. Only `prefix=` may hold an '@'.
+        let stray_at = parsed.path().contains('@')
+            || parsed
+                .query_pairs()
+                .any(|(key, value)| key.contains('@') || (key != "prefix" && value.contains('@')));
+        if stray_at {
+            return Err(invalid(
+                "an '@' after the host: a user name or password must have its '/', '?' and '#' %-escaped (%2F, %3F, %23)"
+                    .into(),
+            ));
+        }
         let host = match parsed.host() {
             Some(url::Host::Domain(domain)) if !domain.is_empty() => domain.to_string(),
             Some(url::Host::Ipv4(ip)) => ip.to_string(),
@@ -588,6 +601,26 @@ mod tests {
                 assert!(!shown.contains(secret), "{url}: {shown}");
             }
         }
+    }
+
+    /// Finding 11 of issue 12: a password with an unescaped '/' or '?' ends the URL's authority
+    /// early, and its rest was quoted as the path (or an option) in the error.
+    #[test]
+    fn a_password_holding_url_delimiters_is_never_quoted() {
+        for url in [
+            "redis://alice:12/s3cr3t@h1:6379/0",
+            "redis://:12/s3cr3t@h1:6379/0",
+            "redis://alice:12?s3cr3t@h1:6379/0",
+            "redis://alice:12?s3cr3t=x@h1:6379/0",
+            "redis://alice:pa/s3cr3t@h1:6379/0",
+        ] {
+            let err = RedisConfig::from_url(url).unwrap_err();
+            for shown in [err.to_string(), format!("{err:?}")] {
+                assert!(!shown.contains("s3cr3t"), "{url}: {shown}");
+            }
+        }
+        let config = RedisConfig::from_url("redis://h1/0?prefix=team@app:").unwrap();
+        assert_eq!(config.prefix, "team@app:");
     }
 
     #[test]
