@@ -669,6 +669,8 @@ struct Driver {
     resign_acks: Vec<oneshot::Sender<()>>,
     deposed: Option<(Term, DeposedReason, Instant)>,
     campaign_started: Instant,
+    /// The campaign() future was dropped and the machine told to shut down.
+    campaign_dropped: bool,
 }
 
 struct LeaderControl {
@@ -713,6 +715,7 @@ impl Driver {
             resign_acks: Vec::new(),
             deposed: None,
             campaign_started: now,
+            campaign_dropped: false,
         })
     }
 
@@ -807,7 +810,12 @@ impl Driver {
                     Input::NotificationsLost
                 }
             },
-            () = async { elected.expect("guarded").closed().await }, if elected.is_some() => Input::Shutdown,
+            // The campaign() future was dropped: shut down once (its closed channel stays ready,
+            // and answering it again and again would spin while the withdraw is under way).
+            () = async { elected.expect("guarded").closed().await }, if elected.is_some() && !self.campaign_dropped => {
+                self.campaign_dropped = true;
+                Input::Shutdown
+            }
             // Wake up now and then so heartbeats are seen before a stall deadline.
             () = tokio::time::sleep(self.inner.timing.ttl / 20), if watching_heartbeats => Input::Tick,
         }
