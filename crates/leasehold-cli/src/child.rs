@@ -61,6 +61,7 @@ impl CommandGroup {
         env: &[(&str, String)],
         grace: Duration,
         cgroup: Option<Cgroup>,
+        quiet: bool,
     ) -> Result<Self, Failure> {
         let mut guard = tokio::process::Command::new(own_executable());
         guard
@@ -72,6 +73,12 @@ impl CommandGroup {
             .arg(grace.as_millis().to_string());
         if let Some(cgroup) = &cgroup {
             guard.arg("--cgroup").arg(cgroup.path());
+        }
+        if quiet {
+            guard.arg("--quiet");
+        }
+        if crate::output::timestamps() {
+            guard.arg("--timestamps");
         }
         guard
             .arg("--")

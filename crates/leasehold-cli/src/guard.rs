@@ -52,6 +52,12 @@ pub(crate) struct GuardArgs {
     /// The cgroup v2 leaf to run the command in (made by `run`).
     #[arg(long, value_name = "DIR")]
     cgroup: Option<PathBuf>,
+    /// Say nothing about what the command left behind (`run -q`).
+    #[arg(long)]
+    quiet: bool,
+    /// Start log lines with the time (as `run` does).
+    #[arg(long)]
+    timestamps: bool,
     /// The command and its arguments.
     #[arg(required = true, last = true, value_parser = clap::value_parser!(OsString))]
     command: Vec<OsString>,
@@ -100,6 +106,7 @@ pub(crate) fn main(args: GuardArgs) -> i32 {
 }
 
 async fn guard(args: GuardArgs) -> i32 {
+    crate::output::set_timestamps(args.timestamps);
     let parent = Pid::from_raw(args.parent);
     let handlers = (
         signal(SignalKind::hangup()),
@@ -175,7 +182,17 @@ async fn guard(args: GuardArgs) -> i32 {
             RUNTIME
         }
     };
-    end_leftovers(&tree, Duration::from_millis(args.grace_ms)).await;
+    let ended = end_leftovers(&tree, Duration::from_millis(args.grace_ms)).await;
+    if !args.quiet
+        && let Some((count, how)) = ended
+    {
+        crate::output::log(format_args!(
+            "{} left {count} process{} behind: ended {} {how}",
+            program.to_string_lossy(),
+            if count == 1 { "" } else { "es" },
+            if count == 1 { "it" } else { "them" },
+        ));
+    }
     code
 }
 
@@ -202,16 +219,17 @@ async fn kill_tree_if_orphaned(parent: Pid, tree: &Tree) {
 
 /// Ends what the command left behind (anything still in the tree): SIGTERM, then SIGKILL to
 /// what is still there after `grace`, for at most [`LEFTOVER_KILL_LIMIT`]. `run` deals with
-/// what survives even that.
-async fn end_leftovers(tree: &Tree, grace: Duration) {
+/// what survives even that. How many there were, and how they ended, if there were any.
+async fn end_leftovers(tree: &Tree, grace: Duration) -> Option<(usize, &'static str)> {
     if tree.wait_empty(Instant::now(), &[], &[]).await {
-        return;
+        return None;
     }
-    tree.signal(Signal::SIGTERM, &[]);
+    let found = tree.signal(Signal::SIGTERM, &[]).len();
     if tree.wait_empty(Instant::now() + grace, &[], &[]).await {
-        return;
+        return Some((found, "after SIGTERM"));
     }
     let _ = tree
         .kill_until_empty(Some(Instant::now() + LEFTOVER_KILL_LIMIT), &[])
         .await;
+    Some((found, "with SIGKILL after the grace"))
 }

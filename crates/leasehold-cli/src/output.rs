@@ -13,6 +13,11 @@ pub(crate) fn set_timestamps(on: bool) {
     TIMESTAMPS.store(on, Ordering::Relaxed);
 }
 
+/// Whether log lines start with the time.
+pub(crate) fn timestamps() -> bool {
+    TIMESTAMPS.load(Ordering::Relaxed)
+}
+
 /// Whether stderr wants timestamps when nobody said: when it is not a terminal (a file, a
 /// pipe to a log collector), except the systemd journal, which stamps every line itself
 /// (`JOURNAL_STREAM` names stderr's device and inode there).

@@ -129,9 +129,10 @@ pub(crate) async fn run(url: &str, args: RunArgs) -> Result<i32, Failure> {
         elected: AtomicBool::new(false),
         containment_said: AtomicBool::new(false),
         explained: Mutex::new(None),
-        auth: Arc::new(AuthWatch::new(args.auth_retry)),
+        auth: Arc::new(AuthWatch::new(args.auth_retry, args.wait.is_some())),
     });
-    tokio::spawn(log_events(elector.clone(), ctx.clone()));
+    // Subscribed before the first campaign: an early failure is not missed.
+    tokio::spawn(log_events(elector.events(), elector.clone(), ctx.clone()));
     if let Some(wait) = args.wait {
         let ctx = ctx.clone();
         tokio::spawn(async move {
@@ -296,7 +297,7 @@ impl Supervisor {
         ];
         let name = &self.name;
         let cgroup = self.leaf(term);
-        let mut group = CommandGroup::spawn(&self.command, &env, self.kill.grace, cgroup)?;
+        let mut group = CommandGroup::spawn(&self.command, &env, self.kill.grace, cgroup, self.quiet)?;
         let started = Instant::now();
         let place = match group.cgroup() {
             Some(dir) => format!("process group {}, cgroup {}", group.pgid(), dir.display()),
@@ -508,6 +509,8 @@ impl Supervisor {
 #[derive(Debug)]
 struct AuthWatch {
     retry: Duration,
+    /// Whether `--wait` bounds the retries too.
+    wait: bool,
     /// The current streak of failures: when it began, and the last error.
     streak: Mutex<Option<(Instant, String)>>,
     /// Counts streaks, so that a timer of an earlier one does nothing.
@@ -517,9 +520,10 @@ struct AuthWatch {
 }
 
 impl AuthWatch {
-    fn new(retry: Duration) -> Self {
+    fn new(retry: Duration, wait: bool) -> Self {
         AuthWatch {
             retry,
+            wait,
             streak: Mutex::new(None),
             streaks: Default::default(),
             give_up: CancellationToken::new(),
@@ -535,8 +539,10 @@ impl AuthWatch {
         *streak = Some((since, error.to_string()));
         drop(streak);
         if !said {
+            let until = if self.wait { " or until --wait ends" } else { "" };
             output::log(format_args!(
-                "the store refused our credentials or permissions (retrying for up to {}, then exit 6): {error}",
+                "the store refused our credentials or permissions (retrying for up to {}{until}, then \
+                 exit 6): {error}",
                 short(self.retry)
             ));
         }
@@ -578,8 +584,7 @@ impl AuthWatch {
 
 /// Prints what happens to the election on stderr (unless quiet), and watches for
 /// authentication and permission failures (always).
-async fn log_events(elector: Elector, ctx: Arc<Supervisor>) {
-    let mut events = elector.events();
+async fn log_events(mut events: tokio::sync::broadcast::Receiver<Event>, elector: Elector, ctx: Arc<Supervisor>) {
     let (lease, me) = (elector.lease().clone(), elector.id().clone());
     let mut last_trouble = None;
     let say = |text: std::fmt::Arguments<'_>| ctx.log(text);

@@ -261,3 +261,45 @@ fn history_of_an_unknown_lease_is_empty() {
     assert!(output.status.success(), "{output:?}");
     assert_eq!(stdout(&output).trim(), "no recorded terms for lease never");
 }
+
+/// The exit codes that `leasehold --help` lists, that docs/cli.md lists, and that the tests
+/// check (`run.rs`, `commands.rs`, `containment.rs`) are the same.
+#[test]
+fn exit_code_tables_agree() {
+    let help = stdout(&Command::new(bin()).arg("--help").output().unwrap());
+    let table = help.split("Exit codes:").nth(1).expect("an exit-code table in --help");
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/cli.md")).unwrap();
+    let docs = docs
+        .split("## Exit codes")
+        .nth(1)
+        .expect("an exit-code section in docs/cli.md");
+    let doc_rows: Vec<&str> = docs.lines().filter(|l| l.starts_with("| ")).collect();
+    for (code, words) in [
+        ("0", "success"),
+        ("1", "runtime error"),
+        ("2", "usage or configuration error"),
+        ("3", "unreachable"),
+        ("4", "does not support"),
+        ("5", "not elected"),
+        ("6", "credentials or permissions"),
+        ("126", "not executable"),
+        ("127", "not found"),
+        ("129", "SIGHUP"),
+        ("130", "SIGINT"),
+        ("143", "SIGTERM"),
+    ] {
+        let in_help = table.lines().enumerate().any(|(i, line)| {
+            let codes = line
+                .split_whitespace()
+                .take_while(|w| w.trim_end_matches(',').parse::<u32>().is_ok());
+            codes.map(|w| w.trim_end_matches(',')).any(|c| c == code)
+                && (line.contains(words) || table.lines().nth(i + 1).is_some_and(|next| next.contains(words)))
+        });
+        assert!(in_help, "--help lacks exit code {code} ({words}):\n{table}");
+        let in_docs = doc_rows.iter().any(|row| {
+            let first = row.split('|').nth(1).unwrap_or_default();
+            first.split(|c: char| !c.is_ascii_digit()).any(|c| c == code) && row.contains(words)
+        });
+        assert!(in_docs, "docs/cli.md lacks exit code {code} ({words})");
+    }
+}

@@ -12,6 +12,10 @@
 //!   must come before B's first, and the gap between them is printed (it is how long after the
 //!   last old-term process died the successor's command started, to within one scan).
 //!
+//! Before the whole-tree containment, every scenario but `ForkingIgnoresSigterm` failed (the
+//! successor started next to 2-3 old-term processes); that one passed, as a SIGKILL to a process
+//! group is atomic for the group.
+//!
 //! The scenarios run on SQLite, and on Redis when `LEASEHOLD_REDIS_URL` is set (CI sets it),
 //! with the cgroup v2 leaf where this machine allows one, and on SQLite with `--no-cgroup` too
 //! (child subreapers only).
@@ -19,7 +23,7 @@
 mod support;
 
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -37,6 +41,10 @@ enum Scenario {
     GuardKilled,
     /// The command ignores SIGTERM and forks a `sleep` every 5 ms; `leasehold run` gets SIGTERM.
     ForkingIgnoresSigterm,
+    /// The command leaves a loop behind that ignores SIGTERM and forks a `sleep` every few ms,
+    /// then exits 0 (when the test creates the file `go`): the sweep after the command's exit
+    /// races the forks.
+    ForkingLeftBehind,
     /// The command starts a grandchild in a new session (`setsid`) that ignores SIGTERM, then
     /// exits 0 (when the test creates the file `go`).
     SetsidGrandchild,
@@ -51,6 +59,11 @@ impl Scenario {
         match self {
             Scenario::GuardKilled => "sleep 30 & sleep 30".into(),
             Scenario::ForkingIgnoresSigterm => "trap '' TERM; while true; do sleep 30 & sleep 0.005; done".into(),
+            Scenario::ForkingLeftBehind => format!(
+                "trap '' TERM; (while true; do sleep 30 & sleep 0.002; done) & while [ ! -e '{}' ]; do sleep \
+                 0.01; done; exit 0",
+                go.display()
+            ),
             Scenario::SetsidGrandchild => format!(
                 "setsid sh -c 'trap \"\" TERM; sleep 30' & while [ ! -e '{}' ]; do sleep 0.01; done; exit 0",
                 go.display()
@@ -112,30 +125,33 @@ fn run_scenario(store: &Store, scenario: Scenario, extra: &[&str]) -> Outcome {
     match scenario {
         Scenario::GuardKilled => kill(Pid::from_raw(leader.group), Signal::SIGKILL).unwrap(),
         Scenario::ForkingIgnoresSigterm => a.signal(Signal::SIGTERM),
-        Scenario::SetsidGrandchild => std::fs::write(&go, "").unwrap(), // the command exits
+        Scenario::SetsidGrandchild | Scenario::ForkingLeftBehind => std::fs::write(&go, "").unwrap(), // the command exits
         Scenario::DoubleForkDaemon => kill(Pid::from_raw(leader.leasehold), Signal::SIGKILL).unwrap(),
     }
     let expected_exit = match scenario {
         Scenario::GuardKilled => Some(137),
         Scenario::ForkingIgnoresSigterm => Some(143),
-        Scenario::SetsidGrandchild => Some(0),
+        Scenario::SetsidGrandchild | Scenario::ForkingLeftBehind => Some(0),
         Scenario::DoubleForkDaemon => None, // SIGKILLed
     };
-    wait_for(Duration::from_secs(10), || {
-        starts(&path).iter().any(|s| s.term > old.term)
-    })
-    .unwrap_or_else(|| panic!("{scenario:?}: no successor; A: {}\nB: {}", a.log_text(), b.log_text()));
-    std::thread::sleep(Duration::from_millis(100));
-    let (seen, scan) = watch.finish();
-    let successor = starts(&path).into_iter().find(|s| s.term > old.term).unwrap();
-    if let Some(code) = expected_exit {
+    // A exits right after it released the lease (this test sees it within 1 ms): nothing of its
+    // tree may be seen alive after that.
+    let a_exited = expected_exit.map(|code| {
         assert_eq!(
-            a.wait_exit(Duration::from_secs(5)),
+            a.wait_exit(Duration::from_secs(10)),
             Some(code),
             "{scenario:?}: {}",
             a.log_text()
         );
-    }
+        Instant::now()
+    });
+    wait_for(Duration::from_secs(10), || {
+        starts(&path).iter().any(|s| s.term > old.term)
+    })
+    .unwrap_or_else(|| panic!("{scenario:?}: no successor; A: {}\nB: {}", a.log_text(), b.log_text()));
+    std::thread::sleep(Duration::from_millis(50));
+    let (seen, scan) = watch.finish();
+    let successor = starts(&path).into_iter().find(|s| s.term > old.term).unwrap();
     let left: Vec<_> = term_processes(&lease)
         .into_iter()
         .filter(|p| p.term == old.term)
@@ -159,6 +175,13 @@ fn run_scenario(store: &Store, scenario: Scenario, extra: &[&str]) -> Outcome {
         .get(&successor.term)
         .copied()
         .expect("the watcher saw the successor");
+    if let (Some(exited), Some(old_seen)) = (a_exited, old_seen) {
+        assert!(
+            old_seen.last < exited,
+            "{scenario:?}: an old-term process was seen alive {:?} after A exited (having released)\n{logs}",
+            old_seen.last - exited
+        );
+    }
     let gap = match old_seen {
         Some(old_seen) => {
             assert!(
@@ -255,6 +278,21 @@ fn command_ignoring_sigterm_and_forking_sqlite_without_cgroup() {
 #[test]
 fn command_ignoring_sigterm_and_forking_redis() {
     on_redis(Scenario::ForkingIgnoresSigterm);
+}
+
+#[test]
+fn forking_loop_left_behind_sqlite() {
+    on_sqlite(Scenario::ForkingLeftBehind, &[]);
+}
+
+#[test]
+fn forking_loop_left_behind_sqlite_without_cgroup() {
+    on_sqlite(Scenario::ForkingLeftBehind, &["--no-cgroup"]);
+}
+
+#[test]
+fn forking_loop_left_behind_redis() {
+    on_redis(Scenario::ForkingLeftBehind);
 }
 
 #[test]

@@ -198,3 +198,182 @@ fn a_missing_command_fails_before_campaigning() {
     assert!(one_error_line(&output).contains("command not found: no-such-command-leasehold"));
     assert!(history_json(&store, "x").is_empty(), "nothing was acquired");
 }
+
+#[test]
+fn keep_running_backs_off_while_the_command_fails() {
+    let store = Store::sqlite();
+    let path = store.path("ledger");
+    let script = format!("echo \"$LEASEHOLD_TERM $$\" >> '{}'; exit 3", path.display());
+    let args = |quiet: bool| {
+        let mut args = vec!["--lease", "failing", "--ttl", "1s", "--keep-running"];
+        if quiet {
+            args.push("-q");
+        }
+        args.extend(["--", "sh", "-c", &script]);
+        args.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let loud = args(false);
+    let mut run = store.spawn_run("loud", &loud.iter().map(String::as_str).collect::<Vec<_>>());
+    // Without back-off it restarted every ~0.8 s: 5 runs in 4 s. With 1 s, 2 s, 4 s: 3 runs.
+    std::thread::sleep(Duration::from_secs(4));
+    run.signal(Signal::SIGTERM);
+    assert_eq!(run.wait_exit(Duration::from_secs(5)), Some(143));
+    let runs = ledger(&path).len();
+    assert!((2..=3).contains(&runs), "{runs} runs in 4 s: {}", run.log_text());
+    let log = run.log_text();
+    assert!(log.contains("sh exited with status 3"), "{log}");
+    assert!(log.contains("sh failed 1 time in a row; restarting it in 1s"), "{log}");
+    assert!(log.contains("sh failed 2 times in a row; restarting it in 2s"), "{log}");
+
+    let quiet = args(true);
+    let mut run = store.spawn_run("quiet", &quiet.iter().map(String::as_str).collect::<Vec<_>>());
+    wait_for(Duration::from_secs(10), || ledger(&path).len() > runs).expect("the quiet one runs");
+    std::thread::sleep(Duration::from_millis(1500));
+    run.signal(Signal::SIGTERM);
+    assert_eq!(run.wait_exit(Duration::from_secs(5)), Some(143));
+    assert_eq!(run.log_text(), "", "-q prints nothing");
+}
+
+#[test]
+fn timestamps_when_asked_or_when_stderr_is_not_a_terminal() {
+    let store = Store::sqlite();
+    let stamped = |line: &str| {
+        let (time, rest) = line.split_once(' ').unwrap_or_default();
+        time.len() == 24 && time.ends_with('Z') && rest.starts_with("leasehold: ")
+    };
+    // stderr is a pipe here: stamped by default.
+    let output = store.leasehold(&["run", "--lease", "t", "--ttl", "1s", "--", "true"]);
+    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+    assert!(!stderr.is_empty() && stderr.lines().all(stamped), "{stderr}");
+    let output = store.leasehold(&["run", "--lease", "t", "--ttl", "1s", "--timestamps=never", "--", "true"]);
+    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+    assert!(
+        !stderr.is_empty() && stderr.lines().all(|l| l.starts_with("leasehold: ")),
+        "{stderr}"
+    );
+    let output = store.leasehold(&["run", "--lease", "t", "--ttl", "1s", "--timestamps", "--", "true"]);
+    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+    assert!(stderr.lines().all(stamped), "{stderr}");
+}
+
+#[test]
+fn a_lost_lease_says_why_first_and_once() {
+    let store = Store::sqlite();
+    let path = store.path("ledger");
+    let script = format!("echo \"$LEASEHOLD_TERM $$\" >> '{}'; exec sleep 30", path.display());
+    let run = store.spawn_run("b", &["--lease", "broken", "--ttl", "3s", "--", "sh", "-c", &script]);
+    wait_for(Duration::from_secs(10), || !ledger(&path).is_empty()).expect("the command starts");
+    let output = store.leasehold(&["break", "broken"]);
+    assert!(output.status.success(), "{output:?}");
+    wait_for(Duration::from_secs(5), || run.log_text().contains("after SIGTERM"))
+        .unwrap_or_else(|| panic!("{}", run.log_text()));
+    let log = run.log_text();
+    let lines: Vec<&str> = log.lines().map(support::untimed).collect();
+    let lost = lines
+        .iter()
+        .position(|l| l.starts_with("leasehold: lost broken (term 1): "))
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(lines[lost].contains("; stopping sh: SIGTERM now, SIGKILL in "), "{log}");
+    assert!(lines[lost + 1].contains("sh ended after SIGTERM in "), "{log}");
+    assert_eq!(log.matches("lost broken").count(), 1, "said once: {log}");
+    // No duration at full precision (e.g. 667.920197ms).
+    assert!(
+        !log.split_whitespace()
+            .any(|w| w.trim_end_matches([',', ')', ';']).ends_with("ms") && w.contains('.') && w.len() > 8),
+        "{log}"
+    );
+}
+
+/// A Redis user that may read but not write: the store's scripts fail with a permission error
+/// on every acquire (after `connect` succeeded).
+fn redis_user_without_write(url: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("redis://")?;
+    if rest.contains('@') {
+        return None; // a server with credentials: this test does not manage its users
+    }
+    let host = rest.split(['/', '?']).next()?;
+    let mut stream = std::net::TcpStream::connect(host).ok()?;
+    let args = [
+        "ACL",
+        "SETUSER",
+        "leasehold-cli-readonly",
+        "reset",
+        "on",
+        ">secret",
+        "~*",
+        "&*",
+        "+@all",
+        "-@write",
+    ];
+    let mut command = format!("*{}\r\n", args.len());
+    for arg in args {
+        command.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+    }
+    stream.write_all(command.as_bytes()).ok()?;
+    let mut reply = [0u8; 64];
+    let n = stream.read(&mut reply).ok()?;
+    assert!(
+        reply[..n].starts_with(b"+OK"),
+        "{:?}",
+        String::from_utf8_lossy(&reply[..n])
+    );
+    Some(format!("redis://leasehold-cli-readonly:secret@{host}"))
+}
+
+#[test]
+fn authentication_and_permission_failures_exit_6_even_when_quiet() {
+    // A wrong password for the file... SQLite has none; Redis shows both kinds.
+    let Ok(url) = std::env::var("LEASEHOLD_REDIS_URL") else {
+        eprintln!("SKIPPED: set LEASEHOLD_REDIS_URL to check exit 6 against Redis");
+        return;
+    };
+    let host = url
+        .strip_prefix("redis://")
+        .unwrap()
+        .split(['/', '?'])
+        .next()
+        .unwrap()
+        .to_string();
+    // Refused at connect: at once.
+    let wrong = Store::at(&format!("redis://nobody:wrong@{host}"));
+    let output = wrong.leasehold(&["run", "--lease", "auth", "--wait", "5s", "-q", "--", "true"]);
+    assert_eq!(output.status.code(), Some(6), "{output:?}");
+    let stderr = one_error_line(&output);
+    assert!(
+        stderr.contains("AuthenticationFailed") && !stderr.contains("wrong"),
+        "{stderr}"
+    );
+
+    // Refused on every acquire, with --wait: exit 6 (not 5) when the wait ends, said under -q.
+    let Some(readonly) = redis_user_without_write(&url) else {
+        eprintln!("SKIPPED: the Redis at LEASEHOLD_REDIS_URL has credentials");
+        return;
+    };
+    let store = Store::at(&readonly);
+    let started = Instant::now();
+    let output = store.leasehold(&["run", "--lease", "auth", "--wait", "1500ms", "-q", "--", "true"]);
+    assert_eq!(output.status.code(), Some(6), "{output:?}");
+    assert!(started.elapsed() >= Duration::from_millis(1500));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("the store refused our credentials or permissions"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("giving up on lease auth after"), "{stderr}");
+    assert_eq!(
+        stderr.matches("refused our credentials").count(),
+        1,
+        "said once: {stderr}"
+    );
+
+    // Without --wait: after --auth-retry.
+    let started = Instant::now();
+    let output = store.leasehold(&["run", "--lease", "auth", "--auth-retry", "1s", "-q", "--", "true"]);
+    assert_eq!(output.status.code(), Some(6), "{output:?}");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+}

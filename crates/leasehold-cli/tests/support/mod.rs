@@ -105,7 +105,7 @@ impl Candidate {
             if let Some(status) = child.try_wait().unwrap() {
                 return Some(status.code().unwrap_or_else(|| 128 + status.signal().unwrap()));
             }
-            std::thread::sleep(Duration::from_millis(10));
+            std::thread::sleep(Duration::from_millis(1));
         }
         None
     }
