@@ -462,6 +462,9 @@ impl Supervisor {
             }
             return None;
         }
+        if first {
+            Cgroup::sweep_stale();
+        }
         match Cgroup::create(&format!("leasehold-{}-{term}", std::process::id())) {
             Ok(cgroup) => {
                 if first {

@@ -135,6 +135,28 @@ impl Cgroup {
         Ok(Cgroup { path })
     }
 
+    /// Removes the empty leaves `leasehold-PID-TERM` under this process's cgroup whose
+    /// `leasehold run` (PID) is gone: it and its guard were killed together, so nobody removed
+    /// them. A leaf that still holds a process stays (the kernel refuses to remove it).
+    pub(crate) fn sweep_stale() {
+        let Ok(own) = own_cgroup_dir() else { return };
+        let Ok(entries) = std::fs::read_dir(&own) else { return };
+        for entry in entries.filter_map(Result::ok) {
+            let name = entry.file_name();
+            let Some(pid) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix("leasehold-"))
+                .and_then(|rest| rest.split_once('-'))
+                .and_then(|(pid, _)| pid.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                Cgroup::at(entry.path()).remove();
+            }
+        }
+    }
+
     /// A leaf made by someone else (`run`, for the guard).
     pub(crate) fn at(path: impl Into<PathBuf>) -> Cgroup {
         Cgroup { path: path.into() }

@@ -93,7 +93,7 @@ fn run_scenario(store: &Store, scenario: Scenario, extra: &[&str]) -> Outcome {
     let go = store.path("go");
     let first = format!("{check}{}", scenario.script(&go));
     let second = format!("{check}exec sleep 30");
-    let mut args = vec!["--lease", lease.as_str(), "--ttl", "1s", "--kill-grace", "300ms"];
+    let mut args = vec!["--lease", lease.as_str(), "--ttl", "2s", "--kill-grace", "300ms"];
     args.extend_from_slice(extra);
     let with = |script: &str| {
         let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
