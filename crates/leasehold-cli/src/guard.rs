@@ -182,15 +182,25 @@ async fn guard(args: GuardArgs) -> i32 {
             RUNTIME
         }
     };
-    let ended = end_leftovers(&tree, Duration::from_millis(args.grace_ms)).await;
-    if !args.quiet
-        && let Some((count, how)) = ended
+    if let Some((count, how)) = end_leftovers(&tree, Duration::from_millis(args.grace_ms)).await
+        && !args.quiet
     {
+        let (noun, them) = if count == 1 {
+            ("process", "it")
+        } else {
+            ("processes", "them")
+        };
+        let how = match how {
+            Leftovers::Terminated => format!("ended {them} with SIGTERM"),
+            Leftovers::Killed => format!("ended {them} with SIGKILL after the grace"),
+            Leftovers::Stuck => format!(
+                "SIGTERM, then SIGKILL for {}, did not end {them} all",
+                crate::output::short(LEFTOVER_KILL_LIMIT)
+            ),
+        };
         crate::output::log(format_args!(
-            "{} left {count} process{} behind: ended {} {how}",
-            program.to_string_lossy(),
-            if count == 1 { "" } else { "es" },
-            if count == 1 { "it" } else { "them" },
+            "{} left {count} {noun} behind: {how}",
+            program.to_string_lossy()
         ));
     }
     code
@@ -217,19 +227,35 @@ async fn kill_tree_if_orphaned(parent: Pid, tree: &Tree) {
     std::process::exit(137);
 }
 
+/// How the processes the command left behind ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Leftovers {
+    Terminated,
+    Killed,
+    /// Still there after [`LEFTOVER_KILL_LIMIT`] of SIGKILLs: `run` takes over.
+    Stuck,
+}
+
 /// Ends what the command left behind (anything still in the tree): SIGTERM, then SIGKILL to
 /// what is still there after `grace`, for at most [`LEFTOVER_KILL_LIMIT`]. `run` deals with
 /// what survives even that. How many there were, and how they ended, if there were any.
-async fn end_leftovers(tree: &Tree, grace: Duration) -> Option<(usize, &'static str)> {
+async fn end_leftovers(tree: &Tree, grace: Duration) -> Option<(usize, Leftovers)> {
     if tree.wait_empty(Instant::now(), &[], &[]).await {
         return None;
     }
     let found = tree.signal(Signal::SIGTERM, &[]).len();
     if tree.wait_empty(Instant::now() + grace, &[], &[]).await {
-        return Some((found, "after SIGTERM"));
+        return Some((found, Leftovers::Terminated));
     }
-    let _ = tree
+    let killed = tree
         .kill_until_empty(Some(Instant::now() + LEFTOVER_KILL_LIMIT), &[])
         .await;
-    Some((found, "with SIGKILL after the grace"))
+    Some((
+        found,
+        if killed.is_ok() {
+            Leftovers::Killed
+        } else {
+            Leftovers::Stuck
+        },
+    ))
 }

@@ -390,7 +390,11 @@ impl Supervisor {
                 Ok(n) => format!("; killed {n} process{} it left behind", if *n == 1 { "" } else { "es" }),
                 Err(_) => String::new(),
             };
-            let next = if self.keep_running { "" } else { "; releasing lease" };
+            let next = if self.keep_running || left.is_err() {
+                ""
+            } else {
+                "; releasing lease"
+            };
             let next = if next.is_empty() {
                 String::new()
             } else {

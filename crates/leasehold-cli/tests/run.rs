@@ -377,3 +377,93 @@ fn authentication_and_permission_failures_exit_6_even_when_quiet() {
         "{took:?}"
     );
 }
+
+/// A cgroup v1 freezer group: a frozen process is in state D and does not die of SIGKILL until
+/// it is thawed, like a process stuck in an uninterruptible system call.
+struct Freezer {
+    dir: std::path::PathBuf,
+}
+
+impl Freezer {
+    fn new() -> Option<Self> {
+        let dir = std::path::PathBuf::from(format!("/sys/fs/cgroup/freezer/leasehold-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).ok()?;
+        Some(Freezer { dir })
+    }
+
+    fn freeze(&self, pid: i32) {
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string()).unwrap();
+        std::fs::write(self.dir.join("freezer.state"), "FROZEN").unwrap();
+    }
+}
+
+impl Drop for Freezer {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.dir.join("freezer.state"), "THAWED");
+        std::thread::sleep(Duration::from_millis(100));
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+#[test]
+fn a_process_that_cannot_be_killed_keeps_the_lease_until_it_runs_out() {
+    let Some(freezer) = Freezer::new() else {
+        eprintln!("SKIPPED: no writable cgroup v1 freezer to make an unkillable process with");
+        return;
+    };
+    let store = Store::sqlite();
+    let (pidfile, go, path) = (store.path("pid"), store.path("go"), store.path("ledger"));
+    let script = format!(
+        "sleep 60 & echo $! > '{}'; while [ ! -e '{}' ]; do sleep 0.01; done; exit 0",
+        pidfile.display(),
+        go.display()
+    );
+    let mut a = store.spawn_run(
+        "a",
+        &[
+            "--lease",
+            "stuck",
+            "--ttl",
+            "2s",
+            "--kill-grace",
+            "300ms",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    wait_for(Duration::from_secs(10), || {
+        std::fs::read_to_string(&pidfile).is_ok_and(|t| t.ends_with('\n'))
+    })
+    .expect("the command starts");
+    let stuck: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    freezer.freeze(stuck);
+    let next = format!("echo \"$LEASEHOLD_TERM $$\" >> '{}'; exec sleep 30", path.display());
+    let b = store.spawn_run("b", &["--lease", "stuck", "--ttl", "2s", "--", "sh", "-c", &next]);
+    wait_for(Duration::from_secs(5), || b.log_text().contains("waiting")).expect("B campaigns");
+
+    std::fs::write(&go, "").unwrap();
+    let exited = Instant::now();
+    wait_for(Duration::from_secs(10), || !ledger(&path).is_empty()).unwrap_or_else(|| panic!("{}", a.log_text()));
+    let successor_after = exited.elapsed();
+    assert_eq!(a.wait_exit(Duration::from_secs(5)), Some(0), "{}", a.log_text());
+    let log = a.log_text();
+    println!("[sqlite] stuck process: the successor started {successor_after:?} after the command exited\n{log}");
+    // `sleep`, or still `sh` if it was frozen before it could execute `sleep`.
+    assert!(
+        log.contains(&format!("{stuck} (")) && log.contains(", state D: uninterruptible sleep)"),
+        "{log}"
+    );
+    assert!(log.contains("lease stuck is not released: it runs out"), "{log}");
+    assert!(!log.contains("released stuck"), "released early: {log}");
+    let history = history_json(&store, "stuck");
+    assert_eq!(history[0]["end_reason"], "expired", "{history:?}");
+    // Not released: the successor waited for the lease to run out (a release lets it in at once).
+    assert!(
+        successor_after >= Duration::from_millis(1500),
+        "{successor_after:?}\n{log}"
+    );
+    drop(freezer); // thawed: the SIGKILL it has pending ends it
+    wait_for(Duration::from_secs(5), || !alive(stuck)).expect("the thawed process dies of its pending SIGKILL");
+}
