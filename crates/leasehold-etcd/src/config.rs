@@ -19,6 +19,16 @@ pub const DEFAULT_PREFIX: &str = "leasehold";
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
 const DEFAULT_PORT: u16 = 2379;
+
+/// Why a URL with an '@' after its hosts is refused. Quotes nothing: the text around that '@'
+/// may be a password.
+const AT_AFTER_HOSTS: &str = "an unescaped '@' after the hosts (a user name or password holding '/', '?' or '#' \
+     ends the hosts early): write '@' as %40, '/' as %2F, '?' as %3F and '#' as %23 in user names \
+     and passwords, and '@' as %40 in the prefix and in option values";
+
+/// Shown in place of an option's name or value that follows `password=`.
+const NOT_SHOWN: &str = "(not shown: it follows password=, whose value it may be part of; write an '&' in a \
+     password as %26)";
 const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// How to reach an etcd cluster: endpoints, key prefix, credentials, TLS.
@@ -34,7 +44,9 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 ///
 /// Query options: `user`, `password`, `tls` (`true`/`false`), `ca` (a PEM file; implies TLS),
 /// `timeout` (`5s`, `500ms`, or bare milliseconds). `Debug` and `Display` never show the
-/// password.
+/// password. `@`, `/`, `?` and `#` in a user name or password are written `%40`, `%2F`, `%3F`,
+/// `%23`: a URL with an unescaped `@` after the hosts is refused (a password holding `/` or `?`
+/// looks like that), quoting none of it.
 ///
 /// # Examples
 ///
@@ -105,6 +117,14 @@ impl EtcdConfig {
                 });
             }
         };
+        // A user name or password holding an unescaped '/', '?' or '#' ends the hosts early: its
+        // first part would be read as a host and its rest as the prefix or options, quoted by
+        // errors and shown by `Debug`. An '@' after the hosts is that, or an '@' that must be
+        // escaped anyway: refused, quoting none of it.
+        let hosts_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        if rest[hosts_end..].contains('@') {
+            return Err(bad(AT_AFTER_HOSTS.into()));
+        }
         let (before_query, query) = match rest.split_once('?') {
             Some((a, q)) => (a, Some(q)),
             None => (rest, None),
@@ -159,9 +179,32 @@ impl EtcdConfig {
             }
             config.prefix = prefix;
         }
-        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        // Once a `password=` was read, nothing after it is quoted, in the reason or in the URL:
+        // it may be the password's rest (an unescaped '&' in it).
+        let mut password_end: Option<usize> = None;
+        let mut pair_end = url.len() - query.map_or(0, str::len);
+        for pair in query.unwrap_or("").split('&') {
+            let pair_start = pair_end;
+            pair_end = pair_start + pair.len() + 1;
+            if pair.is_empty() {
+                continue;
+            }
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let value = percent_decode(value).map_err(|_| bad(format!("bad %-escape in option {key}")))?;
+            let bad = |reason: String| match password_end {
+                Some(end) => Error::InvalidUrl {
+                    url: format!("{}&***", leasehold_core::url_options::redact_url(&url[..end])),
+                    reason,
+                },
+                None => bad(reason),
+            };
+            let quote = |text: &str| {
+                if password_end.is_some() {
+                    NOT_SHOWN.to_string()
+                } else {
+                    format!("{text:?}")
+                }
+            };
+            let value = percent_decode(value).map_err(|_| bad(format!("bad %-escape in option {}", quote(key))))?;
             match key {
                 "user" | "username" => config.user = Some(value).filter(|v| !v.is_empty()),
                 "password" => config.password = Some(value),
@@ -174,7 +217,7 @@ impl EtcdConfig {
                             }
                             false
                         }
-                        _ => return Err(bad(format!("tls must be true or false, not {value:?}"))),
+                        _ => return Err(bad(format!("tls must be true or false, not {}", quote(&value)))),
                     }
                 }
                 "ca" | "cacert" => {
@@ -189,11 +232,20 @@ impl EtcdConfig {
                         .filter(|d| !d.is_zero() && *d <= MAX_TIMEOUT)
                         .ok_or_else(|| {
                             bad(format!(
-                                "timeout must be a duration in 1ms..=1h, like 5s or 500ms, not {value:?}"
+                                "timeout must be a duration in 1ms..=1h, like 5s or 500ms, not {}",
+                                quote(&value)
                             ))
                         })?;
                 }
-                other => return Err(bad(format!("unknown option {other:?}"))),
+                other => {
+                    return Err(bad(format!(
+                        "unknown option {} (known: user, password, tls, ca, timeout)",
+                        quote(other)
+                    )));
+                }
+            }
+            if key == "password" {
+                password_end = Some(pair_start + pair.len());
             }
         }
         if config.password.is_some() && config.user.is_none() {
@@ -206,16 +258,20 @@ impl EtcdConfig {
     pub fn redacted_url(&self) -> String {
         let scheme = if self.tls { "etcds" } else { "etcd" };
         let user = match (&self.user, &self.password) {
-            (Some(u), Some(_)) => format!("{u}:***@"),
-            (Some(u), None) => format!("{u}@"),
+            (Some(u), Some(_)) => format!("{}:***@", escape(u, ":/")),
+            (Some(u), None) => format!("{}@", escape(u, ":/")),
             _ => String::new(),
         };
         let ca = self
             .ca
             .as_ref()
-            .map(|ca| format!("?ca={}", ca.display()))
+            .map(|ca| format!("?ca={}", escape(&ca.display().to_string(), "")))
             .unwrap_or_default();
-        format!("{scheme}://{user}{}/{}{ca}", self.endpoints.join(","), self.prefix)
+        format!(
+            "{scheme}://{user}{}/{}{ca}",
+            self.endpoints.join(","),
+            escape(&self.prefix, "")
+        )
     }
 }
 
@@ -244,6 +300,20 @@ impl fmt::Display for EtcdConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.redacted_url())
     }
+}
+
+/// `text` with `%`, `@`, `?`, `#`, `&` and each of `also` %-escaped, so that the URL it goes
+/// into parses back to it.
+fn escape(text: &str, also: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if "%@?#&".contains(c) || also.contains(c) {
+            out.push_str(&format!("%{:02X}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 fn with_port(host: &str) -> String {
@@ -366,5 +436,61 @@ mod tests {
             leasehold_core::url_options::redact_url("etcd://a:b@h/p?password=c&x=1"),
             "etcd://a:***@h/p?password=***&x=1"
         );
+    }
+
+    /// Finding 11 of issue 12: a password with an unescaped '/', '?' or '#' ends the authority
+    /// early; its first part was quoted as a host (`invalid port in "alice:pass"`), or the URL
+    /// parsed with its rest taken for the prefix (shown by `Debug`) or an option (quoted).
+    #[test]
+    fn passwords_holding_url_delimiters_are_never_shown() {
+        for url in [
+            "etcd://alice:SECRETA/SECRETB@h1:2379/app",
+            "etcd://alice:12/SECRETB@h1:2379/app",
+            "etcd://alice:SECRETA?SECRETB@h1:2379/app",
+            "etcd://alice:12?SECRETB@h1:2379/app",
+            "etcd://alice:12?SECRETB=x@h1:2379/app",
+            "etcd://alice:12?user=SECRETB@h1:2379/app",
+            "etcd://alice:12?password=SECRETB@h1:2379/app",
+            "etcd://alice:SECRETA#SECRETB@h1:2379/app",
+            "etcds://alice:12/SECRETB@h1,h2/app?timeout=1s",
+            "etcd://:SECRETA/SECRETB@h1/app",
+            "etcd://h1/app?password=SECRETA@SECRETB&user=alice",
+        ] {
+            let err = url.parse::<EtcdConfig>().unwrap_err();
+            assert!(matches!(err, Error::InvalidUrl { .. }), "{url}: {err:?}");
+            for shown in [err.to_string(), format!("{err:?}")] {
+                assert!(!shown.contains("SECRET") && !shown.contains("12/"), "{url}: {shown}");
+                assert!(shown.contains("%40") && shown.contains("%2F"), "{url}: {shown}");
+            }
+        }
+        // An unescaped '&' in a `password=` option: what follows is not quoted either.
+        for url in [
+            "etcd://h1/app?user=alice&password=SECRETA&SECRETB",
+            "etcd://h1/app?user=alice&password=SECRETA&SECRETB=1",
+            "etcd://h1/app?user=alice&password=SECRETA&tls=SECRETB",
+            "etcd://h1/app?user=alice&password=SECRETA&timeout=SECRETB",
+            "etcd://h1/app?user=alice&password=SECRETA&ca=&SECRETB",
+        ] {
+            let err = url.parse::<EtcdConfig>().unwrap_err();
+            assert!(matches!(err, Error::InvalidUrl { .. }), "{url}: {err:?}");
+            for shown in [err.to_string(), format!("{err:?}")] {
+                assert!(!shown.contains("SECRET"), "{url}: {shown}");
+            }
+        }
+        // Escaped, such a password parses, and is shown nowhere; an '@' in the prefix or an
+        // option is written %40.
+        let c: EtcdConfig = "etcd://alice:SECRETA%2F%3F%23%40SECRETB@h1/team%40app?ca=/ca%40x.pem"
+            .parse()
+            .unwrap();
+        assert_eq!(c.password.as_deref(), Some("SECRETA/?#@SECRETB"));
+        assert_eq!(
+            (c.prefix.as_str(), c.endpoints.as_slice()),
+            ("team@app", &["h1:2379".to_string()][..])
+        );
+        assert_eq!(c.ca, Some(PathBuf::from("/ca@x.pem")));
+        for shown in [c.to_string(), format!("{c:?}"), c.redacted_url()] {
+            assert!(!shown.contains("SECRET"), "{shown}");
+        }
+        assert_eq!(c.to_string().parse::<EtcdConfig>().unwrap().prefix, "team@app");
     }
 }
