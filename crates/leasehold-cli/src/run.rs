@@ -287,6 +287,9 @@ impl Supervisor {
                 _ = earlier.kill_until_empty(None, &[]) => {}
                 () = leader.cancelled() => return Ok(()),
             }
+            if self.give_up.is_cancelled() {
+                return Ok(()); // --wait ran out meanwhile
+            }
         }
         self.elected.store(true, Ordering::SeqCst);
         let term = leader.term();
