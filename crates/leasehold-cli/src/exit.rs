@@ -18,6 +18,8 @@ pub(crate) const NOT_ELECTED: i32 = 5;
 /// The store refused the credentials or the permissions (a wrong password, key or SAS token, a
 /// user without the rights): retrying will not help until someone fixes them.
 pub(crate) const AUTH: i32 = 6;
+/// `run --http ADDR`: the address cannot be listened on (in use, not permitted, not local).
+pub(crate) const LISTEN: i32 = 7;
 /// `run`: the command cannot be executed (shell convention).
 pub(crate) const NOT_EXECUTABLE: i32 = 126;
 /// `run`: the command was not found (shell convention).

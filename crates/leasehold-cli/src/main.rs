@@ -17,6 +17,7 @@
 mod child;
 mod exit;
 mod guard;
+mod http;
 mod inspect;
 mod output;
 mod run;
@@ -41,6 +42,8 @@ Exit codes:
   5        `run --wait`: not elected in time; the command was not run
   6        the store refused the credentials or permissions (`run`: after retrying for
            --auth-retry, or --wait when shorter)
+  7        `run --http`: the address cannot be listened on (in use, not permitted, not
+           local)
   126, 127 `run`: the command is not executable, or not found
   129, 130, 143
            `run`: stopped by SIGHUP, SIGINT or SIGTERM (the command was stopped, the lease
@@ -185,6 +188,13 @@ struct RunArgs {
     #[arg(long)]
     no_cgroup: bool,
 
+    /// Serve /healthz, /readyz (200 only while this instance leads), /leader (JSON) and
+    /// /metrics (Prometheus) over HTTP on ADDR, e.g. 127.0.0.1:9090 or 0.0.0.0:9090. Without
+    /// CMD, `run` only campaigns and holds the lease (a sidecar): until SIGTERM, SIGINT or
+    /// SIGHUP, campaigning again after a loss.
+    #[arg(long, value_name = "ADDR")]
+    http: Option<std::net::SocketAddr>,
+
     /// Do not print what happens to the election on stderr (failures that end leasehold, and
     /// authentication or permission failures, are printed all the same).
     #[arg(long, short)]
@@ -195,8 +205,8 @@ struct RunArgs {
           default_missing_value = "always", require_equals = true)]
     timestamps: Timestamps,
 
-    /// The command to run while leader, and its arguments (after `--`).
-    #[arg(required = true, last = true, value_name = "CMD", value_parser = clap::value_parser!(OsString))]
+    /// The command to run while leader, and its arguments (after `--`); optional with --http.
+    #[arg(required_unless_present = "http", last = true, value_name = "CMD", value_parser = clap::value_parser!(OsString))]
     command: Vec<OsString>,
 }
 

@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::RunArgs;
 use crate::child::{CommandGroup, STUCK_AFTER, Stopped, check_program, describe, exit_code};
 use crate::exit::{AUTH, Failure, NOT_ELECTED, is_auth_failure};
+use crate::http;
 use crate::inspect::{connect, lease_name};
 use crate::output::{self, short};
 use crate::tree::{Cgroup, Process, Tree, list};
@@ -99,9 +100,21 @@ pub(crate) async fn run(url: &str, args: RunArgs) -> Result<i32, Failure> {
         None => CandidateId::generate(),
     };
     let kill = KillTiming::new(args.ttl, args.kill_grace);
-    check_program(&args.command[0])?;
-    // Orphans of the command's tree come to this process, not to PID 1, once the guard is gone.
-    set_child_subreaper(true).map_err(|e| Failure::runtime(format!("cannot become a child subreaper: {e}")))?;
+    if let Some(program) = args.command.first() {
+        check_program(program)?;
+        // Orphans of the command's tree come to this process, not to PID 1, once the guard is
+        // gone.
+        set_child_subreaper(true).map_err(|e| Failure::runtime(format!("cannot become a child subreaper: {e}")))?;
+    } else if args.keep_running {
+        return Err(Failure::usage("--keep-running needs a command to restart (after `--`)"));
+    }
+    // Before connecting: a bad address fails at once, and every series is recorded from the
+    // start.
+    let http = match args.http {
+        Some(addr) => Some((http::bind(addr).await?, http::install_recorder()?)),
+        None => None,
+    };
+    let serving = Arc::new(http::State::new(args.ttl));
     let stop = Shutdown::listen()?;
     let store = connect(url).await?;
     let builder = Elector::builder(store, lease.as_str())
@@ -112,9 +125,21 @@ pub(crate) async fn run(url: &str, args: RunArgs) -> Result<i32, Failure> {
     let elector = builder
         .build()
         .map_err(|e| Failure::store("invalid election settings", &e))?;
+    if let Some((listener, metrics)) = http {
+        let addr = listener.local_addr().map_or_else(|_| "?".into(), |a| a.to_string());
+        http::serve(listener, serving.clone(), elector.clone(), metrics);
+        if !args.quiet {
+            output::log(format_args!(
+                "serving /healthz, /readyz, /leader and /metrics on http://{addr}"
+            ));
+        }
+    }
 
     let ctx = Arc::new(Supervisor {
-        name: args.command[0].to_string_lossy().into_owned(),
+        name: args
+            .command
+            .first()
+            .map_or_else(|| "leasehold".into(), |c| c.to_string_lossy().into_owned()),
         command: args.command,
         kill,
         quiet: args.quiet,
@@ -130,6 +155,7 @@ pub(crate) async fn run(url: &str, args: RunArgs) -> Result<i32, Failure> {
         containment_said: AtomicBool::new(false),
         explained: Mutex::new(None),
         auth: Arc::new(AuthWatch::new(args.auth_retry, args.wait.is_some())),
+        serving,
     });
     // Subscribed before the first campaign: an early failure is not missed.
     tokio::spawn(log_events(elector.events(), elector.clone(), ctx.clone()));
@@ -260,11 +286,16 @@ struct Supervisor {
     /// then says nothing more).
     explained: Mutex<Option<Term>>,
     auth: Arc<AuthWatch>,
+    /// What `--http` serves: this instance's leadership and the store's health.
+    serving: Arc<http::State>,
 }
 
 impl Supervisor {
     /// The leader's task: run the command until it exits, or until leadership ends.
     async fn supervise(&self, leader: Leader) -> Result<(), Failure> {
+        if self.command.is_empty() {
+            return self.hold(leader).await;
+        }
         // The last check before the side effect of starting the command.
         if leader.ensure_valid(self.kill.step_down_margin()).is_err() {
             leader.cancelled().await;
@@ -307,9 +338,13 @@ impl Supervisor {
             None => format!("process group {}", group.pgid()),
         };
         self.log(format_args!("started {name} ({place}) at term {term}"));
+        let leading = self.serving.leading(&leader);
         tokio::select! {
-            status = group.wait() => return self.after_exit(&leader, group, status, started).await,
-            () = leader.cancelled() => {}
+            status = group.wait() => {
+                drop(leading);
+                return self.after_exit(&leader, group, status, started).await;
+            }
+            () = leader.cancelled() => drop(leading),
         }
 
         // Leadership is ending: say why first, once.
@@ -421,6 +456,35 @@ impl Supervisor {
             self.finish();
         }
         Ok(()) // returning while leader releases the lease
+    }
+
+    /// The leader's task without a command (`--http` only): hold the lease, served as ready,
+    /// until leadership ends or a signal asks to release it.
+    async fn hold(&self, leader: Leader) -> Result<(), Failure> {
+        if leader.ensure_valid(Duration::ZERO).is_err() {
+            leader.cancelled().await;
+            return Ok(());
+        }
+        if self.give_up.is_cancelled() {
+            return Ok(()); // elected just as --wait ran out: release
+        }
+        self.elected.store(true, Ordering::SeqCst);
+        let term = leader.term();
+        let leading = self.serving.leading(&leader);
+        self.log(format_args!(
+            "holding lease {} at term {term} (no command): /readyz answers 200 while it lasts",
+            leader.lease()
+        ));
+        leader.cancelled().await;
+        drop(leading);
+        *self.explained.lock().expect("explained lock") = Some(term);
+        let why = self.why_ending(&leader);
+        if self.stop_requested.is_cancelled() {
+            self.log(format_args!("{why}; releasing it"));
+        } else {
+            self.log(format_args!("{why}; /readyz answers 503; campaigning again"));
+        }
+        Ok(())
     }
 
     /// Logs processes that SIGKILL does not end, and what that means for the lease.
@@ -604,6 +668,11 @@ async fn log_events(mut events: tokio::sync::broadcast::Receiver<Event>, elector
             Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
             Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
         };
+        match &event {
+            Event::StoreTrouble { error } => ctx.serving.store_failed(error),
+            Event::Elected { .. } | Event::LeaderChanged(_) => ctx.serving.store_answered(),
+            _ => {}
+        }
         if let Event::StoreTrouble { error } = &event
             && is_auth_failure(error)
         {
