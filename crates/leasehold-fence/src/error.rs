@@ -31,7 +31,7 @@ pub enum FenceError {
     },
 
     /// The table holds a value under `key` that is not a term (negative): something other than
-    /// this crate wrote it.
+    /// this crate wrote it. Reported when reading the stored term.
     #[error("the fence table holds {stored} under fence key {key:?}, which is not a term")]
     CorruptRecord {
         /// The fence key.

@@ -132,7 +132,6 @@ impl Fence {
     ///
     /// - [`FenceError::Stale`]: a higher term has been accepted; the caller is deposed.
     /// - [`FenceError::TermOutOfRange`]: `term` is above `i64::MAX`.
-    /// - [`FenceError::CorruptRecord`]: the row holds a negative number.
     /// - [`FenceError::Conflict`]: the row changed under the transaction's snapshot; retry.
     /// - [`FenceError::Database`]: the table does not exist, the connection failed, a lock or
     ///   statement timeout, a serialization failure.
@@ -158,6 +157,10 @@ impl Fence {
     }
 
     /// The highest term accepted under `key`, or `None` if none has been.
+    ///
+    /// A negative number in the row (written by something else, into a table without the
+    /// `CHECK`) is a [`FenceError::CorruptRecord`] here; [`check_and_advance`](Self::check_and_advance)
+    /// replaces it, as it is below every term.
     ///
     /// # Errors
     ///

@@ -125,7 +125,6 @@ impl Fence {
     ///
     /// - [`FenceError::Stale`]: a higher term has been accepted; the caller is deposed.
     /// - [`FenceError::TermOutOfRange`]: `term` is above `i64::MAX`.
-    /// - [`FenceError::CorruptRecord`]: the row holds a negative number.
     /// - [`FenceError::Database`]: the table does not exist, the database is busy beyond the busy
     ///   timeout, the file cannot be written.
     ///
@@ -150,6 +149,10 @@ impl Fence {
     }
 
     /// The highest term accepted under `key`, or `None` if none has been.
+    ///
+    /// A negative number in the row (written by something else, into a table without the
+    /// `CHECK`) is a [`FenceError::CorruptRecord`] here; [`check_and_advance`](Self::check_and_advance)
+    /// replaces it, as it is below every term.
     ///
     /// # Errors
     ///

@@ -148,15 +148,17 @@ async fn equal_terms_are_accepted_lower_refused_higher_advance() {
     db.drop_schema().await;
 }
 
-/// Terms 5 and 4 race on a key nobody has written yet: 5 checks first and holds its
-/// transaction open; 4's check waits (for the unique index entry) instead of finishing; when
-/// 5 commits, 4 is refused. Then the reverse on an existing row: 4 holds the row, 5 waits, 4
-/// commits (it checked first, so it came first), and 5 is accepted after it.
+/// Terms 5 and 4 race on a row at 3: 5 checks first and holds its transaction open; 4's check
+/// waits for the row lock instead of finishing (a plain read would see 3 and let 4 through);
+/// when 5 commits, 4 is refused. Then the reverse on a key nobody has written yet: 4 checks
+/// first (its insert holds the key), 6 waits, 4 commits (it checked first, so it came first),
+/// and 6 is accepted after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_transactions_are_serialised_by_the_fence_row() {
     let Some(db) = Db::new().await else { return };
     let db = Arc::new(db);
     let key = FenceKey::new("test-store", &random_lease());
+    db.fenced_write(&key, "3", Term(3)).await.unwrap();
 
     let mut tx5 = db.pool.begin().await.unwrap();
     db.fence.check_and_advance(&mut tx5, &key, Term(5)).await.unwrap();
@@ -176,7 +178,6 @@ async fn racing_transactions_are_serialised_by_the_fence_row() {
 
     // The reverse: a lower term that checks first is accepted, and the higher one waits for it.
     let key = FenceKey::new("test-store", &random_lease());
-    db.fenced_write(&key, "3", Term(3)).await.unwrap();
     let mut tx4 = db.pool.begin().await.unwrap();
     db.fence.check_and_advance(&mut tx4, &key, Term(4)).await.unwrap();
     let next = tokio::spawn({
