@@ -39,7 +39,7 @@
 //!
 //! A script runs atomically: [`REDIS_FENCED_SET`] checks the term under `KEYS[1]` and, if it is
 //! not lower, stores it and does the write (`SET KEYS[2] ARGV[2]`; replace that line with your
-//! own write). It returns `{1}` when it wrote and `{0, highest}` when the term is stale. Terms
+//! own write). It returns `{1, term}` when it wrote and `{0, highest}` when the term is stale. Terms
 //! are compared as decimal strings (by length, then bytes), not as Lua numbers, which are
 //! doubles and lose precision above 2⁵³. On Redis Cluster, give both keys one hash tag
 //! (`{orders}:fence`, `{orders}:42`) so that they live on one shard.
@@ -48,7 +48,7 @@
 //! use leasehold_fence::recipes::REDIS_FENCED_SET;
 //!
 //! # async fn example(conn: &mut redis::aio::MultiplexedConnection, term: u64) -> Result<(), Box<dyn std::error::Error>> {
-//! let (wrote, highest): (i64, Option<String>) = redis::Script::new(REDIS_FENCED_SET)
+//! let (wrote, highest): (i64, String) = redis::Script::new(REDIS_FENCED_SET)
 //!     .key("{orders}:fence")
 //!     .key("{orders}:42")
 //!     .arg(term.to_string())
@@ -56,7 +56,7 @@
 //!     .invoke_async(conn)
 //!     .await?;
 //! if wrote == 0 {
-//!     return Err(format!("stale term {term}: {} has been accepted", highest.unwrap_or_default()).into());
+//!     return Err(format!("stale term {term}: {highest} has been accepted").into()); // nothing written
 //! }
 //! # Ok(()) }
 //! ```
@@ -88,8 +88,8 @@
 //! `ConditionalCheckFailed` as a stale term.
 
 /// The Redis script of the recipe: `KEYS[1]` the fence key, `KEYS[2]` the data key, `ARGV[1]`
-/// the term (decimal, no leading zeros), `ARGV[2]` the value to write. Returns `{1}` when it
-/// wrote, `{0, highest}` when the term is lower than the stored one (nothing written).
+/// the term (decimal, no leading zeros), `ARGV[2]` the value to write. Returns `{1, term}` when
+/// it wrote, `{0, highest}` when the term is lower than the stored one (nothing written).
 pub const REDIS_FENCED_SET: &str = r#"
 local stored = redis.call('GET', KEYS[1])
 local term = ARGV[1]
@@ -102,7 +102,7 @@ end
 redis.call('SET', KEYS[1], term)
 -- The fenced write: replace it with yours.
 redis.call('SET', KEYS[2], ARGV[2])
-return {1}
+return {1, term}
 "#;
 
 /// `term` as the etcd recipe stores it: 20 decimal digits, zero-padded, so that etcd's byte
