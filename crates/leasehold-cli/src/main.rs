@@ -6,6 +6,7 @@
 //! leasehold history nightly-report --limit 5
 //! leasehold watch nightly-report
 //! leasehold break nightly-report
+//! leasehold run --store postgres://db/leases --lease api-writer --http 0.0.0.0:9090   # a sidecar
 //! ```
 //!
 //! See `docs/cli.md` in the repository for every option, the exit codes, and how the command is
@@ -90,6 +91,10 @@ enum Command {
     /// growing delay while it keeps failing). SIGINT, SIGTERM or SIGHUP stop CMD the same way,
     /// release the lease and exit with 128 + the signal number; a second signal kills CMD at
     /// once.
+    ///
+    /// With --http ADDR, serves /healthz, /readyz (200 only while this instance leads),
+    /// /leader and /metrics; CMD is then optional: without it, leasehold only holds the lease
+    /// beside an application that asks it who leads (a sidecar).
     Run(RunArgs),
 
     /// Show who holds each lease, at which term, and for how long the store keeps it.

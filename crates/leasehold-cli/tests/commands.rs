@@ -282,6 +282,7 @@ fn exit_code_tables_agree() {
         ("4", "does not support"),
         ("5", "not elected"),
         ("6", "credentials or permissions"),
+        ("7", "cannot be listened on"),
         ("126", "not executable"),
         ("127", "not found"),
         ("129", "SIGHUP"),
