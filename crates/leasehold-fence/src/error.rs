@@ -22,7 +22,10 @@ pub enum FenceError {
     /// `term` does not fit the table's signed 64-bit column (it is above `i64::MAX`). No lease
     /// store of leasehold hands out such terms (see the crate docs); the write is refused
     /// rather than stored wrapped around or rounded.
-    #[error("term {term} under fence key {key:?} is above {}, the largest term a fence table stores", i64::MAX)]
+    #[error(
+        "term {term} under fence key {key:?} is above {}, the largest term a fence table stores",
+        i64::MAX
+    )]
     TermOutOfRange {
         /// The fence key.
         key: String,

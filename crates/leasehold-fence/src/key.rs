@@ -87,14 +87,18 @@ impl AsRef<str> for FenceKey {
 /// Parsed by hand rather than with `url::Url`: leasehold's URLs name several hosts
 /// (`etcd://h1:2379,h2:2379/prefix`), which `url` refuses for non-special schemes.
 fn store_identity(url: &str) -> Result<String, FenceError> {
-    let (scheme, rest) = url
-        .split_once(':')
-        .ok_or(FenceError::InvalidStoreUrl { reason: "it has no scheme" })?;
+    let (scheme, rest) = url.split_once(':').ok_or(FenceError::InvalidStoreUrl {
+        reason: "it has no scheme",
+    })?;
     if scheme.is_empty()
         || !scheme.starts_with(|c: char| c.is_ascii_alphabetic())
-        || !scheme.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+        || !scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
     {
-        return Err(FenceError::InvalidStoreUrl { reason: "it has no valid scheme" });
+        return Err(FenceError::InvalidStoreUrl {
+            reason: "it has no valid scheme",
+        });
     }
     let scheme = scheme.to_ascii_lowercase();
     let rest = rest.split(['?', '#']).next().unwrap_or_default();
@@ -121,13 +125,25 @@ mod tests {
 
     #[test]
     fn a_key_from_a_url_names_scheme_hosts_and_path_and_no_secrets() {
-        assert_eq!(key("postgres://u:pw@DB.example:5432/app?sslmode=require"), "postgres://db.example:5432/app#jobs");
+        assert_eq!(
+            key("postgres://u:pw@DB.example:5432/app?sslmode=require"),
+            "postgres://db.example:5432/app#jobs"
+        );
         assert_eq!(key("redis://:p@ss@127.0.0.1:6379/2"), "redis://127.0.0.1:6379/2#jobs");
-        assert_eq!(key("etcd://root:pw@h1:2379,h2:2379/svc?password=x"), "etcd://h1:2379,h2:2379/svc#jobs");
+        assert_eq!(
+            key("etcd://root:pw@h1:2379,h2:2379/svc?password=x"),
+            "etcd://h1:2379,h2:2379/svc#jobs"
+        );
         assert_eq!(key("ETCD://h1:2379"), "etcd://h1:2379#jobs");
-        assert_eq!(key("sqlite:///var/lib/app/leases.db?mode=rwc"), "sqlite:///var/lib/app/leases.db#jobs");
+        assert_eq!(
+            key("sqlite:///var/lib/app/leases.db?mode=rwc"),
+            "sqlite:///var/lib/app/leases.db#jobs"
+        );
         assert_eq!(key("sqlite:leases.db"), "sqlite:leases.db#jobs");
-        assert_eq!(key("azblob://acct.blob.core.windows.net/leases?sv=2024&sig=SECRET"), "azblob://acct.blob.core.windows.net/leases#jobs");
+        assert_eq!(
+            key("azblob://acct.blob.core.windows.net/leases?sv=2024&sig=SECRET"),
+            "azblob://acct.blob.core.windows.net/leases#jobs"
+        );
     }
 
     #[test]

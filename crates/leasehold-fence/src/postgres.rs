@@ -64,7 +64,7 @@ static DEFAULT: LazyLock<Fence> = LazyLock::new(Fence::default);
 ///
 /// # async fn example(pool: PgPool, term: Term) -> Result<(), Box<dyn std::error::Error>> {
 /// let fence = Fence::new("billing.leader_fence")?;
-/// fence.ensure_table(&mut *pool.acquire().await?).await?;
+/// fence.ensure_table(&mut pool.acquire().await?).await?;
 ///
 /// let key = FenceKey::new("etcd-prod", &LeaseName::new("invoicer")?);
 /// let mut tx = pool.begin().await?;
@@ -139,7 +139,12 @@ impl Fence {
     /// # Cancel safety
     ///
     /// Dropping the future leaves the transaction in an unknown state: roll it back.
-    pub async fn check_and_advance(&self, conn: &mut PgConnection, key: &FenceKey, term: Term) -> Result<(), FenceError> {
+    pub async fn check_and_advance(
+        &self,
+        conn: &mut PgConnection,
+        key: &FenceKey,
+        term: Term,
+    ) -> Result<(), FenceError> {
         let value = term_to_i64(key, term)?;
         let accepted: Option<i64> = sqlx::query_scalar(AssertSqlSafe(self.upsert.clone()))
             .bind(key.as_str())

@@ -57,7 +57,7 @@ static DEFAULT: LazyLock<Fence> = LazyLock::new(Fence::default);
 ///
 /// # async fn example(pool: SqlitePool, term: Term) -> Result<(), Box<dyn std::error::Error>> {
 /// let fence = Fence::new("leader_fence")?;
-/// fence.ensure_table(&mut *pool.acquire().await?).await?;
+/// fence.ensure_table(&mut pool.acquire().await?).await?;
 ///
 /// let key = FenceKey::new("etcd-prod", &LeaseName::new("invoicer")?);
 /// let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
@@ -131,7 +131,12 @@ impl Fence {
     /// # Cancel safety
     ///
     /// Dropping the future leaves the transaction in an unknown state: roll it back.
-    pub async fn check_and_advance(&self, conn: &mut SqliteConnection, key: &FenceKey, term: Term) -> Result<(), FenceError> {
+    pub async fn check_and_advance(
+        &self,
+        conn: &mut SqliteConnection,
+        key: &FenceKey,
+        term: Term,
+    ) -> Result<(), FenceError> {
         let value = term_to_i64(key, term)?;
         let accepted: Option<i64> = sqlx::query_scalar(AssertSqlSafe(self.upsert.clone()))
             .bind(key.as_str())

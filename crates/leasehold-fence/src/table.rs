@@ -22,7 +22,9 @@ pub(crate) fn quoted_table_name(name: &str) -> Result<String, FenceError> {
         if !part.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
             || !part.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
         {
-            return Err(invalid("identifiers may only hold ASCII letters, digits and '_', and start with a letter or '_'"));
+            return Err(invalid(
+                "identifiers may only hold ASCII letters, digits and '_', and start with a letter or '_'",
+            ));
         }
     }
     Ok(parts.iter().map(|p| format!("\"{p}\"")).collect::<Vec<_>>().join("."))
@@ -40,7 +42,17 @@ mod tests {
 
     #[test]
     fn names_that_could_inject_sql_are_refused() {
-        for name in ["", "a.b.c", ".a", "a.", "1a", "a b", "a\"; DROP TABLE x; --", "a-b", &"x".repeat(64)] {
+        for name in [
+            "",
+            "a.b.c",
+            ".a",
+            "a.",
+            "1a",
+            "a b",
+            "a\"; DROP TABLE x; --",
+            "a-b",
+            &"x".repeat(64),
+        ] {
             assert!(
                 matches!(quoted_table_name(name), Err(FenceError::InvalidTableName { .. })),
                 "{name:?} was accepted"

@@ -22,15 +22,23 @@ struct Db {
 impl Db {
     async fn new() -> Option<Db> {
         let url = leasehold_conformance::require_server("postgres", "LEASEHOLD_POSTGRES_URL")?;
-        let pool = PgPoolOptions::new().max_connections(4).connect(&url).await.expect("connect to postgres");
+        let pool = PgPoolOptions::new()
+            .max_connections(4)
+            .connect(&url)
+            .await
+            .expect("connect to postgres");
         let schema = format!("fence_test_{:016x}", rand::random::<u64>());
-        let sql = format!(
-            "CREATE SCHEMA {schema}; CREATE TABLE {schema}.data (writer TEXT NOT NULL, term BIGINT NOT NULL)"
-        );
+        let sql =
+            format!("CREATE SCHEMA {schema}; CREATE TABLE {schema}.data (writer TEXT NOT NULL, term BIGINT NOT NULL)");
         sqlx::raw_sql(AssertSqlSafe(sql)).execute(&pool).await.unwrap();
         let fence = Fence::new(&format!("{schema}.fence")).unwrap();
-        fence.ensure_table(&mut *pool.acquire().await.unwrap()).await.unwrap();
-        Some(Db { url, pool, schema, fence })
+        fence.ensure_table(&mut pool.acquire().await.unwrap()).await.unwrap();
+        Some(Db {
+            url,
+            pool,
+            schema,
+            fence,
+        })
     }
 
     /// A fenced write of `writer` at `term`: the check and a row in the data table, committed
@@ -38,21 +46,27 @@ impl Db {
     async fn fenced_write(&self, key: &FenceKey, writer: &str, term: Term) -> Result<(), FenceError> {
         let mut tx = self.pool.begin().await?;
         self.fence.check_and_advance(&mut tx, key, term).await?;
-        sqlx::query(AssertSqlSafe(format!("INSERT INTO {}.data (writer, term) VALUES ($1, $2)", self.schema)))
-            .bind(writer)
-            .bind(i64::try_from(term.0).unwrap())
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {}.data (writer, term) VALUES ($1, $2)",
+            self.schema
+        )))
+        .bind(writer)
+        .bind(i64::try_from(term.0).unwrap())
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         Ok(())
     }
 
     /// The writers in the data table, in the order written.
     async fn writers(&self) -> Vec<String> {
-        sqlx::query_scalar(AssertSqlSafe(format!("SELECT writer FROM {}.data ORDER BY term, writer", self.schema)))
-            .fetch_all(&self.pool)
-            .await
-            .unwrap()
+        sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT writer FROM {}.data ORDER BY term, writer",
+            self.schema
+        )))
+        .fetch_all(&self.pool)
+        .await
+        .unwrap()
     }
 
     async fn drop_schema(self) {
@@ -88,14 +102,20 @@ async fn a_deposed_leaders_late_write_is_rejected_and_the_successors_accepted() 
     let key = FenceKey::from_url(&db.url, &lease).unwrap();
 
     let a = elector(store_a, &lease, "A").await;
-    let leader_a = tokio::time::timeout(Duration::from_secs(10), a.campaign()).await.unwrap().unwrap();
+    let leader_a = tokio::time::timeout(Duration::from_secs(10), a.campaign())
+        .await
+        .unwrap()
+        .unwrap();
     let term_a = leader_a.term();
     db.fenced_write(&key, "A-1", term_a).await.unwrap();
 
     // Deposed without being told: the operator frees the lease and B takes it.
     assert!(store_b.break_lease(&lease).await.unwrap().is_some());
     let b = elector(store_b, &lease, "B").await;
-    let leader_b = tokio::time::timeout(Duration::from_secs(10), b.campaign()).await.unwrap().unwrap();
+    let leader_b = tokio::time::timeout(Duration::from_secs(10), b.campaign())
+        .await
+        .unwrap()
+        .unwrap();
     let term_b = leader_b.term();
     assert!(term_b > term_a, "B's term {term_b} must be above A's {term_a}");
     db.fenced_write(&key, "B-1", term_b).await.unwrap();
@@ -109,7 +129,10 @@ async fn a_deposed_leaders_late_write_is_rejected_and_the_successors_accepted() 
     }
     let url = url::Url::parse(&db.url).unwrap();
     if let Some(password) = url.password().filter(|p| !p.is_empty()) {
-        assert!(!err.to_string().contains(password), "the error shows the password: {err}");
+        assert!(
+            !err.to_string().contains(password),
+            "the error shows the password: {err}"
+        );
         assert!(!key.as_str().contains(password));
     }
 
@@ -135,7 +158,14 @@ async fn equal_terms_are_accepted_lower_refused_higher_advance() {
     db.fenced_write(&key, "t7-again", Term(7)).await.unwrap();
     let err = db.fenced_write(&key, "t6", Term(6)).await.unwrap_err();
     assert!(
-        matches!(err, FenceError::Stale { term: Term(6), highest: Term(7), .. }),
+        matches!(
+            err,
+            FenceError::Stale {
+                term: Term(6),
+                highest: Term(7),
+                ..
+            }
+        ),
         "{err:?}"
     );
     db.fenced_write(&key, "t8", Term(8)).await.unwrap();
@@ -167,14 +197,27 @@ async fn racing_transactions_are_serialised_by_the_fence_row() {
         async move { db.fenced_write(&key, "4", Term(4)).await }
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!late.is_finished(), "term 4's check finished while term 5 held the fence");
+    assert!(
+        !late.is_finished(),
+        "term 4's check finished while term 5 held the fence"
+    );
     sqlx::query(AssertSqlSafe(format!("INSERT INTO {}.data VALUES ('5', 5)", db.schema)))
         .execute(&mut *tx5)
         .await
         .unwrap();
     tx5.commit().await.unwrap();
     let err = late.await.unwrap().unwrap_err();
-    assert!(matches!(err, FenceError::Stale { term: Term(4), highest: Term(5), .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            FenceError::Stale {
+                term: Term(4),
+                highest: Term(5),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
 
     // The reverse: a lower term that checks first is accepted, and the higher one waits for it.
     let key = FenceKey::new("test-store", &random_lease());
@@ -185,7 +228,10 @@ async fn racing_transactions_are_serialised_by_the_fence_row() {
         async move { db.fenced_write(&key, "6", Term(6)).await }
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!next.is_finished(), "term 6's check finished while term 4 held the fence");
+    assert!(
+        !next.is_finished(),
+        "term 6's check finished while term 4 held the fence"
+    );
     tx4.commit().await.unwrap();
     next.await.unwrap().unwrap();
     let mut conn = db.pool.acquire().await.unwrap();
@@ -203,13 +249,22 @@ async fn terms_above_i64_max_are_refused_with_a_typed_error() {
     let key = FenceKey::new("test-store", &random_lease());
     for term in [Term(i64::MAX as u64 + 1), Term(u64::MAX)] {
         let err = db.fenced_write(&key, "too-big", term).await.unwrap_err();
-        assert!(matches!(err, FenceError::TermOutOfRange { term: t, .. } if t == term), "{err:?}");
+        assert!(
+            matches!(err, FenceError::TermOutOfRange { term: t, .. } if t == term),
+            "{err:?}"
+        );
         assert!(err.to_string().contains(&term.to_string()), "{err}");
     }
     let mut conn = db.pool.acquire().await.unwrap();
     assert_eq!(db.fence.highest(&mut conn, &key).await.unwrap(), None);
-    db.fence.check_and_advance(&mut conn, &key, Term(i64::MAX as u64)).await.unwrap();
-    assert_eq!(db.fence.highest(&mut conn, &key).await.unwrap(), Some(Term(i64::MAX as u64)));
+    db.fence
+        .check_and_advance(&mut conn, &key, Term(i64::MAX as u64))
+        .await
+        .unwrap();
+    assert_eq!(
+        db.fence.highest(&mut conn, &key).await.unwrap(),
+        Some(Term(i64::MAX as u64))
+    );
     drop(conn);
     db.drop_schema().await;
 }
@@ -231,8 +286,12 @@ async fn the_default_table_works_and_a_missing_table_is_an_error() {
         .await
         .unwrap();
     leasehold_fence::postgres::ensure_table(&mut conn).await.unwrap();
-    leasehold_fence::postgres::check_and_advance(&mut conn, &key, Term(2)).await.unwrap();
-    let err = leasehold_fence::postgres::check_and_advance(&mut conn, &key, Term(1)).await.unwrap_err();
+    leasehold_fence::postgres::check_and_advance(&mut conn, &key, Term(2))
+        .await
+        .unwrap();
+    let err = leasehold_fence::postgres::check_and_advance(&mut conn, &key, Term(1))
+        .await
+        .unwrap_err();
     assert!(matches!(err, FenceError::Stale { highest: Term(2), .. }), "{err:?}");
     let stored: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
         "SELECT term FROM {}.leasehold_fence WHERE fence_key = $1",

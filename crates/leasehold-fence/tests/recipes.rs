@@ -30,10 +30,14 @@ async fn etcd_get(client: &mut Client, key: &str) -> Option<String> {
 /// is then refused; `u64::MAX` writes and `u64::MAX - 1` is refused (no precision loss).
 #[tokio::test]
 async fn etcd_recipe_refuses_lower_terms_and_accepts_equal_and_higher() {
-    let Some(url) = require_server("etcd", "LEASEHOLD_ETCD_URL") else { return };
+    let Some(url) = require_server("etcd", "LEASEHOLD_ETCD_URL") else {
+        return;
+    };
     let hosts = url.split_once("://").map_or(url.as_str(), |(_, rest)| rest);
     let hosts = hosts.split(['/', '?']).next().unwrap();
-    let mut client = Client::connect(hosts.split(',').collect::<Vec<_>>(), None).await.unwrap();
+    let mut client = Client::connect(hosts.split(',').collect::<Vec<_>>(), None)
+        .await
+        .unwrap();
     let run = suffix();
     let fence = format!("fence-test/{run}/fence");
     let data = format!("fence-test/{run}/data");
@@ -52,7 +56,13 @@ async fn etcd_recipe_refuses_lower_terms_and_accepts_equal_and_higher() {
     assert!(!etcd_fenced_put(&mut client, &fence, u64::MAX - 1, &data, "max-1").await);
     assert_eq!(etcd_get(&mut client, &data).await.as_deref(), Some("max"));
 
-    client.delete(format!("fence-test/{run}/"), Some(etcd_client::DeleteOptions::new().with_prefix())).await.unwrap();
+    client
+        .delete(
+            format!("fence-test/{run}/"),
+            Some(etcd_client::DeleteOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
 }
 
 /// The Redis script: first, equal and higher terms write (`{1, term}`); a lower one returns
@@ -61,7 +71,9 @@ async fn etcd_recipe_refuses_lower_terms_and_accepts_equal_and_higher() {
 /// (Lua numbers would round both to 2^64); a term with a leading zero is an error.
 #[tokio::test]
 async fn redis_recipe_refuses_lower_terms_and_accepts_equal_and_higher() {
-    let Some(url) = require_server("redis", "LEASEHOLD_REDIS_URL") else { return };
+    let Some(url) = require_server("redis", "LEASEHOLD_REDIS_URL") else {
+        return;
+    };
     let client = redis::Client::open(url.as_str()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let run = suffix();
@@ -69,7 +81,13 @@ async fn redis_recipe_refuses_lower_terms_and_accepts_equal_and_higher() {
     let data = format!("{{fence-test-{run}}}:data");
     let script = redis::Script::new(REDIS_FENCED_SET);
     let mut put = async |term: String, value: &str| -> redis::RedisResult<(i64, String)> {
-        script.key(&fence).key(&data).arg(term).arg(value).invoke_async(&mut conn).await
+        script
+            .key(&fence)
+            .key(&data)
+            .arg(term)
+            .arg(value)
+            .invoke_async(&mut conn)
+            .await
     };
 
     assert_eq!(put("5".into(), "A@5").await.unwrap(), (1, "5".into()));
@@ -80,11 +98,19 @@ async fn redis_recipe_refuses_lower_terms_and_accepts_equal_and_higher() {
     assert_eq!(put("10".into(), "10").await.unwrap(), (1, "10".into()));
     assert_eq!(put("9".into(), "9 late").await.unwrap(), (0, "10".into()));
     assert_eq!(put(u64::MAX.to_string(), "max").await.unwrap().0, 1);
-    assert_eq!(put((u64::MAX - 1).to_string(), "max-1").await.unwrap(), (0, u64::MAX.to_string()));
+    assert_eq!(
+        put((u64::MAX - 1).to_string(), "max-1").await.unwrap(),
+        (0, u64::MAX.to_string())
+    );
     assert!(put("011".into(), "leading zero").await.is_err());
 
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let stored: String = redis::cmd("GET").arg(&data).query_async(&mut conn).await.unwrap();
     assert_eq!(stored, "max");
-    let _: i64 = redis::cmd("DEL").arg(&fence).arg(&data).query_async(&mut conn).await.unwrap();
+    let _: i64 = redis::cmd("DEL")
+        .arg(&fence)
+        .arg(&data)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
 }

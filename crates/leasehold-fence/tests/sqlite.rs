@@ -25,13 +25,17 @@ impl Db {
             .filename(dir.path().join("app.db"))
             .create_if_missing(true)
             .busy_timeout(Duration::from_secs(10));
-        let pool = SqlitePoolOptions::new().max_connections(4).connect_with(options).await.unwrap();
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options)
+            .await
+            .unwrap();
         sqlx::query("CREATE TABLE data (writer TEXT NOT NULL, term INTEGER NOT NULL)")
             .execute(&pool)
             .await
             .unwrap();
         let fence = Fence::new("fence").unwrap();
-        fence.ensure_table(&mut *pool.acquire().await.unwrap()).await.unwrap();
+        fence.ensure_table(&mut pool.acquire().await.unwrap()).await.unwrap();
         Db { dir, pool, fence }
     }
 
@@ -79,14 +83,28 @@ async fn a_deposed_leaders_late_write_is_rejected_and_the_successors_accepted() 
     let store_a = leasehold::connect(&url).await.unwrap();
     let store_b = leasehold::connect(&url).await.unwrap();
 
-    let a = Elector::builder(store_a, lease.as_str()).candidate_id("A").ttl(Duration::from_secs(5)).build().unwrap();
-    let leader_a = tokio::time::timeout(Duration::from_secs(10), a.campaign()).await.unwrap().unwrap();
+    let a = Elector::builder(store_a, lease.as_str())
+        .candidate_id("A")
+        .ttl(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let leader_a = tokio::time::timeout(Duration::from_secs(10), a.campaign())
+        .await
+        .unwrap()
+        .unwrap();
     let term_a = leader_a.term();
     db.fenced_write(&key, "A-1", term_a).await.unwrap();
 
     assert!(store_b.break_lease(&lease).await.unwrap().is_some());
-    let b = Elector::builder(store_b, lease.as_str()).candidate_id("B").ttl(Duration::from_secs(5)).build().unwrap();
-    let leader_b = tokio::time::timeout(Duration::from_secs(10), b.campaign()).await.unwrap().unwrap();
+    let b = Elector::builder(store_b, lease.as_str())
+        .candidate_id("B")
+        .ttl(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let leader_b = tokio::time::timeout(Duration::from_secs(10), b.campaign())
+        .await
+        .unwrap()
+        .unwrap();
     let term_b = leader_b.term();
     assert!(term_b > term_a, "B's term {term_b} must be above A's {term_a}");
     db.fenced_write(&key, "B-1", term_b).await.unwrap();
@@ -115,7 +133,17 @@ async fn equal_terms_are_accepted_lower_refused_higher_advance() {
     db.fenced_write(&key, "t7", Term(7)).await.unwrap();
     db.fenced_write(&key, "t7-again", Term(7)).await.unwrap();
     let err = db.fenced_write(&key, "t6", Term(6)).await.unwrap_err();
-    assert!(matches!(err, FenceError::Stale { term: Term(6), highest: Term(7), .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            FenceError::Stale {
+                term: Term(6),
+                highest: Term(7),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
     db.fenced_write(&key, "t8", Term(8)).await.unwrap();
     let err = db.fenced_write(&key, "t7-late", Term(7)).await.unwrap_err();
     assert!(matches!(err, FenceError::Stale { highest: Term(8), .. }), "{err:?}");
@@ -141,11 +169,27 @@ async fn racing_transactions_are_serialised_by_the_write_lock() {
         async move { db.fenced_write(&key, "4", Term(4)).await }
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!late.is_finished(), "term 4's transaction finished while term 5 held the write lock");
-    sqlx::query("INSERT INTO data VALUES ('5', 5)").execute(&mut *tx5).await.unwrap();
+    assert!(
+        !late.is_finished(),
+        "term 4's transaction finished while term 5 held the write lock"
+    );
+    sqlx::query("INSERT INTO data VALUES ('5', 5)")
+        .execute(&mut *tx5)
+        .await
+        .unwrap();
     tx5.commit().await.unwrap();
     let err = late.await.unwrap().unwrap_err();
-    assert!(matches!(err, FenceError::Stale { term: Term(4), highest: Term(5), .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            FenceError::Stale {
+                term: Term(4),
+                highest: Term(5),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
 
     let key = FenceKey::new("test-store", &random_lease());
     let mut tx4 = db.pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
@@ -155,7 +199,10 @@ async fn racing_transactions_are_serialised_by_the_write_lock() {
         async move { db.fenced_write(&key, "6", Term(6)).await }
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!next.is_finished(), "term 6's transaction finished while term 4 held the write lock");
+    assert!(
+        !next.is_finished(),
+        "term 6's transaction finished while term 4 held the write lock"
+    );
     tx4.commit().await.unwrap();
     next.await.unwrap().unwrap();
     assert_eq!(db.highest(&key).await, Some(Term(6)));
@@ -170,7 +217,10 @@ async fn terms_above_i64_max_are_refused_with_a_typed_error() {
     let key = FenceKey::new("test-store", &random_lease());
     for term in [Term(i64::MAX as u64 + 1), Term(u64::MAX)] {
         let err = db.fenced_write(&key, "too-big", term).await.unwrap_err();
-        assert!(matches!(err, FenceError::TermOutOfRange { term: t, .. } if t == term), "{err:?}");
+        assert!(
+            matches!(err, FenceError::TermOutOfRange { term: t, .. } if t == term),
+            "{err:?}"
+        );
     }
     assert_eq!(db.highest(&key).await, None);
     db.fenced_write(&key, "max", Term(i64::MAX as u64)).await.unwrap();
@@ -188,9 +238,13 @@ async fn the_default_table_works_and_a_negative_stored_value_is_corrupt() {
     let key = FenceKey::new("test-store", &random_lease());
     leasehold_fence::sqlite::ensure_table(&mut conn).await.unwrap();
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.unwrap();
-    leasehold_fence::sqlite::check_and_advance(&mut tx, &key, Term(2)).await.unwrap();
+    leasehold_fence::sqlite::check_and_advance(&mut tx, &key, Term(2))
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
-    let err = leasehold_fence::sqlite::check_and_advance(&mut conn, &key, Term(1)).await.unwrap_err();
+    let err = leasehold_fence::sqlite::check_and_advance(&mut conn, &key, Term(1))
+        .await
+        .unwrap_err();
     assert!(matches!(err, FenceError::Stale { highest: Term(2), .. }), "{err:?}");
     let stored: i64 = sqlx::query_scalar("SELECT term FROM leasehold_fence WHERE fence_key = ?1")
         .bind(key.as_str())
@@ -203,7 +257,11 @@ async fn the_default_table_works_and_a_negative_stored_value_is_corrupt() {
         .execute(&mut *conn)
         .await
         .unwrap();
-    sqlx::query("INSERT INTO loose VALUES (?1, -5)").bind(key.as_str()).execute(&mut *conn).await.unwrap();
+    sqlx::query("INSERT INTO loose VALUES (?1, -5)")
+        .bind(key.as_str())
+        .execute(&mut *conn)
+        .await
+        .unwrap();
     let loose = Fence::new("loose").unwrap();
     let err = loose.highest(&mut conn, &key).await.unwrap_err();
     assert!(matches!(err, FenceError::CorruptRecord { stored: -5, .. }), "{err:?}");
