@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use futures::StreamExt;
 use futures::future::BoxFuture;
@@ -15,22 +15,42 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use crate::error::{Error, Result};
 use crate::machine::{DeposedReason, Input, Machine, OpId, Output, Reply, Request};
 use crate::store::{Changes, LeaseStore};
+use crate::telemetry::{self, RequestGuard};
 use crate::timing::{Millis, Timing};
-use crate::types::{CandidateId, Capabilities, LeaseName, Term, random_u64};
+use crate::types::{
+    Acquired, CandidateId, Capabilities, EndReason, LeaseName, Notifications, Observation, Renewed, Term, random_u64,
+};
 
 /// Who leads a lease, as one candidate sees it.
+///
+/// With the `serde` feature it serializes; `since` is written as a wall-clock time (see
+/// [`Event`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
 pub struct LeaderInfo {
     /// The holder.
     pub holder: CandidateId,
     /// Its term.
     pub term: Term,
     /// When this candidate first saw it lead (local monotonic time).
+    #[cfg_attr(feature = "serde", serde(with = "crate::types::serde_time::instant"))]
     pub since: Instant,
+    /// The same moment by the wall clock, for logs and dashboards (never used for a decision).
+    #[cfg_attr(feature = "serde", serde(with = "crate::types::serde_time::system"))]
+    pub since_wall: SystemTime,
 }
 
 /// What happens to an election, as one candidate sees it. Subscribe with [`Elector::events`].
+///
+/// The `Instant`s are this process's monotonic clock; [`Event::wall_clock`] turns one into a
+/// wall-clock time for a log line. With the `serde` feature an event serializes (externally
+/// tagged, snake case: `{"elected":{"term":3,"at":"2026-11-23T21:50:01.123456789Z",...}}`),
+/// every `Instant` written as the RFC 3339 wall-clock time it corresponds to; deserializing maps
+/// it back onto this process's monotonic clock.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 #[non_exhaustive]
 pub enum Event {
     /// This candidate became leader.
@@ -38,8 +58,10 @@ pub enum Event {
         /// The fencing term.
         term: Term,
         /// When the grant's reply was processed.
+        #[cfg_attr(feature = "serde", serde(with = "crate::types::serde_time::instant"))]
         at: Instant,
         /// Until when the leadership may be believed (it moves forward with every renewal).
+        #[cfg_attr(feature = "serde", serde(with = "crate::types::serde_time::instant"))]
         valid_until: Instant,
     },
     /// This candidate stopped being leader; emitted once its work has stopped.
@@ -49,6 +71,7 @@ pub enum Event {
         /// Why.
         reason: DeposedReason,
         /// When believed leadership ended ([`Leader::ensure_valid`] failed from then on).
+        #[cfg_attr(feature = "serde", serde(with = "crate::types::serde_time::instant"))]
         believed_until: Instant,
         /// How long the work took to return after it was cancelled, if it returned by itself.
         work_stopped_after: Option<Duration>,
@@ -62,6 +85,15 @@ pub enum Event {
         /// The error, as text.
         error: String,
     },
+}
+
+impl Event {
+    /// The wall-clock time of an `Instant` of this process (such as [`Event::Elected`]'s `at`),
+    /// for logs: the wall clock now, minus how long ago the instant was. Never use it for a
+    /// decision (the wall clock can jump).
+    pub fn wall_clock(instant: Instant) -> SystemTime {
+        crate::types::wall_clock(instant)
+    }
 }
 
 /// Builds an [`Elector`]. Every timing field defaults from the TTL (see [`Timing`]).
@@ -162,6 +194,8 @@ impl ElectorBuilder {
         let caps = self.store.capabilities();
         caps.check_ttl(self.store.name(), timing.ttl)?;
         timing.validate()?;
+        telemetry::describe();
+        telemetry::register(lease.as_str(), self.store.name());
         Ok(Elector {
             inner: Arc::new(Inner {
                 store: self.store,
@@ -170,6 +204,7 @@ impl ElectorBuilder {
                 timing,
                 caps,
                 leader: watch::channel(None).0,
+                leading: Mutex::new(None),
                 events: std::sync::OnceLock::new(),
                 not_before: Mutex::new(None),
                 earlier: Mutex::new(None),
@@ -200,6 +235,8 @@ struct Inner {
     timing: Timing,
     caps: Capabilities,
     leader: watch::Sender<Option<LeaderInfo>>,
+    /// While this candidate leads: until when its leadership may be believed.
+    leading: Mutex<Option<Instant>>,
     /// Made by the first [`Elector::events`] call; until then events go nowhere.
     events: std::sync::OnceLock<broadcast::Sender<Event>>,
     /// After a step-down, the next campaign waits until then so another candidate can win.
@@ -213,17 +250,46 @@ struct Inner {
 }
 
 /// Why [`Elector::run`] returned.
-#[derive(Debug, thiserror::Error)]
+///
+/// Implements [`std::error::Error`] when the task's error type `E` does: then
+/// [`source`](std::error::Error::source) of [`RunError::Task`] is the task's error, so its whole
+/// `source()` chain is kept (and the `Display` of `Task` does not repeat it). With an `E` that is
+/// not an `Error` (`anyhow::Error`, `Box<dyn Error>`), match on the variants.
+#[derive(Debug)]
 pub enum RunError<E> {
     /// The election could not run (invalid configuration).
-    #[error(transparent)]
-    Election(#[from] Error),
+    Election(Error),
     /// The task returned this error while it was leader.
-    #[error("the leader's task failed: {0}")]
     Task(E),
     /// The task panicked while it was leader.
-    #[error("the leader's task panicked")]
     Panicked,
+}
+
+impl<E> From<Error> for RunError<E> {
+    fn from(e: Error) -> Self {
+        RunError::Election(e)
+    }
+}
+
+impl<E> std::fmt::Display for RunError<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RunError::Election(e) => e.fmt(f),
+            RunError::Task(_) => f.write_str("the leader's task failed"),
+            RunError::Panicked => f.write_str("the leader's task panicked"),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for RunError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            // Transparent: the election error stands for itself.
+            RunError::Election(e) => e.source(),
+            RunError::Task(e) => Some(e),
+            RunError::Panicked => None,
+        }
+    }
 }
 
 impl Elector {
@@ -268,6 +334,17 @@ impl Elector {
     /// The leader as this candidate sees it, updated while it campaigns or leads.
     pub fn observe(&self) -> watch::Receiver<Option<LeaderInfo>> {
         self.inner.leader.subscribe()
+    }
+
+    /// Whether this candidate leads now: elected, not deposed, and its believed leadership
+    /// (`valid_until`) not yet over. [`Leader::ensure_valid`] is the check to make before a side
+    /// effect; this is for status pages and health checks.
+    pub fn is_leader(&self) -> bool {
+        self.inner
+            .leading
+            .lock()
+            .expect("leading lock")
+            .is_some_and(|valid_until| now() < valid_until)
     }
 
     /// A stream of [`Event`]s from now on (a subscriber more than 128 events behind misses the oldest).
@@ -385,7 +462,8 @@ impl Elector {
                 () = &mut shutdown => return Ok(()),
             };
             let control = leader.shared.clone();
-            let mut handle = tokio::spawn(task(leader));
+            let span = info_span!("leader", lease = %leader.lease(), term = %leader.term(), holder = %leader.holder());
+            let mut handle = tokio::spawn(task(leader).instrument(span));
             *control.abort.lock().expect("abort lock") = Some(handle.abort_handle());
             // Should this future be dropped (a `select!` against a shutdown signal), the task is
             // cancelled at once, aborted at `valid_until` if it has not returned, and the lease
@@ -651,7 +729,7 @@ impl Leader {
 type PendingOp = (OpId, BoxFuture<'static, Reply>);
 
 /// The current instant on tokio's clock, so that the engine runs under `tokio::time::pause`.
-fn now() -> Instant {
+pub(crate) fn now() -> Instant {
     tokio::time::Instant::now().into_std()
 }
 
@@ -671,6 +749,19 @@ struct Driver {
     campaign_started: Instant,
     /// The campaign() future was dropped and the machine told to shut down.
     campaign_dropped: bool,
+    /// What this campaign saw of another holder, for the failover and handover histograms.
+    previous: PreviousHolder,
+}
+
+/// Another candidate's term as this one saw it while following.
+#[derive(Debug, Default)]
+struct PreviousHolder {
+    /// The holder, its term and record version, when this candidate first saw that version (its
+    /// last renewal seen), and when the store would expire it (if it said).
+    seen: Option<(CandidateId, Term, String, Instant, Option<Instant>)>,
+    /// When this candidate saw the holder let go: the lease read free as released, or a release
+    /// notification.
+    released_at: Option<Instant>,
 }
 
 struct LeaderControl {
@@ -716,6 +807,7 @@ impl Driver {
             deposed: None,
             campaign_started: now,
             campaign_dropped: false,
+            previous: PreviousHolder::default(),
         })
     }
 
@@ -762,6 +854,7 @@ impl Driver {
             }
             let input = self.next_input(elected.as_mut()).await;
             let now = now();
+            self.track_previous(now, &input);
             self.feed_heartbeat(now, &mut out);
             self.machine.handle(now, input, &mut out);
         }
@@ -821,6 +914,60 @@ impl Driver {
         }
     }
 
+    /// Follows what replies and notifications show of another holder (the machine decides;
+    /// this only measures).
+    fn track_previous(&mut self, now: Instant, input: &Input) {
+        let observation: Option<&Observation> = match input {
+            Input::Reply(_, Reply::Acquire(Ok(Acquired::Held(o))))
+            | Input::Reply(_, Reply::Inspect(Ok(o)))
+            | Input::Reply(_, Reply::Renew(Ok(Renewed::Lost(o)))) => Some(o),
+            Input::Notified => {
+                let p = &mut self.previous;
+                if let Some((.., alive_at, store_deadline)) = &p.seen
+                    && p.released_at.is_none()
+                {
+                    // A store that notifies releases only: this is one. One that also notifies
+                    // expiry: a release if it came before the store would have expired the lease.
+                    let expires = store_deadline.unwrap_or(*alive_at + self.inner.timing.ttl);
+                    let release = match self.inner.caps.notifications {
+                        Notifications::Release => true,
+                        _ => now < expires,
+                    };
+                    if release {
+                        p.released_at = Some(now);
+                    }
+                }
+                None
+            }
+            _ => None,
+        };
+        let Some(observation) = observation else { return };
+        let p = &mut self.previous;
+        match &observation.holder {
+            Some(h) if h.id == self.inner.id => {}
+            Some(h) => {
+                let store_deadline = h.store_remaining.map(|r| now + r);
+                match &mut p.seen {
+                    Some((id, term, version, _, deadline))
+                        if *id == h.id && *term == h.term && *version == h.version =>
+                    {
+                        *deadline = store_deadline;
+                    }
+                    seen => {
+                        *seen = Some((h.id.clone(), h.term, h.version.clone(), now, store_deadline));
+                        p.released_at = None;
+                    }
+                }
+            }
+            None => {
+                if p.seen.is_some() && p.released_at.is_none() && observation.previous_end == Some(EndReason::Released)
+                {
+                    p.released_at = Some(now);
+                }
+            }
+        }
+    }
+
     fn feed_heartbeat(&mut self, _now: Instant, out: &mut Vec<Output>) {
         let Some(l) = &mut self.leader else { return };
         let beat = l.shared.heartbeat.load(Ordering::Relaxed);
@@ -839,13 +986,19 @@ impl Driver {
                 let store = self.inner.store.clone();
                 let lease_name = self.inner.lease.clone();
                 let me = self.inner.id.clone();
+                let guard = RequestGuard {
+                    lease: lease.clone(),
+                    store: store.name(),
+                    operation: telemetry::operation(&request),
+                    done: false,
+                };
                 let fut: BoxFuture<'static, Reply> = Box::pin(async move {
                     let started = now();
                     let reply = match request {
                         Request::Acquire(r) => Reply::Acquire(store.acquire(&r).await),
                         Request::Renew(g) => {
                             let reply = store.renew(&g).await;
-                            metrics::histogram!("leasehold_renew_seconds", "lease" => g.lease.as_str().to_string())
+                            metrics::histogram!(telemetry::RENEW_SECONDS, "lease" => g.lease.as_str().to_string())
                                 .record((now() - started).as_secs_f64());
                             Reply::Renew(reply)
                         }
@@ -853,7 +1006,7 @@ impl Driver {
                         Request::Inspect => Reply::Inspect(store.inspect(&lease_name).await),
                         Request::Withdraw => Reply::Withdraw(store.withdraw(&lease_name, &me).await),
                     };
-                    metrics::counter!("leasehold_store_requests_total", "store" => store.name()).increment(1);
+                    guard.finish(&reply);
                     reply
                 });
                 self.op = Some((id, fut));
@@ -862,13 +1015,23 @@ impl Driver {
             Output::Elected { grant, valid_until } => {
                 let now = now();
                 info!(term = %grant.term, "elected");
-                metrics::gauge!("leasehold_is_leader", "lease" => lease.clone()).set(1.0);
-                metrics::counter!("leasehold_transitions_total", "lease" => lease.clone(), "to" => "leader")
-                    .increment(1);
-                metrics::histogram!("leasehold_campaign_seconds", "lease" => lease.clone())
+                *self.inner.leading.lock().expect("leading lock") = Some(valid_until);
+                metrics::gauge!(telemetry::IS_LEADER, "lease" => lease.clone()).set(1.0);
+                metrics::gauge!(telemetry::TERM, "lease" => lease.clone()).set(grant.term.0 as f64);
+                metrics::counter!(telemetry::TRANSITIONS, "lease" => lease.clone(), "to" => "leader").increment(1);
+                metrics::histogram!(telemetry::CAMPAIGN_SECONDS, "lease" => lease.clone())
                     .record((now - self.campaign_started).as_secs_f64());
-                metrics::gauge!("leasehold_lease_remaining_seconds", "lease" => lease)
-                    .set((valid_until - now).as_secs_f64());
+                let previous = std::mem::take(&mut self.previous);
+                if let Some((.., alive_at, _)) = previous.seen {
+                    match previous.released_at {
+                        Some(released_at) => metrics::histogram!(telemetry::HANDOVER_SECONDS, "lease" => lease.clone())
+                            .record(now.saturating_duration_since(released_at).as_secs_f64()),
+                        None => metrics::histogram!(telemetry::FAILOVER_SECONDS, "lease" => lease.clone())
+                            .record(now.saturating_duration_since(alive_at).as_secs_f64()),
+                    }
+                }
+                metrics::gauge!(telemetry::REMAINING, "lease" => lease)
+                    .set(valid_until.saturating_duration_since(now).as_secs_f64());
                 let (status_tx, status) = watch::channel(Status {
                     valid_until,
                     deposed: None,
@@ -905,7 +1068,10 @@ impl Driver {
                 if let Some(l) = &self.leader {
                     l.status.send_modify(|s| s.valid_until = valid_until);
                 }
-                metrics::gauge!("leasehold_lease_remaining_seconds", "lease" => lease)
+                if let Some(leading) = self.inner.leading.lock().expect("leading lock").as_mut() {
+                    *leading = valid_until;
+                }
+                metrics::gauge!(telemetry::REMAINING, "lease" => lease)
                     .set(valid_until.saturating_duration_since(now()).as_secs_f64());
                 None
             }
@@ -918,8 +1084,12 @@ impl Driver {
                     DeposedReason::Resigned | DeposedReason::WorkFinished => info!(%term, %reason, "stepped down"),
                     _ => warn!(%term, %reason, "deposed"),
                 }
-                metrics::gauge!("leasehold_is_leader", "lease" => lease.clone()).set(0.0);
-                metrics::counter!("leasehold_transitions_total", "lease" => lease, "to" => "follower").increment(1);
+                *self.inner.leading.lock().expect("leading lock") = None;
+                metrics::gauge!(telemetry::IS_LEADER, "lease" => lease.clone()).set(0.0);
+                metrics::gauge!(telemetry::REMAINING, "lease" => lease.clone()).set(0.0);
+                metrics::counter!(telemetry::STEP_DOWNS, "lease" => lease.clone(), "reason" => telemetry::step_down_reason(&reason))
+                    .increment(1);
+                metrics::counter!(telemetry::TRANSITIONS, "lease" => lease, "to" => "follower").increment(1);
                 if let Some(l) = &self.leader {
                     l.status.send_modify(|s| s.deposed = Some(reason.clone()));
                     l.shared.token.cancel();
@@ -963,13 +1133,19 @@ impl Driver {
                     holder,
                     term,
                     since: now(),
+                    since_wall: SystemTime::now(),
                 });
+                if let Some(info) = &info {
+                    metrics::gauge!(telemetry::TERM, "lease" => lease).set(info.term.0 as f64);
+                }
                 self.inner.leader.send_replace(info.clone());
                 self.emit(Event::LeaderChanged(info));
                 None
             }
             Output::StoreTrouble(error) => {
                 debug!(%error, "store trouble");
+                telemetry::trouble_counter(&lease, self.inner.store.name(), telemetry::trouble_reason(&error))
+                    .increment(1);
                 self.emit(Event::StoreTrouble {
                     error: error.to_string(),
                 });

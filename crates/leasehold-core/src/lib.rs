@@ -6,6 +6,7 @@ mod error;
 pub mod machine;
 mod memory;
 mod store;
+mod telemetry;
 mod timing;
 mod types;
 pub mod url_options;

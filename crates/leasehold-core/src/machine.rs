@@ -103,6 +103,11 @@ pub enum Input {
 
 /// Why a leader stopped being leader.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
 #[non_exhaustive]
 pub enum DeposedReason {
     /// The store proves another holder (or that the lease is gone).

@@ -31,6 +31,11 @@ pub const MAX_CANDIDATE_ID_LEN: usize = 256;
 /// # Ok::<(), leasehold_core::Error>(())
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(try_from = "String", into = "String")
+)]
 pub struct LeaseName(String);
 
 impl LeaseName {
@@ -74,6 +79,19 @@ impl FromStr for LeaseName {
     }
 }
 
+impl TryFrom<String> for LeaseName {
+    type Error = Error;
+    fn try_from(s: String) -> Result<Self> {
+        LeaseName::new(s)
+    }
+}
+
+impl From<LeaseName> for String {
+    fn from(name: LeaseName) -> String {
+        name.0
+    }
+}
+
 impl TryFrom<&str> for LeaseName {
     type Error = Error;
     fn try_from(s: &str) -> Result<Self> {
@@ -98,6 +116,11 @@ impl fmt::Debug for LeaseName {
 /// Every candidate of one lease must have its own id. [`CandidateId::generate`] makes one from
 /// the host name, the process id and a random suffix.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(try_from = "String", into = "String")
+)]
 pub struct CandidateId(String);
 
 impl CandidateId {
@@ -161,6 +184,19 @@ pub fn random_u64() -> u64 {
     hasher.finish()
 }
 
+impl TryFrom<String> for CandidateId {
+    type Error = Error;
+    fn try_from(s: String) -> Result<Self> {
+        CandidateId::new(s)
+    }
+}
+
+impl From<CandidateId> for String {
+    fn from(id: CandidateId) -> String {
+        id.0
+    }
+}
+
 impl FromStr for CandidateId {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
@@ -186,6 +222,7 @@ impl fmt::Debug for CandidateId {
 /// Pass it to downstream systems with every write so that they can reject a deposed leader's
 /// late writes (`reject if term < highest term seen`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(transparent))]
 pub struct Term(pub u64);
 
 impl fmt::Display for Term {
@@ -215,6 +252,7 @@ pub struct Grant {
 
 /// The current holder of a lease, as a store reports it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct HolderInfo {
     /// Who holds the lease.
     pub id: CandidateId,
@@ -232,6 +270,11 @@ pub struct HolderInfo {
 
 /// How the previous term of a lease ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
 #[non_exhaustive]
 pub enum EndReason {
     /// The holder released it.
@@ -273,7 +316,10 @@ impl FromStr for EndReason {
 }
 
 /// What a store reports about a lease.
+///
+/// With the `serde` feature it serializes (durations as `{"secs":..,"nanos":..}`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Observation {
     /// The lease.
     pub lease: LeaseName,
@@ -394,16 +440,100 @@ impl Capabilities {
 /// One term in a lease's history: who led, from when, and how it ended.
 ///
 /// Times are wall-clock times for the audit trail only; no safety decision ever compares them.
+/// With the `serde` feature they serialize as RFC 3339 strings, `ended` as
+/// `["2026-11-23T21:50:01Z", "released"]` or `null`.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Transition {
     /// The term.
     pub term: Term,
     /// Who held it.
     pub holder: CandidateId,
     /// When it was granted, by the clock of whoever wrote the record.
+    #[cfg_attr(feature = "serde", serde(with = "serde_time::system"))]
     pub acquired_at: SystemTime,
     /// When and how it ended, if it has.
+    #[cfg_attr(feature = "serde", serde(with = "serde_time::ended"))]
     pub ended: Option<(SystemTime, EndReason)>,
+}
+
+/// The wall-clock time of an `Instant` of this process: the wall clock now, minus how long ago
+/// the instant was (plus, for an instant in the future). For logs only.
+pub(crate) fn wall_clock(instant: std::time::Instant) -> SystemTime {
+    let (now, wall) = (crate::elector::now(), SystemTime::now());
+    match now.checked_duration_since(instant) {
+        Some(ago) => wall.checked_sub(ago).unwrap_or(SystemTime::UNIX_EPOCH),
+        None => wall + instant.duration_since(now),
+    }
+}
+
+/// The serde forms of times: RFC 3339 strings (UTC, nanoseconds).
+#[cfg(feature = "serde")]
+pub(crate) mod serde_time {
+    use std::time::{Instant, SystemTime};
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    fn parse<'de, D: Deserializer<'de>>(deserializer: D) -> Result<SystemTime, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        humantime::parse_rfc3339_weak(&text).map_err(serde::de::Error::custom)
+    }
+
+    /// A `SystemTime` as an RFC 3339 string.
+    pub(crate) mod system {
+        use super::*;
+
+        pub(crate) fn serialize<S: Serializer>(time: &SystemTime, serializer: S) -> Result<S::Ok, S::Error> {
+            serializer.collect_str(&humantime::format_rfc3339_nanos(*time))
+        }
+
+        pub(crate) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<SystemTime, D::Error> {
+            parse(deserializer)
+        }
+    }
+
+    /// An `Instant` of this process as the RFC 3339 wall-clock time it corresponds to; read back
+    /// onto this process's monotonic clock (a time before the clock's origin reads as the origin).
+    pub(crate) mod instant {
+        use super::*;
+
+        pub(crate) fn serialize<S: Serializer>(instant: &Instant, serializer: S) -> Result<S::Ok, S::Error> {
+            system::serialize(&crate::types::wall_clock(*instant), serializer)
+        }
+
+        pub(crate) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Instant, D::Error> {
+            let time = parse(deserializer)?;
+            let (now, wall) = (crate::elector::now(), SystemTime::now());
+            Ok(match wall.duration_since(time) {
+                Ok(ago) => now.checked_sub(ago).unwrap_or(now),
+                Err(ahead) => now + ahead.duration(),
+            })
+        }
+    }
+
+    /// [`Transition::ended`](crate::Transition::ended): `[time, reason]` or `null`.
+    pub(crate) mod ended {
+        use serde::Serialize;
+
+        use super::*;
+        use crate::types::EndReason;
+
+        #[derive(Serialize, Deserialize)]
+        struct Ended(#[serde(with = "system")] SystemTime, EndReason);
+
+        pub(crate) fn serialize<S: Serializer>(
+            ended: &Option<(SystemTime, EndReason)>,
+            serializer: S,
+        ) -> Result<S::Ok, S::Error> {
+            ended.map(|(at, reason)| Ended(at, reason)).serialize(serializer)
+        }
+
+        pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+            deserializer: D,
+        ) -> Result<Option<(SystemTime, EndReason)>, D::Error> {
+            Ok(Option::<Ended>::deserialize(deserializer)?.map(|Ended(at, reason)| (at, reason)))
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,217 @@
+//! The metrics the election driver records (through the [`metrics`] facade), their
+//! descriptions, and how a store reply is classified.
+//!
+//! Labels are bounded: `lease` (the lease name), `store` (the backend's short name), and small
+//! fixed sets (`operation`, `outcome`, `reason`, `to`). No candidate ids and no error texts.
+//! One process should run one candidate per lease: two electors of one lease in one process
+//! write the same series.
+
+use metrics::Unit;
+
+use crate::error::Error;
+use crate::machine::{DeposedReason, Reply, Request};
+use crate::types::{Acquired, Renewed};
+
+/// `1` while this candidate leads the lease, `0` otherwise (present from the elector's build).
+pub(crate) const IS_LEADER: &str = "leasehold_is_leader";
+/// The term this candidate last saw: its own while it leads, the holder's while it follows.
+pub(crate) const TERM: &str = "leasehold_term";
+/// How long this candidate's believed leadership lasts without another renewal; `0` when not leader.
+pub(crate) const REMAINING: &str = "leasehold_lease_remaining_seconds";
+/// Store requests by operation and outcome.
+pub(crate) const REQUESTS: &str = "leasehold_store_requests_total";
+/// Store trouble the election carried on through, by error kind.
+pub(crate) const TROUBLE: &str = "leasehold_store_trouble_total";
+/// Step-downs by reason.
+pub(crate) const STEP_DOWNS: &str = "leasehold_step_downs_total";
+/// Transitions to leader and to follower.
+pub(crate) const TRANSITIONS: &str = "leasehold_transitions_total";
+/// Renew round trips.
+pub(crate) const RENEW_SECONDS: &str = "leasehold_renew_seconds";
+/// From the start of a campaign to its election.
+pub(crate) const CAMPAIGN_SECONDS: &str = "leasehold_campaign_seconds";
+/// From the last sign of life of the previous holder to this candidate's election.
+pub(crate) const FAILOVER_SECONDS: &str = "leasehold_failover_seconds";
+/// From seeing the previous holder let go to this candidate's election.
+pub(crate) const HANDOVER_SECONDS: &str = "leasehold_handover_seconds";
+
+/// Every operation label of [`REQUESTS`].
+pub(crate) const OPERATIONS: [&str; 5] = ["acquire", "renew", "release", "inspect", "withdraw"];
+/// Every outcome label of [`REQUESTS`].
+pub(crate) const OUTCOMES: [&str; 4] = ["ok", "lost_race", "transient", "permanent"];
+/// Every reason label of [`STEP_DOWNS`].
+pub(crate) const STEP_DOWN_REASONS: [&str; 7] = [
+    "superseded",
+    "renew_failed",
+    "store_error",
+    "stalled",
+    "too_little_time",
+    "resigned",
+    "work_finished",
+];
+/// Every reason label of [`TROUBLE`].
+pub(crate) const TROUBLE_REASONS: [&str; 5] = ["unreachable", "timeout", "corrupt_record", "unsupported", "store"];
+
+/// Describes every series (HELP text and unit). Cheap; called by every elector's build, so
+/// that a recorder installed before any elector is built gets the descriptions.
+pub(crate) fn describe() {
+    metrics::describe_gauge!(
+        IS_LEADER,
+        "1 while this process's candidate leads the lease, 0 otherwise"
+    );
+    metrics::describe_gauge!(
+        TERM,
+        "The fencing term this candidate last saw: its own while it leads, the holder's while it follows (0 until one is seen)"
+    );
+    metrics::describe_gauge!(
+        REMAINING,
+        Unit::Seconds,
+        "How long this candidate's believed leadership lasts without another renewal, as of the last grant or renewal; 0 when not leader"
+    );
+    metrics::describe_counter!(
+        REQUESTS,
+        "Store requests by operation (acquire, renew, release, inspect, withdraw) and outcome (ok; lost_race: held by another or renewal lost; transient: unreachable, timed out or abandoned before a reply; permanent: any other error)"
+    );
+    metrics::describe_counter!(
+        TROUBLE,
+        "Store errors the election carried on through (retrying, reading back or stepping down), by kind"
+    );
+    metrics::describe_counter!(
+        STEP_DOWNS,
+        "Leaderships that ended, by reason (the DeposedReason variant)"
+    );
+    metrics::describe_counter!(TRANSITIONS, "Transitions of this candidate to leader and to follower");
+    metrics::describe_histogram!(RENEW_SECONDS, Unit::Seconds, "Round trip of each renew request");
+    metrics::describe_histogram!(
+        CAMPAIGN_SECONDS,
+        Unit::Seconds,
+        "From the start of a campaign to its election"
+    );
+    metrics::describe_histogram!(
+        FAILOVER_SECONDS,
+        Unit::Seconds,
+        "Elections after another holder's term that ended without a release this candidate saw (expiry, takeover, break): from this candidate's first sighting of that holder's last record version (its last renewal seen) to the election"
+    );
+    metrics::describe_histogram!(
+        HANDOVER_SECONDS,
+        Unit::Seconds,
+        "Elections after another holder released the lease: from the moment this candidate saw the release (the lease read free as released, or the store's release notification) to the election"
+    );
+}
+
+/// Registers the series of `lease` with zero values, so an alert sees them from the start
+/// (`leasehold_is_leader 0` for a candidate never elected). Values already recorded (another
+/// elector of the lease in this process) are left as they are.
+pub(crate) fn register(lease: &str, store: &'static str) {
+    metrics::gauge!(IS_LEADER, "lease" => lease.to_string()).increment(0.0);
+    metrics::gauge!(TERM, "lease" => lease.to_string()).increment(0.0);
+    metrics::gauge!(REMAINING, "lease" => lease.to_string()).increment(0.0);
+    for operation in OPERATIONS {
+        for outcome in OUTCOMES {
+            request_counter(lease, store, operation, outcome).increment(0);
+        }
+    }
+    for reason in STEP_DOWN_REASONS {
+        metrics::counter!(STEP_DOWNS, "lease" => lease.to_string(), "reason" => reason).increment(0);
+    }
+    for reason in TROUBLE_REASONS {
+        trouble_counter(lease, store, reason).increment(0);
+    }
+}
+
+pub(crate) fn request_counter(
+    lease: &str,
+    store: &'static str,
+    operation: &'static str,
+    outcome: &'static str,
+) -> metrics::Counter {
+    metrics::counter!(
+        REQUESTS,
+        "lease" => lease.to_string(),
+        "store" => store,
+        "operation" => operation,
+        "outcome" => outcome,
+    )
+}
+
+pub(crate) fn trouble_counter(lease: &str, store: &'static str, reason: &'static str) -> metrics::Counter {
+    metrics::counter!(TROUBLE, "lease" => lease.to_string(), "store" => store, "reason" => reason)
+}
+
+/// The `operation` label of a request.
+pub(crate) fn operation(request: &Request) -> &'static str {
+    match request {
+        Request::Acquire(_) => "acquire",
+        Request::Renew(_) => "renew",
+        Request::Release(_) => "release",
+        Request::Inspect => "inspect",
+        Request::Withdraw => "withdraw",
+    }
+}
+
+/// The `outcome` label of a reply.
+pub(crate) fn outcome(reply: &Reply) -> &'static str {
+    fn of<T>(result: &Result<T, Error>, lost: impl FnOnce(&T) -> bool) -> &'static str {
+        match result {
+            Ok(value) if lost(value) => "lost_race",
+            Ok(_) => "ok",
+            Err(e) if e.is_transient() => "transient",
+            Err(_) => "permanent",
+        }
+    }
+    match reply {
+        Reply::Acquire(r) => of(r, |a| matches!(a, Acquired::Held(_))),
+        Reply::Renew(r) => of(r, |r| matches!(r, Renewed::Lost(_))),
+        Reply::Release(r) | Reply::Withdraw(r) => of(r, |()| false),
+        Reply::Inspect(r) => of(r, |_| false),
+    }
+}
+
+/// The `reason` label of [`STEP_DOWNS`]: the variant's name in snake case.
+pub(crate) fn step_down_reason(reason: &DeposedReason) -> &'static str {
+    match reason {
+        DeposedReason::Superseded { .. } => "superseded",
+        DeposedReason::RenewFailed { .. } => "renew_failed",
+        DeposedReason::StoreError { .. } => "store_error",
+        DeposedReason::Stalled => "stalled",
+        DeposedReason::TooLittleTime { .. } => "too_little_time",
+        DeposedReason::Resigned => "resigned",
+        DeposedReason::WorkFinished => "work_finished",
+    }
+}
+
+/// The `reason` label of [`TROUBLE`]. Errors a store should not return while campaigning
+/// (configuration, not-leader) count as `store`.
+pub(crate) fn trouble_reason(error: &Error) -> &'static str {
+    match error {
+        Error::Unreachable { .. } => "unreachable",
+        Error::Timeout { .. } => "timeout",
+        Error::CorruptRecord { .. } => "corrupt_record",
+        Error::Unsupported { .. } => "unsupported",
+        _ => "store",
+    }
+}
+
+/// Counts a store request once: with its reply's outcome, or as `transient` when it is dropped
+/// before a reply (timed out, or the campaign ended while it was under way).
+pub(crate) struct RequestGuard {
+    pub(crate) lease: String,
+    pub(crate) store: &'static str,
+    pub(crate) operation: &'static str,
+    pub(crate) done: bool,
+}
+
+impl RequestGuard {
+    pub(crate) fn finish(mut self, reply: &Reply) {
+        self.done = true;
+        request_counter(&self.lease, self.store, self.operation, outcome(reply)).increment(1);
+    }
+}
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        if !self.done {
+            request_counter(&self.lease, self.store, self.operation, "transient").increment(1);
+        }
+    }
+}
