@@ -85,7 +85,9 @@
 //! ```
 //!
 //! and read a `TransactionCanceledException` whose first cancellation reason is
-//! `ConditionalCheckFailed` as a stale term.
+//! `ConditionalCheckFailed` as a stale term. (The crate's tests run the single-item form against
+//! a local dynalite; the transactional form is untested: dynalite answers `TransactWriteItems` with
+//! `UnknownOperationException`.)
 
 /// The Redis script of the recipe: `KEYS[1]` the fence key, `KEYS[2]` the data key, `ARGV[1]`
 /// the term (decimal, no leading zeros), `ARGV[2]` the value to write. Returns `{1, term}` when

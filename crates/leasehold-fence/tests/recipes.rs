@@ -114,3 +114,104 @@ async fn redis_recipe_refuses_lower_terms_and_accepts_equal_and_higher() {
         .await
         .unwrap();
 }
+
+/// The DynamoDB recipe on one item: `SET #data = :data, fence_term = :t` under
+/// `attribute_not_exists(fence_term) OR fence_term <= :t`. First, equal and higher terms write;
+/// a lower one fails with `ConditionalCheckFailed` and leaves the item alone; 10 after 9 and
+/// `u64::MAX` after `u64::MAX - 1` compare as numbers. (`TransactWriteItems`, the multi-item
+/// form, is not tested: dynalite, the local server, does not implement it.)
+#[tokio::test]
+async fn dynamodb_recipe_refuses_lower_terms_and_accepts_equal_and_higher() {
+    use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
+    use aws_sdk_dynamodb::types::{
+        AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType, TableStatus,
+    };
+
+    let Some(endpoint) = require_server("dynalite", "LEASEHOLD_DYNAMODB_URL") else {
+        return;
+    };
+    let config = aws_sdk_dynamodb::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("test", "test", None, None, "test"))
+        .endpoint_url(endpoint)
+        .build();
+    let client = aws_sdk_dynamodb::Client::from_conf(config);
+    let table = format!("fence_test_{}", suffix());
+    client
+        .create_table()
+        .table_name(&table)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name("pk")
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .unwrap(),
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name("pk")
+                .key_type(KeyType::Hash)
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    for _ in 0..100 {
+        let described = client.describe_table().table_name(&table).send().await.unwrap();
+        if described.table().and_then(|t| t.table_status()) == Some(&TableStatus::Active) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+
+    let put = async |term: u64, data: &str| -> Result<(), String> {
+        client
+            .update_item()
+            .table_name(&table)
+            .key("pk", AttributeValue::S("orders/42".into()))
+            .update_expression("SET #data = :data, fence_term = :t")
+            .condition_expression("attribute_not_exists(fence_term) OR fence_term <= :t")
+            .expression_attribute_names("#data", "data")
+            .expression_attribute_values(":data", AttributeValue::S(data.into()))
+            .expression_attribute_values(":t", AttributeValue::N(term.to_string()))
+            .send()
+            .await
+            .map(drop)
+            .map_err(|e| match e.as_service_error() {
+                Some(e) if e.is_conditional_check_failed_exception() => "stale".to_string(),
+                _ => format!("{e:?}"),
+            })
+    };
+    let item = async || {
+        let got = client
+            .get_item()
+            .table_name(&table)
+            .key("pk", AttributeValue::S("orders/42".into()))
+            .consistent_read(true)
+            .send()
+            .await
+            .unwrap();
+        let item = got.item().unwrap();
+        (
+            item["data"].as_s().unwrap().clone(),
+            item["fence_term"].as_n().unwrap().clone(),
+        )
+    };
+
+    put(5, "A@5").await.unwrap();
+    put(6, "B@6").await.unwrap();
+    put(6, "B@6 again").await.unwrap();
+    assert_eq!(put(5, "A@5 late").await, Err("stale".into()));
+    assert_eq!(item().await, ("B@6 again".into(), "6".into()));
+    put(9, "9").await.unwrap();
+    put(10, "10").await.unwrap();
+    assert_eq!(put(9, "9 late").await, Err("stale".into()));
+    put(u64::MAX, "max").await.unwrap();
+    assert_eq!(put(u64::MAX - 1, "max-1").await, Err("stale".into()));
+    assert_eq!(item().await, ("max".into(), u64::MAX.to_string()));
+
+    client.delete_table().table_name(&table).send().await.unwrap();
+}
