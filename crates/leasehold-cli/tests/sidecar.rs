@@ -277,6 +277,66 @@ fn sidecar_store_blocked() {
     );
 }
 
+/// With a command: /readyz is 200 while the command runs, at the term in its environment;
+/// SIGTERM stops it, releases and exits 143.
+#[test]
+fn http_beside_a_command() {
+    let _serial = serial();
+    let store = Store::sqlite();
+    let term_file = store.path("term");
+    let script = format!("echo $LEASEHOLD_TERM > '{}'; exec sleep 30", term_file.display());
+    let process = store.spawn_run(
+        "C",
+        &[
+            "--lease",
+            "cmd",
+            "--id",
+            "C",
+            "--ttl",
+            TTL,
+            "--http",
+            "127.0.0.1:0",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    let mut addr = None;
+    wait_for(Duration::from_secs(10), || {
+        addr = process
+            .log_text()
+            .lines()
+            .find_map(|line| Some(line.split_once("on http://")?.1.trim().to_string()));
+        addr.is_some()
+    })
+    .unwrap_or_else(|| panic!("no address: {}", process.log_text()));
+    let mut c = Sidecar {
+        process,
+        addr: addr.unwrap(),
+    };
+    wait_for(Duration::from_secs(10), || c.status("/readyz") == 200).expect("never ready");
+    let mut term = 0;
+    wait_for(Duration::from_secs(5), || {
+        term = std::fs::read_to_string(&term_file)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0);
+        term > 0
+    })
+    .expect("the command never wrote its term");
+    let (_, body) = c.get("/readyz").unwrap();
+    assert!(body.contains(&format!("term {term}")), "{body}");
+    assert_eq!(c.leader()["term"], term);
+    c.process.signal(Signal::SIGTERM);
+    assert_eq!(
+        c.process.wait_exit(Duration::from_secs(5)),
+        Some(143),
+        "{}",
+        c.process.log_text()
+    );
+}
+
 /// An address that cannot be listened on: exit 7, one line, before the store is touched.
 #[test]
 fn http_address_in_use_exits_7() {
