@@ -64,7 +64,7 @@ static DEFAULT: LazyLock<Fence> = LazyLock::new(Fence::default);
 ///
 /// # async fn example(pool: PgPool, term: Term) -> Result<(), Box<dyn std::error::Error>> {
 /// let fence = Fence::new("billing.leader_fence")?;
-/// fence.ensure_table(&mut pool.acquire().await?).await?;
+/// fence.ensure_table(&mut *pool.acquire().await?).await?;
 ///
 /// let key = FenceKey::new("etcd-prod", &LeaseName::new("invoicer")?);
 /// let mut tx = pool.begin().await?;

@@ -57,7 +57,7 @@ static DEFAULT: LazyLock<Fence> = LazyLock::new(Fence::default);
 ///
 /// # async fn example(pool: SqlitePool, term: Term) -> Result<(), Box<dyn std::error::Error>> {
 /// let fence = Fence::new("leader_fence")?;
-/// fence.ensure_table(&mut pool.acquire().await?).await?;
+/// fence.ensure_table(&mut *pool.acquire().await?).await?;
 ///
 /// let key = FenceKey::new("etcd-prod", &LeaseName::new("invoicer")?);
 /// let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
