@@ -215,3 +215,70 @@ impl Drop for RequestGuard {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{CandidateId, Grant, LeaseName, Observation, Term};
+
+    #[test]
+    fn outcomes_by_reply() {
+        let lease = LeaseName::new("l").unwrap();
+        let grant = Grant {
+            lease: lease.clone(),
+            holder: CandidateId::new("a").unwrap(),
+            term: Term(1),
+            ttl: std::time::Duration::from_secs(1),
+            token: "v".into(),
+        };
+        let free = || Observation::free(lease.clone(), Term(1), None);
+        let cases = [
+            (Reply::Acquire(Ok(Acquired::Granted(grant.clone()))), "ok"),
+            (Reply::Acquire(Ok(Acquired::Held(free()))), "lost_race"),
+            (Reply::Renew(Ok(Renewed::Renewed(grant))), "ok"),
+            (Reply::Renew(Ok(Renewed::Lost(free()))), "lost_race"),
+            (Reply::Renew(Err(Error::unreachable("s", "down"))), "transient"),
+            (Reply::Release(Ok(())), "ok"),
+            (Reply::Release(Err(Error::corrupt("s", "l", "bad"))), "permanent"),
+            (Reply::Inspect(Ok(free())), "ok"),
+            (Reply::Withdraw(Err(Error::store("s", "denied"))), "permanent"),
+            (
+                Reply::Acquire(Err(Error::Timeout {
+                    store: "s",
+                    operation: "acquire",
+                    after: std::time::Duration::from_secs(1),
+                })),
+                "transient",
+            ),
+        ];
+        for (reply, expected) in cases {
+            assert_eq!(outcome(&reply), expected, "{reply:?}");
+            assert!(OUTCOMES.contains(&expected));
+        }
+        assert_eq!(trouble_reason(&Error::corrupt("s", "l", "bad")), "corrupt_record");
+        assert_eq!(trouble_reason(&Error::unreachable("s", "down")), "unreachable");
+    }
+
+    #[test]
+    fn step_down_reasons_are_the_variant_names() {
+        let reasons = [
+            DeposedReason::Superseded { by: None, term: None },
+            DeposedReason::RenewFailed { last_error: None },
+            DeposedReason::StoreError { error: "x".into() },
+            DeposedReason::Stalled,
+            DeposedReason::TooLittleTime {
+                remaining: std::time::Duration::ZERO,
+                required: std::time::Duration::ZERO,
+            },
+            DeposedReason::Resigned,
+            DeposedReason::WorkFinished,
+        ];
+        let labels: Vec<&str> = reasons.iter().map(step_down_reason).collect();
+        assert_eq!(labels, STEP_DOWN_REASONS);
+        for (reason, label) in reasons.iter().zip(labels) {
+            let variant = format!("{reason:?}");
+            let camel: String = label.split('_').map(|w| w[..1].to_uppercase() + &w[1..]).collect();
+            assert!(variant.starts_with(&camel), "{variant} vs {label}");
+        }
+    }
+}

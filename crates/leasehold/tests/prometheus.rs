@@ -1,4 +1,5 @@
-//! The Prometheus example's exporter, scraped over real HTTP through an election and a loss.
+//! The Prometheus example's exporter, scraped over real HTTP through an election (a handover),
+//! a loss, and a failover.
 //!
 //! One test in this binary: the `metrics` recorder is global to the process.
 
@@ -123,7 +124,7 @@ async fn intruder_acquires(store: &MemoryStore, ttl: Duration) -> leasehold::Gra
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn prometheus_example_scrape_through_election_and_loss() {
+async fn prometheus_example_scrape_through_election_loss_and_failover() {
     let addr = example::install_exporter(0).expect("install the exporter");
     let store = Arc::new(MemoryStore::new());
     // Another holder first, so that the elector's acquire loses a race and its election
@@ -236,7 +237,10 @@ async fn prometheus_example_scrape_through_election_and_loss() {
 
     // A loss: an operator breaks the lease and the intruder takes it; the next renewal finds out.
     store.break_lease(&LeaseName::new(LEASE).unwrap()).await.unwrap();
-    let intruder = intruder_acquires(&store, Duration::from_secs(30)).await;
+    // The intruder never renews: its lease expires after this, and the elector fails over.
+    let intruder_ttl = Duration::from_millis(1500);
+    let intruder = intruder_acquires(&store, intruder_ttl).await;
+    let intruder_acquired = Instant::now();
     let s = scrape_until(addr, "is_leader 0 after the loss", |s| {
         s.value("leasehold_is_leader", &[lease]) == 0.0
     })
@@ -268,6 +272,32 @@ async fn prometheus_example_scrape_through_election_and_loss() {
     })
     .await;
     assert_eq!(s.value("leasehold_is_leader", &[lease]), 0.0);
+    assert!(
+        Instant::now() < intruder_acquired + intruder_ttl,
+        "too slow to see the gap"
+    );
+
+    // The intruder's lease expires: the elector is elected again, by failover.
+    let s = scrape_until(addr, "is_leader 1 after the failover", |s| {
+        s.value("leasehold_is_leader", &[lease]) == 1.0
+    })
+    .await;
+    assert_eq!(s.value("leasehold_term", &[lease]), (intruder.term.0 + 1) as f64);
+    assert_eq!(s.value("leasehold_failover_seconds_count", &[lease]), 1.0);
+    // From the first sighting of the intruder's record (after the step-down back-off) to the
+    // election at its expiry: most of its TTL, not more.
+    let failover = s.value("leasehold_failover_seconds_sum", &[lease]);
+    assert!(
+        failover > 0.5 && failover < intruder_ttl.as_secs_f64() + 0.5,
+        "failover {failover}"
+    );
+    assert_eq!(s.value("leasehold_handover_seconds_count", &[lease]), 1.0);
+    assert_eq!(s.value("leasehold_transitions_total", &[lease, ("to", "leader")]), 2.0);
+    assert_eq!(
+        s.value("leasehold_transitions_total", &[lease, ("to", "follower")]),
+        1.0
+    );
+    assert!(s.value("leasehold_lease_remaining_seconds", &[lease]) > 0.0);
 
     let _ = stop_tx.send(());
     tokio::time::timeout(Duration::from_secs(5), run)
