@@ -175,6 +175,10 @@ impl ElectorBuilder {
 
     /// Validates everything and builds the elector.
     ///
+    /// Also describes leasehold's metrics to the installed `metrics` recorder and registers this
+    /// lease's series at zero (`leasehold_is_leader 0`, ...), so they exist before any election;
+    /// the README lists them.
+    ///
     /// # Errors
     ///
     /// [`Error::InvalidLeaseName`], [`Error::InvalidCandidateId`], [`Error::InvalidTtl`] (outside
