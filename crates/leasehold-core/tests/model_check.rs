@@ -284,6 +284,30 @@ impl Election {
         }
     }
 
+    /// The store answers a request: applies it, or refuses it at once without applying it.
+    fn answer(&self, s: &mut State, msg: Msg, refuse: bool) {
+        let Msg::Request {
+            from,
+            generation,
+            id,
+            request,
+        } = msg
+        else {
+            return;
+        };
+        let reply = if refuse {
+            ModelReply::Refused(request)
+        } else {
+            self.apply(s, from, &request)
+        };
+        s.net.push(Msg::Reply {
+            to: from,
+            generation,
+            id,
+            reply,
+        });
+    }
+
     fn local(&self, s: &State, i: usize) -> Instant {
         local_now(&self.rates, s.now, i)
     }
@@ -438,39 +462,13 @@ impl Model for Election {
                 s.late.push(msg);
             }
             Action::ApplyLate(k) => {
-                if let Msg::Request {
-                    from,
-                    generation,
-                    id,
-                    request,
-                } = s.late.remove(k)
-                {
-                    let reply = self.apply(&mut s, from, &request);
-                    s.net.push(Msg::Reply {
-                        to: from,
-                        generation,
-                        id,
-                        reply,
-                    });
-                }
+                let msg = s.late.remove(k);
+                self.answer(&mut s, msg, false);
             }
             Action::Refuse(k) => {
                 s.refusals_left -= 1;
-                if let Msg::Request {
-                    from,
-                    generation,
-                    id,
-                    request,
-                } = s.net.remove(k)
-                {
-                    let reply = ModelReply::Refused(request);
-                    s.net.push(Msg::Reply {
-                        to: from,
-                        generation,
-                        id,
-                        reply,
-                    });
-                }
+                let msg = s.net.remove(k);
+                self.answer(&mut s, msg, true);
             }
             Action::Restart(i) => {
                 s.restarts_left -= 1;
@@ -491,20 +489,7 @@ impl Model for Election {
                 s.stalled[i] = true;
             }
             Action::Deliver(k) => match s.net.remove(k) {
-                Msg::Request {
-                    from,
-                    generation,
-                    id,
-                    request,
-                } => {
-                    let reply = self.apply(&mut s, from, &request);
-                    s.net.push(Msg::Reply {
-                        to: from,
-                        generation,
-                        id,
-                        reply,
-                    });
-                }
+                msg @ Msg::Request { .. } => self.answer(&mut s, msg, false),
                 // The earlier campaign's driver is gone: nobody reads this reply.
                 Msg::Reply { to, generation, .. } if generation != s.generation[to] => {}
                 Msg::Reply { to, id, reply, .. } => {
