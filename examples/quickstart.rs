@@ -239,10 +239,10 @@ async fn wait_elected(
             .map_err(|_| "no leader elected in time")?;
         let line = line.ok_or("all workers exited")?;
         note(line.at, format!("{}: {}", line.id, line.text));
-        if let Some(term) = line.text.strip_prefix("elected ").and_then(|t| t.parse::<u64>().ok()) {
-            if term > above {
-                return Ok((line.id, leasehold::Term(term), line.at));
-            }
+        if let Some(term) = line.text.strip_prefix("elected ").and_then(|t| t.parse::<u64>().ok())
+            && term > above
+        {
+            return Ok((line.id, leasehold::Term(term), line.at));
         }
     }
 }

@@ -302,10 +302,10 @@ impl Runner {
     async fn stop(self, scene: &Scene) {
         let _ = self.stop.send(true);
         let what = format!("{} shutting down", self.elector.id());
-        if let Err(e) = scene.within(&what, scene.ttl * 3, self.handle).await {
-            if e.is_panic() {
-                std::panic::resume_unwind(e.into_panic());
-            }
+        if let Err(e) = scene.within(&what, scene.ttl * 3, self.handle).await
+            && e.is_panic()
+        {
+            std::panic::resume_unwind(e.into_panic());
         }
     }
 }
@@ -987,10 +987,10 @@ pub async fn slow_store_no_double_leadership(backend: Arc<dyn Backend>) {
     let _ = stop.send(true);
     for task in loops {
         let joined = scene.within("the candidates stopping", ttl * 3, task).await;
-        if let Err(e) = joined {
-            if e.is_panic() {
-                std::panic::resume_unwind(e.into_panic());
-            }
+        if let Err(e) = joined
+            && e.is_panic()
+        {
+            std::panic::resume_unwind(e.into_panic());
         }
     }
     let events = scene.events_of(&scene.lease).await;
@@ -1129,10 +1129,10 @@ pub async fn lost_reply_resolved_by_read_back(backend: Arc<dyn Backend>) {
     let applied = scene
         .within("C's acquire being applied", ttl * 3, async {
             loop {
-                if let Ok(seen) = observer.inspect(&lease_name).await {
-                    if let Some(h) = seen.holder.filter(|h| &h.id == c.id()) {
-                        return h.term;
-                    }
+                if let Ok(seen) = observer.inspect(&lease_name).await
+                    && let Some(h) = seen.holder.filter(|h| &h.id == c.id())
+                {
+                    return h.term;
                 }
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
