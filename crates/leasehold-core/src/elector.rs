@@ -6,9 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::StreamExt;
-use futures::future::BoxFuture;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
-use tokio::task::AbortHandle;
+use tokio::task::{AbortHandle, JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
@@ -730,7 +729,23 @@ impl Leader {
     }
 }
 
-type PendingOp = (OpId, BoxFuture<'static, Reply>);
+/// A store call under way: its own task, so the engine never drops a store future half-way (a
+/// store need not be cancel safe for the engine's sake). The driver stops waiting when the
+/// machine gives up on the request (its outcome is then unknown); the call itself runs on to
+/// completion, or until [`call_bound`] after it was sent.
+struct PendingOp {
+    id: OpId,
+    /// The reply the machine gets if the call's task ends without one.
+    failed: fn(Error) -> Reply,
+    task: JoinHandle<Reply>,
+}
+
+/// How long a store call may run in its own task: past the lease's TTL its outcome can no
+/// longer change what the engine believes (every grant it might carry has expired by the
+/// machine's own count), and past `request_timeout` the machine stopped waiting for it.
+fn call_bound(timing: &Timing) -> Duration {
+    timing.ttl.max(timing.request_timeout)
+}
 
 /// The current instant on tokio's clock, so that the engine runs under `tokio::time::pause`.
 pub(crate) fn now() -> Instant {
@@ -819,15 +834,31 @@ impl Driver {
         let mut out = Vec::new();
         if self.inner.caps.notifications != crate::Notifications::None {
             // Bounded like any request: a watch that never answers must not stall the campaign.
-            let subscribe = self.inner.store.changes(&self.inner.lease, &self.inner.id);
-            let subscribed = tokio::time::timeout(self.inner.timing.request_timeout, subscribe).await;
-            match subscribed.unwrap_or_else(|_| {
-                Err(Error::Timeout {
-                    store: self.inner.store.name(),
-                    operation: "changes",
-                    after: self.inner.timing.request_timeout,
-                })
-            }) {
+            // Like every store call it runs in its own task, never dropped half-way.
+            let (store, lease, id) = (
+                self.inner.store.clone(),
+                self.inner.lease.clone(),
+                self.inner.id.clone(),
+            );
+            let bound = call_bound(&self.inner.timing);
+            let timeout = |after| Error::Timeout {
+                store: self.inner.store.name(),
+                operation: "changes",
+                after,
+            };
+            let subscribe = tokio::spawn(
+                async move { tokio::time::timeout(bound, store.changes(&lease, &id)).await }.in_current_span(),
+            );
+            let subscribed = match tokio::time::timeout(self.inner.timing.request_timeout, subscribe).await {
+                Ok(Ok(Ok(subscribed))) => subscribed,
+                Ok(Ok(Err(_))) => Err(timeout(bound)),
+                Ok(Err(e)) => Err(Error::unreachable(
+                    self.inner.store.name(),
+                    format!("subscribing to changes ended without a reply: {e}"),
+                )),
+                Err(_) => Err(timeout(self.inner.timing.request_timeout)),
+            };
+            match subscribed {
                 Ok(Some(changes)) => self.changes = Some(changes),
                 Ok(None) => self.machine.handle(now(), Input::NotificationsLost, &mut out),
                 Err(e) => {
@@ -853,7 +884,8 @@ impl Driver {
             if self.machine.is_stopped() || self.finished() {
                 break;
             }
-            if self.op.as_ref().map(|(id, _)| *id) != self.machine.pending() {
+            if self.op.as_ref().map(|op| op.id) != self.machine.pending() {
+                // The machine gave up on it: stop waiting, let the call run on in its task.
                 self.op = None;
             }
             let input = self.next_input(elected.as_mut()).await;
@@ -895,9 +927,13 @@ impl Driver {
                 }
                 Input::WorkStopped
             }
-            reply = async { let (id, fut) = op.as_mut().expect("guarded"); (*id, fut.await) }, if op.is_some() => {
-                self.op = None;
-                Input::Reply(reply.0, reply.1)
+            joined = async { (&mut op.as_mut().expect("guarded").task).await }, if op.is_some() => {
+                let PendingOp { id, failed, .. } = self.op.take().expect("guarded");
+                let reply = joined.unwrap_or_else(|e| {
+                    // Panicked or cancelled: the request may or may not have been applied.
+                    failed(Error::unreachable(self.inner.store.name(), format!("the store call ended without a reply: {e}")))
+                });
+                Input::Reply(id, reply)
             }
             () = async { tokio::time::sleep_until(wake.expect("guarded")).await }, if wake.is_some() => Input::Tick,
             change = async { changes.as_mut().expect("guarded").next().await }, if changes.is_some() => match change {
@@ -996,7 +1032,16 @@ impl Driver {
                     operation: telemetry::operation(&request),
                     done: false,
                 };
-                let fut: BoxFuture<'static, Reply> = Box::pin(async move {
+                let failed: fn(Error) -> Reply = match &request {
+                    Request::Acquire(_) => |e| Reply::Acquire(Err(e)),
+                    Request::Renew(_) => |e| Reply::Renew(Err(e)),
+                    Request::Release(_) => |e| Reply::Release(Err(e)),
+                    Request::Inspect => |e| Reply::Inspect(Err(e)),
+                    Request::Withdraw => |e| Reply::Withdraw(Err(e)),
+                };
+                let bound = call_bound(&self.inner.timing);
+                let operation = telemetry::operation(&request);
+                let call = async move {
                     let started = now();
                     let reply = match request {
                         Request::Acquire(r) => Reply::Acquire(store.acquire(&r).await),
@@ -1012,8 +1057,21 @@ impl Driver {
                     };
                     guard.finish(&reply);
                     reply
-                });
-                self.op = Some((id, fut));
+                };
+                let store_name = self.inner.store.name();
+                let task = tokio::spawn(
+                    async move {
+                        tokio::time::timeout(bound, call).await.unwrap_or_else(|_| {
+                            failed(Error::Timeout {
+                                store: store_name,
+                                operation,
+                                after: bound,
+                            })
+                        })
+                    }
+                    .in_current_span(),
+                );
+                self.op = Some(PendingOp { id, failed, task });
                 None
             }
             Output::Elected { grant, valid_until } => {

@@ -1,0 +1,149 @@
+//! The engine owns every store call's lifecycle: a call the machine stops waiting for (its
+//! `request_timeout` passed) runs on in its own task to completion, and only a call still
+//! running a TTL after it was sent is cut off. Stores need not be cancel safe for the engine's
+//! sake: no backend has to spawn, detach or queue its requests to survive a dropped future.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold_core::{
+    AcquireRequest, Acquired, CandidateId, Capabilities, Elector, Grant, LeaseName, LeaseStore, MemoryStore,
+    Observation, Renewed, Result, Transition,
+};
+use tokio::time::{Instant, sleep};
+
+const TTL: Duration = Duration::from_secs(10);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// What happened to each acquire call: when it started, and when it completed or was dropped.
+#[derive(Debug, Default)]
+struct Calls {
+    started: Vec<Instant>,
+    completed: Vec<Instant>,
+    dropped: Vec<Instant>,
+}
+
+/// A memory store whose acquire takes `delay` (`None`: never answers).
+#[derive(Debug, Clone)]
+struct SlowAcquire {
+    inner: MemoryStore,
+    delay: Option<Duration>,
+    calls: Arc<Mutex<Calls>>,
+}
+
+/// Records a drop before completion.
+struct DropWatch {
+    calls: Arc<Mutex<Calls>>,
+    done: bool,
+}
+
+impl Drop for DropWatch {
+    fn drop(&mut self) {
+        if !self.done
+            && let Ok(mut calls) = self.calls.lock()
+        {
+            calls.dropped.push(Instant::now());
+        }
+    }
+}
+
+#[async_trait]
+impl LeaseStore for SlowAcquire {
+    fn name(&self) -> &'static str {
+        "slow"
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
+        self.calls.lock().unwrap().started.push(Instant::now());
+        let mut watch = DropWatch {
+            calls: self.calls.clone(),
+            done: false,
+        };
+        match self.delay {
+            Some(delay) => sleep(delay).await,
+            None => std::future::pending::<()>().await,
+        }
+        let reply = self.inner.acquire(request).await;
+        watch.done = true;
+        self.calls.lock().unwrap().completed.push(Instant::now());
+        reply
+    }
+    async fn renew(&self, grant: &Grant) -> Result<Renewed> {
+        self.inner.renew(grant).await
+    }
+    async fn release(&self, grant: &Grant) -> Result<()> {
+        self.inner.release(grant).await
+    }
+    async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
+        self.inner.withdraw(lease, candidate).await
+    }
+    async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
+        self.inner.inspect(lease).await
+    }
+    async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
+        self.inner.history(lease, limit).await
+    }
+}
+
+fn elector(store: &SlowAcquire) -> Elector {
+    Elector::builder(Arc::new(store.clone()), "jobs")
+        .candidate_id("a")
+        .ttl(TTL)
+        .renew_every(Duration::from_secs(3))
+        .request_timeout(REQUEST_TIMEOUT)
+        .jitter(0.0)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_the_machine_stopped_waiting_for_runs_to_completion() {
+    let store = SlowAcquire {
+        inner: MemoryStore::new(),
+        delay: Some(REQUEST_TIMEOUT * 2),
+        calls: Arc::default(),
+    };
+    let elector = elector(&store);
+    let campaign = tokio::spawn(async move { elector.campaign().await });
+    sleep(REQUEST_TIMEOUT * 2 + Duration::from_millis(10)).await;
+    {
+        let calls = store.calls.lock().unwrap();
+        assert!(!calls.started.is_empty(), "{calls:?}");
+        let first = calls.started[0];
+        assert!(calls.dropped.is_empty(), "a store call was dropped half-way: {calls:?}");
+        assert_eq!(
+            calls.completed.first().copied(),
+            Some(first + REQUEST_TIMEOUT * 2),
+            "the first acquire ran to completion after the machine had given up on it: {calls:?}"
+        );
+    }
+    campaign.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_that_never_answers_is_cut_off_one_ttl_after_it_was_sent() {
+    let store = SlowAcquire {
+        inner: MemoryStore::new(),
+        delay: None,
+        calls: Arc::default(),
+    };
+    let elector = elector(&store);
+    let campaign = tokio::spawn(async move { elector.campaign().await });
+    sleep(TTL + Duration::from_millis(10)).await;
+    {
+        let calls = store.calls.lock().unwrap();
+        let first = calls.started[0];
+        assert!(calls.completed.is_empty(), "{calls:?}");
+        assert_eq!(
+            calls.dropped.first().copied(),
+            Some(first + TTL),
+            "the engine's bound on a store call is the TTL: {calls:?}"
+        );
+        // The machine kept retrying meanwhile: it did not wait for the hung call.
+        assert!(calls.started.len() >= 2, "{calls:?}");
+    }
+    campaign.abort();
+}
