@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+pub mod config;
 mod elector;
 mod error;
 pub mod machine;
@@ -9,6 +10,7 @@ mod store;
 mod telemetry;
 mod timing;
 mod types;
+#[doc(hidden)]
 pub mod url_options;
 
 pub use elector::{Elector, ElectorBuilder, Event, Leader, LeaderInfo, RunError};

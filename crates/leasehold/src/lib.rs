@@ -144,12 +144,12 @@ fn feature_enabled(feature: &str) -> bool {
 ///
 /// ```
 /// assert_eq!(
-///     leasehold::redact("postgres://app:hunter2@db:5432/x?sig=abc&mode=y"),
-///     "postgres://app:***@db:5432/x?sig=***&mode=y"
+///     leasehold::redact("postgres://app:hunter2@db:5432/x?mode=y&sig=abc"),
+///     "postgres://app:***@db:5432/x?mode=y&sig=***"
 /// );
 /// ```
 pub fn redact(url: &str) -> String {
-    leasehold_core::url_options::redact_url(url)
+    leasehold_core::config::redact_url(url)
 }
 
 #[cfg(test)]
