@@ -6,8 +6,10 @@ mod elector;
 mod error;
 pub mod machine;
 mod memory;
+mod record;
 mod store;
 mod telemetry;
+pub mod time;
 mod timing;
 mod types;
 #[doc(hidden)]
@@ -17,6 +19,7 @@ pub use elector::{Elector, ElectorBuilder, Event, Leader, LeaderInfo, RunError};
 pub use error::{BoxError, Error, Result};
 pub use machine::DeposedReason;
 pub use memory::MemoryStore;
+pub use record::{HolderFields, RecordNumber, RecordVersion};
 pub use store::{Changes, LeaseStore};
 pub use timing::{Millis, Timing};
 pub use types::{

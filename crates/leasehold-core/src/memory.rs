@@ -9,10 +9,11 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
+use crate::record::RecordVersion;
 use crate::store::{Changes, LeaseStore};
 use crate::types::{
     AcquireRequest, Acquired, CandidateId, Capabilities, EndReason, Expiry, Grant, HolderInfo, LeaseName,
-    Notifications, Observation, Renewed, Term, Transition, random_u64,
+    Notifications, Observation, Renewed, Term, Transition,
 };
 
 const STORE: &str = "memory";
@@ -165,7 +166,7 @@ impl Entry {
             id: id.clone(),
             term: self.last_term,
             ttl,
-            version: new_version(),
+            version: RecordVersion::random().into(),
             expires_at: now + ttl,
         };
         self.history.push(Transition {
@@ -193,13 +194,9 @@ impl Holding {
     }
 
     fn refresh(&mut self, now: Instant) {
-        self.version = new_version();
+        self.version = RecordVersion::random().into();
         self.expires_at = now + self.ttl;
     }
-}
-
-fn new_version() -> String {
-    format!("{:016x}", random_u64())
 }
 
 #[async_trait]
