@@ -11,8 +11,8 @@
 //!
 //! ```sql
 //! INSERT INTO leasehold_fence AS fence (fence_key, term) VALUES ($1, $2)
-//! ON CONFLICT (fence_key) DO UPDATE SET term = EXCLUDED.term
-//! WHERE fence.term <= EXCLUDED.term
+//! ON CONFLICT (fence_key) DO UPDATE SET term = excluded.term
+//! WHERE fence.term <= excluded.term
 //! RETURNING term
 //! ```
 //!
@@ -40,13 +40,13 @@
 //! `u64` onto `i64` was rejected for the same reason: the stored numbers would no longer be
 //! the terms.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::LazyLock;
 
 use leasehold_core::Term;
-use sqlx::{AssertSqlSafe, PgConnection};
+use sqlx::PgConnection;
 
-use crate::table::quoted_table_name;
-use crate::{FenceError, FenceKey, stale_or_conflict, stored_to_term, term_to_i64};
+use crate::table::{Dialect, Statements};
+use crate::{FenceError, FenceKey};
 
 /// The table [`check_and_advance`] and [`ensure_table`] use.
 pub const DEFAULT_TABLE: &str = "leasehold_fence";
@@ -75,10 +75,14 @@ static DEFAULT: LazyLock<Fence> = LazyLock::new(Fence::default);
 /// ```
 #[derive(Clone, Debug)]
 pub struct Fence {
-    create: Arc<str>,
-    upsert: Arc<str>,
-    select: Arc<str>,
+    statements: Statements,
 }
+
+const DIALECT: Dialect = Dialect {
+    key_column: "TEXT PRIMARY KEY",
+    term_column: "BIGINT",
+    params: ["$1", "$2"],
+};
 
 impl Default for Fence {
     fn default() -> Self {
@@ -94,19 +98,8 @@ impl Fence {
     ///
     /// [`FenceError::InvalidTableName`].
     pub fn new(table: &str) -> Result<Self, FenceError> {
-        let t = quoted_table_name(table)?;
         Ok(Fence {
-            create: format!(
-                "CREATE TABLE IF NOT EXISTS {t} (fence_key TEXT PRIMARY KEY, term BIGINT NOT NULL CHECK (term >= 0))"
-            )
-            .into(),
-            upsert: format!(
-                "INSERT INTO {t} AS fence (fence_key, term) VALUES ($1, $2) \
-                 ON CONFLICT (fence_key) DO UPDATE SET term = EXCLUDED.term \
-                 WHERE fence.term <= EXCLUDED.term RETURNING term"
-            )
-            .into(),
-            select: format!("SELECT term FROM {t} WHERE fence_key = $1").into(),
+            statements: Statements::new(table, &DIALECT)?,
         })
     }
 
@@ -118,8 +111,7 @@ impl Fence {
     ///
     /// [`FenceError::Database`].
     pub async fn ensure_table(&self, conn: &mut PgConnection) -> Result<(), FenceError> {
-        sqlx::query(AssertSqlSafe(self.create.clone())).execute(conn).await?;
-        Ok(())
+        self.statements.ensure_table::<sqlx::Postgres>(conn).await
     }
 
     /// Accepts `term` under `key` if no higher term has been accepted there, records it as the
@@ -145,20 +137,9 @@ impl Fence {
         key: &FenceKey,
         term: Term,
     ) -> Result<(), FenceError> {
-        let value = term_to_i64(key, term)?;
-        let accepted: Option<i64> = sqlx::query_scalar(AssertSqlSafe(self.upsert.clone()))
-            .bind(key.as_str())
-            .bind(value)
-            .fetch_optional(&mut *conn)
-            .await?;
-        if accepted.is_some() {
-            return Ok(());
-        }
-        let stored: Option<i64> = sqlx::query_scalar(AssertSqlSafe(self.select.clone()))
-            .bind(key.as_str())
-            .fetch_optional(&mut *conn)
-            .await?;
-        stale_or_conflict(key, term, stored)
+        self.statements
+            .check_and_advance::<sqlx::Postgres>(conn, key, term)
+            .await
     }
 
     /// The highest term accepted under `key`, or `None` if none has been.
@@ -171,11 +152,7 @@ impl Fence {
     ///
     /// [`FenceError::CorruptRecord`], [`FenceError::Database`].
     pub async fn highest(&self, conn: &mut PgConnection, key: &FenceKey) -> Result<Option<Term>, FenceError> {
-        let stored: Option<i64> = sqlx::query_scalar(AssertSqlSafe(self.select.clone()))
-            .bind(key.as_str())
-            .fetch_optional(conn)
-            .await?;
-        stored.map(|s| stored_to_term(key, s)).transpose()
+        self.statements.highest::<sqlx::Postgres>(conn, key).await
     }
 }
 

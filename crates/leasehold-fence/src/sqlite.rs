@@ -33,13 +33,13 @@
 //! [`FenceError::TermOutOfRange`]. No store of leasehold hands out such terms; the
 //! `postgres` module docs say why the tables keep a signed 64-bit integer.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::LazyLock;
 
 use leasehold_core::Term;
-use sqlx::{AssertSqlSafe, SqliteConnection};
+use sqlx::SqliteConnection;
 
-use crate::table::quoted_table_name;
-use crate::{FenceError, FenceKey, stale_or_conflict, stored_to_term, term_to_i64};
+use crate::table::{Dialect, Statements};
+use crate::{FenceError, FenceKey};
 
 /// The table [`check_and_advance`] and [`ensure_table`] use.
 pub const DEFAULT_TABLE: &str = "leasehold_fence";
@@ -68,10 +68,14 @@ static DEFAULT: LazyLock<Fence> = LazyLock::new(Fence::default);
 /// ```
 #[derive(Clone, Debug)]
 pub struct Fence {
-    create: Arc<str>,
-    upsert: Arc<str>,
-    select: Arc<str>,
+    statements: Statements,
 }
+
+const DIALECT: Dialect = Dialect {
+    key_column: "TEXT PRIMARY KEY NOT NULL",
+    term_column: "INTEGER",
+    params: ["?1", "?2"],
+};
 
 impl Default for Fence {
     fn default() -> Self {
@@ -87,19 +91,8 @@ impl Fence {
     ///
     /// [`FenceError::InvalidTableName`].
     pub fn new(table: &str) -> Result<Self, FenceError> {
-        let t = quoted_table_name(table)?;
         Ok(Fence {
-            create: format!(
-                "CREATE TABLE IF NOT EXISTS {t} (fence_key TEXT PRIMARY KEY NOT NULL, term INTEGER NOT NULL CHECK (term >= 0))"
-            )
-            .into(),
-            upsert: format!(
-                "INSERT INTO {t} AS fence (fence_key, term) VALUES (?1, ?2) \
-                 ON CONFLICT (fence_key) DO UPDATE SET term = excluded.term \
-                 WHERE fence.term <= excluded.term RETURNING term"
-            )
-            .into(),
-            select: format!("SELECT term FROM {t} WHERE fence_key = ?1").into(),
+            statements: Statements::new(table, &DIALECT)?,
         })
     }
 
@@ -110,8 +103,7 @@ impl Fence {
     ///
     /// [`FenceError::Database`].
     pub async fn ensure_table(&self, conn: &mut SqliteConnection) -> Result<(), FenceError> {
-        sqlx::query(AssertSqlSafe(self.create.clone())).execute(conn).await?;
-        Ok(())
+        self.statements.ensure_table::<sqlx::Sqlite>(conn).await
     }
 
     /// Accepts `term` under `key` if no higher term has been accepted there and records it as
@@ -137,20 +129,7 @@ impl Fence {
         key: &FenceKey,
         term: Term,
     ) -> Result<(), FenceError> {
-        let value = term_to_i64(key, term)?;
-        let accepted: Option<i64> = sqlx::query_scalar(AssertSqlSafe(self.upsert.clone()))
-            .bind(key.as_str())
-            .bind(value)
-            .fetch_optional(&mut *conn)
-            .await?;
-        if accepted.is_some() {
-            return Ok(());
-        }
-        let stored: Option<i64> = sqlx::query_scalar(AssertSqlSafe(self.select.clone()))
-            .bind(key.as_str())
-            .fetch_optional(&mut *conn)
-            .await?;
-        stale_or_conflict(key, term, stored)
+        self.statements.check_and_advance::<sqlx::Sqlite>(conn, key, term).await
     }
 
     /// The highest term accepted under `key`, or `None` if none has been.
@@ -163,11 +142,7 @@ impl Fence {
     ///
     /// [`FenceError::CorruptRecord`], [`FenceError::Database`].
     pub async fn highest(&self, conn: &mut SqliteConnection, key: &FenceKey) -> Result<Option<Term>, FenceError> {
-        let stored: Option<i64> = sqlx::query_scalar(AssertSqlSafe(self.select.clone()))
-            .bind(key.as_str())
-            .fetch_optional(conn)
-            .await?;
-        stored.map(|s| stored_to_term(key, s)).transpose()
+        self.statements.highest::<sqlx::Sqlite>(conn, key).await
     }
 }
 
