@@ -669,14 +669,14 @@ async fn log_events(mut events: tokio::sync::broadcast::Receiver<Event>, elector
             Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
         };
         match &event {
-            Event::StoreTrouble { error } => ctx.serving.store_failed(error),
+            Event::StoreTrouble { error } => ctx.serving.store_failed(&error.to_string()),
             Event::Elected { .. } | Event::LeaderChanged(_) => ctx.serving.store_answered(),
             _ => {}
         }
         if let Event::StoreTrouble { error } = &event
-            && is_auth_failure(error)
+            && is_auth_failure(&error.to_string())
         {
-            ctx.auth.failed(error);
+            ctx.auth.failed(&error.to_string());
             continue;
         }
         ctx.auth.succeeded();
@@ -720,9 +720,9 @@ async fn log_events(mut events: tokio::sync::broadcast::Receiver<Event>, elector
                     info.holder, info.term
                 ));
             }
-            Event::StoreTrouble { error } if last_trouble.as_ref() != Some(&error) => {
+            Event::StoreTrouble { error } if last_trouble.as_ref() != Some(&error.to_string()) => {
                 say(format_args!("store trouble (retrying): {error}"));
-                last_trouble = Some(error);
+                last_trouble = Some(error.to_string());
             }
             _ => {}
         }

@@ -47,7 +47,7 @@ pub struct LeaderInfo {
 /// tagged, snake case: `{"elected":{"term":3,"at":"2026-11-23T21:50:01.123456789Z",...}}`),
 /// every `Instant` written as the RFC 3339 wall-clock time it corresponds to; deserializing maps
 /// it back onto this process's monotonic clock.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 #[non_exhaustive]
@@ -79,11 +79,36 @@ pub enum Event {
     },
     /// The leader this candidate sees changed (`None`: nobody holds the lease).
     LeaderChanged(Option<LeaderInfo>),
-    /// A store request failed; the election carries on.
+    /// A store request failed; the election carries on. [`Error::is_transient`] tells a
+    /// request that may have been applied (read back and retried) from a definite failure.
     StoreTrouble {
-        /// The error, as text.
-        error: String,
+        /// The error. Serialized as its one-line text (read back as an [`Error::Store`] that ends
+        /// with that text).
+        #[cfg_attr(feature = "serde", serde(with = "serde_error"))]
+        error: Arc<Error>,
     },
+}
+
+/// An event's error as its text: errors hold client errors that do not serialize.
+#[cfg(feature = "serde")]
+mod serde_error {
+    use std::sync::Arc;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::Error;
+
+    pub(super) fn serialize<S: Serializer>(error: &Arc<Error>, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(error)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Arc<Error>, D::Error> {
+        let text = String::deserialize(d)?;
+        Ok(Arc::new(Error::Store {
+            store: "deserialized",
+            source: text.into(),
+        }))
+    }
 }
 
 impl Event {
@@ -806,7 +831,8 @@ impl Driver {
             inner.id.clone(),
             first_attempt,
             random_u64(),
-        )?;
+        )?
+        .with_store_name(inner.store.name());
         if let Some(earlier) = inner.earlier.lock().expect("earlier lock").as_ref() {
             machine.continue_from(earlier);
         }
@@ -1205,12 +1231,16 @@ impl Driver {
                 None
             }
             Output::StoreTrouble(error) => {
-                debug!(%error, "store trouble");
+                if error.is_transient() {
+                    debug!(%error, "store trouble");
+                } else {
+                    // A definite failure (e.g. credentials or permissions) will not go away by
+                    // itself: say so at once; the engine keeps retrying at its pace.
+                    warn!(%error, "store trouble");
+                }
                 telemetry::trouble_counter(&lease, self.inner.store.name(), telemetry::trouble_reason(&error))
                     .increment(1);
-                self.emit(Event::StoreTrouble {
-                    error: error.to_string(),
-                });
+                self.emit(Event::StoreTrouble { error: Arc::new(error) });
                 None
             }
             Output::Stopped => None,

@@ -233,6 +233,19 @@ enum Purpose {
     LockDelayCheck,
 }
 
+impl Purpose {
+    /// The store operation the request is, for errors.
+    fn operation(&self) -> &'static str {
+        match self {
+            Purpose::Acquire => "acquire",
+            Purpose::Renew => "renew",
+            Purpose::Release => "release",
+            Purpose::Withdraw => "withdraw",
+            Purpose::AcquireReadBack { .. } | Purpose::RenewReadBack | Purpose::LockDelayCheck => "inspect",
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Pending {
     id: OpId,
@@ -333,6 +346,9 @@ pub struct Machine {
     /// forgotten: not at a step-down, and not across campaigns ([`Machine::continue_from`]).
     unsettled_since: Option<Instant>,
     rng: u64,
+    /// The store's name, for the errors the machine makes itself (a request it stopped waiting
+    /// for).
+    store: &'static str,
 }
 
 /// The highest term an observation proves was granted.
@@ -385,7 +401,16 @@ impl Machine {
             term_floor: None,
             unsettled_since: None,
             rng: seed | 1,
+            store: "lease",
         })
+    }
+
+    /// Names the store in the errors the machine makes itself (e.g. "etcd store did not answer
+    /// renew within 3s"); the driver sets it from [`LeaseStore::name`](crate::LeaseStore::name).
+    #[must_use]
+    pub fn with_store_name(mut self, store: &'static str) -> Self {
+        self.store = store;
+        self
     }
 
     /// Carries over what an earlier machine of the same candidate and lease knew that still
@@ -529,8 +554,8 @@ impl Machine {
     fn advance(&mut self, now: Instant, out: &mut Vec<Output>) {
         if let Some(pending) = self.pending.take_if(|p| now >= p.deadline) {
             let timeout = || Error::Timeout {
-                store: "lease",
-                operation: "request",
+                store: self.store,
+                operation: pending.purpose.operation(),
                 after: now - pending.sent,
             };
             let reply = match pending.purpose {
@@ -806,8 +831,8 @@ impl Machine {
         if now + self.timing.step_down_margin >= valid_until {
             // The reply came too late to lead safely: give the lease back at once.
             out.push(Output::StoreTrouble(Error::Timeout {
-                store: "lease",
-                operation: "acquire (granted too late to use)",
+                store: self.store,
+                operation: "acquire (granted too late to use: released)",
                 after: now - sent,
             }));
             self.send(now, Purpose::Release, Request::Release(grant), out);
