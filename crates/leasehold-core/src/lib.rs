@@ -14,14 +14,20 @@ mod timing;
 mod types;
 #[doc(hidden)]
 pub mod url_options;
+mod wrap;
 
 pub use elector::{Elector, ElectorBuilder, Event, Leader, LeaderInfo, RunError};
 pub use error::{BoxError, Error, Result};
 pub use machine::DeposedReason;
 pub use memory::MemoryStore;
 pub use record::{HolderFields, RecordNumber, RecordVersion};
-pub use store::{Changes, LeaseStore};
+pub use store::{Changes, LeaseStore, Operation};
 pub use timing::{Millis, Timing};
+pub use wrap::{CountingStore, LimitStore, RequestCounts};
+
+/// The attribute macro that [`LeaseStore`] implementations need, re-exported so that a wrapper
+/// store needs no `async-trait` dependency of its own (see [`LeaseStore`]'s example).
+pub use async_trait::async_trait;
 pub use types::{
     AcquireRequest, Acquired, CandidateId, Capabilities, EndReason, Expiry, Grant, HolderInfo, LeaseName,
     MAX_CANDIDATE_ID_LEN, MAX_LEASE_NAME_LEN, Notifications, Observation, Renewed, Term, Transition, random_u64,

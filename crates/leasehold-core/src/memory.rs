@@ -275,6 +275,10 @@ impl LeaseStore for MemoryStore {
         Ok(Some(Box::pin(stream)))
     }
 
+    fn can_break(&self) -> bool {
+        true
+    }
+
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
         self.with_live_entry(lease, |entry, _| {
             let term = entry.holder.as_ref().map(|h| h.term);

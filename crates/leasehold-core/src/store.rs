@@ -36,6 +36,48 @@ pub type Changes = BoxStream<'static, ()>;
 /// version named in [`AcquireRequest::takeover`]; `renew` and `release` only touch the record of
 /// the grant's own term. A lost race is an answer ([`Acquired::Held`], [`Renewed::Lost`]), not
 /// an error.
+///
+/// # Wrapping a store
+///
+/// A store around a store (limits, metrics, faults) implements this trait by forwarding;
+/// [`async_trait`](crate::async_trait) is re-exported, so no import of your own is needed.
+/// Forward [`can_break`](LeaseStore::can_break) together with
+/// [`break_lease`](LeaseStore::break_lease), or neither: the defaults say "unsupported", so a
+/// wrapper that leaves both out never claims a power it does not pass on.
+///
+/// ```
+/// use leasehold_core::{
+///     async_trait, AcquireRequest, Acquired, Capabilities, Grant, LeaseName, LeaseStore, MemoryStore,
+///     Observation, Renewed, Result, Transition,
+/// };
+///
+/// /// Logs every acquire; breaking leases is not passed on.
+/// #[derive(Debug)]
+/// struct Logged<S>(S);
+///
+/// #[async_trait]
+/// impl<S: LeaseStore> LeaseStore for Logged<S> {
+///     fn name(&self) -> &'static str { self.0.name() }
+///     fn capabilities(&self) -> Capabilities { self.0.capabilities() }
+///     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
+///         println!("{} asks for {}", request.candidate, request.lease);
+///         self.0.acquire(request).await
+///     }
+///     async fn renew(&self, grant: &Grant) -> Result<Renewed> { self.0.renew(grant).await }
+///     async fn release(&self, grant: &Grant) -> Result<()> { self.0.release(grant).await }
+///     async fn inspect(&self, lease: &LeaseName) -> Result<Observation> { self.0.inspect(lease).await }
+///     async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
+///         self.0.history(lease, limit).await
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<()> {
+/// let store = Logged(MemoryStore::new());
+/// assert!(MemoryStore::new().can_break());
+/// assert!(!store.can_break()); // break_lease is not forwarded, and it says so
+/// assert!(store.break_lease(&"jobs".parse()?).await.is_err());
+/// # Ok(()) }
+/// ```
 #[async_trait]
 pub trait LeaseStore: Debug + Send + Sync + 'static {
     /// A short name of the backend for errors and metrics, e.g. `"sqlite"`.
@@ -106,16 +148,95 @@ pub trait LeaseStore: Debug + Send + Sync + 'static {
         Ok(None)
     }
 
+    /// Whether [`break_lease`](LeaseStore::break_lease) works. The default is `false`, like the
+    /// default `break_lease`: a store that implements one implements both, and a wrapper forwards
+    /// both or neither.
+    fn can_break(&self) -> bool {
+        false
+    }
+
     /// Forces the current holder out (an operator's tool). Returns the term that was broken, or
     /// `None` if the lease was free.
     ///
     /// # Errors
     ///
-    /// [`Error::Unsupported`] where the backend cannot break leases.
+    /// [`Error::Unsupported`] where the backend cannot break leases (the default).
     async fn break_lease(&self, _lease: &LeaseName) -> Result<Option<Term>> {
         Err(Error::Unsupported {
             store: self.name(),
             operation: "break_lease",
         })
+    }
+}
+
+/// The operations of [`LeaseStore`], as errors, metrics and [`CountingStore`](crate::CountingStore)
+/// name them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum Operation {
+    /// [`LeaseStore::acquire`].
+    Acquire,
+    /// [`LeaseStore::renew`].
+    Renew,
+    /// [`LeaseStore::release`].
+    Release,
+    /// [`LeaseStore::withdraw`].
+    Withdraw,
+    /// [`LeaseStore::inspect`].
+    Inspect,
+    /// [`LeaseStore::history`].
+    History,
+    /// [`LeaseStore::changes`].
+    Changes,
+    /// [`LeaseStore::break_lease`].
+    BreakLease,
+}
+
+impl Operation {
+    /// Every operation, in declaration order.
+    pub const ALL: [Operation; 8] = [
+        Operation::Acquire,
+        Operation::Renew,
+        Operation::Release,
+        Operation::Withdraw,
+        Operation::Inspect,
+        Operation::History,
+        Operation::Changes,
+        Operation::BreakLease,
+    ];
+
+    /// The method's name, e.g. `"break_lease"`.
+    ///
+    /// ```
+    /// use leasehold_core::Operation;
+    ///
+    /// assert_eq!(Operation::BreakLease.as_str(), "break_lease");
+    /// assert_eq!(Operation::Renew.to_string(), "renew");
+    /// ```
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Acquire => "acquire",
+            Operation::Renew => "renew",
+            Operation::Release => "release",
+            Operation::Withdraw => "withdraw",
+            Operation::Inspect => "inspect",
+            Operation::History => "history",
+            Operation::Changes => "changes",
+            Operation::BreakLease => "break_lease",
+        }
+    }
+
+    /// Whether the operation keeps a leader's lease alive or hands it on (renew, release): what
+    /// [`LimitStore`](crate::LimitStore) admits first.
+    #[must_use]
+    pub fn is_urgent(self) -> bool {
+        matches!(self, Operation::Renew | Operation::Release)
+    }
+}
+
+impl std::fmt::Display for Operation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }

@@ -413,7 +413,9 @@ pub struct Capabilities {
     pub notifications: Notifications,
     /// Whether candidates queue in FIFO order (the longest waiter is next).
     pub fifo: bool,
-    /// Whether [`LeaseStore::break_lease`](crate::LeaseStore::break_lease) works.
+    /// Whether [`LeaseStore::break_lease`](crate::LeaseStore::break_lease) works. Being replaced
+    /// by [`LeaseStore::can_break`](crate::LeaseStore::can_break), which a wrapper cannot forget
+    /// to forward (it defaults to `false` with `break_lease`): read that one.
     pub can_break: bool,
 }
 

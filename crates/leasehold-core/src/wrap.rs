@@ -1,0 +1,418 @@
+//! Stores around a store: [`LimitStore`] bounds the requests in flight and lets renewals and
+//! releases go first; [`CountingStore`] counts requests by operation. Both forward
+//! [`capabilities`](LeaseStore::capabilities) and [`can_break`](LeaseStore::can_break)
+//! unchanged, and stack: `LimitStore::new(CountingStore::new(store), 8)`.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use tokio::sync::oneshot;
+
+use crate::error::Result;
+use crate::store::{Changes, LeaseStore, Operation};
+use crate::types::{
+    AcquireRequest, Acquired, CandidateId, Capabilities, Grant, LeaseName, Observation, Renewed, Term, Transition,
+};
+
+/// A store that lets at most `max_in_flight` requests reach the inner store at once, and when
+/// requests queue, admits renewals and releases before anything else (acquires, reads,
+/// withdrawals, watches, breaks), each class in arrival order.
+///
+/// A leader's renewal then never waits behind a crowd of followers' polls: with many candidates
+/// on one connection or rate-limited account, the requests that keep a lease alive (or hand it
+/// on) go first. Like object_store's `LimitStore`, it is a store itself, so it stacks with other
+/// wrappers and works for any backend.
+///
+/// # Cancel safety
+///
+/// Dropping a request's future while it waits gives up its place in the queue; dropping it while
+/// it runs drops the inner store's future (see the inner store's `# Cancel safety`). Either way
+/// its slot is freed at once.
+///
+/// # Examples
+///
+/// ```
+/// use std::{sync::Arc, time::Duration};
+/// use leasehold_core::{Elector, LimitStore, LeaseStore, MemoryStore};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold_core::Result<()> {
+/// let store = Arc::new(LimitStore::new(MemoryStore::new(), 4));
+/// assert_eq!(store.max_in_flight(), 4);
+/// assert!(store.can_break()); // MemoryStore can, and the limiter passes it on
+/// let elector = Elector::builder(store, "jobs").ttl(Duration::from_secs(1)).build()?;
+/// let leader = elector.campaign().await?;
+/// leader.resign().await;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct LimitStore<S> {
+    inner: S,
+    slots: Arc<Slots>,
+}
+
+impl<S: LeaseStore> LimitStore<S> {
+    /// Wraps `inner`, letting at most `max_in_flight` requests (at least 1) run at once.
+    pub fn new(inner: S, max_in_flight: usize) -> Self {
+        let max_in_flight = max_in_flight.max(1);
+        LimitStore {
+            inner,
+            slots: Arc::new(Slots {
+                max: max_in_flight,
+                state: Mutex::new(SlotState {
+                    free: max_in_flight,
+                    urgent: VecDeque::new(),
+                    other: VecDeque::new(),
+                }),
+            }),
+        }
+    }
+
+    /// The bound given to [`LimitStore::new`].
+    pub fn max_in_flight(&self) -> usize {
+        self.slots.max
+    }
+
+    /// How many requests run in the inner store now.
+    pub fn in_flight(&self) -> usize {
+        self.slots.max - self.slots.lock().free
+    }
+
+    /// How many requests wait for a slot now.
+    pub fn queued(&self) -> usize {
+        let state = self.slots.lock();
+        let waiting = |queue: &VecDeque<oneshot::Sender<()>>| queue.iter().filter(|s| !s.is_closed()).count();
+        waiting(&state.urgent) + waiting(&state.other)
+    }
+
+    /// The inner store.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+}
+
+/// The priority semaphore behind [`LimitStore`]: a slot freed goes to the oldest urgent waiter,
+/// else to the oldest other waiter, else back to the pool. A waiter is woken by a one-shot
+/// message; no polling.
+struct Slots {
+    max: usize,
+    state: Mutex<SlotState>,
+}
+
+struct SlotState {
+    /// Free slots. Invariant: `free > 0` only when nobody waits.
+    free: usize,
+    urgent: VecDeque<oneshot::Sender<()>>,
+    other: VecDeque<oneshot::Sender<()>>,
+}
+
+impl fmt::Debug for Slots {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.lock();
+        f.debug_struct("Slots")
+            .field("max", &self.max)
+            .field("free", &state.free)
+            .field("urgent_waiting", &state.urgent.len())
+            .field("other_waiting", &state.other.len())
+            .finish()
+    }
+}
+
+impl Slots {
+    fn lock(&self) -> std::sync::MutexGuard<'_, SlotState> {
+        // No code panics while holding the lock; a poisoned lock still holds a consistent state.
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Waits for a slot; the slot is held until the returned [`Slot`] is dropped.
+    async fn admit(self: &Arc<Self>, operation: Operation) -> Slot {
+        let receiver = {
+            let mut state = self.lock();
+            if state.free > 0 {
+                state.free -= 1;
+                return Slot(Arc::clone(self));
+            }
+            let (sender, receiver) = oneshot::channel();
+            if operation.is_urgent() {
+                state.urgent.push_back(sender);
+            } else {
+                state.other.push_back(sender);
+            }
+            receiver
+        };
+        let mut waiting = Waiting {
+            slots: Arc::clone(self),
+            receiver: Some(receiver),
+        };
+        let receiver = waiting.receiver.as_mut().expect("set above");
+        // The sender lives in the queue until it is handed a slot; the queue lives as long as
+        // `self`, which `waiting` keeps alive. So the message always comes.
+        let _ = receiver.await;
+        waiting.receiver = None;
+        Slot(Arc::clone(self))
+    }
+
+    /// Hands a freed slot to the next waiter, or back to the pool.
+    fn release(&self) {
+        let mut state = self.lock();
+        while let Some(next) = state.urgent.pop_front().or_else(|| state.other.pop_front()) {
+            // A waiter that gave up has closed its receiver: try the next one.
+            if next.send(()).is_ok() {
+                return;
+            }
+        }
+        state.free += 1;
+    }
+}
+
+/// A slot held by a running request.
+struct Slot(Arc<Slots>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
+/// A request waiting for a slot. If it is dropped, it leaves the queue; if a slot was handed to
+/// it in the meantime, the slot goes on to the next waiter.
+struct Waiting {
+    slots: Arc<Slots>,
+    receiver: Option<oneshot::Receiver<()>>,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if let Some(mut receiver) = self.receiver.take() {
+            receiver.close();
+            if receiver.try_recv().is_ok() {
+                self.slots.release();
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl<S: LeaseStore> LeaseStore for LimitStore<S> {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn can_break(&self) -> bool {
+        self.inner.can_break()
+    }
+
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
+        let _slot = self.slots.admit(Operation::Acquire).await;
+        self.inner.acquire(request).await
+    }
+
+    async fn renew(&self, grant: &Grant) -> Result<Renewed> {
+        let _slot = self.slots.admit(Operation::Renew).await;
+        self.inner.renew(grant).await
+    }
+
+    async fn release(&self, grant: &Grant) -> Result<()> {
+        let _slot = self.slots.admit(Operation::Release).await;
+        self.inner.release(grant).await
+    }
+
+    async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
+        let _slot = self.slots.admit(Operation::Withdraw).await;
+        self.inner.withdraw(lease, candidate).await
+    }
+
+    async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
+        let _slot = self.slots.admit(Operation::Inspect).await;
+        self.inner.inspect(lease).await
+    }
+
+    async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
+        let _slot = self.slots.admit(Operation::History).await;
+        self.inner.history(lease, limit).await
+    }
+
+    async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {
+        let _slot = self.slots.admit(Operation::Changes).await;
+        self.inner.changes(lease, candidate).await
+    }
+
+    async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
+        let _slot = self.slots.admit(Operation::BreakLease).await;
+        self.inner.break_lease(lease).await
+    }
+}
+
+/// A store that counts the requests made to the inner store, by operation, and how many failed:
+/// for tests and benchmarks that measure requests per election (a follower's idle cost, a
+/// handover), on any backend.
+///
+/// # Cancel safety
+///
+/// As the inner store's; a request is counted when it starts.
+///
+/// # Examples
+///
+/// ```
+/// use std::{sync::Arc, time::Duration};
+/// use leasehold_core::{CountingStore, Elector, MemoryStore, Operation};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold_core::Result<()> {
+/// let store = Arc::new(CountingStore::new(MemoryStore::new()));
+/// let elector = Elector::builder(store.clone(), "jobs").ttl(Duration::from_secs(1)).build()?;
+/// let leader = elector.campaign().await?;
+/// leader.resign().await;
+/// let counts = store.counts();
+/// assert!(counts.get(Operation::Acquire) >= 1);
+/// assert_eq!(counts.get(Operation::Release), 1);
+/// assert_eq!(counts.failed, 0);
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct CountingStore<S> {
+    inner: S,
+    started: [AtomicU64; Operation::ALL.len()],
+    failed: AtomicU64,
+}
+
+/// A snapshot of a [`CountingStore`]'s counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RequestCounts {
+    /// Requests started, indexed like [`Operation::ALL`].
+    pub started: [u64; Operation::ALL.len()],
+    /// Requests that answered an error (of any operation).
+    pub failed: u64,
+}
+
+impl RequestCounts {
+    /// Requests of `operation` started.
+    #[must_use]
+    pub fn get(&self, operation: Operation) -> u64 {
+        self.started[operation as usize]
+    }
+
+    /// Requests of every operation started.
+    #[must_use]
+    pub fn total(&self) -> u64 {
+        self.started.iter().sum()
+    }
+
+    /// The requests made between `earlier` and `self`.
+    ///
+    /// ```
+    /// use leasehold_core::{Operation, RequestCounts};
+    ///
+    /// let mut later = RequestCounts::default();
+    /// later.started[Operation::Renew as usize] = 5;
+    /// let mut earlier = RequestCounts::default();
+    /// earlier.started[Operation::Renew as usize] = 2;
+    /// assert_eq!(later.since(&earlier).get(Operation::Renew), 3);
+    /// ```
+    #[must_use]
+    pub fn since(&self, earlier: &RequestCounts) -> RequestCounts {
+        let mut started = self.started;
+        for (count, before) in started.iter_mut().zip(earlier.started) {
+            *count = count.saturating_sub(before);
+        }
+        RequestCounts {
+            started,
+            failed: self.failed.saturating_sub(earlier.failed),
+        }
+    }
+}
+
+impl<S: LeaseStore> CountingStore<S> {
+    /// Wraps `inner` with every counter at zero.
+    pub fn new(inner: S) -> Self {
+        CountingStore {
+            inner,
+            started: Default::default(),
+            failed: AtomicU64::new(0),
+        }
+    }
+
+    /// The counters now.
+    pub fn counts(&self) -> RequestCounts {
+        RequestCounts {
+            started: std::array::from_fn(|i| self.started[i].load(Ordering::Relaxed)),
+            failed: self.failed.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The inner store.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    fn start(&self, operation: Operation) {
+        self.started[operation as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn finish<T>(&self, result: Result<T>) -> Result<T> {
+        if result.is_err() {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
+}
+
+#[async_trait]
+impl<S: LeaseStore> LeaseStore for CountingStore<S> {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn can_break(&self) -> bool {
+        self.inner.can_break()
+    }
+
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
+        self.start(Operation::Acquire);
+        self.finish(self.inner.acquire(request).await)
+    }
+
+    async fn renew(&self, grant: &Grant) -> Result<Renewed> {
+        self.start(Operation::Renew);
+        self.finish(self.inner.renew(grant).await)
+    }
+
+    async fn release(&self, grant: &Grant) -> Result<()> {
+        self.start(Operation::Release);
+        self.finish(self.inner.release(grant).await)
+    }
+
+    async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
+        self.start(Operation::Withdraw);
+        self.finish(self.inner.withdraw(lease, candidate).await)
+    }
+
+    async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
+        self.start(Operation::Inspect);
+        self.finish(self.inner.inspect(lease).await)
+    }
+
+    async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
+        self.start(Operation::History);
+        self.finish(self.inner.history(lease, limit).await)
+    }
+
+    async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {
+        self.start(Operation::Changes);
+        self.finish(self.inner.changes(lease, candidate).await)
+    }
+
+    async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
+        self.start(Operation::BreakLease);
+        self.finish(self.inner.break_lease(lease).await)
+    }
+}
