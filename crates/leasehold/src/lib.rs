@@ -2,6 +2,8 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 pub use leasehold_core::*;
@@ -29,20 +31,122 @@ pub use leasehold_redis as redis;
 #[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
 pub use leasehold_zookeeper as zookeeper;
 
-/// The URL schemes `connect` knows, with the Cargo feature that enables each.
-pub const SCHEMES: &[(&str, &str)] = &[
-    ("sqlite", "sqlite"),
-    ("postgres", "postgres"),
-    ("postgresql", "postgres"),
-    ("redis", "redis"),
-    ("rediss", "redis"),
-    ("etcd", "etcd"),
-    ("etcds", "etcd"),
-    ("zk", "zookeeper"),
-    ("zookeeper", "zookeeper"),
-    ("dynamodb", "dynamodb"),
-    ("azblob", "azure"),
+/// A boxed `connect` future of one backend.
+type Connecting<'a> = Pin<Box<dyn Future<Output = Result<Arc<dyn LeaseStore>>> + Send + 'a>>;
+
+/// A backend's constructor.
+type Open = for<'a> fn(&'a str) -> Connecting<'a>;
+
+/// A backend [`connect`] can open: its URL schemes, the Cargo feature of this crate that compiles
+/// it in, and its constructor. [`BACKENDS`] lists every backend once, compiled in or not, so that
+/// [`connect`] and its hints read one list (like sqlx's `AnyDriver`).
+///
+/// # Examples
+///
+/// ```
+/// let sqlite = leasehold::backend_for("sqlite").unwrap();
+/// assert_eq!((sqlite.name, sqlite.feature), ("sqlite", "sqlite"));
+/// assert!(sqlite.is_enabled()); // the default feature
+/// assert_eq!(leasehold::backend_for("postgresql").unwrap().name, "postgres");
+/// assert!(leasehold::backend_for("ftp").is_none());
+/// ```
+#[derive(Clone, Copy)]
+pub struct Backend {
+    /// The backend's name, as its store reports it ([`LeaseStore::name`]).
+    pub name: &'static str,
+    /// The URL schemes it handles (lower case).
+    pub schemes: &'static [&'static str],
+    /// The Cargo feature of the `leasehold` crate that compiles it in.
+    pub feature: &'static str,
+    /// Its constructor, or `None` when the feature is off.
+    open: Option<Open>,
+}
+
+impl Backend {
+    /// Whether this build has the backend (its feature is on).
+    #[must_use]
+    pub fn is_enabled(&self) -> bool {
+        self.open.is_some()
+    }
+
+    /// Opens the store `url` names with this backend.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnsupportedScheme`] naming the feature to enable when it is off; the backend's
+    /// own errors otherwise.
+    pub async fn connect(&self, url: &str) -> Result<Arc<dyn LeaseStore>> {
+        match self.open {
+            Some(open) => open(url).await,
+            None => Err(Error::UnsupportedScheme {
+                scheme: self.schemes[0].to_string(),
+                hint: format!("enable the `{}` feature of the leasehold crate", self.feature),
+            }),
+        }
+    }
+}
+
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Backend")
+            .field("name", &self.name)
+            .field("schemes", &self.schemes)
+            .field("feature", &self.feature)
+            .field("enabled", &self.is_enabled())
+            .finish()
+    }
+}
+
+/// One entry of [`BACKENDS`]: the constructor exists only when the feature is on.
+macro_rules! backend {
+    ($name:literal, $feature:literal, [$($scheme:literal),+], $store:path) => {{
+        #[cfg(feature = $feature)]
+        const OPEN: Option<Open> = {
+            fn open(url: &str) -> Connecting<'_> {
+                Box::pin(async move { Ok(Arc::new(<$store>::connect(url).await?) as Arc<dyn LeaseStore>) })
+            }
+            Some(open)
+        };
+        #[cfg(not(feature = $feature))]
+        const OPEN: Option<Open> = None;
+        Backend {
+            name: $name,
+            schemes: &[$($scheme),+],
+            feature: $feature,
+            open: OPEN,
+        }
+    }};
+}
+
+/// Every backend, compiled in or not.
+pub const BACKENDS: &[Backend] = &[
+    backend!("sqlite", "sqlite", ["sqlite"], leasehold_sqlite::SqliteStore),
+    backend!(
+        "postgres",
+        "postgres",
+        ["postgres", "postgresql"],
+        leasehold_postgres::PostgresStore
+    ),
+    backend!("redis", "redis", ["redis", "rediss"], leasehold_redis::RedisStore),
+    backend!("etcd", "etcd", ["etcd", "etcds"], leasehold_etcd::EtcdStore),
+    backend!(
+        "zookeeper",
+        "zookeeper",
+        ["zk", "zookeeper"],
+        leasehold_zookeeper::ZookeeperStore
+    ),
+    backend!("dynamodb", "dynamodb", ["dynamodb"], leasehold_dynamodb::DynamoDbStore),
+    backend!("azure", "azure", ["azblob"], leasehold_azure::AzureBlobStore),
 ];
+
+/// The backend that handles `scheme` (in any case), compiled in or not.
+#[must_use]
+pub fn backend_for(scheme: &str) -> Option<&'static Backend> {
+    let scheme = scheme.to_ascii_lowercase();
+    BACKENDS
+        .iter()
+        .find(|backend| backend.schemes.contains(&scheme.as_str()))
+}
 
 /// Connects to the lease store a URL names, picking the backend by the URL's scheme.
 ///
@@ -66,42 +170,26 @@ pub const SCHEMES: &[(&str, &str)] = &[
 /// ```
 pub async fn connect(url: &str) -> Result<Arc<dyn LeaseStore>> {
     let scheme = scheme_of(url)?;
-    let scheme = scheme.as_str();
-    #[cfg(feature = "sqlite")]
-    if leasehold_sqlite::URL_SCHEMES.contains(&scheme) {
-        return Ok(Arc::new(leasehold_sqlite::SqliteStore::connect(url).await?));
+    match backend_for(&scheme) {
+        Some(backend) => backend.connect(url).await,
+        None => {
+            let known: Vec<&str> = BACKENDS
+                .iter()
+                .flat_map(|backend| backend.schemes.iter().copied())
+                .collect();
+            Err(Error::UnsupportedScheme {
+                scheme,
+                hint: format!("known schemes: {}", known.join(", ")),
+            })
+        }
     }
-    #[cfg(feature = "postgres")]
-    if leasehold_postgres::URL_SCHEMES.contains(&scheme) {
-        return Ok(Arc::new(leasehold_postgres::PostgresStore::connect(url).await?));
-    }
-    #[cfg(feature = "redis")]
-    if leasehold_redis::URL_SCHEMES.contains(&scheme) {
-        return Ok(Arc::new(leasehold_redis::RedisStore::connect(url).await?));
-    }
-    #[cfg(feature = "etcd")]
-    if leasehold_etcd::URL_SCHEMES.contains(&scheme) {
-        return Ok(Arc::new(leasehold_etcd::EtcdStore::connect(url).await?));
-    }
-    #[cfg(feature = "zookeeper")]
-    if leasehold_zookeeper::URL_SCHEMES.contains(&scheme) {
-        return Ok(Arc::new(leasehold_zookeeper::ZookeeperStore::connect(url).await?));
-    }
-    #[cfg(feature = "dynamodb")]
-    if leasehold_dynamodb::URL_SCHEMES.contains(&scheme) {
-        return Ok(Arc::new(leasehold_dynamodb::DynamoDbStore::connect(url).await?));
-    }
-    #[cfg(feature = "azure")]
-    if leasehold_azure::URL_SCHEMES.contains(&scheme) {
-        return Ok(Arc::new(leasehold_azure::AzureBlobStore::connect(url).await?));
-    }
-    Err(unsupported(scheme))
 }
 
 fn scheme_of(url: &str) -> Result<String> {
     match url.split_once(':') {
         Some((scheme, _))
-            if !scheme.is_empty() && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) =>
+            if scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+                && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) =>
         {
             Ok(scheme.to_ascii_lowercase())
         }
@@ -110,34 +198,6 @@ fn scheme_of(url: &str) -> Result<String> {
             reason: "expected SCHEME://... (e.g. sqlite:///path/leases.db)".into(),
         }),
     }
-}
-
-fn unsupported(scheme: &str) -> Error {
-    let hint = match SCHEMES.iter().find(|(s, _)| *s == scheme) {
-        Some((_, feature)) => format!("enable the `{feature}` feature of the leasehold crate"),
-        None => {
-            let known: Vec<&str> = SCHEMES.iter().map(|(s, _)| *s).collect();
-            format!("known schemes: {}", known.join(", "))
-        }
-    };
-    Error::UnsupportedScheme {
-        scheme: scheme.to_string(),
-        hint,
-    }
-}
-
-#[cfg(test)]
-fn feature_enabled(feature: &str) -> bool {
-    const COMPILED: &[(&str, bool)] = &[
-        ("sqlite", cfg!(feature = "sqlite")),
-        ("postgres", cfg!(feature = "postgres")),
-        ("redis", cfg!(feature = "redis")),
-        ("etcd", cfg!(feature = "etcd")),
-        ("zookeeper", cfg!(feature = "zookeeper")),
-        ("dynamodb", cfg!(feature = "dynamodb")),
-        ("azure", cfg!(feature = "azure")),
-    ];
-    COMPILED.iter().any(|&(name, on)| name == feature && on)
 }
 
 /// Replaces the password of a URL (and any query value that looks secret) with `***`.
@@ -158,16 +218,71 @@ mod tests {
 
     #[tokio::test]
     async fn unknown_and_compiled_out_schemes_name_the_fix() {
-        // A backend compiled out of this build (if any) names its feature.
-        if let Some((scheme, feature)) = SCHEMES.iter().find(|(_, feature)| !feature_enabled(feature)) {
-            let err = connect(&format!("{scheme}://127.0.0.1:1/x")).await.unwrap_err();
-            assert!(matches!(err, Error::UnsupportedScheme { .. }), "{err}");
-            assert!(err.to_string().contains(&format!("`{feature}` feature")), "{err}");
+        // A backend compiled out of this build (if any) names its feature, for each scheme.
+        for backend in BACKENDS.iter().filter(|backend| !backend.is_enabled()) {
+            for scheme in backend.schemes {
+                let err = connect(&format!("{scheme}://127.0.0.1:1/x")).await.unwrap_err();
+                assert!(matches!(err, Error::UnsupportedScheme { .. }), "{err}");
+                assert!(
+                    err.to_string().contains(&format!("`{}` feature", backend.feature)),
+                    "{err}"
+                );
+            }
         }
         let err = connect("ftp://x").await.unwrap_err();
-        assert!(err.to_string().contains("known schemes"), "{err}");
+        assert!(
+            err.to_string().contains("known schemes: sqlite, postgres, postgresql"),
+            "{err}"
+        );
         let err = connect("no scheme here").await.unwrap_err();
         assert!(matches!(err, Error::InvalidUrl { .. }), "{err}");
+    }
+
+    /// The list is the one place a backend is named: its feature switch, its schemes and the
+    /// crate's own `URL_SCHEMES` agree.
+    #[test]
+    fn the_backend_list_matches_the_features_and_the_crates() {
+        let enabled: Vec<&str> = BACKENDS
+            .iter()
+            .filter(|backend| backend.is_enabled())
+            .map(|backend| backend.feature)
+            .collect();
+        let compiled = [
+            ("sqlite", cfg!(feature = "sqlite")),
+            ("postgres", cfg!(feature = "postgres")),
+            ("redis", cfg!(feature = "redis")),
+            ("etcd", cfg!(feature = "etcd")),
+            ("zookeeper", cfg!(feature = "zookeeper")),
+            ("dynamodb", cfg!(feature = "dynamodb")),
+            ("azure", cfg!(feature = "azure")),
+        ];
+        let expected: Vec<&str> = compiled.iter().filter(|(_, on)| *on).map(|(f, _)| *f).collect();
+        assert_eq!(enabled, expected);
+        let mut schemes: Vec<&str> = BACKENDS.iter().flat_map(|b| b.schemes.iter().copied()).collect();
+        let count = schemes.len();
+        schemes.sort_unstable();
+        schemes.dedup();
+        assert_eq!(schemes.len(), count, "a scheme is listed twice");
+        #[cfg(feature = "sqlite")]
+        assert_eq!(backend_for("SQLite").unwrap().schemes, leasehold_sqlite::URL_SCHEMES);
+        #[cfg(feature = "postgres")]
+        assert_eq!(
+            backend_for("postgres").unwrap().schemes,
+            leasehold_postgres::URL_SCHEMES
+        );
+        #[cfg(feature = "redis")]
+        assert_eq!(backend_for("redis").unwrap().schemes, leasehold_redis::URL_SCHEMES);
+        #[cfg(feature = "etcd")]
+        assert_eq!(backend_for("etcd").unwrap().schemes, leasehold_etcd::URL_SCHEMES);
+        #[cfg(feature = "zookeeper")]
+        assert_eq!(backend_for("zk").unwrap().schemes, leasehold_zookeeper::URL_SCHEMES);
+        #[cfg(feature = "dynamodb")]
+        assert_eq!(
+            backend_for("dynamodb").unwrap().schemes,
+            leasehold_dynamodb::URL_SCHEMES
+        );
+        #[cfg(feature = "azure")]
+        assert_eq!(backend_for("azblob").unwrap().schemes, leasehold_azure::URL_SCHEMES);
     }
 
     #[test]
