@@ -13,7 +13,7 @@ use crate::faults::{Faults, FaultyStore};
 /// A backend under test: makes independent clients of one store and can vandalise its records.
 ///
 /// A backend's test file implements it (or constructs one) and hands it to
-/// [`conformance_tests!`](crate::conformance_tests).
+/// [`suite!`](crate::suite).
 ///
 /// # Examples
 ///
@@ -70,6 +70,31 @@ pub trait Backend: Send + Sync + 'static {
     fn many_leases_ttl(&self) -> Option<Duration> {
         None
     }
+
+    /// Store URLs that carry `secret` as a password, key or signature, for
+    /// `secrets_stay_out_of_debug_and_errors`: the test server with a wrong secret, a port nobody
+    /// listens on, an unknown option. Empty (the default) for a store without secrets.
+    fn secret_urls(&self, secret: &str) -> Vec<String> {
+        let _ = secret;
+        Vec::new()
+    }
+
+    /// A client of the store at `url` (one of [`Backend::secret_urls`]).
+    ///
+    /// # Errors
+    ///
+    /// Whatever the store's constructor says about `url`.
+    async fn connect_url(&self, url: &str) -> Result<Arc<dyn LeaseStore>> {
+        let _ = url;
+        Err(leasehold_core::Error::store(
+            self.name(),
+            "the suite's backend does not connect by URL",
+        ))
+    }
+
+    /// Called once after the last scenario of a concurrent run (e.g. to delete the suite's
+    /// container); the default does nothing.
+    async fn finish(&self) {}
 }
 
 /// The [`Backend`] of a [`MemoryStore`]: every client shares one store.
@@ -119,7 +144,17 @@ impl Backend for MemoryBackend {
     }
 }
 
-/// What a backend constructor given to [`conformance_tests!`](crate::conformance_tests) may
+/// The in-memory store whose own clock expires leases, for `suite!(memory)`.
+pub fn memory() -> Option<Arc<dyn Backend>> {
+    Some(Arc::new(MemoryBackend::server_clock()))
+}
+
+/// The in-memory store where contenders observe expiry, for `suite!(memory_observed)`.
+pub fn memory_observed() -> Option<Arc<dyn Backend>> {
+    Some(Arc::new(MemoryBackend::observed_expiry()))
+}
+
+/// What a backend constructor given to [`suite!`](crate::suite) may
 /// yield: a backend (`MemoryBackend`, `Arc<dyn Backend>`), or an `Option` of one, where `None`
 /// means its server is not available (the tests then skip).
 pub trait IntoBackend {
@@ -196,7 +231,7 @@ pub fn require_server(name: &str, env_var: &str) -> Option<String> {
     None
 }
 
-fn configured_url(env_var: &str) -> Option<String> {
+pub(crate) fn configured_url(env_var: &str) -> Option<String> {
     if let Some(url) = std::env::var(env_var).ok().filter(|v| !v.trim().is_empty()) {
         return Some(url.trim().to_string());
     }
@@ -241,7 +276,7 @@ fn reachable(url: &str) -> std::result::Result<(), String> {
 }
 
 /// `host:port` of the first host of a URL such as `scheme://user:pass@host:port,host2/path`.
-fn host_port(url: &str) -> Option<String> {
+pub(crate) fn host_port(url: &str) -> Option<String> {
     let (scheme, rest) = url.split_once("://")?;
     let authority = rest.split(['/', '?', '#']).next()?;
     let authority = authority.rsplit_once('@').map_or(authority, |(_, host)| host);

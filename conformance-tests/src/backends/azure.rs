@@ -1,0 +1,205 @@
+//! Azure Blob Storage on the Azurite emulator (`scripts/services up azurite`): every client is its
+//! own `AzureBlobStore`; the suite writes into a container of its own, deleted at the end (the
+//! in-memory emulator scans every blob of the account on each request).
+//!
+//! Azure's minimum lease is 15 s, so the scenarios that wait for expiries take minutes each: run
+//! them with `suite!(azure, concurrent)`.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use hmac::{Hmac, Mac};
+use leasehold_azure::AzureBlobStore;
+use leasehold_core::{Error, LeaseName, LeaseStore, Result};
+use sha2::Sha256;
+use url::Url;
+
+use super::with_option;
+use crate::backend::{Backend, configured_url, host_port, require_server};
+use crate::server::ServerBackend;
+
+/// Blob names of the suite start with this.
+const PREFIX: &str = "t/";
+
+/// How many operations other than renewals and releases one store runs at once.
+///
+/// Azurite is one Node.js process. On this shared 2-core machine it serves 100 to 400 simple
+/// requests a second, depending on what else runs; once it has more requests in hand than it
+/// can serve, every client waits: with 64 in flight a renewal takes 100-300 ms, and the first
+/// request on a new connection up to 5 s (`leasehold-azure/tests/azurite_rate.rs`). So the
+/// 1,000 campaigns of `thousand_leases` must not flood the emulator: 8 in flight keep it busy
+/// without a long queue.
+const MAX_REQUESTS: usize = 8;
+
+/// Azurite, in a new container `leasehold-conformance-<random>`.
+pub fn azure() -> Option<Arc<dyn Backend>> {
+    let endpoint = require_server("azurite", "LEASEHOLD_AZURITE_URL")?;
+    let endpoint = endpoint.trim_end_matches('/').to_string();
+    let upstream = host_port(&endpoint)?;
+    let account = configured_url("LEASEHOLD_AZURITE_ACCOUNT").unwrap_or_else(|| "devstoreaccount1".into());
+    let key =
+        configured_url("LEASEHOLD_AZURITE_ACCOUNT_KEY").expect("LEASEHOLD_AZURITE_ACCOUNT_KEY is set with the URL");
+    let sas = account_sas(&account, &key, Duration::from_secs(24 * 3600));
+    let container = format!("leasehold-conformance-{:x}", leasehold_core::random_u64());
+    let container_url = Arc::new(format!("{endpoint}/{container}?{sas}"));
+    let url = format!("{endpoint}/{container}?prefix={PREFIX}&max_requests={MAX_REQUESTS}&{sas}");
+    let (for_corrupt, for_finish) = (container_url.clone(), container_url);
+    let store_url = url.clone();
+    let backend = ServerBackend::new(
+        "azure",
+        url.clone(),
+        upstream,
+        |url| Box::pin(async move { Ok(Arc::new(AzureBlobStore::connect(&url).await?) as Arc<dyn LeaseStore>) }),
+        move |lease| Box::pin(corrupt(store_url.clone(), for_corrupt.clone(), lease)),
+    )
+    // 1,000 leases renewed every TTL/3 are 3,000/TTL renewals a second, 50 at 60 s, a small share
+    // of what Azurite serves next to everything else the suite runs at the same time.
+    .many_leases_ttl(Duration::from_secs(60))
+    .secret_urls(move |secret| {
+        // A well-formed SAS whose signature is wrong: the emulator refuses every request.
+        let forged: String = sas
+            .split('&')
+            .map(|pair| {
+                if pair.starts_with("sig=") {
+                    format!("sig={secret}")
+                } else {
+                    pair.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("&");
+        let refused = format!("{endpoint}/{container}?prefix={PREFIX}&{forged}");
+        let closed = refused.replacen(&host_port(&endpoint).unwrap_or_default(), "127.0.0.1:1", 1);
+        vec![refused.clone(), closed, with_option(&refused, "nonsense=1")]
+    })
+    .on_finish(move || {
+        let container = for_finish.clone();
+        Box::pin(async move {
+            // Bounded: an emulator that stopped answering must not hold up the results.
+            match tokio::time::timeout(Duration::from_secs(30), delete_container(&container)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => eprintln!("cannot delete the suite's container: {e}"),
+                Err(_) => eprintln!("cannot delete the suite's container: no answer in 30 s"),
+            }
+        })
+    });
+    Some(Arc::new(backend))
+}
+
+/// Writes garbage where the term belongs, as a foreign program using the same blob would, then
+/// breaks the blob lease. The garbage is written *under the holder's lease* (its id is in the
+/// record version), so that no candidate can take the lease between the break and the write; a
+/// holder that changed in between makes Azure refuse the write, and it is tried again.
+async fn corrupt(store_url: String, container_url: Arc<String>, lease: LeaseName) -> Result<()> {
+    let store = AzureBlobStore::connect(&store_url).await?;
+    let container = container_client(&container_url)?;
+    let blob = container.blob_client(&format!("{PREFIX}{lease}"));
+    let mut attempts = 0;
+    loop {
+        let seen = store.inspect(&lease).await?;
+        let lease_id = seen
+            .holder
+            .as_ref()
+            .and_then(|h| h.version.split(';').next().map(str::to_string));
+        let garbage = [("leasehold_term", "garbage"), ("vandal", "yes")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let options = azure_storage_blob::models::BlobClientSetMetadataOptions {
+            lease_id,
+            ..Default::default()
+        };
+        attempts += 1;
+        match blob.set_metadata(&garbage, Some(options)).await {
+            Ok(_) => break,
+            Err(_) if attempts < 10 => eprintln!("azure: corrupting {lease} was refused (the holder changed); again"),
+            Err(e) => return Err(Error::store("azure", e.to_string())),
+        }
+    }
+    let options = azure_storage_blob::models::BlobClientBreakLeaseOptions {
+        break_period: Some(0),
+        ..Default::default()
+    };
+    match blob.break_lease(Some(options)).await {
+        Ok(_) => Ok(()),
+        // 409: no lease to break.
+        Err(e) if e.http_status().is_some_and(|s| u16::from(s) == 409) => Ok(()),
+        Err(e) => Err(Error::store("azure", e.to_string())),
+    }
+}
+
+fn container_client(container_url: &str) -> Result<azure_storage_blob::BlobContainerClient> {
+    let url = Url::parse(container_url).map_err(|e| Error::store("azure", e))?;
+    azure_storage_blob::BlobContainerClient::new(url, None, None).map_err(|e| Error::store("azure", e.to_string()))
+}
+
+/// Deletes the suite's container and every blob in it.
+async fn delete_container(container_url: &str) -> Result<()> {
+    container_client(container_url)?
+        .delete(None)
+        .await
+        .map(drop)
+        .map_err(|e| Error::store("azure", e.to_string()))
+}
+
+/// An account SAS query (blob service; service, container and object resources; read, add,
+/// create, write, delete, list) valid for `valid_for`, signed with HMAC-SHA256 and the account
+/// key.
+fn account_sas(account: &str, key_base64: &str, valid_for: Duration) -> String {
+    const VERSION: &str = "2021-08-06";
+    let expiry = iso8601(SystemTime::now() + valid_for);
+    let (permissions, services, resource_types) = ("racwdl", "b", "sco");
+    // Account SAS string-to-sign for versions 2020-12-06 and later (the last field is the
+    // encryption scope, empty here).
+    let to_sign = [
+        account,
+        permissions,
+        services,
+        resource_types,
+        "",
+        &expiry,
+        "",
+        "https,http",
+        VERSION,
+        "",
+        "",
+    ]
+    .join("\n");
+    let key = STANDARD.decode(key_base64).expect("the account key is base64");
+    let mut mac = Hmac::<Sha256>::new_from_slice(&key).expect("HMAC takes any key length");
+    mac.update(to_sign.as_bytes());
+    let signature = STANDARD.encode(mac.finalize().into_bytes());
+    url::form_urlencoded::Serializer::new(String::new())
+        .append_pair("sv", VERSION)
+        .append_pair("ss", services)
+        .append_pair("srt", resource_types)
+        .append_pair("sp", permissions)
+        .append_pair("se", &expiry)
+        .append_pair("spr", "https,http")
+        .append_pair("sig", &signature)
+        .finish()
+}
+
+/// `2030-01-01T00:00:00Z` for a time, in UTC.
+fn iso8601(at: SystemTime) -> String {
+    let secs = at.duration_since(UNIX_EPOCH).expect("after 1970").as_secs();
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days.cast_signed() + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}

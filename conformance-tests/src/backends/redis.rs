@@ -1,0 +1,86 @@
+//! Redis (`scripts/services up redis`): every client is its own `RedisStore` (its own
+//! connections), with a key prefix of its own; `redis` with expiry events (`expiry_events=enable`:
+//! idle followers wait for notifications), `redis_polling` without (`expiry_events=off`, in the
+//! next database).
+
+use std::sync::Arc;
+
+use leasehold_core::{Error, LeaseStore};
+use leasehold_redis::RedisStore;
+
+use super::with_option;
+use crate::backend::{Backend, host_port, require_server};
+use crate::server::ServerBackend;
+
+const PREFIX: &str = "leasehold-test:";
+
+/// Redis with expiry events turned on (the server started by `scripts/services` may not send
+/// them, and a restart forgets a `CONFIG SET`, so the store turns them on).
+pub fn redis() -> Option<Arc<dyn Backend>> {
+    backend("redis", 0, "enable")
+}
+
+/// Redis without expiry events: followers poll when the holder's `PTTL` runs out. In the next
+/// database, so that its thousand held leases (keys with a TTL) cannot slow down the expiry
+/// events of the other suite running at the same time: Redis finds expired keys by scanning a
+/// database's keys with a TTL, about 200 per second.
+pub fn redis_polling() -> Option<Arc<dyn Backend>> {
+    backend("redis_polling", 1, "off")
+}
+
+fn backend(name: &'static str, db_offset: u32, expiry_events: &str) -> Option<Arc<dyn Backend>> {
+    let server = require_server("redis", "LEASEHOLD_REDIS_URL")?;
+    let upstream = host_port(&server)?;
+    let mut parsed = url::Url::parse(&server).expect("LEASEHOLD_REDIS_URL is a URL");
+    let db = parsed.path().trim_matches('/').parse::<u32>().unwrap_or(0) + db_offset;
+    parsed.set_path(&format!("/{db}"));
+    let base = parsed.to_string();
+    let url = with_option(
+        &with_option(&base, &format!("prefix={PREFIX}")),
+        &format!("expiry_events={expiry_events}"),
+    );
+    let raw = base.clone();
+    let backend = ServerBackend::new(
+        name,
+        url.clone(),
+        upstream,
+        |url| Box::pin(async move { Ok(Arc::new(RedisStore::connect(&url).await?) as Arc<dyn LeaseStore>) }),
+        // A string where the lease record (a hash) belongs, as a foreign program using the same
+        // key would write.
+        move |lease| {
+            let raw = raw.clone();
+            Box::pin(async move {
+                let fail = |e: redis::RedisError| Error::store("redis", e);
+                let client = redis::Client::open(raw.as_str()).map_err(fail)?;
+                let mut conn = client.get_multiplexed_async_connection().await.map_err(fail)?;
+                // The layout of `RedisConfig::keys`.
+                let key = format!("{PREFIX}lease:{{{lease}}}");
+                redis::cmd("SET")
+                    .arg(&key)
+                    .arg("garbage")
+                    .query_async::<()>(&mut conn)
+                    .await
+                    .map_err(fail)
+            })
+        },
+    )
+    .secret_urls(move |secret| {
+        let mut with = url::Url::parse(&url).expect("a URL");
+        // The default user of a server without `requirepass` accepts any password; a user
+        // that does not exist is refused.
+        with.set_username("default").expect("a URL with a host");
+        with.set_password(Some(secret)).expect("a URL with a host");
+        let accepted = with.to_string();
+        let mut refused = with.clone();
+        refused.set_username("leasehold-nobody").expect("a URL with a host");
+        let mut closed = with.clone();
+        closed.set_port(Some(1)).expect("a URL with a host");
+        vec![
+            accepted.clone(),
+            refused.to_string(),
+            closed.to_string(),
+            with_option(&accepted, "nonsense=1"),
+        ]
+    });
+    Some(Arc::new(backend))
+}

@@ -1,0 +1,59 @@
+//! SQLite: every client is its own `SqliteStore` (its own pool and writer) on one file in a
+//! temporary directory, as separate processes would be; faults are injected in process.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use leasehold_core::{Error, LeaseName, LeaseStore, Result};
+use leasehold_sqlite::SqliteStore;
+use sqlx::{ConnectOptions, Connection, sqlite::SqliteConnectOptions};
+use tempfile::TempDir;
+
+use crate::backend::Backend;
+
+/// One lease file in a new temporary directory, removed when the backend is dropped.
+pub fn sqlite() -> Option<Arc<dyn Backend>> {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    Some(Arc::new(Sqlite {
+        path: dir.path().join("leases.db"),
+        _dir: dir,
+    }))
+}
+
+#[derive(Debug)]
+struct Sqlite {
+    path: PathBuf,
+    _dir: TempDir,
+}
+
+#[async_trait]
+impl Backend for Sqlite {
+    fn name(&self) -> &'static str {
+        "sqlite"
+    }
+
+    async fn connect(&self) -> Result<Arc<dyn LeaseStore>> {
+        let url = format!("sqlite://{}", self.path.display());
+        Ok(Arc::new(SqliteStore::connect(&url).await?))
+    }
+
+    /// Text where the term belongs, as a foreign program might write.
+    async fn corrupt(&self, lease: &LeaseName) -> Result<()> {
+        let sql = |e: sqlx::Error| Error::store("sqlite", e);
+        let mut conn = SqliteConnectOptions::new()
+            .filename(&self.path)
+            .connect()
+            .await
+            .map_err(sql)?;
+        sqlx::query(
+            "INSERT INTO leasehold_leases (name, holder, term) VALUES (?1, 'vandal', 'garbage')
+             ON CONFLICT (name) DO UPDATE SET term = 'garbage'",
+        )
+        .bind(lease.as_str())
+        .execute(&mut conn)
+        .await
+        .map_err(sql)?;
+        conn.close().await.map_err(sql)
+    }
+}

@@ -1,0 +1,267 @@
+//! From one leader to the next: a graceful handover, FIFO order, record-version takeover and
+//! `break_lease`.
+
+use leasehold_core::{DeposedReason, EndReason, Expiry, Renewed};
+
+use super::*;
+
+/// The leader resigns: the follower is elected within one retry (poll) interval plus slack.
+///
+/// # Panics
+///
+/// When the handover is slower.
+pub async fn graceful_release_fast_handover(backend: Arc<dyn Backend>) {
+    let scene = Scene::new(backend, "graceful_release_fast_handover").await;
+    let p = &scene.prefix;
+    let a = scene.elector(scene.connect().await, "A");
+    let b = scene.elector(scene.connect().await, "B");
+    let leader_a = scene.campaign(&a, scene.ttl * 3).await;
+    let (_campaign_b, elected_b) = spawn_campaign(&b);
+    tokio::time::sleep(scene.ttl).await;
+
+    let resigned = Instant::now();
+    leader_a.resign().await;
+    let leader_b = scene
+        .within("B taking over after A resigned", scene.ttl * 3, elected_b)
+        .await
+        .expect("B campaigns");
+    let handover = leader_b.elected_at() - resigned;
+    let bound = scene.retry_bound() + Duration::from_millis(250);
+    scene.log(format_args!(
+        "handover {} (notifications {:?}; bound {})",
+        secs(handover),
+        scene.caps.notifications,
+        secs(bound)
+    ));
+    assert!(
+        handover <= bound,
+        "{p}: handover took {} > retry_every * (1 + jitter) + 250ms = {}",
+        secs(handover),
+        secs(bound)
+    );
+    leader_b.resign().await;
+    scene.finish().await;
+}
+
+/// Where candidates queue (`fifo`): the leader resigns three times and the lease goes to the
+/// candidates in the order they started waiting, each within a retry interval plus slack.
+///
+/// # Panics
+///
+/// When a later candidate overtakes an earlier one, or a handover is slow.
+pub async fn fifo_order(backend: Arc<dyn Backend>) {
+    let scene = Scene::new(backend, "fifo_order").await;
+    let p = &scene.prefix;
+    if !scene.caps.fifo {
+        return scene.not_applicable("the store does not queue candidates (fifo: false)");
+    }
+    let a = scene.elector(scene.connect().await, "A");
+    let mut leader = scene.campaign(&a, scene.ttl * 3).await;
+    let a_id = a.id().clone();
+    let mut queued = Vec::new();
+    for who in ["B", "C", "D"] {
+        let elector = scene.elector(scene.connect().await, who);
+        let mut sees = elector.observe();
+        let campaign = spawn_campaign(&elector);
+        // Queued once its first acquire was answered (it has seen the leader).
+        let what = format!("{who} queueing behind A");
+        scene
+            .within(
+                &what,
+                scene.ttl * 2,
+                sees.wait_for(|l| l.as_ref().is_some_and(|l| l.holder == a_id)),
+            )
+            .await
+            .expect("the elector lives");
+        tokio::time::sleep(scene.ttl / 10).await;
+        queued.push((who, elector, campaign));
+    }
+    let bound = scene.retry_bound() + Duration::from_millis(250);
+    let mut last = leader.term();
+    for (who, _elector, (_task, elected)) in queued {
+        let resigned = Instant::now();
+        leader.resign().await;
+        let what = format!("{who}, the longest waiter, being elected");
+        let next = scene.within(&what, scene.ttl * 3, elected).await.unwrap_or_else(|_| {
+            panic!("{p}: {who}'s campaign ended without a leader");
+        });
+        assert_eq!(next.holder().as_str(), who, "{p}: {} overtook {who}", next.holder());
+        assert!(next.term() > last, "{p}: term {} after {last}", next.term());
+        let took = next.elected_at().saturating_duration_since(resigned);
+        scene.log(format_args!("{who} elected {} after the resignation", secs(took)));
+        assert!(took <= bound, "{p}: {who} took {} > {}", secs(took), secs(bound));
+        last = next.term();
+        leader = next;
+    }
+    leader.resign().await;
+    scene.finish().await;
+}
+
+/// Where contenders observe expiry (`Expiry::ObservedByContenders`): a takeover names the record
+/// version the contender watched for a TTL. A version the holder has renewed past, or no record
+/// version at all, is answered `Held` with the current version; the current one is granted with
+/// a higher term; the old holder then learns `Lost` and its late release frees nothing; the
+/// history says the old term expired.
+///
+/// # Panics
+///
+/// When a stale or bogus version takes the lease, or the current one does not.
+pub async fn version_takeover(backend: Arc<dyn Backend>) {
+    let scene = Scene::new(backend, "version_takeover").await;
+    let p = &scene.prefix;
+    if scene.caps.expiry != Expiry::ObservedByContenders {
+        return scene.not_applicable(format_args!(
+            "expiry is {:?}, not observed by contenders",
+            scene.caps.expiry
+        ));
+    }
+    let (store_a, store_b) = (scene.connect().await, scene.connect().await);
+    let lease = scene.lease_name();
+    let (a, b) = (id("a"), id("b"));
+    let takeover = |version: &str| AcquireRequest {
+        takeover: Some(version.to_string()),
+        ..request(&lease, &b, scene.ttl)
+    };
+    let first = scene.grant(&*store_a, &request(&lease, &a, scene.ttl)).await;
+    let renewed = match store_a.renew(&first).await {
+        Ok(Renewed::Renewed(grant)) => grant,
+        other => panic!("{p}: renewing a held grant must succeed, got {other:?}"),
+    };
+    let seen = scene.held(&*store_b, &takeover(&first.token)).await;
+    let holder = seen.holder.unwrap_or_else(|| panic!("{p}: Held must name the holder"));
+    assert_eq!(
+        holder.version, renewed.token,
+        "{p}: a renewal moves the record version, and Held shows the new one"
+    );
+    scene.held(&*store_b, &takeover("not-a-version")).await;
+
+    let taken = scene.grant(&*store_b, &takeover(&renewed.token)).await;
+    assert!(
+        taken.term > renewed.term,
+        "{p}: term {} after {}",
+        taken.term,
+        renewed.term
+    );
+    match store_a.renew(&renewed).await {
+        Ok(Renewed::Lost(seen)) => assert_eq!(
+            seen.holder.map(|h| (h.id, h.term)),
+            Some((b.clone(), taken.term)),
+            "{p}: Lost names the new holder"
+        ),
+        other => panic!("{p}: renewing after a takeover must answer Lost, got {other:?}"),
+    }
+    store_a
+        .release(&renewed)
+        .await
+        .unwrap_or_else(|e| panic!("{p}: a late release is no error: {e}"));
+    let seen = store_a
+        .inspect(&lease)
+        .await
+        .unwrap_or_else(|e| panic!("{p}: inspect: {e}"));
+    assert_eq!(
+        seen.holder.map(|h| h.id),
+        Some(b.clone()),
+        "{p}: the old holder's late release must not free the new holder's lease"
+    );
+    let history = store_b
+        .history(&lease, 10)
+        .await
+        .unwrap_or_else(|e| panic!("{p}: history: {e}"));
+    let old = history.iter().find(|t| t.term == first.term);
+    assert_eq!(
+        old.and_then(|t| t.ended).map(|(_, why)| why),
+        Some(EndReason::Expired),
+        "{p}: a term taken over ended Expired: {history:?}"
+    );
+    store_b
+        .release(&taken)
+        .await
+        .unwrap_or_else(|e| panic!("{p}: release: {e}"));
+    scene.log("ok");
+}
+
+/// Where leases can be broken (`can_break`): breaking a free lease is `None`; breaking a held one
+/// returns its term, frees it at once (`previous_end` broken), and a second break is `None`; the
+/// leader learns it at its next renewal and steps down as superseded within a TTL; the next
+/// candidate is elected with a higher term; the history says the term was broken.
+///
+/// # Panics
+///
+/// When a break is not seen by the store, the leader or the history.
+pub async fn break_lease_ends_the_term(backend: Arc<dyn Backend>) {
+    let scene = Scene::new(backend, "break_lease_ends_the_term").await;
+    let p = &scene.prefix;
+    if !scene.caps.can_break {
+        return scene.not_applicable("the store cannot break leases");
+    }
+    let lease = scene.lease_name();
+    let operator = scene.connect().await;
+    let broken = operator
+        .break_lease(&lease)
+        .await
+        .unwrap_or_else(|e| panic!("{p}: break of a free lease: {e}"));
+    assert_eq!(broken, None, "{p}: a free lease has nothing to break");
+
+    let a = scene.elector(scene.connect().await, "A");
+    let mut events = a.events();
+    let leader = scene.campaign(&a, scene.ttl * 3).await;
+    let term = leader.term();
+    let broke = Instant::now();
+    let broken = operator
+        .break_lease(&lease)
+        .await
+        .unwrap_or_else(|e| panic!("{p}: break: {e}"));
+    assert_eq!(broken, Some(term), "{p}: a break returns the broken term");
+    let seen = operator
+        .inspect(&lease)
+        .await
+        .unwrap_or_else(|e| panic!("{p}: inspect: {e}"));
+    assert!(
+        seen.holder.is_none() && seen.previous_end == Some(EndReason::Broken) && seen.last_term >= term,
+        "{p}: a broken lease is free at once: {seen:?}"
+    );
+    let again = operator
+        .break_lease(&lease)
+        .await
+        .unwrap_or_else(|e| panic!("{p}: second break: {e}"));
+    assert_eq!(again, None, "{p}: nothing is left to break");
+
+    scene
+        .within("the broken leader stepping down", scene.ttl, leader.cancelled())
+        .await;
+    let stepped_down = broke.elapsed();
+    let reason = loop {
+        let event = scene
+            .within("A's deposition event", scene.ttl, events.recv())
+            .await
+            .unwrap_or_else(|e| panic!("{p}: events: {e}"));
+        if let Event::Deposed { reason, .. } = event {
+            break reason;
+        }
+    };
+    assert!(
+        matches!(reason, DeposedReason::Superseded { .. }),
+        "{p}: a broken leader is superseded, got {reason:?}"
+    );
+    drop(leader);
+    let b = scene.elector(scene.connect().await, "B");
+    let next = scene.campaign(&b, scene.ttl * 2).await;
+    assert!(next.term() > term, "{p}: term {} after the broken {term}", next.term());
+    let history = operator
+        .history(&lease, 10)
+        .await
+        .unwrap_or_else(|e| panic!("{p}: history: {e}"));
+    let ended = history
+        .iter()
+        .find(|t| t.term == term)
+        .and_then(|t| t.ended)
+        .map(|(_, why)| why);
+    assert_eq!(ended, Some(EndReason::Broken), "{p}: history: {history:?}");
+    scene.log(format_args!(
+        "the leader stepped down {} after the break; B leads at term {}",
+        secs(stepped_down),
+        next.term()
+    ));
+    next.resign().await;
+    scene.finish().await;
+}
