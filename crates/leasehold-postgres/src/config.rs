@@ -353,17 +353,7 @@ impl fmt::Debug for PostgresConfig {
 
 /// `url` with the password of its user info and the value of any `password` query option
 /// replaced by `***`. Works on malformed URLs too, so that errors about them can show them.
-///
-/// # Examples
-///
-/// ```
-/// use leasehold_postgres::redact;
-///
-/// assert_eq!(redact("postgres://app:s3cret@db/x?password=s3cret&sslmode=require"),
-///            "postgres://app:***@db/x?password=***&sslmode=require");
-/// assert_eq!(redact("postgres://app@db/x"), "postgres://app@db/x");
-/// ```
-pub fn redact(url: &str) -> String {
+pub(crate) fn redact(url: &str) -> String {
     leasehold_core::url_options::redact_url(url)
 }
 
@@ -477,24 +467,10 @@ mod tests {
 
     #[test]
     fn passwords_are_never_shown() {
-        let url = "postgresql://app:hunter2@db:5432/jobs?password=hunter2&sslmode=disable";
-        let config = PostgresConfig::from_url(url).unwrap();
-        for text in [config.to_string(), format!("{config:?}"), format!("{config:#?}")] {
-            assert!(!text.contains("hunter2"), "{text}");
-            assert!(text.contains("***"), "{text}");
-        }
-        assert_eq!(
-            redact("postgres://a:b@c@h/db"),
-            "postgres://a:***@h/db",
-            "the last @ ends the user info"
-        );
-        assert_eq!(redact("postgres://h/db?token=x&a=1"), "postgres://h/db?token=***&a=1");
-        assert_eq!(redact("postgres:/u:pw@h/db"), "postgres:***@h/db");
-        // An '@' after the host hides everything from the first ':' to it (it could end a
-        // password holding '/').
-        assert_eq!(redact("postgres://u:pw@h/a:b@c"), "postgres://u:***@c");
-        assert_eq!(redact("postgres://h/db@x"), "postgres://h/db@x");
-        assert_eq!(redact("u:pw@h"), "u:***@h");
+        // How a URL is redacted is core's (url_options::redact_url) and tested there.
+        let shown = redact("postgres://app:s3cret@db/x?password=s3cret&sslmode=require");
+        assert!(shown.starts_with("postgres://app:***@db/x?password=***"), "{shown}");
+        assert!(!shown.contains("s3cret"), "{shown}");
     }
 
     /// Finding 11 of issue 12: the CLI printed `cannot connect to postgres://app:pa/ss@db.internal/jobs`.

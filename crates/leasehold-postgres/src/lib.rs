@@ -2,9 +2,9 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
+mod changes;
 mod config;
 mod error;
-mod notify;
 mod record;
 mod schema;
 mod session;
@@ -16,7 +16,6 @@ pub mod docs {}
 
 pub use config::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_HISTORY_LIMIT, DEFAULT_POOL_SIZE, DEFAULT_SCHEMA, PostgresConfig, URL_SCHEMES,
-    redact,
 };
 pub use record::{TTL_RANGE, lock_key};
 pub use store::{PostgresStore, WriteSessionSetting};

@@ -12,9 +12,9 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, Row};
 use tokio::time::Instant;
 
+use crate::changes::Notifier;
 use crate::config::PostgresConfig;
 use crate::error::{self, STORE};
-use crate::notify::Notifier;
 use crate::record::{self, Record, TTL_RANGE, term_value};
 use crate::schema;
 use crate::session::{self, Context, LockSession, Renewal};
@@ -83,9 +83,9 @@ impl PostgresStore {
     /// # Errors
     ///
     /// [`Error::InvalidUrl`] (redacted) for a malformed URL or a bad option; otherwise as
-    /// [`PostgresStore::connect_with`].
+    /// [`PostgresStore::from_config`].
     pub async fn connect(url: &str) -> Result<Self> {
-        PostgresStore::connect_with(PostgresConfig::from_str(url)?).await
+        PostgresStore::from_config(PostgresConfig::from_str(url)?).await
     }
 
     /// Connects with `config`: checks that the server answers, creates the schema and tables if
@@ -99,7 +99,7 @@ impl PostgresStore {
     /// - [`Error::Store`] for a definite refusal (authentication, a missing privilege);
     /// - [`Error::CorruptRecord`] naming the table when a table of the same name has another
     ///   shape, or the schema was written by a newer version; nothing is changed.
-    pub async fn connect_with(config: PostgresConfig) -> Result<Self> {
+    pub async fn from_config(config: PostgresConfig) -> Result<Self> {
         config.validate()?;
         let options = config.connect_options().clone();
         let timeout = config.connect_timeout();

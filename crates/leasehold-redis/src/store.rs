@@ -84,9 +84,9 @@ impl RedisStore {
     ///
     /// [`Error::InvalidUrl`] for a malformed URL or option (the password never shows);
     /// [`Error::UnsupportedScheme`] for `rediss://` without the `tls` feature; otherwise as
-    /// [`RedisStore::connect_with`].
+    /// [`RedisStore::from_config`].
     pub async fn connect(url: &str) -> Result<Self> {
-        RedisStore::connect_with(RedisConfig::from_str(url)?).await
+        RedisStore::from_config(RedisConfig::from_str(url)?).await
     }
 
     /// Connects to the server `config` describes and checks that it can run leasehold's scripts.
@@ -104,7 +104,7 @@ impl RedisStore {
     ///   [`RedisConfig::timeout`];
     /// - [`Error::Store`] when it refuses (wrong password, missing ACL permissions, scripting
     ///   disabled) or is older than Redis 5.0 ([`RedisStoreError::UnsupportedServer`]).
-    pub async fn connect_with(config: RedisConfig) -> Result<Self> {
+    pub async fn from_config(config: RedisConfig) -> Result<Self> {
         let store = RedisStore::lazy(config)?;
         let reply = store
             .inner

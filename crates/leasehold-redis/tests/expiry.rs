@@ -54,14 +54,14 @@ async fn an_expired_lease_wakes_its_changes_stream() {
     let Some(backend) = backend(ExpiryEvents::Enable) else {
         return;
     };
-    let store = RedisStore::connect_with(backend.config.clone()).await.unwrap();
+    let store = RedisStore::from_config(backend.config.clone()).await.unwrap();
     assert_eq!(store.capabilities().notifications, Notifications::ReleaseAndExpiry);
     let flags = flags(&backend).await;
     assert!(
         flags.contains('E') && (flags.contains('x') || flags.contains('A')),
         "{flags:?}"
     );
-    let holder = RedisStore::connect_with(backend.config.clone()).await.unwrap();
+    let holder = RedisStore::from_config(backend.config.clone()).await.unwrap();
     let ttl = Duration::from_millis(300);
     let mut delays = Vec::new();
     for _ in 0..5 {
@@ -103,7 +103,7 @@ async fn idle_follower(backend: &RedisBackend, idle: Duration) -> Idle {
     let (store_a, faults_a) = backend.faulty().await.unwrap();
     let a = elector(Arc::new(store_a), &lease, "A");
     let counts = Faults::new();
-    let store_b = RedisStore::connect_with(backend.config.clone()).await.unwrap();
+    let store_b = RedisStore::from_config(backend.config.clone()).await.unwrap();
     let b = elector(
         Arc::new(FaultyStore::counting(Arc::new(store_b), counts.clone())),
         &lease,
@@ -162,7 +162,7 @@ async fn an_idle_follower_makes_no_requests_and_is_woken_by_expiry() {
     let Some(backend) = backend(ExpiryEvents::Enable) else {
         return;
     };
-    let probe = RedisStore::connect_with(backend.config.clone()).await.unwrap();
+    let probe = RedisStore::from_config(backend.config.clone()).await.unwrap();
     assert_eq!(probe.capabilities().notifications, Notifications::ReleaseAndExpiry);
     let idle = idle_follower(&backend, TTL * 5).await;
     println!(
@@ -182,7 +182,7 @@ async fn without_expiry_events_an_idle_follower_polls_once_per_ttl() {
     let Some(backend) = backend(ExpiryEvents::Off) else {
         return;
     };
-    let store = RedisStore::connect_with(backend.config.clone()).await.unwrap();
+    let store = RedisStore::from_config(backend.config.clone()).await.unwrap();
     assert_eq!(store.capabilities().notifications, Notifications::Release);
     let idle = idle_follower(&backend, TTL * 5).await;
     println!(
@@ -219,10 +219,10 @@ async fn auto_uses_expiry_events_the_server_sends() {
     let Some(enable) = backend(ExpiryEvents::Enable) else {
         return;
     };
-    RedisStore::connect_with(enable.config.clone()).await.unwrap();
+    RedisStore::from_config(enable.config.clone()).await.unwrap();
     let mut config = enable.config.clone();
     config.expiry_events = ExpiryEvents::Auto;
-    let store = RedisStore::connect_with(config.clone()).await.unwrap();
+    let store = RedisStore::from_config(config.clone()).await.unwrap();
     assert_eq!(store.capabilities().notifications, Notifications::ReleaseAndExpiry);
 
     let lazy = RedisStore::lazy(config).unwrap();
@@ -247,7 +247,7 @@ async fn auto_follows_the_servers_setting() {
         return;
     };
     let before = flags(&backend).await;
-    let store = RedisStore::connect_with(backend.config.clone()).await.unwrap();
+    let store = RedisStore::from_config(backend.config.clone()).await.unwrap();
     let after = flags(&backend).await;
     let on = |f: &str| f.contains('E') && (f.contains('x') || f.contains('A'));
     if on(&before) != on(&after) {
@@ -305,7 +305,7 @@ async fn refused_config_or_channel_falls_back_to_polling() {
     for mode in [ExpiryEvents::Auto, ExpiryEvents::Enable] {
         let mut config = config.clone();
         config.expiry_events = mode;
-        let store = RedisStore::connect_with(config).await.unwrap();
+        let store = RedisStore::from_config(config).await.unwrap();
         assert_eq!(store.capabilities().notifications, Notifications::Release, "{mode}");
         let lease = lease("noconfig");
         let g = grant(&store, &lease, "a", TTL).await;
@@ -319,7 +319,7 @@ async fn refused_config_or_channel_falls_back_to_polling() {
 
     // CONFIG allowed, but only the prefix's channels: SUBSCRIBE __keyevent@0__:expired is refused.
     let (no_channel, config) = AclUser::create(&backend, &[&prefix_keys, &prefix_channels, "+@all"]).await;
-    let store = RedisStore::connect_with(config).await.unwrap();
+    let store = RedisStore::from_config(config).await.unwrap();
     assert_eq!(store.capabilities().notifications, Notifications::Release);
     let lease = lease("nochannel");
     let mut changes = store.changes(&lease, &id("watcher")).await.unwrap().unwrap();
@@ -343,7 +343,7 @@ async fn expiry_events_that_vanish_make_followers_poll() {
     let channels = format!("&{}*", backend.config.prefix);
     let keyevent = format!("&__keyevent@{}__:expired", backend.config.db);
     let (user, config) = AclUser::create(&backend, &[&keys, &channels, &keyevent, "+@all"]).await;
-    let store = RedisStore::connect_with(config).await.unwrap();
+    let store = RedisStore::from_config(config).await.unwrap();
     assert_eq!(store.capabilities().notifications, Notifications::ReleaseAndExpiry);
     let lease = lease("vanish");
     let mut changes = store.changes(&lease, &id("watcher")).await.unwrap().unwrap();
@@ -400,7 +400,7 @@ async fn expiry_event_delay_with_many_volatile_keys() {
     let Some(backend) = backend(ExpiryEvents::Enable) else {
         return;
     };
-    let store = RedisStore::connect_with(backend.config.clone()).await.unwrap();
+    let store = RedisStore::from_config(backend.config.clone()).await.unwrap();
     assert_eq!(store.capabilities().notifications, Notifications::ReleaseAndExpiry);
     let filler = format!("{}filler-{:x}:", backend.config.prefix, random_u64());
     let mut raw = backend.raw().await;

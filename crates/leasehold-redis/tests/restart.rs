@@ -51,10 +51,10 @@ async fn redis_restart_while_a_lease_is_held() {
         return;
     };
     let config = common::config(&url);
-    let raw = RedisStore::connect_with(config.clone()).await.unwrap();
+    let raw = RedisStore::from_config(config.clone()).await.unwrap();
     let mut unguarded_config = config.clone();
     unguarded_config.restart_guard = false;
-    let unguarded = RedisStore::connect_with(unguarded_config).await.unwrap();
+    let unguarded = RedisStore::from_config(unguarded_config).await.unwrap();
 
     // Terms granted before the restart, on a lease of their own.
     let counted = LeaseName::new(format!("restart-counted-{:x}", random_u64())).unwrap();
@@ -67,12 +67,12 @@ async fn redis_restart_while_a_lease_is_held() {
     let lease = LeaseName::new(format!("restart-{:x}", random_u64())).unwrap();
     let checker = SafetyChecker::new();
     let a = elector(
-        Arc::new(RedisStore::connect_with(config.clone()).await.unwrap()),
+        Arc::new(RedisStore::from_config(config.clone()).await.unwrap()),
         &lease,
         "A",
     );
     let b = elector(
-        Arc::new(RedisStore::connect_with(config.clone()).await.unwrap()),
+        Arc::new(RedisStore::from_config(config.clone()).await.unwrap()),
         &lease,
         "B",
     );

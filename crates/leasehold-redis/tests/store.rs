@@ -57,7 +57,7 @@ async fn dump(backend: &RedisBackend, keys: &leasehold_redis::LeaseKeys) -> Vec<
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blackholed_leader_steps_down_and_the_key_expires() {
     let Some(backend) = backend() else { return };
-    let observer = RedisStore::connect_with(backend.config.clone()).await.unwrap();
+    let observer = RedisStore::from_config(backend.config.clone()).await.unwrap();
     let mut takeovers = Vec::new();
     for round in 1..=3 {
         let lease = lease("blackhole");
@@ -65,7 +65,7 @@ async fn blackholed_leader_steps_down_and_the_key_expires() {
         let (store_a, faults_a) = backend.faulty().await.unwrap();
         let a = elector(Arc::new(store_a), &lease, "A");
         let b = elector(
-            Arc::new(RedisStore::connect_with(backend.config.clone()).await.unwrap()),
+            Arc::new(RedisStore::from_config(backend.config.clone()).await.unwrap()),
             &lease,
             "B",
         );
@@ -209,7 +209,7 @@ async fn slow_replies_time_out_and_the_store_recovers() {
     closed.host = "127.0.0.1".into();
     closed.port = 1;
     let started = Instant::now();
-    let err = RedisStore::connect_with(closed.clone()).await.unwrap_err();
+    let err = RedisStore::from_config(closed.clone()).await.unwrap_err();
     assert!(matches!(err, Error::Unreachable { store: "redis", .. }), "{err:?}");
     assert!(started.elapsed() < Duration::from_secs(1));
     let lazy = RedisStore::lazy(closed).unwrap();
@@ -222,7 +222,7 @@ async fn slow_replies_time_out_and_the_store_recovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corrupt_keys_are_typed_errors_and_left_alone() {
     let Some(backend) = backend() else { return };
-    let store = RedisStore::connect_with(backend.config.clone()).await.unwrap();
+    let store = RedisStore::from_config(backend.config.clone()).await.unwrap();
     type Setup = &'static [&'static [&'static str]];
     let cases: &[(&str, &str, Setup)] = &[
         ("a string lease record", "lease", &[&["SET", "{key}", "garbage"]]),
@@ -317,7 +317,7 @@ async fn corrupt_keys_are_typed_errors_and_left_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_records_how_every_term_ended() {
     let Some(backend) = backend() else { return };
-    let store = RedisStore::connect_with(backend.config.clone()).await.unwrap();
+    let store = RedisStore::from_config(backend.config.clone()).await.unwrap();
     let lease = lease("history");
     let short = Duration::from_millis(100);
 
@@ -411,7 +411,7 @@ async fn history_is_capped() {
     let Some(backend) = backend() else { return };
     let mut config = backend.config.clone();
     config.history_limit = 5;
-    let store = RedisStore::connect_with(config).await.unwrap();
+    let store = RedisStore::from_config(config).await.unwrap();
     let lease = lease("capped");
     let mut terms = Vec::new();
     for _ in 0..400 {
@@ -436,7 +436,7 @@ async fn history_is_capped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changes_announce_releases_and_end_with_the_connection() {
     let Some(backend) = backend() else { return };
-    let store = RedisStore::connect_with(backend.config.clone()).await.unwrap();
+    let store = RedisStore::from_config(backend.config.clone()).await.unwrap();
     let lease = lease("changes");
     let me = id("watcher");
     let mut changes = store.changes(&lease, &me).await.unwrap().unwrap();
@@ -499,7 +499,7 @@ async fn changes_announce_releases_and_end_with_the_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terms_never_go_back_when_the_keys_are_lost() {
     let Some(backend) = backend() else { return };
-    let store = RedisStore::connect_with(backend.config.clone()).await.unwrap();
+    let store = RedisStore::from_config(backend.config.clone()).await.unwrap();
     let lease = lease("lost-keys");
     let first = grant(&store, &lease, "a", TTL).await;
     let now_us = std::time::SystemTime::now()
@@ -545,7 +545,7 @@ async fn terms_never_go_back_when_the_keys_are_lost() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terms_never_repeat_after_an_older_snapshot_is_restored() {
     let Some(backend) = backend() else { return };
-    let store = RedisStore::connect_with(backend.config.clone()).await.unwrap();
+    let store = RedisStore::from_config(backend.config.clone()).await.unwrap();
     let lease = lease("restored");
     let keys = backend.config.keys(&lease);
     let mut granted = Vec::new();
@@ -596,7 +596,7 @@ async fn terms_never_repeat_after_an_older_snapshot_is_restored() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_term_that_cannot_be_followed_is_corrupt() {
     let Some(backend) = backend() else { return };
-    let store = RedisStore::connect_with(backend.config.clone()).await.unwrap();
+    let store = RedisStore::from_config(backend.config.clone()).await.unwrap();
     let lease = lease("max-term");
     let g = grant(&store, &lease, "a", TTL).await;
     store.release(&g).await.unwrap();
@@ -612,7 +612,7 @@ async fn a_term_that_cannot_be_followed_is_corrupt() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ttls_are_checked_and_rounded_up() {
     let Some(backend) = backend() else { return };
-    let store = RedisStore::connect_with(backend.config.clone()).await.unwrap();
+    let store = RedisStore::from_config(backend.config.clone()).await.unwrap();
     let lease = lease("ttl");
     for ttl in [Duration::from_millis(9), Duration::from_secs(24 * 3600 + 1)] {
         let err = store.acquire(&request(&lease, "a", ttl)).await.unwrap_err();
@@ -635,8 +635,8 @@ async fn prefixes_keep_applications_apart() {
     let mut other = backend.config.clone();
     other.prefix = "leasehold-test-other:".into();
     let (one, two) = (
-        RedisStore::connect_with(backend.config.clone()).await.unwrap(),
-        RedisStore::connect_with(other).await.unwrap(),
+        RedisStore::from_config(backend.config.clone()).await.unwrap(),
+        RedisStore::from_config(other).await.unwrap(),
     );
     let lease = lease("prefix");
     grant(&one, &lease, "a", TTL).await;
@@ -668,7 +668,7 @@ async fn secrets_are_redacted() {
     let mut config = backend.config.clone();
     config.username = Some(user.clone());
     config.password = Some(secret.clone());
-    let store = RedisStore::connect_with(config.clone())
+    let store = RedisStore::from_config(config.clone())
         .await
         .expect("the ACL user connects");
     let lease = lease("secret");
@@ -677,7 +677,7 @@ async fn secrets_are_redacted() {
 
     let mut wrong = config.clone();
     wrong.password = Some(format!("{secret}-wrong"));
-    let err = RedisStore::connect_with(wrong.clone()).await.unwrap_err();
+    let err = RedisStore::from_config(wrong.clone()).await.unwrap_err();
     assert!(
         matches!(err, Error::Store { store: "redis", .. }),
         "a wrong password is definite: {err:?}"

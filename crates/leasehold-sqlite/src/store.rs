@@ -67,9 +67,9 @@ impl SqliteStore {
     ///
     /// # Errors
     ///
-    /// As [`SqliteStore::open_with`].
+    /// As [`SqliteStore::from_config`].
     pub async fn open(path: impl AsRef<Path>) -> Result<Self> {
-        SqliteStore::open_with(SqliteConfig::new(path.as_ref())).await
+        SqliteStore::from_config(SqliteConfig::new(path.as_ref())).await
     }
 
     /// Opens the lease file named by a `sqlite:` URL, e.g.
@@ -79,9 +79,9 @@ impl SqliteStore {
     /// # Errors
     ///
     /// [`Error::InvalidUrl`] for a malformed URL, an unknown option or an in-memory database;
-    /// otherwise as [`SqliteStore::open_with`].
+    /// otherwise as [`SqliteStore::from_config`].
     pub async fn connect(url: &str) -> Result<Self> {
-        SqliteStore::open_with(SqliteConfig::from_str(url)?).await
+        SqliteStore::from_config(SqliteConfig::from_str(url)?).await
     }
 
     /// Opens (creating if needed) the lease file that `config` describes: switches it to
@@ -95,7 +95,7 @@ impl SqliteStore {
     /// - [`Error::CorruptRecord`] naming the table when a table of the same name has another
     ///   shape, or the file was written by a newer schema; nothing is changed;
     /// - [`Error::Timeout`] when another process holds the write lock past the busy timeout.
-    pub async fn open_with(config: SqliteConfig) -> Result<Self> {
+    pub async fn from_config(config: SqliteConfig) -> Result<Self> {
         config.validate()?;
         let options = SqliteConnectOptions::new()
             .filename(&config.path)

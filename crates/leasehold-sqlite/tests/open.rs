@@ -218,7 +218,7 @@ async fn urls() {
 async fn invalid_config_names_the_field() {
     let mut config = SqliteConfig::new("unused.db");
     config.pool_size = 0;
-    match SqliteStore::open_with(config).await {
+    match SqliteStore::from_config(config).await {
         Err(Error::InvalidConfig { field: "pool_size", .. }) => {}
         other => panic!("expected InvalidConfig for pool_size, got {other:?}"),
     }

@@ -222,7 +222,7 @@ async fn history_is_oldest_first_limited_and_pruned() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = SqliteConfig::new(dir.path().join("leases.db"));
     config.history_limit = 4;
-    let store = SqliteStore::open_with(config).await.unwrap();
+    let store = SqliteStore::from_config(config).await.unwrap();
     for _ in 0..7 {
         let grant = granted(&store, "a", None).await;
         store.release(&grant).await.unwrap();
@@ -356,7 +356,7 @@ async fn a_lock_held_too_long_is_a_transient_timeout() {
     let path = dir.path().join("leases.db");
     let mut config = SqliteConfig::new(&path);
     config.busy_timeout = Duration::from_millis(100);
-    let store = SqliteStore::open_with(config).await.unwrap();
+    let store = SqliteStore::from_config(config).await.unwrap();
     let mut other = raw(&path).await;
     sqlx::query("BEGIN IMMEDIATE").execute(&mut other).await.unwrap();
     let error = store.acquire(&request("a", None)).await.unwrap_err();

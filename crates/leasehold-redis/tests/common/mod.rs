@@ -50,7 +50,7 @@ impl RedisBackend {
         config.port = proxy.addr().port();
         let faults = proxy.faults();
         self.proxies.lock().unwrap().push(proxy);
-        Ok((RedisStore::connect_with(config).await?, faults))
+        Ok((RedisStore::from_config(config).await?, faults))
     }
 
     /// A plain connection for vandalism and inspection.
@@ -93,7 +93,7 @@ impl Backend for RedisBackend {
     }
 
     async fn connect(&self) -> Result<Arc<dyn LeaseStore>> {
-        Ok(Arc::new(RedisStore::connect_with(self.config.clone()).await?))
+        Ok(Arc::new(RedisStore::from_config(self.config.clone()).await?))
     }
 
     async fn connect_faulty(&self) -> Result<(Arc<dyn LeaseStore>, Faults)> {

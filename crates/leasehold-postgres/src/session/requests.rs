@@ -1,0 +1,418 @@
+//! How the lock session serves each kind of request: acquires (many leases in one statement),
+//! renewals (every held lease in one statement), relocks after a lost session, releases, and
+//! the give-back of grants nobody renews.
+
+use std::collections::{HashSet, VecDeque};
+
+use leasehold_core::{AcquireRequest, Acquired, Error, Grant, LeaseName, Result, Term};
+use sqlx::Row;
+use sqlx::postgres::PgRow;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tracing::debug;
+
+use super::{Actor, Failure, Held, MAX_ACQUIRES, Renewal, idle_timeout, setting};
+use crate::error::{self, STORE};
+use crate::record::{Record, millis, new_version, term_value};
+use crate::sql;
+
+impl Actor {
+    /// Gives back the locks of grants that nobody renewed for a full TTL (their elector stepped
+    /// down without releasing, or stopped): the session stays alive for its other leases, so
+    /// without this such a lock would outlive its grant. The holder stopped believing in it before
+    /// its TTL ran out, counted from when it asked for its last renewal.
+    pub(super) async fn expire_abandoned(&mut self) {
+        let Some(session) = &self.session else { return };
+        let now = Instant::now();
+        let abandoned: Vec<(LeaseName, Held)> = session
+            .held
+            .iter()
+            .filter(|(_, h)| now >= h.confirmed + h.ttl)
+            .map(|(lease, h)| (lease.clone(), h.clone()))
+            .collect();
+        for (lease, held) in abandoned {
+            debug!(%lease, term = %held.term, "giving back the lock of a grant nobody renewed");
+            let grant = Grant {
+                lease: lease.clone(),
+                holder: held.holder.clone(),
+                term: held.term,
+                ttl: held.ttl,
+                token: String::new(),
+            };
+            if let Err(e) = self.end_term(&grant, Some(held.key), "expired").await {
+                debug!(%lease, error = %e, "could not end an abandoned grant");
+            }
+        }
+    }
+
+    /// Serves up to [`MAX_ACQUIRES`] queued acquires, each for another lease, in one statement.
+    pub(super) async fn acquire_some(&mut self) {
+        let mut batch = Vec::new();
+        let mut later = VecDeque::new();
+        let mut leases = HashSet::new();
+        while batch.len() < MAX_ACQUIRES {
+            let Some((request, at, reply)) = self.acquires.pop_front() else {
+                break;
+            };
+            // A caller that gave up already treats the outcome as unknown: skip it.
+            if reply.is_closed() {
+                continue;
+            }
+            // Two requests for one lease (two candidates of this store) go in separate
+            // statements, so that each sees what the other did.
+            if leases.insert(request.lease.clone()) {
+                batch.push((request, at, reply));
+            } else {
+                later.push_back((request, at, reply));
+            }
+        }
+        while let Some(request) = later.pop_back() {
+            self.acquires.push_front(request);
+        }
+        if batch.is_empty() {
+            return;
+        }
+        let shortest = batch.iter().map(|(r, ..)| r.ttl).min();
+        let limit = self.statement_limit(shortest);
+        if let Err(failure) = self.connect(limit).await {
+            for (.., reply) in batch {
+                let _ = reply.send(Err(failure.to_error("acquire")));
+            }
+            return;
+        }
+        let cx = self.cx.clone();
+        let session = self.session.as_ref().expect("connected");
+        let now = Instant::now();
+        let base = session
+            .held
+            .iter()
+            .filter(|(lease, _)| !leases.contains(*lease))
+            .map(|(_, h)| h.ttl)
+            .min()
+            .unwrap_or_default();
+        let mut names = Vec::new();
+        let mut held = Vec::new();
+        let mut keys = Vec::new();
+        let mut candidates = Vec::new();
+        let mut ttls = Vec::new();
+        let mut versions = Vec::new();
+        let mut stale_holders = Vec::new();
+        let mut stale_terms = Vec::new();
+        let mut stale_versions = Vec::new();
+        let mut payloads = Vec::new();
+        let mut old_ttls = Vec::new();
+        for (request, ..) in &batch {
+            let lease = &request.lease;
+            let holding = session.held.get(lease);
+            let stale = cx.sightings.stale(lease, now);
+            names.push(lease.as_str().to_string());
+            held.push(holding.is_some());
+            keys.push(cx.key(lease));
+            candidates.push(request.candidate.as_str().to_string());
+            ttls.push(millis(request.ttl));
+            versions.push(new_version());
+            stale_holders.push(stale.as_ref().map(|s| s.holder.as_str().to_string()));
+            stale_terms.push(stale.as_ref().map(|s| term_value(s.term)));
+            stale_versions.push(stale.map(|s| s.version));
+            payloads.push(cx.payload(lease, request.candidate.as_str()));
+            old_ttls.push(holding.map(|h| millis(h.ttl)));
+        }
+        let query = sql::query(&cx.sql.acquire)
+            .bind(names)
+            .bind(held.clone())
+            .bind(keys.clone())
+            .bind(candidates)
+            .bind(ttls)
+            .bind(versions.clone())
+            .bind(stale_holders)
+            .bind(stale_terms)
+            .bind(stale_versions)
+            .bind(payloads)
+            .bind(old_ttls)
+            .bind(i64::from(cx.config.history_limit()))
+            .bind(millis(base));
+        let rows = match self.fetch_all(query, limit).await {
+            Ok(rows) if rows.len() == batch.len() => rows,
+            outcome => {
+                let failure = match outcome {
+                    Err(failure) => failure,
+                    Ok(rows) => Failure::Sql(sqlx::Error::Protocol(format!(
+                        "{} answers to {} acquires",
+                        rows.len(),
+                        batch.len()
+                    ))),
+                };
+                // Locks the failed statement took survive its rollback: give them back.
+                let taken: Vec<i64> = keys
+                    .iter()
+                    .zip(&held)
+                    .filter(|(_, held)| !**held)
+                    .map(|(k, _)| *k)
+                    .collect();
+                self.give_back(taken, limit).await;
+                for (.., reply) in batch {
+                    let _ = reply.send(Err(failure.to_error("acquire")));
+                }
+                return;
+            }
+        };
+        let arrived = Instant::now();
+        for ((((request, at, reply), row), key), version) in batch.into_iter().zip(&rows).zip(keys).zip(versions) {
+            let answer = self.answer_acquire(&request, at, row, key, version, arrived);
+            let _ = reply.send(answer);
+        }
+        if let Some(session) = self.session.as_mut() {
+            session.idle_timeout = idle_timeout(&session.held, None, None);
+        }
+    }
+
+    /// Reads one request's row of the acquire statement and keeps the bookkeeping.
+    fn answer_acquire(
+        &mut self,
+        request: &AcquireRequest,
+        at: Instant,
+        row: &PgRow,
+        key: i64,
+        version: String,
+        arrived: Instant,
+    ) -> Result<Acquired> {
+        let lease = &request.lease;
+        let internal = |e: sqlx::Error| Error::store(STORE, format!("unexpected answer to acquire: {e}"));
+        let got: bool = row.try_get(1).map_err(internal)?;
+        let granted: bool = row.try_get(2).map_err(internal)?;
+        let new_term: Option<i64> = row.try_get(3).map_err(internal)?;
+        let valid: bool = row.try_get(11).map_err(internal)?;
+        let session = self.session.as_mut().expect("the statement succeeded");
+        let held = session.held.contains_key(lease);
+        if granted {
+            let term = new_term
+                .and_then(|t| u64::try_from(t).ok())
+                .map(Term)
+                .ok_or_else(|| Error::store(STORE, "acquire granted without a term"))?;
+            session.held.insert(
+                lease.clone(),
+                Held {
+                    key,
+                    holder: request.candidate.clone(),
+                    term,
+                    ttl: request.ttl,
+                    confirmed: at,
+                },
+            );
+            self.cx.sightings.forget(lease);
+            return Ok(Acquired::Granted(Grant {
+                lease: lease.clone(),
+                holder: request.candidate.clone(),
+                term,
+                ttl: request.ttl,
+                token: version,
+            }));
+        }
+        let record = Record::decode(lease, row, 4)?;
+        if !valid && row.try_get::<bool, _>(4).unwrap_or(false) {
+            return Err(Error::corrupt(
+                STORE,
+                lease,
+                "the row fails leasehold's checks (see docs: schema)",
+            ));
+        }
+        let since = self.cx.sightings.see(lease, &record, arrived);
+        let mut observation = record.observation(lease);
+        if got && !held {
+            // The lock was free but the row names a holder: its session ended (crash, reset,
+            // restart). It may still believe its grant, so the lease is taken only once this
+            // store has seen that record unchanged for its TTL: say when that will be.
+            if let (Some(holder), Some(since)) = (observation.holder.as_mut(), since) {
+                holder.store_remaining = Some((since + holder.ttl).saturating_duration_since(arrived));
+            }
+        }
+        Ok(Acquired::Held(observation))
+    }
+
+    pub(super) async fn renew_all(&mut self, batch: Vec<(Grant, Instant, oneshot::Sender<Result<Renewal>>)>) {
+        let mut mine = Vec::new();
+        for (grant, at, reply) in batch {
+            if reply.is_closed() {
+                continue;
+            }
+            let held = self.session.as_ref().and_then(|s| s.held.get(&grant.lease));
+            match held {
+                Some(h) if h.holder == grant.holder && h.term == grant.term => mine.push((grant, at, reply)),
+                // The session holds this lease for another grant: not this one's any more.
+                Some(_) => {
+                    let _ = reply.send(Ok(Renewal::NotHeld));
+                }
+                None => {
+                    let result = self.relock(&grant, at).await;
+                    let _ = reply.send(result);
+                }
+            }
+        }
+        if mine.is_empty() {
+            return;
+        }
+        let versions: Vec<String> = mine.iter().map(|_| new_version()).collect();
+        let limit = self.statement_limit(None);
+        let cx = self.cx.clone();
+        let query = sql::query(&cx.sql.renew)
+            .bind(
+                mine.iter()
+                    .map(|(g, ..)| g.lease.as_str().to_string())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                mine.iter()
+                    .map(|(g, ..)| g.holder.as_str().to_string())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(mine.iter().map(|(g, ..)| term_value(g.term)).collect::<Vec<_>>())
+            .bind(versions.clone())
+            .bind(mine.iter().map(|(g, ..)| cx.key(&g.lease)).collect::<Vec<_>>());
+        let rows = match self.fetch_all(query, limit).await {
+            Ok(rows) => rows,
+            Err(failure) => {
+                for (.., reply) in mine {
+                    let _ = reply.send(Err(failure.to_error("renew")));
+                }
+                return;
+            }
+        };
+        let renewed: HashSet<String> = rows.iter().filter_map(|row| row.try_get(0).ok()).collect();
+        let mut lost = Vec::new();
+        for ((grant, at, reply), version) in mine.into_iter().zip(versions) {
+            if renewed.contains(grant.lease.as_str()) {
+                if let Some(h) = self.session.as_mut().and_then(|s| s.held.get_mut(&grant.lease)) {
+                    h.confirmed = h.confirmed.max(at);
+                }
+                let grant = Grant {
+                    token: version,
+                    ..grant
+                };
+                let _ = reply.send(Ok(Renewal::Renewed(grant)));
+            } else {
+                lost.push((grant, reply));
+            }
+        }
+        if lost.is_empty() {
+            return;
+        }
+        // The row no longer names the grant (broken by an operator, overwritten): this session
+        // must not keep the lock.
+        let mut keys = Vec::new();
+        if let Some(session) = self.session.as_mut() {
+            for (grant, _) in &lost {
+                if let Some(h) = session.held.remove(&grant.lease) {
+                    keys.push(h.key);
+                }
+            }
+        }
+        if !keys.is_empty() {
+            self.give_back(keys, limit).await;
+        }
+        for (_, reply) in lost {
+            let _ = reply.send(Ok(Renewal::NotHeld));
+        }
+    }
+
+    /// Renews a grant whose lock this session does not hold, by taking the lock again if the row
+    /// still names the grant (see the `relock` statement).
+    async fn relock(&mut self, grant: &Grant, at: Instant) -> Result<Renewal> {
+        let limit = self.statement_limit(Some(grant.ttl));
+        if let Err(failure) = self.connect(limit).await {
+            return Err(failure.to_error("renew"));
+        }
+        let session = self.session.as_ref().expect("connected");
+        let if_renewed = idle_timeout(&session.held, None, Some(grant.ttl));
+        let otherwise = idle_timeout(&session.held, None, None);
+        let key = self.cx.key(&grant.lease);
+        let version = new_version();
+        let query = sql::query(&self.cx.sql.relock)
+            .bind(grant.lease.as_str())
+            .bind(grant.holder.as_str())
+            .bind(term_value(grant.term))
+            .bind(key)
+            .bind(&version)
+            .bind(setting(if_renewed))
+            .bind(setting(otherwise));
+        let renewed = match self.fetch_one(query, limit).await {
+            Ok(row) => row.try_get::<bool, _>(0).unwrap_or(false),
+            // Someone else holds the lock (lock_timeout), or the session broke: not renewed.
+            Err(Failure::Sql(e)) if !error::ends_session(&e) => false,
+            Err(failure) => return Err(failure.to_error("renew")),
+        };
+        let Some(session) = self.session.as_mut() else {
+            return Ok(Renewal::NotHeld);
+        };
+        if !renewed {
+            session.idle_timeout = otherwise;
+            return Ok(Renewal::NotHeld);
+        }
+        debug!(lease = %grant.lease, term = %grant.term, "took the lock of a recorded grant again");
+        session.idle_timeout = if_renewed;
+        session.held.insert(
+            grant.lease.clone(),
+            Held {
+                key,
+                holder: grant.holder.clone(),
+                term: grant.term,
+                ttl: grant.ttl,
+                confirmed: at,
+            },
+        );
+        Ok(Renewal::Renewed(Grant {
+            token: version,
+            ..grant.clone()
+        }))
+    }
+
+    pub(super) async fn release(&mut self, grant: &Grant) -> Result<()> {
+        let limit = self.statement_limit(None);
+        self.connect(limit).await.map_err(|f| f.to_error("release"))?;
+        let key = self
+            .session
+            .as_ref()
+            .and_then(|s| s.held.get(&grant.lease))
+            .filter(|h| h.holder == grant.holder && h.term == grant.term)
+            .map(|h| h.key);
+        // Also when this session no longer holds the lock (it was lost): the row may still name
+        // the grant, and clearing it lets the next candidate in without waiting a TTL.
+        self.end_term(grant, key, "released").await
+    }
+
+    /// Ends the term of `grant` in the row and the history as `reason`, notifies, and gives back
+    /// its lock `key` if this session holds it.
+    async fn end_term(&mut self, grant: &Grant, key: Option<i64>, reason: &str) -> Result<()> {
+        let limit = self.statement_limit(None);
+        let Some(session) = self.session.as_mut() else {
+            return Err(Error::unreachable(STORE, "the lock session is not connected"));
+        };
+        if key.is_some() {
+            session.held.remove(&grant.lease);
+        }
+        let after = idle_timeout(&session.held, None, None);
+        let cx = self.cx.clone();
+        let query = sql::query(&cx.sql.release)
+            .bind(grant.lease.as_str())
+            .bind(grant.holder.as_str())
+            .bind(term_value(grant.term))
+            .bind(reason)
+            .bind(cx.payload(&grant.lease, grant.holder.as_str()))
+            .bind(key.unwrap_or_default())
+            .bind(key.is_some())
+            .bind(setting(after));
+        match self.fetch_one(query, limit).await {
+            Ok(_) => {
+                if let Some(session) = self.session.as_mut() {
+                    session.idle_timeout = after;
+                }
+                Ok(())
+            }
+            Err(failure) => {
+                if let Some(key) = key {
+                    self.give_back(vec![key], limit).await;
+                }
+                Err(failure.to_error("release"))
+            }
+        }
+    }
+}
