@@ -18,7 +18,7 @@ use async_trait::async_trait;
 use leasehold_core::machine::{Input, Machine, Output, Reply, Request};
 use leasehold_core::{
     AcquireRequest, Acquired, CandidateId, Capabilities, Changes, Elector, Event, Expiry, Grant, LeaseName, LeaseStore,
-    MemoryStore, Millis, Notifications, Observation, Renewed, Result, Term, Timing, Transition,
+    MemoryStore, Notifications, Observation, PerMille, Renewed, Result, Term, Timing, Transition,
 };
 
 const STEPS: u64 = 1_000_000;
@@ -89,7 +89,7 @@ fn main() {
 /// Nanoseconds per `Machine::handle` for a leader that renews `steps / 2` times.
 fn machine_step_ns(steps: u64) -> f64 {
     let timing = Timing {
-        jitter: Millis(0),
+        jitter: PerMille(0),
         ..Timing::new(Duration::from_secs(10))
     };
     let lease = LeaseName::new("bench").unwrap();

@@ -22,7 +22,7 @@ pub use machine::DeposedReason;
 pub use memory::MemoryStore;
 pub use record::{HolderFields, RecordNumber, RecordVersion};
 pub use store::{Changes, LeaseStore, Operation};
-pub use timing::{Millis, Timing};
+pub use timing::{PerMille, Timing};
 pub use wrap::{CountingStore, LimitStore, RequestCounts};
 
 /// The attribute macro that [`LeaseStore`] implementations need, re-exported so that a wrapper

@@ -308,12 +308,30 @@ struct SteppingDown {
     grant: Grant,
     valid_until: Instant,
     cancelled_at: Instant,
-    /// Release the lease once the work has stopped (voluntary or stalled step-downs).
-    release: bool,
+    /// The lease is still ours and its release is still to be sent once the work has stopped
+    /// (voluntary or stalled step-downs).
+    release_due: bool,
     work_stopped: Option<Instant>,
     aborted: bool,
-    /// Stop for good afterwards instead of following again.
-    then_stop: bool,
+    then: Then,
+}
+
+/// Whether a leader that steps down still holds the lease in the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Lease {
+    /// Still ours (a voluntary or stalled step-down): released once the work has stopped.
+    StillOurs,
+    /// Lost, or unknown: nothing to release; it expires.
+    Lost,
+}
+
+/// What the machine does once a step-down is complete.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Then {
+    /// Follow again and campaign for the next term.
+    CampaignAgain,
+    /// Stop for good (a shutdown).
+    Stop,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -511,12 +529,18 @@ impl Machine {
                     l.last_heartbeat = l.last_heartbeat.max(at);
                 }
             }
-            Input::Resign => self.resign(now, false, out),
-            Input::StepDown(reason) => self.step_down(now, reason, true, false, out),
-            Input::Shutdown => self.resign(now, true, out),
+            Input::Resign => self.resign(now, Then::CampaignAgain, out),
+            Input::StepDown(reason) => self.step_down(now, reason, Lease::StillOurs, Then::CampaignAgain, out),
+            Input::Shutdown => self.resign(now, Then::Stop, out),
             Input::WorkStopped => match &mut self.state {
                 State::Leading(_) => {
-                    self.step_down(now, DeposedReason::WorkFinished, true, false, out);
+                    self.step_down(
+                        now,
+                        DeposedReason::WorkFinished,
+                        Lease::StillOurs,
+                        Then::CampaignAgain,
+                        out,
+                    );
                     if let State::SteppingDown(s) = &mut self.state {
                         s.work_stopped = Some(now);
                     }
@@ -529,23 +553,27 @@ impl Machine {
     }
 
     /// `Resign` (the work has stopped) or `Shutdown` (stop for good, the work may still run).
-    fn resign(&mut self, now: Instant, then_stop: bool, out: &mut Vec<Output>) {
-        let work_stopped = !then_stop;
+    fn resign(&mut self, now: Instant, then: Then, out: &mut Vec<Output>) {
+        // A resign comes from the work's handle once the work has returned; a shutdown may
+        // come while it still runs.
+        let work_stopped = then == Then::CampaignAgain;
         match &mut self.state {
             State::Leading(_) => {
-                self.step_down(now, DeposedReason::Resigned, true, then_stop, out);
+                self.step_down(now, DeposedReason::Resigned, Lease::StillOurs, then, out);
                 if let State::SteppingDown(s) = &mut self.state {
                     s.work_stopped = work_stopped.then_some(now);
                 }
             }
             State::SteppingDown(s) => {
-                s.then_stop |= then_stop;
+                if then == Then::Stop {
+                    s.then = Then::Stop;
+                }
                 if work_stopped && s.work_stopped.is_none() && !s.aborted {
                     s.work_stopped = Some(now);
                 }
             }
             // An acquire still in flight is waited for: a late grant is released before withdrawing.
-            State::Following(_) if then_stop => self.state = State::Stopping,
+            State::Following(_) if then == Then::Stop => self.state = State::Stopping,
             _ => {}
         }
     }
@@ -571,13 +599,19 @@ impl Machine {
             State::Leading(l) => {
                 if now >= l.valid_until - self.timing.step_down_margin {
                     let last_error = l.last_error.clone();
-                    self.step_down(now, DeposedReason::RenewFailed { last_error }, false, false, out);
+                    self.step_down(
+                        now,
+                        DeposedReason::RenewFailed { last_error },
+                        Lease::Lost,
+                        Then::CampaignAgain,
+                        out,
+                    );
                 } else if self
                     .timing
                     .stall_timeout
                     .is_some_and(|stall| now >= l.last_heartbeat + stall)
                 {
-                    self.step_down(now, DeposedReason::Stalled, true, false, out);
+                    self.step_down(now, DeposedReason::Stalled, Lease::StillOurs, Then::CampaignAgain, out);
                 } else if self.pending.is_none() && now >= l.next_renew {
                     let grant = l.grant.clone();
                     self.send(now, Purpose::Renew, Request::Renew(grant), out);
@@ -638,8 +672,8 @@ impl Machine {
             s.aborted = true;
             out.push(Output::AbortWork);
         }
-        if s.release && now < s.valid_until && self.pending.is_none() {
-            s.release = false;
+        if s.release_due && now < s.valid_until && self.pending.is_none() {
+            s.release_due = false;
             let grant = s.grant.clone();
             self.send(now, Purpose::Release, Request::Release(grant), out);
             return;
@@ -652,9 +686,9 @@ impl Machine {
             work_stopped_after: s.work_stopped.map(|at| at - s.cancelled_at),
             aborted: s.aborted,
         });
-        let (then_stop, term) = (s.then_stop, s.grant.term);
+        let (then, term) = (s.then, s.grant.term);
         self.raise_term_floor(term);
-        if then_stop {
+        if then == Then::Stop {
             self.state = State::Stopped;
             out.push(Output::Stopped);
         } else {
@@ -698,6 +732,20 @@ impl Machine {
             },
             (Purpose::AcquireReadBack { sent, term_floor }, Reply::Inspect(result)) => match result {
                 Ok(observation) => match &observation.holder {
+                    // Stopping: whatever grant of ours the store shows is given back (a release
+                    // is conditional on that very record, and nobody believes it), so the lease
+                    // does not sit held until it expires.
+                    Some(h) if h.id == self.me && self.state == State::Stopping => {
+                        self.raise_term_floor(h.term);
+                        let grant = Grant {
+                            lease: self.lease.clone(),
+                            holder: self.me.clone(),
+                            term: h.term,
+                            ttl: self.timing.ttl,
+                            token: h.version.clone(),
+                        };
+                        self.send(now, Purpose::Release, Request::Release(grant), out);
+                    }
                     Some(h) if h.id == self.me && term_floor.is_some_and(|floor| h.term > floor) => {
                         let grant = Grant {
                             lease: self.lease.clone(),
@@ -765,7 +813,13 @@ impl Machine {
                 Err(e) => {
                     let error = e.to_string();
                     out.push(Output::StoreTrouble(e));
-                    self.step_down(now, DeposedReason::StoreError { error }, false, false, out);
+                    self.step_down(
+                        now,
+                        DeposedReason::StoreError { error },
+                        Lease::Lost,
+                        Then::CampaignAgain,
+                        out,
+                    );
                 }
             },
             (Purpose::RenewReadBack, Reply::Inspect(result)) => {
@@ -797,7 +851,13 @@ impl Machine {
                     Err(e) => {
                         let error = e.to_string();
                         out.push(Output::StoreTrouble(e));
-                        self.step_down(now, DeposedReason::StoreError { error }, false, false, out);
+                        self.step_down(
+                            now,
+                            DeposedReason::StoreError { error },
+                            Lease::Lost,
+                            Then::CampaignAgain,
+                            out,
+                        );
                     }
                 }
             }
@@ -830,11 +890,13 @@ impl Machine {
         }
         if now + self.timing.step_down_margin >= valid_until {
             // The reply came too late to lead safely: give the lease back at once.
-            out.push(Output::StoreTrouble(Error::Timeout {
-                store: self.store,
-                operation: "acquire (granted too late to use: released)",
-                after: now - sent,
-            }));
+            out.push(Output::StoreTrouble(Error::engine(format!(
+                "the {} store granted term {} {:?} after the acquire was sent, too late to lead \
+                 with (less than the step-down margin left): releasing it",
+                self.store,
+                grant.term,
+                now - sent
+            ))));
             self.send(now, Purpose::Release, Request::Release(grant), out);
             let next = now + self.timing.retry_floor();
             if let Some(f) = self.following_mut() {
@@ -864,17 +926,16 @@ impl Machine {
         self.raise_term_floor(highest_term(observation));
         let by = observation.holder.as_ref().map(|h| h.id.clone());
         let term = observation.holder.as_ref().map(|h| h.term);
-        self.step_down(now, DeposedReason::Superseded { by, term }, false, false, out);
+        self.step_down(
+            now,
+            DeposedReason::Superseded { by, term },
+            Lease::Lost,
+            Then::CampaignAgain,
+            out,
+        );
     }
 
-    fn step_down(
-        &mut self,
-        now: Instant,
-        reason: DeposedReason,
-        release: bool,
-        then_stop: bool,
-        out: &mut Vec<Output>,
-    ) {
+    fn step_down(&mut self, now: Instant, reason: DeposedReason, lease: Lease, then: Then, out: &mut Vec<Output>) {
         let State::Leading(l) = &self.state else { return };
         self.pending = None;
         // When the store proved who leads now, observers learn it at once.
@@ -894,10 +955,10 @@ impl Machine {
             grant: l.grant.clone(),
             valid_until: l.valid_until,
             cancelled_at: now,
-            release,
+            release_due: lease == Lease::StillOurs,
             work_stopped: None,
             aborted: false,
-            then_stop,
+            then,
         });
         self.set_leader_seen(reason_leader, out);
     }

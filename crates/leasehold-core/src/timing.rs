@@ -47,10 +47,10 @@ pub struct Timing {
     pub retry_every: Duration,
     /// The fraction of `retry_every` added at random to each retry, so candidates do not move in
     /// lockstep. Default 0.2.
-    pub jitter: Millis,
+    pub jitter: PerMille,
     /// The bound on how much clock *rates* may differ between the holder, the store and the
     /// contenders. A grant is believed until `sent + ttl * (1 - drift)`. Default 1%.
-    pub drift: Millis,
+    pub drift: PerMille,
     /// How long before `valid_until` the leader's work is cancelled when renewals fail.
     /// Default `ttl / 10`.
     pub step_down_margin: Duration,
@@ -66,11 +66,11 @@ pub struct Timing {
     pub lock_delay: Option<Duration>,
 }
 
-/// A fraction in thousandths (so [`Timing`] can be `Eq` and `Hash`): `Millis(10)` is 1%.
+/// A fraction in thousandths (so [`Timing`] can be `Eq` and `Hash`): `PerMille(10)` is 1%.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Millis(pub u32);
+pub struct PerMille(pub u32);
 
-impl Millis {
+impl PerMille {
     /// The fraction as a float.
     pub fn as_f64(self) -> f64 {
         f64::from(self.0) / 1000.0
@@ -78,7 +78,7 @@ impl Millis {
 
     /// Rounds a fraction to thousandths.
     pub fn from_f64(fraction: f64) -> Self {
-        Millis((fraction.clamp(0.0, 4_000_000.0) * 1000.0).round() as u32)
+        PerMille((fraction.clamp(0.0, 4_000_000.0) * 1000.0).round() as u32)
     }
 }
 
@@ -94,8 +94,8 @@ impl Timing {
             ttl,
             renew_every,
             retry_every: ttl / 5,
-            jitter: Millis(200),
-            drift: Millis(10),
+            jitter: PerMille(200),
+            drift: PerMille(10),
             step_down_margin: ttl / 10,
             request_timeout: renew_every,
             stall_timeout: None,
@@ -132,7 +132,7 @@ impl Timing {
         if self.ttl == zero || self.ttl > Self::MAX_DURATION {
             return Err(Error::config("ttl", self.ttl, "greater than zero and at most 30 days"));
         }
-        if self.drift >= Millis(500) {
+        if self.drift >= PerMille(500) {
             return Err(Error::config("drift", self.drift.as_f64(), "0 <= drift < 0.5"));
         }
         let believed = self.believed_ttl();
@@ -160,7 +160,7 @@ impl Timing {
                 format!("0 < retry_every <= ttl ({:?})", self.ttl),
             ));
         }
-        if self.jitter > Millis(1000) {
+        if self.jitter > PerMille(1000) {
             return Err(Error::config("jitter", self.jitter.as_f64(), "0 <= jitter <= 1"));
         }
         if self.request_timeout == zero || self.request_timeout > self.ttl {
@@ -225,7 +225,7 @@ mod tests {
         );
         assert_eq!(
             field_of(Timing {
-                drift: Millis(500),
+                drift: PerMille(500),
                 ..ok
             }),
             "drift"
@@ -274,7 +274,7 @@ mod tests {
         );
         assert_eq!(
             field_of(Timing {
-                jitter: Millis(1001),
+                jitter: PerMille(1001),
                 ..ok
             }),
             "jitter"
@@ -309,17 +309,22 @@ mod tests {
         );
         // Boundaries that are allowed.
         Timing {
-            drift: Millis(499),
+            drift: PerMille(499),
             step_down_margin: Duration::ZERO,
             renew_every: s(4),
             ..ok
         }
         .validate()
         .unwrap();
-        Timing { drift: Millis(0), ..ok }.validate().unwrap();
+        Timing {
+            drift: PerMille(0),
+            ..ok
+        }
+        .validate()
+        .unwrap();
         Timing {
             retry_every: s(10),
-            jitter: Millis(1000),
+            jitter: PerMille(1000),
             request_timeout: s(10),
             ..ok
         }
@@ -330,7 +335,7 @@ mod tests {
     #[test]
     fn error_message_states_the_range() {
         let t = Timing {
-            drift: Millis(700),
+            drift: PerMille(700),
             ..Timing::default()
         };
         let msg = t.validate().unwrap_err().to_string();

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use leasehold_core::machine::{DeposedReason, Input, Machine, OpId, Output, Reply, Request};
 use leasehold_core::{
-    AcquireRequest, Acquired, CandidateId, EndReason, Error, Expiry, Grant, HolderInfo, LeaseName, Millis,
-    Notifications, Observation, Renewed, Term, Timing,
+    AcquireRequest, Acquired, CandidateId, EndReason, Error, Expiry, Grant, HolderInfo, LeaseName, Notifications,
+    Observation, PerMille, Renewed, Term, Timing,
 };
 
 const TTL: Duration = Duration::from_secs(10);
@@ -29,8 +29,8 @@ fn timing() -> Timing {
         ttl: TTL,
         renew_every: ms(3_000),
         retry_every: ms(2_000),
-        jitter: Millis(0),
-        drift: Millis(200),
+        jitter: PerMille(0),
+        drift: PerMille(200),
         step_down_margin: ms(1_000),
         request_timeout: ms(3_000),
         stall_timeout: None,
@@ -300,7 +300,7 @@ fn granted_elects_until_send_time_plus_believed_ttl() {
 #[test]
 fn elected_deadline_uses_default_drift_of_one_percent() {
     let t = Timing {
-        jitter: Millis(0),
+        jitter: PerMille(0),
         ..Timing::new(TTL)
     };
     let mut h = Harness::new(t, Expiry::ServerClock, Notifications::None);
@@ -941,6 +941,32 @@ fn shutdown_with_an_acquire_in_flight_releases_a_late_grant() {
         requests.contains(&Request::Release(grant(1, "v1"))),
         "the late grant was not released: {requests:?}"
     );
+}
+
+/// Stopping with an acquire whose outcome is unknown: the read-back shows this candidate holding
+/// a term it cannot believe (nothing seen before it). Nobody leads with it, so it is released
+/// rather than left held until it expires (and, on stores that close history terms on release
+/// only, left open in the audit trail).
+#[test]
+fn shutdown_releases_a_grant_of_ours_that_a_read_back_shows() {
+    let mut h = Harness::follower();
+    let acquire_op = h.send_at(0);
+    assert_eq!(h.step(100, Input::Shutdown), vec![]);
+    let out = h.reply(200, acquire_op, Reply::Acquire(Err(unreachable())));
+    let Some(&Ev::Send(read_back, Request::Inspect)) = out.last() else {
+        panic!("a read-back after the unknown acquire: {out:?}")
+    };
+    let ours = held(holder(me(), 1, "v1", None));
+    assert_eq!(
+        h.reply(300, read_back, Reply::Inspect(Ok(ours))),
+        vec![Ev::Send(OpId(2), Request::Release(grant(1, "v1")))]
+    );
+    // Then the usual withdraw and stop.
+    assert_eq!(
+        h.reply(350, OpId(2), Reply::Release(Ok(()))),
+        vec![Ev::Send(OpId(3), Request::Withdraw)]
+    );
+    assert_eq!(h.reply(370, OpId(3), Reply::Withdraw(Ok(()))), vec![Ev::Stopped]);
 }
 
 #[test]

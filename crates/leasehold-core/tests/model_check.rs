@@ -31,8 +31,8 @@ use std::time::{Duration, Instant};
 
 use leasehold_core::machine::{Input, Machine, OpId, Output, Reply, Request};
 use leasehold_core::{
-    Acquired, CandidateId, EndReason, Error, Expiry, Grant, HolderInfo, LeaseName, Millis, Notifications, Observation,
-    Renewed, Term, Timing,
+    Acquired, CandidateId, EndReason, Error, Expiry, Grant, HolderInfo, LeaseName, Notifications, Observation,
+    PerMille, Renewed, Term, Timing,
 };
 use stateright::{Checker, Model, Property};
 
@@ -534,8 +534,8 @@ impl Model for Election {
 
 fn timing(drift: u32) -> Timing {
     Timing {
-        jitter: Millis(0),
-        drift: Millis(drift),
+        jitter: PerMille(0),
+        drift: PerMille(drift),
         lock_delay: None,
         ..Timing::new(Duration::from_millis(TTL_MS))
     }

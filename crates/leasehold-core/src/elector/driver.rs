@@ -1,0 +1,514 @@
+//! The driver: runs one [`Machine`] for one campaign, carries out its outputs (store calls in
+//! their own tasks, events, the leader's status) and feeds it inputs.
+
+use super::*;
+
+/// A store call under way: its own task, so the engine never drops a store future half-way (a
+/// store need not be cancel safe for the engine's sake). The driver stops waiting when the
+/// machine gives up on the request (its outcome is then unknown); the call itself runs on to
+/// completion, or until [`call_bound`] after it was sent.
+struct PendingOp {
+    id: OpId,
+    /// The reply the machine gets if the call's task ends without one.
+    failed: fn(Error) -> Reply,
+    task: JoinHandle<Reply>,
+}
+
+/// How long a store call may run in its own task: past the lease's TTL its outcome can no
+/// longer change what the engine believes (every grant it might carry has expired by the
+/// machine's own count), and past `request_timeout` the machine stopped waiting for it.
+fn call_bound(timing: &Timing) -> Duration {
+    timing.ttl.max(timing.request_timeout)
+}
+
+/// Runs one [`Machine`] for one campaign and its leadership.
+pub(super) struct Driver {
+    inner: Arc<Inner>,
+    machine: Machine,
+    op: Option<PendingOp>,
+    changes: Option<Changes>,
+    commands_tx: mpsc::UnboundedSender<Command>,
+    commands: mpsc::UnboundedReceiver<Command>,
+    alive: Option<mpsc::Sender<()>>,
+    alive_rx: mpsc::Receiver<()>,
+    leader: Option<LeaderControl>,
+    resign_acks: Vec<oneshot::Sender<()>>,
+    deposed: Option<(Term, DeposedReason, Instant)>,
+    campaign_started: Instant,
+    /// The campaign() future was dropped and the machine told to shut down.
+    campaign_dropped: bool,
+    /// What this campaign saw of another holder, for the failover and handover histograms.
+    previous: PreviousHolder,
+}
+
+/// Another candidate's term as this one saw it while following.
+#[derive(Debug, Default)]
+struct PreviousHolder {
+    /// The holder, its term and record version, when this candidate first saw that version (its
+    /// last renewal seen), and when the store would expire it (if it said).
+    seen: Option<(CandidateId, Term, String, Instant, Option<Instant>)>,
+    /// When this candidate saw the holder let go: the lease read free as released, or a release
+    /// notification.
+    released_at: Option<Instant>,
+}
+
+struct LeaderControl {
+    shared: Arc<Shared>,
+    status: watch::Sender<Status>,
+    heartbeat_seen: u64,
+    work_stopped: bool,
+}
+
+impl Driver {
+    pub(super) fn new(inner: Arc<Inner>) -> Result<Self> {
+        let now = now();
+        let first_attempt = inner
+            .not_before
+            .lock()
+            .expect("not_before lock")
+            .map_or(now, |t| t.max(now));
+        let mut machine = Machine::new(
+            inner.timing,
+            inner.caps.expiry,
+            inner.caps.notifications,
+            inner.lease.clone(),
+            inner.id.clone(),
+            first_attempt,
+            random_u64(),
+        )?
+        .with_store_name(inner.store.name());
+        if let Some(earlier) = inner.earlier.lock().expect("earlier lock").as_ref() {
+            machine.continue_from(earlier);
+        }
+        let (commands_tx, commands) = mpsc::unbounded_channel();
+        let (alive, alive_rx) = mpsc::channel(1);
+        Ok(Driver {
+            inner,
+            machine,
+            op: None,
+            changes: None,
+            commands_tx,
+            commands,
+            alive: Some(alive),
+            alive_rx,
+            leader: None,
+            resign_acks: Vec::new(),
+            deposed: None,
+            campaign_started: now,
+            campaign_dropped: false,
+            previous: PreviousHolder::default(),
+        })
+    }
+
+    pub(super) async fn run(mut self, elected: oneshot::Sender<Leader>) {
+        let mut out = Vec::new();
+        if self.inner.caps.notifications != crate::Notifications::None {
+            // Bounded like any request: a watch that never answers must not stall the campaign.
+            // Like every store call it runs in its own task, never dropped half-way.
+            let (store, lease, id) = (
+                self.inner.store.clone(),
+                self.inner.lease.clone(),
+                self.inner.id.clone(),
+            );
+            let bound = call_bound(&self.inner.timing);
+            let timeout = |after| Error::Timeout {
+                store: self.inner.store.name(),
+                operation: "changes",
+                after,
+            };
+            let subscribe = tokio::spawn(
+                async move { tokio::time::timeout(bound, store.changes(&lease, &id)).await }.in_current_span(),
+            );
+            let subscribed = match tokio::time::timeout(self.inner.timing.request_timeout, subscribe).await {
+                Ok(Ok(Ok(subscribed))) => subscribed,
+                Ok(Ok(Err(_))) => Err(timeout(bound)),
+                Ok(Err(e)) => Err(Error::unreachable(
+                    self.inner.store.name(),
+                    format!("subscribing to changes ended without a reply: {e}"),
+                )),
+                Err(_) => Err(timeout(self.inner.timing.request_timeout)),
+            };
+            match subscribed {
+                Ok(Some(changes)) => self.changes = Some(changes),
+                Ok(None) => self.machine.handle(now(), Input::NotificationsLost, &mut out),
+                Err(e) => {
+                    warn!(error = %e, "change notifications unavailable; polling");
+                    self.machine.handle(now(), Input::NotificationsLost, &mut out);
+                }
+            }
+        }
+        let mut elected = Some(elected);
+        let mut elected_tx = None;
+        loop {
+            for output in out.drain(..) {
+                if let Some(leader) = self.apply(output) {
+                    elected_tx = Some(leader);
+                }
+            }
+            if let Some(leader) = elected_tx.take() {
+                // A dropped campaign() future drops the leader handle here, which releases.
+                if let Some(tx) = elected.take() {
+                    let _ = tx.send(leader);
+                }
+            }
+            if self.machine.is_stopped() || self.finished() {
+                break;
+            }
+            if self.op.as_ref().map(|op| op.id) != self.machine.pending() {
+                // The machine gave up on it: stop waiting, let the call run on in its task.
+                self.op = None;
+            }
+            let input = self.next_input(elected.as_mut()).await;
+            let now = now();
+            self.track_previous(now, &input);
+            self.feed_heartbeat(now, &mut out);
+            self.machine.handle(now, input, &mut out);
+        }
+        for ack in self.resign_acks.drain(..) {
+            let _ = ack.send(());
+        }
+    }
+
+    fn finished(&self) -> bool {
+        self.leader.as_ref().is_some_and(|l| l.status.borrow().stepped_down)
+    }
+
+    async fn next_input(&mut self, elected: Option<&mut oneshot::Sender<Leader>>) -> Input {
+        let wake = self.machine.next_wake().map(tokio::time::Instant::from_std);
+        let work_running = self.leader.as_ref().is_some_and(|l| !l.work_stopped);
+        let watching_heartbeats = work_running && self.inner.timing.stall_timeout.is_some();
+        let op = &mut self.op;
+        let changes = &mut self.changes;
+        tokio::select! {
+            // Commands before the work's end: a handle that asks to step down and then returns
+            // must be seen stepping down, not finishing.
+            biased;
+            Some(command) = self.commands.recv() => match command {
+                Command::Resign(ack) => {
+                    self.resign_acks.push(ack);
+                    Input::Resign
+                }
+                Command::Shutdown => Input::Shutdown,
+                Command::StepDown(reason) => Input::StepDown(reason),
+            },
+            None = self.alive_rx.recv(), if work_running && self.alive.is_none() => {
+                if let Some(l) = &mut self.leader {
+                    l.work_stopped = true;
+                }
+                Input::WorkStopped
+            }
+            joined = async { (&mut op.as_mut().expect("guarded").task).await }, if op.is_some() => {
+                let PendingOp { id, failed, .. } = self.op.take().expect("guarded");
+                let reply = joined.unwrap_or_else(|e| {
+                    // Panicked or cancelled: the request may or may not have been applied.
+                    failed(Error::unreachable(self.inner.store.name(), format!("the store call ended without a reply: {e}")))
+                });
+                Input::Reply(id, reply)
+            }
+            () = async { tokio::time::sleep_until(wake.expect("guarded")).await }, if wake.is_some() => Input::Tick,
+            change = async { changes.as_mut().expect("guarded").next().await }, if changes.is_some() => match change {
+                Some(()) => Input::Notified,
+                None => {
+                    self.changes = None;
+                    Input::NotificationsLost
+                }
+            },
+            // The campaign() future was dropped: shut down once (its closed channel stays ready,
+            // and answering it again and again would spin while the withdraw is under way).
+            () = async { elected.expect("guarded").closed().await }, if elected.is_some() && !self.campaign_dropped => {
+                self.campaign_dropped = true;
+                Input::Shutdown
+            }
+            // Wake up now and then so heartbeats are seen before a stall deadline.
+            () = tokio::time::sleep(self.inner.timing.ttl / 20), if watching_heartbeats => Input::Tick,
+        }
+    }
+
+    /// Follows what replies and notifications show of another holder (the machine decides;
+    /// this only measures).
+    fn track_previous(&mut self, now: Instant, input: &Input) {
+        let observation: Option<&Observation> = match input {
+            Input::Reply(_, Reply::Acquire(Ok(Acquired::Held(o))))
+            | Input::Reply(_, Reply::Inspect(Ok(o)))
+            | Input::Reply(_, Reply::Renew(Ok(Renewed::Lost(o)))) => Some(o),
+            Input::Notified => {
+                let p = &mut self.previous;
+                if let Some((.., alive_at, store_deadline)) = &p.seen
+                    && p.released_at.is_none()
+                {
+                    // A store that notifies releases only: this is one. One that also notifies
+                    // expiry: a release if it came before the store would have expired the lease.
+                    let expires = store_deadline.unwrap_or(*alive_at + self.inner.timing.ttl);
+                    let release = match self.inner.caps.notifications {
+                        Notifications::Release => true,
+                        _ => now < expires,
+                    };
+                    if release {
+                        p.released_at = Some(now);
+                    }
+                }
+                None
+            }
+            _ => None,
+        };
+        let Some(observation) = observation else { return };
+        let p = &mut self.previous;
+        match &observation.holder {
+            Some(h) if h.id == self.inner.id => {}
+            Some(h) => {
+                let store_deadline = h.store_remaining.map(|r| now + r);
+                match &mut p.seen {
+                    Some((id, term, version, _, deadline))
+                        if *id == h.id && *term == h.term && *version == h.version =>
+                    {
+                        *deadline = store_deadline;
+                    }
+                    seen => {
+                        *seen = Some((h.id.clone(), h.term, h.version.clone(), now, store_deadline));
+                        p.released_at = None;
+                    }
+                }
+            }
+            None => {
+                if p.seen.is_some() && p.released_at.is_none() && observation.previous_end == Some(EndReason::Released)
+                {
+                    p.released_at = Some(now);
+                }
+            }
+        }
+    }
+
+    fn feed_heartbeat(&mut self, _now: Instant, out: &mut Vec<Output>) {
+        let Some(l) = &mut self.leader else { return };
+        let beat = l.shared.heartbeat.load(Ordering::Relaxed);
+        if beat > l.heartbeat_seen {
+            l.heartbeat_seen = beat;
+            let at = l.shared.elected_at + Duration::from_nanos(beat);
+            self.machine.handle(now(), Input::Heartbeat(at), out);
+        }
+    }
+
+    /// Carries out one output; returns a new leader handle on election.
+    fn apply(&mut self, output: Output) -> Option<Leader> {
+        let lease = self.inner.lease.as_str().to_string();
+        match output {
+            Output::Send(id, request) => {
+                let store = self.inner.store.clone();
+                let lease_name = self.inner.lease.clone();
+                let me = self.inner.id.clone();
+                let guard = RequestGuard {
+                    lease: lease.clone(),
+                    store: store.name(),
+                    operation: telemetry::operation(&request),
+                    done: false,
+                };
+                let failed: fn(Error) -> Reply = match &request {
+                    Request::Acquire(_) => |e| Reply::Acquire(Err(e)),
+                    Request::Renew(_) => |e| Reply::Renew(Err(e)),
+                    Request::Release(_) => |e| Reply::Release(Err(e)),
+                    Request::Inspect => |e| Reply::Inspect(Err(e)),
+                    Request::Withdraw => |e| Reply::Withdraw(Err(e)),
+                };
+                let bound = call_bound(&self.inner.timing);
+                let operation = telemetry::operation(&request);
+                let call = async move {
+                    let started = now();
+                    let reply = match request {
+                        Request::Acquire(r) => Reply::Acquire(store.acquire(&r).await),
+                        Request::Renew(g) => {
+                            let reply = store.renew(&g).await;
+                            metrics::histogram!(telemetry::RENEW_SECONDS, "lease" => g.lease.as_str().to_string())
+                                .record((now() - started).as_secs_f64());
+                            Reply::Renew(reply)
+                        }
+                        Request::Release(g) => Reply::Release(store.release(&g).await),
+                        Request::Inspect => Reply::Inspect(store.inspect(&lease_name).await),
+                        Request::Withdraw => Reply::Withdraw(store.withdraw(&lease_name, &me).await),
+                    };
+                    guard.finish(&reply);
+                    reply
+                };
+                let store_name = self.inner.store.name();
+                let task = tokio::spawn(
+                    async move {
+                        tokio::time::timeout(bound, call).await.unwrap_or_else(|_| {
+                            failed(Error::Timeout {
+                                store: store_name,
+                                operation,
+                                after: bound,
+                            })
+                        })
+                    }
+                    .in_current_span(),
+                );
+                self.op = Some(PendingOp { id, failed, task });
+                None
+            }
+            Output::Elected { grant, valid_until } => {
+                let now = now();
+                info!(term = %grant.term, "elected");
+                *self.inner.leading.lock().expect("leading lock") = Some(valid_until);
+                metrics::gauge!(telemetry::IS_LEADER, "lease" => lease.clone()).set(1.0);
+                metrics::gauge!(telemetry::TERM, "lease" => lease.clone()).set(grant.term.0 as f64);
+                metrics::counter!(telemetry::TRANSITIONS, "lease" => lease.clone(), "to" => "leader").increment(1);
+                metrics::histogram!(telemetry::CAMPAIGN_SECONDS, "lease" => lease.clone())
+                    .record((now - self.campaign_started).as_secs_f64());
+                let previous = std::mem::take(&mut self.previous);
+                if let Some((.., alive_at, _)) = previous.seen {
+                    match previous.released_at {
+                        Some(released_at) => metrics::histogram!(telemetry::HANDOVER_SECONDS, "lease" => lease.clone())
+                            .record(now.saturating_duration_since(released_at).as_secs_f64()),
+                        None => metrics::histogram!(telemetry::FAILOVER_SECONDS, "lease" => lease.clone())
+                            .record(now.saturating_duration_since(alive_at).as_secs_f64()),
+                    }
+                }
+                metrics::gauge!(telemetry::REMAINING, "lease" => lease)
+                    .set(valid_until.saturating_duration_since(now).as_secs_f64());
+                let (status_tx, status) = watch::channel(Status {
+                    valid_until,
+                    deposed: None,
+                    stepped_down: false,
+                });
+                let shared = Arc::new(Shared {
+                    lease: self.inner.lease.clone(),
+                    holder: self.inner.id.clone(),
+                    term: grant.term,
+                    elected_at: now,
+                    status,
+                    token: CancellationToken::new(),
+                    heartbeat: AtomicU64::new(0),
+                    commands: self.commands_tx.clone(),
+                    abort: Mutex::new(None),
+                    step_down_margin: self.inner.timing.step_down_margin,
+                    believed_ttl: self.inner.timing.believed_ttl(),
+                });
+                self.leader = Some(LeaderControl {
+                    shared: shared.clone(),
+                    status: status_tx,
+                    heartbeat_seen: 0,
+                    work_stopped: false,
+                });
+                self.emit(Event::Elected {
+                    term: grant.term,
+                    at: now,
+                    valid_until,
+                });
+                let alive = self.alive.take().expect("elected once per campaign");
+                Some(Leader { shared, _alive: alive })
+            }
+            Output::Extended { valid_until } => {
+                if let Some(l) = &self.leader {
+                    l.status.send_modify(|s| s.valid_until = valid_until);
+                }
+                if let Some(leading) = self.inner.leading.lock().expect("leading lock").as_mut() {
+                    *leading = valid_until;
+                }
+                metrics::gauge!(telemetry::REMAINING, "lease" => lease)
+                    .set(valid_until.saturating_duration_since(now()).as_secs_f64());
+                None
+            }
+            Output::Deposed {
+                term,
+                reason,
+                believed_until,
+            } => {
+                match reason {
+                    DeposedReason::Resigned | DeposedReason::WorkFinished => info!(%term, %reason, "stepped down"),
+                    _ => warn!(%term, %reason, "deposed"),
+                }
+                *self.inner.leading.lock().expect("leading lock") = None;
+                metrics::gauge!(telemetry::IS_LEADER, "lease" => lease.clone()).set(0.0);
+                metrics::gauge!(telemetry::REMAINING, "lease" => lease.clone()).set(0.0);
+                metrics::counter!(telemetry::STEP_DOWNS, "lease" => lease.clone(), "reason" => telemetry::step_down_reason(&reason))
+                    .increment(1);
+                metrics::counter!(telemetry::TRANSITIONS, "lease" => lease, "to" => "follower").increment(1);
+                if let Some(l) = &self.leader {
+                    l.status.send_modify(|s| s.deposed = Some(reason.clone()));
+                    l.shared.token.cancel();
+                }
+                self.deposed = Some((term, reason, believed_until));
+                None
+            }
+            Output::AbortWork => {
+                if let Some(l) = &self.leader {
+                    if let Some(handle) = l.shared.abort.lock().expect("abort lock").take() {
+                        warn!("the leader's work did not stop by valid_until; aborting it");
+                        handle.abort();
+                    }
+                }
+                None
+            }
+            Output::SteppedDown {
+                term,
+                work_stopped_after,
+                aborted,
+            } => {
+                let now = now();
+                *self.inner.not_before.lock().expect("not_before lock") =
+                    Some(now + self.inner.timing.step_down_backoff());
+                if let Some((_, reason, believed_until)) = self.deposed.take() {
+                    self.emit(Event::Deposed {
+                        term,
+                        reason,
+                        believed_until,
+                        work_stopped_after,
+                        aborted,
+                    });
+                }
+                if let Some(l) = &self.leader {
+                    l.status.send_modify(|s| s.stepped_down = true);
+                }
+                None
+            }
+            Output::LeaderChanged(leader) => {
+                let info = leader.map(|(holder, term)| LeaderInfo {
+                    holder,
+                    term,
+                    since: now(),
+                    since_wall: SystemTime::now(),
+                });
+                if let Some(info) = &info {
+                    metrics::gauge!(telemetry::TERM, "lease" => lease).set(info.term.0 as f64);
+                }
+                self.inner.leader.send_replace(info.clone());
+                self.emit(Event::LeaderChanged(info));
+                None
+            }
+            Output::StoreTrouble(error) => {
+                if error.is_transient() {
+                    debug!(%error, "store trouble");
+                } else {
+                    // A definite failure (e.g. credentials or permissions) will not go away by
+                    // itself: say so at once; the engine keeps retrying at its pace.
+                    warn!(%error, "store trouble");
+                }
+                telemetry::trouble_counter(&lease, self.inner.store.name(), telemetry::trouble_reason(&error))
+                    .increment(1);
+                self.emit(Event::StoreTrouble { error: Arc::new(error) });
+                None
+            }
+            Output::Stopped => None,
+        }
+    }
+
+    fn emit(&self, event: Event) {
+        if let Some(events) = self.inner.events.get() {
+            let _ = events.send(event);
+        }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        // However the campaign ends, the next one continues from what this one knew.
+        *self.inner.earlier.lock().expect("earlier lock") = Some(self.machine.clone());
+    }
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver")
+            .field("machine", &self.machine)
+            .finish_non_exhaustive()
+    }
+}

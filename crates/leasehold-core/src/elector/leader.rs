@@ -1,0 +1,227 @@
+//! [`Leader`]: the handle the leader's work holds (term, deadline, cancellation, heartbeat), and
+//! what it shares with the driver.
+
+use super::*;
+
+/// The handle of a leader: its fencing term, its deadline, and its duties.
+///
+/// Clones share one leadership. Dropping every clone (or [`Leader::resign`]) releases the lease.
+#[derive(Clone, Debug)]
+pub struct Leader {
+    pub(super) shared: Arc<Shared>,
+    pub(super) _alive: mpsc::Sender<()>,
+}
+
+#[derive(Debug)]
+pub(super) struct Shared {
+    pub(super) lease: LeaseName,
+    pub(super) holder: CandidateId,
+    pub(super) term: Term,
+    pub(super) elected_at: Instant,
+    pub(super) status: watch::Receiver<Status>,
+    pub(super) token: CancellationToken,
+    /// Nanoseconds after `elected_at` of the last heartbeat.
+    pub(super) heartbeat: AtomicU64,
+    pub(super) commands: mpsc::UnboundedSender<Command>,
+    pub(super) abort: Mutex<Option<AbortHandle>>,
+    /// The work is cancelled at `valid_until - step_down_margin` at the latest.
+    pub(super) step_down_margin: Duration,
+    /// The most a renewal can give: `ttl * (1 - drift)`.
+    pub(super) believed_ttl: Duration,
+}
+
+#[derive(Clone, Debug)]
+pub(super) struct Status {
+    pub(super) valid_until: Instant,
+    pub(super) deposed: Option<DeposedReason>,
+    pub(super) stepped_down: bool,
+}
+
+#[derive(Debug)]
+pub(super) enum Command {
+    Resign(oneshot::Sender<()>),
+    Shutdown,
+    /// The leader's handle ended the leadership (see [`Input::StepDown`]).
+    StepDown(DeposedReason),
+}
+
+impl Shared {
+    /// Cancels the work and tells the driver to step down, unless that already happened.
+    pub(super) fn step_down(&self, reason: DeposedReason) {
+        if !self.token.is_cancelled() {
+            self.token.cancel();
+            let _ = self.commands.send(Command::StepDown(reason));
+        }
+    }
+
+    /// The instant the work must be cancelled by if no renewal is confirmed.
+    pub(super) fn cancel_at(&self) -> Instant {
+        let valid_until = self.status.borrow().valid_until;
+        valid_until.checked_sub(self.step_down_margin).unwrap_or(valid_until)
+    }
+
+    /// Whether leadership has ended: the driver cancelled the work, or the clock passed the
+    /// step-down point (the driver may not have been scheduled in time to notice).
+    pub(super) fn is_cancelled(&self) -> bool {
+        if self.token.is_cancelled() {
+            return true;
+        }
+        if now() < self.cancel_at() {
+            return false;
+        }
+        self.step_down(DeposedReason::RenewFailed {
+            last_error: Some("no renewal confirmed by the step-down point".into()),
+        });
+        true
+    }
+
+    /// Waits until stepping down is complete and returns why it happened.
+    pub(super) async fn stepped_down(&self) -> Option<DeposedReason> {
+        let mut status = self.status.clone();
+        let _ = status.wait_for(|s| s.stepped_down).await;
+        status.borrow().deposed.clone()
+    }
+}
+
+impl Leader {
+    /// The fencing token: pass it with every write downstream.
+    pub fn term(&self) -> Term {
+        self.shared.term
+    }
+
+    /// The lease.
+    pub fn lease(&self) -> &LeaseName {
+        &self.shared.lease
+    }
+
+    /// This leader's candidate id.
+    pub fn holder(&self) -> &CandidateId {
+        &self.shared.holder
+    }
+
+    /// When this candidate was elected.
+    pub fn elected_at(&self) -> Instant {
+        self.shared.elected_at
+    }
+
+    /// Until when the leadership may be believed: `sent + ttl * (1 - drift)` of the last
+    /// confirmed acquire or renew. Moves forward with every renewal.
+    pub fn valid_until(&self) -> Instant {
+        self.shared.status.borrow().valid_until
+    }
+
+    /// How long the leadership may still be believed (zero once deposed).
+    pub fn remaining(&self) -> Duration {
+        let status = self.shared.status.borrow();
+        if status.deposed.is_some() {
+            Duration::ZERO
+        } else {
+            status.valid_until.saturating_duration_since(now())
+        }
+    }
+
+    /// Checks, before a side effect, that this candidate still leads and will for at least
+    /// `min_remaining`.
+    ///
+    /// # Errors
+    ///
+    /// This is the authoritative check: it reads the clock itself, so it is right even when the
+    /// runtime is too busy to run the election's driver (then [`Leader::is_cancelled`] and
+    /// [`Leader::cancelled`] are right from the step-down point on, but nothing can interrupt
+    /// code that never yields).
+    ///
+    /// When the leader is not deposed but less than `min_remaining` is left (renewals were late),
+    /// the leadership ends here: the work is cancelled, the lease released once the work has
+    /// returned, and [`Elector::run`] campaigns again rather than returning the task's error. So
+    /// `leader.ensure_valid(d)?` in a task is the intended pattern.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotLeader`] when deposed; [`Error::LeaseEnding`] when too little time is left.
+    pub fn ensure_valid(&self, min_remaining: Duration) -> Result<()> {
+        let (deposed, remaining) = {
+            let status = self.shared.status.borrow();
+            (
+                status.deposed.clone(),
+                status.valid_until.saturating_duration_since(now()),
+            )
+        };
+        if let Some(reason) = deposed {
+            return Err(Error::NotLeader {
+                lease: self.shared.lease.clone(),
+                term: self.shared.term,
+                reason: format!("deposed: {reason}"),
+            });
+        }
+        if remaining > min_remaining {
+            return Ok(());
+        }
+        self.shared.step_down(DeposedReason::TooLittleTime {
+            remaining,
+            required: min_remaining,
+        });
+        Err(Error::LeaseEnding {
+            lease: self.shared.lease.clone(),
+            term: self.shared.term,
+            remaining,
+            required: min_remaining,
+            never: min_remaining >= self.shared.believed_ttl,
+        })
+    }
+
+    /// Whether leadership has ended and the work should stop: true once the driver cancelled the
+    /// work, and also once the clock passes `valid_until - step_down_margin` whatever the driver
+    /// is doing.
+    pub fn is_cancelled(&self) -> bool {
+        self.shared.is_cancelled()
+    }
+
+    /// Completes when leadership ends and the work should stop: when the driver cancels the
+    /// work, or at `valid_until - step_down_margin` at the latest.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn cancelled(&self) {
+        let mut status = self.shared.status.clone();
+        loop {
+            let cancel_at = self.shared.cancel_at();
+            tokio::select! {
+                () = self.shared.token.cancelled() => return,
+                () = tokio::time::sleep_until(cancel_at.into()) => {
+                    if self.shared.is_cancelled() {
+                        return;
+                    }
+                }
+                changed = status.changed() => {
+                    if changed.is_err() {
+                        // The driver is gone; it cancels the token before it goes.
+                        self.shared.token.cancelled().await;
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// A token cancelled when leadership ends, to hand to code that takes one.
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.shared.token.child_token()
+    }
+
+    /// Reports that the work is alive and making progress. With a `stall_timeout`, a leader
+    /// whose work stops calling this steps down.
+    pub fn heartbeat(&self) {
+        let nanos = (now() - self.shared.elected_at).as_nanos().min(u128::from(u64::MAX)) as u64;
+        self.shared.heartbeat.fetch_max(nanos, Ordering::Relaxed);
+    }
+
+    /// Gives up leadership now: the work must have stopped. Releases the lease so the next
+    /// candidate can take over at once, and returns when the release is done (or failed).
+    pub async fn resign(self) {
+        let (ack, done) = oneshot::channel();
+        if self.shared.commands.send(Command::Resign(ack)).is_ok() {
+            let _ = done.await;
+        }
+    }
+}
