@@ -50,7 +50,15 @@ pub(crate) const STEP_DOWN_REASONS: [&str; 7] = [
     "work_finished",
 ];
 /// Every reason label of [`TROUBLE`].
-pub(crate) const TROUBLE_REASONS: [&str; 5] = ["unreachable", "timeout", "corrupt_record", "unsupported", "store"];
+pub(crate) const TROUBLE_REASONS: [&str; 7] = [
+    "unreachable",
+    "timeout",
+    "corrupt_record",
+    "unsupported",
+    "refused",
+    "engine",
+    "store",
+];
 
 /// Describes every series (HELP text and unit). Cheap; called by every elector's build, so
 /// that a recorder installed before any elector is built gets the descriptions.
@@ -188,6 +196,8 @@ pub(crate) fn trouble_reason(error: &Error) -> &'static str {
         Error::Timeout { .. } => "timeout",
         Error::CorruptRecord { .. } => "corrupt_record",
         Error::Unsupported { .. } => "unsupported",
+        Error::Refused { .. } => "refused",
+        Error::Engine { .. } => "engine",
         _ => "store",
     }
 }
