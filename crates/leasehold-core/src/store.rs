@@ -37,6 +37,19 @@ pub type Changes = BoxStream<'static, ()>;
 /// the grant's own term. A lost race is an answer ([`Acquired::Held`], [`Renewed::Lost`]), not
 /// an error.
 ///
+/// # Cancel safety
+///
+/// The engine never drops a store future half-way: it runs each call in a task of its own to
+/// completion, or at most `max(ttl, request_timeout)` after it was sent (by then every grant
+/// the call could carry has expired by the engine's own count). A store therefore needs no
+/// "finish anyway" machinery of its own for the engine's sake.
+///
+/// Other callers (operator tools, tests, a caller's own `select!`) may still drop a future at
+/// any `.await`. A dropped request then counts as a transient failure: it may or may not have
+/// been applied, and the caller settles it as the engine does, by reading back. A store must
+/// stay usable after such a drop (no connection left in a transaction, no lock or queue slot
+/// held); each method below says what a drop may leave behind.
+///
 /// # Wrapping a store
 ///
 /// A store around a store (limits, metrics, faults) implements this trait by forwarding;
@@ -97,6 +110,12 @@ pub trait LeaseStore: Debug + Send + Sync + 'static {
     ///
     /// [`Error::InvalidTtl`] for a TTL outside [`Capabilities::ttl`]; a transient error when the
     /// outcome is unknown; [`Error::CorruptRecord`] for a record leasehold cannot read.
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped acquire may have been granted: the grant then lapses after its TTL unless
+    /// renewed, and the candidate's next acquire replaces it with a higher term. On FIFO stores
+    /// it may leave the candidate's place in the queue until [`withdraw`](LeaseStore::withdraw).
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired>;
 
     /// Extends a grant by its TTL, if the store still records it as the holder at that term.
@@ -104,6 +123,11 @@ pub trait LeaseStore: Debug + Send + Sync + 'static {
     /// # Errors
     ///
     /// A transient error when the outcome is unknown; [`Error::CorruptRecord`].
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped renewal may or may not have extended the grant; the holder counts its lease
+    /// from its last confirmed renewal, so either way it only loses time, never safety.
     async fn renew(&self, grant: &Grant) -> Result<Renewed>;
 
     /// Frees the lease at once for the next candidate, if it is still held by this grant.
@@ -112,6 +136,10 @@ pub trait LeaseStore: Debug + Send + Sync + 'static {
     /// # Errors
     ///
     /// A transient error when the outcome is unknown; [`Error::CorruptRecord`].
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped release may or may not have freed the lease; if not, it expires after its TTL.
     async fn release(&self, grant: &Grant) -> Result<()>;
 
     /// Withdraws a candidate that stopped campaigning without being granted (FIFO stores remove
@@ -120,6 +148,10 @@ pub trait LeaseStore: Debug + Send + Sync + 'static {
     /// # Errors
     ///
     /// A transient error when the outcome is unknown.
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped withdrawal may leave the candidate queued until its session or entry expires.
     async fn withdraw(&self, _lease: &LeaseName, _candidate: &CandidateId) -> Result<()> {
         Ok(())
     }
@@ -129,6 +161,10 @@ pub trait LeaseStore: Debug + Send + Sync + 'static {
     /// # Errors
     ///
     /// A transient error; [`Error::CorruptRecord`].
+    ///
+    /// # Cancel safety
+    ///
+    /// A read: dropping it changes nothing.
     async fn inspect(&self, lease: &LeaseName) -> Result<Observation>;
 
     /// The most recent `limit` terms of a lease, oldest first.
@@ -136,6 +172,10 @@ pub trait LeaseStore: Debug + Send + Sync + 'static {
     /// # Errors
     ///
     /// A transient error; [`Error::CorruptRecord`].
+    ///
+    /// # Cancel safety
+    ///
+    /// A read: dropping it changes nothing.
     async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>>;
 
     /// A stream of change notifications for `candidate` campaigning for `lease`.
@@ -144,6 +184,10 @@ pub trait LeaseStore: Debug + Send + Sync + 'static {
     /// # Errors
     ///
     /// A transient error; the engine then polls.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future (or the stream) ends the subscription; nothing else changes.
     async fn changes(&self, _lease: &LeaseName, _candidate: &CandidateId) -> Result<Option<Changes>> {
         Ok(None)
     }
@@ -161,6 +205,10 @@ pub trait LeaseStore: Debug + Send + Sync + 'static {
     /// # Errors
     ///
     /// [`Error::Unsupported`] where the backend cannot break leases (the default).
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped break may or may not have ended the holder's term.
     async fn break_lease(&self, _lease: &LeaseName) -> Result<Option<Term>> {
         Err(Error::Unsupported {
             store: self.name(),

@@ -9,7 +9,7 @@ use super::percent_decode;
 /// `credential`, in any case, also as part of a longer name such as `secret_access_key`, also
 /// `%`-escaped), replaced by `***`, together with everything after that value up to the end of
 /// the query (it may be the rest of a secret that held an unescaped `&`: `password=pa&ss=x`).
-/// [`StoreUrl::known_options`] shows known options after a secret again. Works on text that does
+/// [`StoreUrl::known_options`](super::StoreUrl::known_options) shows known options after a secret again. Works on text that does
 /// not parse as a URL too.
 ///
 /// URL parsers disagree on where an unescaped password ends: the WHATWG parser (the `url`
