@@ -167,7 +167,10 @@ impl CandidateId {
     }
 }
 
-/// A non-cryptographic random number (for ids, record versions and jitter).
+/// A non-cryptographic random number (for ids, record versions and jitter). Not part of the
+/// API a user needs: for record versions use [`RecordVersion::random`](crate::RecordVersion::random),
+/// for candidate ids [`CandidateId::generate`].
+#[doc(hidden)]
 pub fn random_u64() -> u64 {
     use std::collections::hash_map::RandomState;
     use std::hash::{BuildHasher, Hasher};
