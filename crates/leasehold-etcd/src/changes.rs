@@ -210,7 +210,7 @@ async fn within<T>(
     tokio::time::timeout(limit, fut)
         .await
         .unwrap_or(Err(leasehold_core::Error::Timeout {
-            store: crate::store::STORE,
+            store: crate::error::STORE,
             operation,
             after: limit,
         }))

@@ -5,7 +5,9 @@
 mod admission;
 mod changes;
 mod config;
+mod error;
 mod record;
+mod session;
 mod store;
 
 #[doc = include_str!("../docs.md")]

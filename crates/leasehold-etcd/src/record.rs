@@ -7,13 +7,18 @@
 //!   Value: `leasehold1 c {ttl_ms}`.
 //! - `P/L/h/{term:020}`: written when the term is granted. Value: `leasehold1 h {unix_ms} {holder}`.
 //! - `P/L/e/{term:020}`: written when the term ends. Value: `leasehold1 e {unix_ms} {reason}`.
+//!
+//! A [`Snapshot`] is what one read of a lease shows; the transactions that end a term are
+//! built here too.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use etcd_client::KeyValue;
-use leasehold_core::{CandidateId, EndReason, Error, LeaseName, Result, Term};
+use etcd_client::{
+    Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
+};
+use leasehold_core::{CandidateId, EndReason, Error, HolderInfo, LeaseName, Observation, Result, Term};
 
-use crate::store::STORE;
+use crate::error::STORE;
 
 const MAGIC: &str = "leasehold1";
 
@@ -217,6 +222,147 @@ fn unix_ms() -> u64 {
 
 fn from_unix_ms(ms: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+pub(crate) fn revision(resp: &TxnResponse) -> i64 {
+    resp.header().map_or(0, etcd_client::ResponseHeader::revision)
+}
+
+/// The key-values of the `i`-th operation of a transaction (empty if it was not a range).
+pub(crate) fn kvs_of(ops: &[TxnOpResponse], i: usize) -> &[KeyValue] {
+    match ops.get(i) {
+        Some(TxnOpResponse::Get(get)) => get.kvs(),
+        _ => &[],
+    }
+}
+
+pub(crate) fn first_of(prefix: String) -> TxnOp {
+    TxnOp::get(
+        prefix,
+        Some(
+            GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Ascend)
+                .with_limit(1),
+        ),
+    )
+}
+
+pub(crate) fn last_of(prefix: String, limit: i64) -> TxnOp {
+    TxnOp::get(
+        prefix,
+        Some(
+            GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Key, SortOrder::Descend)
+                .with_limit(limit),
+        ),
+    )
+}
+
+/// What one read of a lease shows: the first candidate, the latest term and the latest end.
+#[derive(Debug)]
+pub(crate) struct Snapshot {
+    pub(crate) first: Option<Candidate>,
+    pub(crate) started: Option<Started>,
+    pub(crate) ended: Option<Ended>,
+}
+
+impl Snapshot {
+    /// The reads of a snapshot, as transaction operations.
+    pub(crate) fn reads(keys: &Keys) -> [TxnOp; 3] {
+        [
+            first_of(keys.candidates()),
+            last_of(keys.history(), 1),
+            last_of(keys.ends(), 1),
+        ]
+    }
+
+    /// Parses the three reads starting at `ops[at]`.
+    pub(crate) fn parse(keys: &Keys, ops: &[TxnOpResponse], at: usize) -> Result<Snapshot> {
+        Ok(Snapshot {
+            first: kvs_of(ops, at).first().map(|kv| keys.parse_candidate(kv)).transpose()?,
+            started: kvs_of(ops, at + 1)
+                .first()
+                .map(|kv| keys.parse_started(kv))
+                .transpose()?,
+            ended: kvs_of(ops, at + 2).first().map(|kv| keys.parse_ended(kv)).transpose()?,
+        })
+    }
+
+    pub(crate) fn last_term(&self) -> Term {
+        Term(self.started.as_ref().map_or(0, |s| u64::try_from(s.term).unwrap_or(0)))
+    }
+
+    /// Whether the latest term has an end record.
+    pub(crate) fn latest_ended(&self) -> bool {
+        matches!((&self.started, &self.ended), (Some(s), Some(e)) if s.term == e.term)
+    }
+
+    /// The holder: the first candidate, once it has been granted (its term has a history entry
+    /// and no end). A candidate that is first but not yet granted is not a holder.
+    pub(crate) fn holder(&self) -> Option<&Candidate> {
+        let first = self.first.as_ref()?;
+        let started = self.started.as_ref()?;
+        (started.term == first.rev && !self.latest_ended()).then_some(first)
+    }
+
+    pub(crate) fn observation(&self, lease: &LeaseName) -> Observation {
+        match self.holder() {
+            Some(holder) => Observation {
+                lease: lease.clone(),
+                holder: Some(holder_info(holder)),
+                last_term: self.last_term(),
+                previous_end: None,
+            },
+            None => {
+                let previous_end = match (&self.started, self.latest_ended()) {
+                    (None, _) => None,
+                    (Some(_), true) => self.ended.as_ref().map(|e| e.reason),
+                    // The holder's key went away without an end record: its session expired.
+                    (Some(_), false) => Some(EndReason::Expired),
+                };
+                Observation::free(lease.clone(), self.last_term(), previous_end)
+            }
+        }
+    }
+
+    /// For a candidate queued behind `first`: the first candidate counts as the holder (it is
+    /// granted, or will be as soon as it asks).
+    pub(crate) fn queued_observation(&self, lease: &LeaseName) -> Observation {
+        match &self.first {
+            Some(first) => Observation {
+                lease: lease.clone(),
+                holder: Some(holder_info(first)),
+                last_term: self.last_term().max(first.term()),
+                previous_end: None,
+            },
+            None => self.observation(lease),
+        }
+    }
+}
+
+fn holder_info(candidate: &Candidate) -> HolderInfo {
+    HolderInfo {
+        id: candidate.id.clone(),
+        term: candidate.term(),
+        ttl: candidate.ttl,
+        version: candidate.rev.to_string(),
+        store_remaining: None,
+    }
+}
+
+/// Deletes the candidate key `key` if it still has `rev`, recording the end of its term if it
+/// was granted and has no end yet.
+pub(crate) fn end_term(keys: &Keys, key: &str, rev: i64, snapshot: &Snapshot, reason: EndReason) -> Txn {
+    let mut ops = vec![TxnOp::delete(key.to_string(), None)];
+    let granted = snapshot.started.as_ref().is_some_and(|s| s.term == rev);
+    if granted && !snapshot.latest_ended() {
+        ops.push(TxnOp::put(keys.ended(rev), ended_value(reason), None));
+    }
+    Txn::new()
+        .when([Compare::create_revision(key.to_string(), CompareOp::Equal, rev)])
+        .and_then(ops)
 }
 
 #[cfg(test)]

@@ -73,10 +73,9 @@ impl Drop for Restart {
 async fn cluster_leader() -> usize {
     for _ in 0..50 {
         for n in 1..=3 {
-            let Ok(store) = EtcdStore::connect(&node_url(n)).await else {
+            let Ok(mut client) = etcd_client::Client::connect([node_address(n)], None).await else {
                 continue;
             };
-            let mut client = store.client().clone();
             let Ok(status) = client.status().await else { continue };
             let me = status.header().map(|h| h.member_id());
             if status.leader() != 0 && Some(status.leader()) == me {

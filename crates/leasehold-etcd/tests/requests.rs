@@ -11,7 +11,8 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use leasehold_core::{Elector, Leader};
+use leasehold_conformance::{Faults, FaultyStore};
+use leasehold_core::{Elector, Leader, LeaseStore};
 use leasehold_etcd::EtcdStore;
 use tokio::sync::{mpsc, oneshot};
 
@@ -22,15 +23,18 @@ const TTL: Duration = Duration::from_secs(600);
 /// among `candidates` candidates, each of which queues again after it resigned.
 async fn requests_per_transition(url: &str, candidates: usize) -> f64 {
     let lease = format!("requests-{candidates}-{:x}", leasehold_core::random_u64());
-    let mut stores = Vec::new();
+    // One counter over every store's calls.
+    let faults = Faults::new();
+    let mut stores: Vec<Arc<dyn LeaseStore>> = Vec::new();
     for _ in 0..candidates {
-        stores.push(EtcdStore::connect(url).await.expect("connect"));
+        let store = EtcdStore::connect(url).await.expect("connect");
+        stores.push(Arc::new(FaultyStore::new(Arc::new(store), faults.clone())));
     }
-    let total = |stores: &[EtcdStore]| stores.iter().map(EtcdStore::requests).sum::<u64>();
+    let total = |_: &[Arc<dyn LeaseStore>]| faults.counts().total();
     let (elected_tx, mut elected) = mpsc::unbounded_channel::<(Leader, oneshot::Sender<()>)>();
     let mut tasks = Vec::new();
     for (i, store) in stores.iter().enumerate() {
-        let elector = Elector::builder(Arc::new(store.clone()), lease.clone())
+        let elector = Elector::builder(store.clone(), lease.clone())
             .candidate_id(format!("candidate-{i:03}"))
             .ttl(TTL)
             // A resigned leader waits 2.2 x this before it queues again.

@@ -2,8 +2,12 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
+mod changes;
 mod config;
+mod error;
+mod queue;
 mod record;
+mod session;
 mod store;
 
 #[doc = include_str!("../docs.md")]

@@ -1,9 +1,14 @@
 //! What leasehold writes into znodes: small line-based text records, each starting with a
 //! format line, so that anything else is recognised as foreign and reported, never guessed.
 
+use std::hash::{Hash, Hasher};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use leasehold_core::{CandidateId, EndReason, Term, Transition};
+use leasehold_core::{CandidateId, EndReason, Error, HolderInfo, LeaseName, Observation, Result, Term, Transition};
+use zookeeper_client as zk;
+
+use crate::error::{STORE, zk_error};
+use crate::store::Inner;
 
 const CANDIDATE_FORMAT: &str = "leasehold-candidate/1";
 const HISTORY_FORMAT: &str = "leasehold-term/1";
@@ -167,12 +172,160 @@ fn preview(data: &[u8]) -> String {
     format!("{} bytes starting {shown:?}", data.len())
 }
 
+/// One child of `candidates/`.
+#[derive(Clone, Debug)]
+pub(crate) struct Child {
+    pub(crate) name: String,
+    pub(crate) seq: i64,
+}
+
+pub(crate) fn holder_observation(
+    lease: &LeaseName,
+    name: &str,
+    record: &CandidateRecord,
+    stat: &zk::Stat,
+) -> Observation {
+    let term = Term(stat.czxid as u64);
+    Observation {
+        lease: lease.clone(),
+        holder: Some(HolderInfo {
+            id: record.candidate.clone(),
+            term,
+            ttl: record.ttl,
+            version: name.to_string(),
+            store_remaining: None,
+        }),
+        last_term: term,
+        previous_end: None,
+    }
+}
+
+impl Inner {
+    pub(crate) fn lease_dir(&self, lease: &LeaseName) -> String {
+        format!("{}/{}", self.config.chroot().trim_end_matches('/'), lease)
+    }
+
+    pub(crate) fn candidates_dir(&self, lease: &LeaseName) -> String {
+        format!("{}/candidates", self.lease_dir(lease))
+    }
+
+    pub(crate) fn history_dir(&self, lease: &LeaseName) -> String {
+        format!("{}/history", self.lease_dir(lease))
+    }
+
+    pub(crate) fn candidate_path(&self, lease: &LeaseName, name: &str) -> String {
+        format!("{}/{name}", self.candidates_dir(lease))
+    }
+
+    /// The name prefix of this store's znodes for `candidate` (the server appends a sequence).
+    pub(crate) fn prefix(&self, candidate: &CandidateId) -> String {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        self.nonce.hash(&mut hasher);
+        candidate.hash(&mut hasher);
+        format!("c-{:016x}-", hasher.finish())
+    }
+
+    pub(crate) fn acls(&self) -> zk::Acls<'static> {
+        if self.config.auth().is_empty() {
+            zk::Acls::anyone_all()
+        } else {
+            zk::Acls::creator_all()
+        }
+    }
+
+    /// The candidates queue in sequence order; `None` when the lease has no znodes yet.
+    pub(crate) async fn queue(&self, client: &zk::Client, lease: &LeaseName) -> Result<Option<Vec<Child>>> {
+        let children = match client.list_children(&self.candidates_dir(lease)).await {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => return Ok(None),
+            Err(e) => return Err(zk_error(e)),
+        };
+        let mut queue = Vec::with_capacity(children.len());
+        for name in children {
+            let seq = name
+                .strip_prefix("c-")
+                .and_then(|rest| rest.rsplit_once('-'))
+                .filter(|(tag, seq)| tag.len() == 16 && seq.len() >= 10)
+                .and_then(|(_, seq)| seq.parse::<i64>().ok())
+                .ok_or_else(|| Error::corrupt(STORE, lease, format!("foreign znode {name:?} among the candidates")))?;
+            queue.push(Child { name, seq });
+        }
+        queue.sort_by_key(|c| c.seq);
+        Ok(Some(queue))
+    }
+
+    /// Reads a candidate znode: its record and stat; `None` if it is gone.
+    pub(crate) async fn read_candidate(
+        &self,
+        client: &zk::Client,
+        lease: &LeaseName,
+        name: &str,
+    ) -> Result<Option<(CandidateRecord, zk::Stat)>> {
+        match client.get_data(&self.candidate_path(lease, name)).await {
+            Ok((data, stat)) => {
+                let record = CandidateRecord::decode(&data)
+                    .map_err(|detail| Error::corrupt(STORE, lease, format!("candidate znode {name}: {detail}")))?;
+                Ok(Some((record, stat)))
+            }
+            Err(zk::Error::NoNode) => Ok(None),
+            Err(e) => Err(zk_error(e)),
+        }
+    }
+
+    /// The newest history entry: its term and how it ended.
+    pub(crate) async fn last_history(
+        &self,
+        client: &zk::Client,
+        lease: &LeaseName,
+    ) -> Result<Option<(Term, HistoryRecord)>> {
+        let terms = self.history_terms(client, lease).await?;
+        let Some(&term) = terms.last() else { return Ok(None) };
+        Ok(self
+            .read_history(client, lease, term)
+            .await?
+            .map(|record| (term, record)))
+    }
+
+    pub(crate) async fn history_terms(&self, client: &zk::Client, lease: &LeaseName) -> Result<Vec<Term>> {
+        let names = match client.list_children(&self.history_dir(lease)).await {
+            Ok(names) => names,
+            Err(zk::Error::NoNode) => return Ok(Vec::new()),
+            Err(e) => return Err(zk_error(e)),
+        };
+        let mut terms = names
+            .iter()
+            .map(|name| {
+                parse_history_name(name)
+                    .ok_or_else(|| Error::corrupt(STORE, lease, format!("foreign znode {name:?} in the history")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        terms.sort();
+        Ok(terms)
+    }
+
+    pub(crate) async fn read_history(
+        &self,
+        client: &zk::Client,
+        lease: &LeaseName,
+        term: Term,
+    ) -> Result<Option<HistoryRecord>> {
+        let path = format!("{}/{}", self.history_dir(lease), history_name(term));
+        match client.get_data(&path).await {
+            Ok((data, _)) => HistoryRecord::decode(&data)
+                .map(Some)
+                .map_err(|detail| Error::corrupt(STORE, lease, format!("history of term {term}: {detail}"))),
+            Err(zk::Error::NoNode) => Ok(None),
+            Err(e) => Err(zk_error(e)),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn records_round_trip() {
+    pub(crate) fn records_round_trip() {
         let c = CandidateRecord {
             candidate: CandidateId::new("host-1 (eu)").unwrap(),
             ttl: Duration::from_millis(1500),
@@ -187,7 +340,7 @@ mod tests {
     }
 
     #[test]
-    fn garbage_is_an_error() {
+    pub(crate) fn garbage_is_an_error() {
         for bad in [&b"garbage"[..], b"\xff\xfe", b"", b"leasehold-candidate/1\nttl_ms x\n"] {
             assert!(CandidateRecord::decode(bad).is_err());
             assert!(HistoryRecord::decode(bad).is_err());

@@ -57,7 +57,7 @@ impl Backend for EtcdBackend {
         let faults = proxy.faults();
         let mut through = config.clone();
         through.endpoints = vec![proxy.addr().to_string()];
-        let store = EtcdStore::connect_with(through).await?;
+        let store = EtcdStore::from_config(through).await?;
         self.proxies.lock().expect("proxies lock").push(proxy);
         Ok((Arc::new(FaultyStore::counting(Arc::new(store), faults.clone())), faults))
     }
@@ -72,15 +72,17 @@ impl Backend for EtcdBackend {
     /// Overwrites the first candidate's key with text (as a foreign program using the same keys
     /// would) and adds a history entry that does not parse.
     async fn corrupt(&self, lease: &LeaseName) -> Result<()> {
-        let store = self.store().await?;
-        let mut client = store.client().clone();
-        let prefix = &store.config().prefix;
+        let config: EtcdConfig = self.url.parse()?;
+        let err = |e: etcd_client::Error| Error::store("etcd", e);
+        let mut client = etcd_client::Client::connect(config.endpoints.clone(), None)
+            .await
+            .map_err(err)?;
+        let prefix = &config.prefix;
         let candidates = format!("{prefix}/{lease}/c/");
         let first = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend)
             .with_limit(1);
-        let err = |e: etcd_client::Error| Error::store("etcd", e);
         let found = client.get(candidates.clone(), Some(first)).await.map_err(err)?;
         let key = match found.kvs().first() {
             Some(kv) => kv.key().to_vec(),

@@ -1,0 +1,285 @@
+//! How etcd's failures become leasehold errors: by the client's error variant and the gRPC
+//! status code (never by the text of a message), each described in one line that names the
+//! operation, the endpoints and what to check. The client's own `Display` dumps debug output
+//! (`tonic::transport::Error(Transport, ConnectError(...))`); nothing of it is shown.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::io;
+
+use etcd_client::Error as ClientError;
+use leasehold_core::Error;
+use tonic::Code;
+
+/// The store's name in errors and metrics.
+pub(crate) const STORE: &str = "etcd";
+
+/// The operation of [`EtcdStore::connect`](crate::EtcdStore::connect) in errors.
+pub(crate) const CONNECT: &str = "connect";
+
+/// A failed etcd request, in one line.
+#[derive(Debug)]
+pub(crate) struct RequestError {
+    operation: &'static str,
+    text: String,
+}
+
+impl RequestError {
+    pub(crate) fn new(operation: &'static str, text: impl Into<String>) -> Self {
+        RequestError {
+            operation,
+            text: text.into(),
+        }
+    }
+}
+
+impl fmt::Display for RequestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.operation, self.text)
+    }
+}
+
+impl StdError for RequestError {}
+
+/// What a client error means for the caller.
+#[derive(Debug, PartialEq, Eq)]
+enum Meaning {
+    /// The request may or may not have been applied: read back, retry.
+    Transient,
+    /// Retrying will not help until someone fixes the configuration or the server.
+    Permanent,
+    /// The server answered with a definite refusal of this request.
+    Definite,
+}
+
+/// Converts a client error of `operation` against `endpoints` (`h1:2379,h2:2379`).
+pub(crate) fn map_error(operation: &'static str, endpoints: &str, error: &ClientError) -> Error {
+    let (meaning, text) = describe(operation, endpoints, error);
+    let source = RequestError { operation, text };
+    match meaning {
+        Meaning::Transient => Error::unreachable(STORE, source),
+        Meaning::Permanent => permanent(operation, source),
+        Meaning::Definite => Error::store(STORE, source),
+    }
+}
+
+/// A failure that retrying will not mend.
+fn permanent(operation: &'static str, source: RequestError) -> Error {
+    Error::refused(STORE, operation, source.text)
+}
+
+/// Whether the error says that an etcd lease (a session) does not exist (any more): a keepalive
+/// answered with TTL 0 (the client's `LeaseKeepAliveError`, its only cause once the stream is
+/// open), or a put bound to a lease etcd does not know (gRPC `NotFound`).
+pub(crate) fn lease_gone(error: &ClientError) -> bool {
+    match error {
+        ClientError::LeaseKeepAliveError(_) => true,
+        ClientError::GRpcStatus(status) => status.code() == Code::NotFound,
+        _ => false,
+    }
+}
+
+fn describe(operation: &str, endpoints: &str, error: &ClientError) -> (Meaning, String) {
+    if let Some(found) = transport_cause(error) {
+        return found.describe(endpoints);
+    }
+    match error {
+        ClientError::GRpcStatus(status) => {
+            let said = one_line(status.message());
+            match status.code() {
+                Code::Unauthenticated => (
+                    Meaning::Permanent,
+                    format!("etcd refused the credentials ({said}); check the user and password in the URL"),
+                ),
+                Code::PermissionDenied => (
+                    Meaning::Permanent,
+                    format!(
+                        "etcd denied the request ({said}); check that the user's role may read and write the key prefix"
+                    ),
+                ),
+                // While connecting, the client's only call with arguments is `Authenticate`.
+                Code::InvalidArgument | Code::FailedPrecondition if operation == CONNECT => (
+                    Meaning::Permanent,
+                    format!("etcd refused to authenticate ({said}); check the user and password in the URL"),
+                ),
+                Code::Unavailable
+                | Code::Unknown
+                | Code::Cancelled
+                | Code::Aborted
+                | Code::Internal
+                | Code::ResourceExhausted
+                | Code::DeadlineExceeded => (
+                    Meaning::Transient,
+                    format!(
+                        "{} ({said}) from {endpoints}; check that the cluster has a leader",
+                        code_text(status.code())
+                    ),
+                ),
+                code => (Meaning::Definite, format!("etcd answered {} ({said})", code_text(code))),
+            }
+        }
+        ClientError::TransportError(_) | ClientError::IoError(_) => (
+            Meaning::Transient,
+            format!("the connection to {endpoints} failed; check that etcd runs there"),
+        ),
+        ClientError::WatchError(_) | ClientError::LeaseKeepAliveError(_) => (
+            Meaning::Transient,
+            format!("a stream to {endpoints} ended; check that the cluster has a leader"),
+        ),
+        ClientError::InvalidUri(_) | ClientError::EndpointError(_) => (
+            Meaning::Permanent,
+            format!("the endpoints {endpoints} are not valid addresses; check the URL"),
+        ),
+        ClientError::InvalidMetadataValue(_) => (
+            Meaning::Permanent,
+            "the user name or password cannot be sent as gRPC metadata; check them for control characters".into(),
+        ),
+        other => (
+            Meaning::Definite,
+            format!("the etcd client failed: {}", one_line(&other.to_string())),
+        ),
+    }
+}
+
+/// What broke underneath a request, found by walking the error's sources.
+#[derive(Debug, PartialEq, Eq)]
+enum Cause {
+    Io(io::ErrorKind),
+    /// The peer spoke something other than HTTP/2 (an HTTP/2 connection error from the peer).
+    NotHttp2,
+}
+
+impl Cause {
+    fn describe(&self, endpoints: &str) -> (Meaning, String) {
+        match self {
+            Cause::Io(io::ErrorKind::ConnectionRefused) => (
+                Meaning::Transient,
+                format!("{endpoints} refused the connection; check that etcd runs there and listens on that port"),
+            ),
+            Cause::Io(io::ErrorKind::TimedOut) => (
+                Meaning::Transient,
+                format!("{endpoints} did not accept a connection in time; check the address and any firewall"),
+            ),
+            Cause::Io(kind) => (
+                Meaning::Transient,
+                format!("the connection to {endpoints} failed ({kind}); check that etcd runs there"),
+            ),
+            Cause::NotHttp2 => (
+                Meaning::Permanent,
+                format!(
+                    "{endpoints} does not answer gRPC over HTTP/2; check that the URL names an etcd client port (2379), not another service"
+                ),
+            ),
+        }
+    }
+}
+
+fn transport_cause(error: &ClientError) -> Option<Cause> {
+    let mut next: Option<&(dyn StdError + 'static)> = match error {
+        ClientError::GRpcStatus(status) => status.source(),
+        ClientError::TransportError(e) => Some(e),
+        ClientError::IoError(e) => Some(e),
+        _ => None,
+    };
+    while let Some(e) = next {
+        if let Some(h2) = e.downcast_ref::<h2::Error>() {
+            if (h2.is_go_away() || h2.is_reset())
+                && let Some(reason) = h2.reason()
+                && (reason == h2::Reason::FRAME_SIZE_ERROR || reason == h2::Reason::PROTOCOL_ERROR)
+            {
+                return Some(Cause::NotHttp2);
+            }
+            if let Some(io) = h2.get_io() {
+                return Some(Cause::Io(io.kind()));
+            }
+        }
+        if let Some(io) = e.downcast_ref::<io::Error>() {
+            return Some(Cause::Io(io.kind()));
+        }
+        next = e.source();
+    }
+    None
+}
+
+fn code_text(code: Code) -> &'static str {
+    match code {
+        Code::Unavailable => "unavailable",
+        Code::DeadlineExceeded => "a timeout",
+        Code::Cancelled => "cancelled",
+        Code::Aborted => "aborted",
+        Code::Internal => "an internal error",
+        Code::ResourceExhausted => "overloaded",
+        Code::NotFound => "not found",
+        Code::InvalidArgument => "invalid argument",
+        Code::FailedPrecondition => "failed precondition",
+        Code::OutOfRange => "out of range",
+        Code::Unimplemented => "unimplemented",
+        _ => "an unknown error",
+    }
+}
+
+/// A server's message on one line, shortened.
+fn one_line(text: &str) -> String {
+    let line: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if line.chars().count() > 160 {
+        format!("{}...", line.chars().take(160).collect::<String>())
+    } else {
+        line
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_gone_is_typed() {
+        assert!(lease_gone(&ClientError::LeaseKeepAliveError(String::new())));
+        assert!(lease_gone(&ClientError::GRpcStatus(tonic::Status::not_found("x"))));
+        assert!(!lease_gone(&ClientError::GRpcStatus(tonic::Status::unavailable(
+            "lease not found"
+        ))));
+    }
+
+    #[test]
+    fn status_codes_decide_the_kind() {
+        let e = map_error(
+            "txn",
+            "h:2379",
+            &ClientError::GRpcStatus(tonic::Status::unavailable("no leader")),
+        );
+        assert!(e.is_transient(), "{e}");
+        let e = map_error(
+            "txn",
+            "h:2379",
+            &ClientError::GRpcStatus(tonic::Status::permission_denied("etcdserver: permission denied")),
+        );
+        assert!(e.is_permanent(), "{e}");
+        assert!(e.to_string().contains("role"), "{e}");
+        let e = map_error(
+            CONNECT,
+            "h:2379",
+            &ClientError::GRpcStatus(tonic::Status::invalid_argument(
+                "etcdserver: authentication failed, invalid user ID or password",
+            )),
+        );
+        assert!(!e.is_transient() && e.to_string().contains("password"), "{e}");
+        let e = map_error(
+            "txn",
+            "h:2379",
+            &ClientError::GRpcStatus(tonic::Status::out_of_range("x")),
+        );
+        assert!(!e.is_transient(), "{e}");
+    }
+
+    #[test]
+    fn messages_are_one_line() {
+        let e = map_error(
+            "txn",
+            "h:2379",
+            &ClientError::GRpcStatus(tonic::Status::unavailable("line one\nline two")),
+        );
+        assert!(!e.to_string().contains('\n'), "{e}");
+        assert!(e.to_string().contains("txn"), "{e}");
+    }
+}

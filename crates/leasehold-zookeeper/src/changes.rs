@@ -1,0 +1,154 @@
+//! The change stream of one waiting candidate: it watches only the znode just ahead of the
+//! candidate's own (no herd), and yields when the candidate may have become first, or lost its
+//! place.
+
+use std::sync::Arc;
+
+use leasehold_core::{CandidateId, Changes, LeaseName};
+use tokio::sync::watch;
+use zookeeper_client as zk;
+
+use crate::store::Inner;
+
+/// The change stream of `candidate` for `lease`.
+pub(crate) fn changes(inner: Arc<Inner>, lease: &LeaseName, candidate: &CandidateId) -> Changes {
+    let watching = Watching {
+        rx: inner.subscribe(lease, candidate),
+        inner,
+        lease: lease.clone(),
+        candidate: candidate.clone(),
+        announced: None,
+    };
+    Box::pin(futures::stream::unfold(watching, |mut w| async move {
+        w.next().await.map(|()| ((), w))
+    }))
+}
+
+/// The state of one change stream: it watches only the znode just ahead of the candidate's own
+/// (no herd), and yields when the candidate may have become first, or lost its place.
+struct Watching {
+    inner: Arc<Inner>,
+    lease: LeaseName,
+    candidate: CandidateId,
+    rx: watch::Receiver<u64>,
+    /// The own znode (or lost znode) last announced, so each is announced once.
+    announced: Option<String>,
+}
+
+impl Watching {
+    async fn next(&mut self) -> Option<()> {
+        loop {
+            self.rx.borrow_and_update();
+            let Some(own) = self.inner.own(&self.lease, &self.candidate) else {
+                self.rx.changed().await.ok()?;
+                continue;
+            };
+            let client = own.client.clone();
+            if own.granted && !client.state().is_terminated() {
+                // The engine leads on it, or read it back without adopting it (then its next
+                // acquire makes a new term): say so once, then nothing to wait for in ZooKeeper
+                // (renew notices a loss).
+                let granted = format!("granted:{}", own.name);
+                if self.announced.as_deref() != Some(granted.as_str()) {
+                    self.announced = Some(granted);
+                    return Some(());
+                }
+                self.rx.changed().await.ok()?;
+                continue;
+            }
+            let lost = format!("lost:{}", own.name);
+            if client.state().is_terminated() {
+                // The session is gone with our place in the queue: campaign again.
+                if self.announced.as_deref() != Some(lost.as_str()) {
+                    self.announced = Some(lost);
+                    return Some(());
+                }
+                self.rx.changed().await.ok()?;
+                continue;
+            }
+            // Every request of the stream is bounded: a reply lost on the way must not strand it.
+            let bound = client.session_timeout() / 2;
+            let queue = match tokio::time::timeout(bound, self.inner.queue(&client, &self.lease)).await {
+                Ok(Ok(queue)) => queue.unwrap_or_default(),
+                Ok(Err(_)) => {
+                    self.wait_state_or_local(&client).await?;
+                    continue;
+                }
+                Err(_) => continue,
+            };
+            let Some(position) = queue.iter().position(|c| c.name == own.name) else {
+                if self.announced.as_deref() != Some(lost.as_str()) {
+                    self.announced = Some(lost);
+                    return Some(());
+                }
+                self.rx.changed().await.ok()?;
+                continue;
+            };
+            if position == 0 && self.announced.as_deref() != Some(own.name.as_str()) {
+                self.announced = Some(own.name.clone());
+                return Some(());
+            }
+            // Watch the predecessor (or, when first, our own znode) until it changes.
+            let target = &queue[position.saturating_sub(1)];
+            let path = self.inner.candidate_path(&self.lease, &target.name);
+            let Ok(watched) = tokio::time::timeout(bound, client.check_and_watch_stat(&path)).await else {
+                continue;
+            };
+            match watched {
+                Ok((None, _)) => continue,
+                Ok((Some(_), watcher)) => {
+                    // The client panics in a watcher whose session is dropped: keep that panic in
+                    // a task of its own.
+                    let mut task = AbortOnDrop(tokio::spawn(async move {
+                        watcher.changed().await;
+                    }));
+                    // A notification lost on the way (a middlebox that drops bytes but keeps the
+                    // connection) would strand a follower: while waiting, it checks its
+                    // predecessor once every half session timeout.
+                    let recheck = bound;
+                    loop {
+                        tokio::select! {
+                            _ = task.wait() => break,
+                            changed = self.rx.changed() => {
+                                changed.ok()?;
+                                break;
+                            }
+                            () = tokio::time::sleep(recheck), if position > 0 => {
+                                let check = tokio::time::timeout(bound, client.check_stat(&path)).await;
+                                if !matches!(check, Ok(Ok(Some(_)))) {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                }
+                Err(_) => self.wait_state_or_local(&client).await?,
+            }
+        }
+    }
+
+    /// Waits until the session's state or this candidate's own znode changes.
+    async fn wait_state_or_local(&mut self, client: &zk::Client) -> Option<()> {
+        let mut states = client.state_watcher();
+        tokio::select! {
+            _ = states.changed() => Some(()),
+            changed = self.rx.changed() => changed.ok(),
+        }
+    }
+}
+
+/// A task that is aborted when its handle is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl AbortOnDrop {
+    /// Waits until the task ends; a panicked task ends it too.
+    async fn wait(&mut self) {
+        let _ = (&mut self.0).await;
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

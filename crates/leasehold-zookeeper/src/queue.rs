@@ -1,0 +1,454 @@
+//! The candidate queue of a lease, written: a candidate's znode created, the lease granted to
+//! the head of the queue, a term ended (and handed over to a waiting successor).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::join_all;
+use leasehold_core::{Acquired, CandidateId, EndReason, Error, Grant, LeaseName, Observation, Result, Term};
+use tracing::warn;
+use zookeeper_client as zk;
+
+use crate::error::{STORE, zk_error};
+use crate::record::{CandidateRecord, HistoryRecord, history_name, holder_observation};
+use crate::store::{HISTORY_LIMIT, Inner, OwnNode, lock};
+
+impl Inner {
+    /// Creates a lease's znodes together with the first candidate's; `None` when the lease
+    /// exists already (someone was quicker).
+    pub(crate) async fn create_lease(
+        &self,
+        client: &zk::Client,
+        lease: &LeaseName,
+        candidate: &CandidateId,
+        ttl: Duration,
+        prefix: &str,
+    ) -> Result<Option<OwnNode>> {
+        let dir = self.lease_dir(lease);
+        let persistent = zk::CreateMode::Persistent.with_acls(self.acls());
+        let ephemeral = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
+        let waiting = self.is_waiting(lease, candidate);
+        let record = CandidateRecord {
+            candidate: candidate.clone(),
+            ttl,
+            waiting,
+        }
+        .encode();
+        let own_path = format!("{}/{prefix}", self.candidates_dir(lease));
+        for _ in 0..2 {
+            let mut writer = client.new_multi_writer();
+            let add = |r: std::result::Result<(), zk::Error>| r.map_err(zk_error);
+            add(writer.add_create(&dir, &[], &persistent))?;
+            add(writer.add_create(&self.candidates_dir(lease), &[], &persistent))?;
+            add(writer.add_create(&self.history_dir(lease), &[], &persistent))?;
+            add(writer.add_create(&own_path, &record, &ephemeral))?;
+            match writer.commit().await {
+                Ok(results) => {
+                    let Some(zk::MultiWriteResult::Create { path, stat }) = results.into_iter().nth(3) else {
+                        return Err(Error::store(
+                            STORE,
+                            "unexpected reply to the multi that creates a lease",
+                        ));
+                    };
+                    let name = path.rsplit('/').next().unwrap_or_default().to_string();
+                    // Some servers answer a create inside a multi without a valid stat.
+                    let czxid = if stat.czxid > 0 {
+                        stat.czxid
+                    } else {
+                        match self.read_candidate(client, lease, &name).await? {
+                            Some((_, stat)) => stat.czxid,
+                            None => return Ok(None),
+                        }
+                    };
+                    let node = OwnNode {
+                        name,
+                        czxid,
+                        session: client.session_id().0,
+                        client: client.clone(),
+                        ahead: Vec::new(),
+                        granted: false,
+                    };
+                    self.set_own(lease, candidate, Some(node.clone()));
+                    return Ok(Some(node));
+                }
+                Err(zk::MultiWriteError::OperationFailed {
+                    index: 0,
+                    source: zk::Error::NoNode,
+                }) => {
+                    // The chroot does not exist yet.
+                    let options = zk::CreateMode::Persistent.with_acls(self.acls());
+                    client.mkdir(self.config.chroot(), &options).await.map_err(zk_error)?;
+                }
+                Err(zk::MultiWriteError::OperationFailed {
+                    source: zk::Error::NodeExists,
+                    ..
+                }) => {
+                    self.ensure_dirs(client, lease).await?;
+                    return Ok(None);
+                }
+                Err(zk::MultiWriteError::OperationFailed { source, .. }) => return Err(zk_error(source)),
+                Err(zk::MultiWriteError::RequestFailed { source }) => return Err(zk_error(source)),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Creates this candidate's znode at the end of the queue; `None` when the lease does not
+    /// exist yet.
+    pub(crate) async fn create_own(
+        &self,
+        client: &zk::Client,
+        lease: &LeaseName,
+        candidate: &CandidateId,
+        ttl: Duration,
+        prefix: &str,
+    ) -> Result<Option<OwnNode>> {
+        let waiting = self.is_waiting(lease, candidate);
+        let record = CandidateRecord {
+            candidate: candidate.clone(),
+            ttl,
+            waiting,
+        };
+        let options = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
+        let path = format!("{}/{prefix}", self.candidates_dir(lease));
+        let (stat, seq) = match client.create(&path, &record.encode(), &options).await {
+            Ok(created) => created,
+            Err(zk::Error::NoNode) => return Ok(None),
+            Err(e) => return Err(zk_error(e)),
+        };
+        let node = OwnNode {
+            name: format!("{prefix}{seq}"),
+            czxid: stat.czxid,
+            session: client.session_id().0,
+            client: client.clone(),
+            ahead: Vec::new(),
+            granted: false,
+        };
+        self.set_own(lease, candidate, Some(node.clone()));
+        Ok(Some(node))
+    }
+
+    /// Takes one of this store's znodes out of the queue. A release may have handed it the lease
+    /// already (its term has a history entry): then the term ends as released, and the lease
+    /// passes on to the next waiting candidate, as with any release.
+    pub(crate) async fn withdraw_node(&self, client: &zk::Client, lease: &LeaseName, name: &str) -> Result<()> {
+        let Some((record, stat)) = self.read_candidate(client, lease, name).await? else {
+            return Ok(());
+        };
+        let term = Term(stat.czxid as u64);
+        let entry = format!("{}/{}", self.history_dir(lease), history_name(term));
+        if client.check_stat(&entry).await.map_err(zk_error)?.is_some() {
+            let ending = Ending {
+                node: name,
+                version: stat.version,
+                term,
+                holder: &record.candidate,
+            };
+            self.end_term(client, lease, &ending, EndReason::Released).await?;
+            return Ok(());
+        }
+        self.delete_own(client, lease, name).await
+    }
+
+    /// Deletes one of this store's candidate znodes (only if nobody else wrote to it).
+    pub(crate) async fn delete_own(&self, client: &zk::Client, lease: &LeaseName, name: &str) -> Result<()> {
+        match client.delete(&self.candidate_path(lease, name), Some(0)).await {
+            Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+            Err(zk::Error::BadVersion) => Err(Error::corrupt(
+                STORE,
+                lease,
+                format!("candidate znode {name} was overwritten by someone else"),
+            )),
+            Err(e) => Err(zk_error(e)),
+        }
+    }
+
+    pub(crate) async fn ensure_dirs(&self, client: &zk::Client, lease: &LeaseName) -> Result<()> {
+        let options = zk::CreateMode::Persistent.with_acls(self.acls());
+        client
+            .mkdir(&self.candidates_dir(lease), &options)
+            .await
+            .map_err(zk_error)?;
+        client.mkdir(&self.history_dir(lease), &options).await.map_err(zk_error)
+    }
+
+    /// What anyone would observe: the first znode of the queue is the holder.
+    pub(crate) async fn observe(&self, client: &zk::Client, lease: &LeaseName) -> Result<Observation> {
+        for _ in 0..4 {
+            let queue = self.queue(client, lease).await?.unwrap_or_default();
+            let Some(first) = queue.first() else {
+                let last = self.last_history(client, lease).await?;
+                let last_term = last.as_ref().map_or(Term(0), |(t, _)| *t);
+                let previous_end = last.and_then(|(_, r)| r.ended.map(|(_, reason)| reason));
+                return Ok(Observation::free(lease.clone(), last_term, previous_end));
+            };
+            if self.is_dead(lease, &first.name) {
+                // This store's own expired session still leads on the server: nobody may adopt
+                // it, and the server frees it within a session timeout.
+                return Err(Error::unreachable(
+                    STORE,
+                    format!("the holder of {lease} is this store's expired session; the server has not removed it yet"),
+                ));
+            }
+            if let Some((record, stat)) = self.read_candidate(client, lease, &first.name).await? {
+                let term = Term(stat.czxid as u64);
+                let entry = format!("{}/{}", self.history_dir(lease), history_name(term));
+                if client.check_stat(&entry).await.map_err(zk_error)?.is_none() {
+                    // Next in line, but its candidate has not taken the lease yet.
+                    let last = self.last_history(client, lease).await?;
+                    let last_term = last.as_ref().map_or(Term(0), |(t, _)| *t);
+                    let previous_end = last.and_then(|(_, r)| r.ended.map(|(_, reason)| reason));
+                    return Ok(Observation::free(lease.clone(), last_term, previous_end));
+                }
+                self.may_be_adopted(lease, &record.candidate, &first.name);
+                return Ok(holder_observation(lease, &first.name, &record, &stat));
+            }
+        }
+        Err(Error::unreachable(
+            STORE,
+            format!("the candidates of {lease} kept changing while being read"),
+        ))
+    }
+
+    /// The engine adopts a grant it reads back (after an acquire with an unknown outcome), so a
+    /// znode of ours that a read shows first counts as granted: leadership on it may end without
+    /// this store hearing of it, and the next acquire must then make a new term.
+    pub(crate) fn may_be_adopted(&self, lease: &LeaseName, candidate: &CandidateId, name: &str) {
+        let mut candidates = lock(&self.candidates);
+        if let Some(c) = candidates.get_mut(&(lease.clone(), candidate.clone())) {
+            if let Some(node) = c.node.as_mut().filter(|n| n.name == name && !n.granted) {
+                node.granted = true;
+                c.changed.send_modify(|n| *n += 1);
+            }
+        }
+    }
+
+    /// Grants the lease to `own` in one transaction: every znode that was ahead of it is gone
+    /// (each is created and deleted again, which fails if it still exists), our znode is
+    /// unchanged, and the term's history entry is created. That entry is what makes the head of
+    /// the queue the holder.
+    pub(crate) async fn grant(
+        &self,
+        client: &zk::Client,
+        lease: &LeaseName,
+        own: &OwnNode,
+        candidate: &CandidateId,
+        version: i32,
+    ) -> Result<GrantOutcome> {
+        let term = Term(own.czxid as u64);
+        let history = format!("{}/{}", self.history_dir(lease), history_name(term));
+        let record = HistoryRecord::new(candidate.clone()).encode();
+        let options = zk::CreateMode::Persistent.with_acls(self.acls());
+        let mut writer = client.new_multi_writer();
+        let add = |r: std::result::Result<(), zk::Error>| r.map_err(zk_error);
+        for name in &own.ahead {
+            let path = self.candidate_path(lease, name);
+            add(writer.add_create(&path, &[], &options))?;
+            add(writer.add_delete(&path, None))?;
+        }
+        add(writer.add_check_version(&self.candidate_path(lease, &own.name), version))?;
+        add(writer.add_create(&history, &record, &options))?;
+        let checks = own.ahead.len() * 2;
+        match writer.commit().await {
+            Ok(_) => Ok(GrantOutcome::Granted),
+            Err(zk::MultiWriteError::OperationFailed { index, source }) => match source {
+                zk::Error::NodeExists if index < checks => Ok(GrantOutcome::NotFirst),
+                // An earlier acquire of ours was applied but its reply was lost.
+                zk::Error::NodeExists if index == checks + 1 => Ok(GrantOutcome::Granted),
+                zk::Error::NoNode if index == checks => Ok(GrantOutcome::Gone),
+                zk::Error::BadVersion if index == checks => Err(Error::corrupt(
+                    STORE,
+                    lease,
+                    format!("candidate znode {} was overwritten", own.name),
+                )),
+                zk::Error::NoNode => Ok(GrantOutcome::Gone),
+                other => Err(zk_error(other)),
+            },
+            Err(zk::MultiWriteError::RequestFailed { source }) => Err(zk_error(source)),
+        }
+    }
+
+    /// Records a grant this store answers: from here on, a new acquire means a new term.
+    pub(crate) async fn granted(
+        self: &Arc<Self>,
+        lease: &LeaseName,
+        candidate: &CandidateId,
+        own: OwnNode,
+        ttl: Duration,
+        client: &zk::Client,
+        fresh: bool,
+    ) -> Acquired {
+        let term = Term(own.czxid as u64);
+        let token = own.name.clone();
+        self.set_own(
+            lease,
+            candidate,
+            Some(OwnNode {
+                granted: true,
+                ahead: Vec::new(),
+                ..own.clone()
+            }),
+        );
+        // Tidying the history needs no answer: the grant does not wait for it. A lease created
+        // by this grant has nothing to tidy.
+        if !own.ahead.is_empty() || !fresh {
+            let (inner, client, tidy) = (Arc::clone(self), client.clone(), lease.clone());
+            tokio::spawn(async move { inner.record_grant(&client, &tidy, term).await });
+        }
+        Acquired::Granted(Grant {
+            lease: lease.clone(),
+            holder: candidate.clone(),
+            term,
+            ttl,
+            token,
+        })
+    }
+
+    /// Ends the previous term as expired if its holder did not record an end, and trims old
+    /// entries. Best effort: the grant stands regardless.
+    pub(crate) async fn record_grant(&self, client: &zk::Client, lease: &LeaseName, term: Term) {
+        if let Err(e) = self.try_record_grant(client, lease, term).await {
+            warn!(%lease, %term, error = %e, "could not tidy the history");
+        }
+    }
+
+    pub(crate) async fn try_record_grant(&self, client: &zk::Client, lease: &LeaseName, term: Term) -> Result<()> {
+        let dir = self.history_dir(lease);
+        let terms = self.history_terms(client, lease).await?;
+        if let Some(&previous) = terms.iter().rev().find(|t| **t < term) {
+            let path = format!("{dir}/{}", history_name(previous));
+            if let Ok((data, stat)) = client.get_data(&path).await {
+                if let Ok(record) = HistoryRecord::decode(&data) {
+                    if record.ended.is_none() {
+                        let ended = record.ended(EndReason::Expired).encode();
+                        let _ = client.set_data(&path, &ended, Some(stat.version)).await;
+                    }
+                }
+            }
+        }
+        if terms.len() > HISTORY_LIMIT {
+            let old = &terms[..terms.len() - HISTORY_LIMIT];
+            let deletes: Vec<String> = old.iter().map(|t| format!("{dir}/{}", history_name(*t))).collect();
+            join_all(deletes.iter().map(|path| client.delete(path, None))).await;
+        }
+        Ok(())
+    }
+
+    /// Ends a term in the history and deletes its znode, in one transaction.
+    pub(crate) async fn end_term(
+        &self,
+        client: &zk::Client,
+        lease: &LeaseName,
+        term: &Ending<'_>,
+        reason: EndReason,
+    ) -> Result<bool> {
+        let Ending {
+            node,
+            version: node_version,
+            term,
+            holder,
+        } = *term;
+        let history_path = format!("{}/{}", self.history_dir(lease), history_name(term));
+        let history = match self.read_history(client, lease, term).await {
+            Ok(Some(record)) => Some(record),
+            Ok(None) => None,
+            Err(Error::CorruptRecord { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        let options = zk::CreateMode::Persistent.with_acls(self.acls());
+        // A release hands the lease to the next candidate in the same transaction when that
+        // candidate is waiting for it (it campaigns with change notifications).
+        let mut handover = None;
+        if reason == EndReason::Released {
+            let queue = self.queue(client, lease).await?.unwrap_or_default();
+            if let Some(next) = queue.iter().skip_while(|c| c.name != node).nth(1) {
+                if let Ok(Some((record, stat))) = self.read_candidate(client, lease, &next.name).await {
+                    if record.waiting {
+                        handover = Some((next.name.clone(), stat, record.candidate));
+                    }
+                }
+            }
+        }
+        if let Some((next, stat, candidate)) = &handover {
+            let mut writer = client.new_multi_writer();
+            let add = |r: std::result::Result<(), zk::Error>| r.map_err(zk_error);
+            match &history {
+                Some(record) => add(writer.add_set_data(&history_path, &record.clone().ended(reason).encode(), None))?,
+                None => add(writer.add_create(
+                    &history_path,
+                    &HistoryRecord::new(holder.clone()).ended(reason).encode(),
+                    &options,
+                ))?,
+            }
+            add(writer.add_delete(&self.candidate_path(lease, node), Some(node_version)))?;
+            add(writer.add_check_version(&self.candidate_path(lease, next), stat.version))?;
+            let next_history = format!("{}/{}", self.history_dir(lease), history_name(Term(stat.czxid as u64)));
+            add(writer.add_create(&next_history, &HistoryRecord::new(candidate.clone()).encode(), &options))?;
+            match writer.commit().await {
+                Ok(_) => return Ok(true),
+                Err(zk::MultiWriteError::RequestFailed { source }) => return Err(zk_error(source)),
+                Err(zk::MultiWriteError::OperationFailed { .. }) => {} // end the term without handing over
+            }
+        }
+        let mut writer = client.new_multi_writer();
+        let add = |r: std::result::Result<(), zk::Error>| r.map_err(zk_error);
+        match &history {
+            Some(record) => add(writer.add_set_data(&history_path, &record.clone().ended(reason).encode(), None))?,
+            None => add(writer.add_create(
+                &history_path,
+                &HistoryRecord::new(holder.clone()).ended(reason).encode(),
+                &options,
+            ))?,
+        }
+        add(writer.add_delete(&self.candidate_path(lease, node), Some(node_version)))?;
+        match writer.commit().await {
+            Ok(_) => Ok(true),
+            Err(zk::MultiWriteError::OperationFailed {
+                index: 1,
+                source: zk::Error::NoNode,
+            }) => Ok(false),
+            Err(zk::MultiWriteError::OperationFailed {
+                index: 1,
+                source: zk::Error::BadVersion,
+            }) => Err(Error::corrupt(
+                STORE,
+                lease,
+                format!("candidate znode {node} was changed by someone else"),
+            )),
+            Err(zk::MultiWriteError::OperationFailed {
+                index: 0,
+                source: zk::Error::NodeExists | zk::Error::NoNode,
+            }) => {
+                // The history entry appeared or vanished meanwhile: end the term without it.
+                match client
+                    .delete(&self.candidate_path(lease, node), Some(node_version))
+                    .await
+                {
+                    Ok(()) => Ok(true),
+                    Err(zk::Error::NoNode) => Ok(false),
+                    Err(e) => Err(zk_error(e)),
+                }
+            }
+            Err(zk::MultiWriteError::OperationFailed { source, .. }) => Err(zk_error(source)),
+            Err(zk::MultiWriteError::RequestFailed { source }) => Err(zk_error(source)),
+        }
+    }
+}
+
+/// The term to end: the holder's znode (at its data version), its term and holder.
+#[derive(Clone, Copy)]
+pub(crate) struct Ending<'a> {
+    pub(crate) node: &'a str,
+    pub(crate) version: i32,
+    pub(crate) term: Term,
+    pub(crate) holder: &'a CandidateId,
+}
+
+/// How a one-request grant went.
+pub(crate) enum GrantOutcome {
+    Granted,
+    /// A znode ahead of ours still exists.
+    NotFirst,
+    /// Our znode is gone.
+    Gone,
+}
