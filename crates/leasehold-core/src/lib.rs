@@ -23,7 +23,7 @@ pub use memory::MemoryStore;
 pub use record::{HolderFields, RecordNumber, RecordVersion};
 pub use store::{Changes, LeaseStore, Operation};
 pub use timing::{PerMille, Timing};
-pub use wrap::{CountingStore, LimitStore, RequestCounts};
+pub use wrap::{Admitted, CountingStore, LimitStore, RequestCounts, RequestLimit};
 
 /// The attribute macro that [`LeaseStore`] implementations need, re-exported so that a wrapper
 /// store needs no `async-trait` dependency of its own (see [`LeaseStore`]'s example).

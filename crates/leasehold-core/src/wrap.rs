@@ -1,5 +1,5 @@
 //! Stores around a store: [`LimitStore`] bounds the requests in flight and lets renewals and
-//! releases go first; [`CountingStore`] counts requests by operation. Both forward
+//! releases go first (its [`RequestLimit`] serves backends that limit their own requests too); [`CountingStore`] counts requests by operation. Both forward
 //! [`capabilities`](LeaseStore::capabilities) and [`can_break`](LeaseStore::can_break)
 //! unchanged, and stack: `LimitStore::new(CountingStore::new(store), 8)`.
 
@@ -50,19 +50,85 @@ use crate::types::{
 #[derive(Debug)]
 pub struct LimitStore<S> {
     inner: S,
-    slots: Arc<Slots>,
+    limit: RequestLimit,
 }
 
 impl<S: LeaseStore> LimitStore<S> {
     /// Wraps `inner`, letting at most `max_in_flight` requests (at least 1) run at once.
     pub fn new(inner: S, max_in_flight: usize) -> Self {
-        let max_in_flight = max_in_flight.max(1);
-        LimitStore {
-            inner,
+        LimitStore::with_limit(inner, RequestLimit::new(max_in_flight))
+    }
+
+    /// Wraps `inner` under a [`RequestLimit`] that other stores (or a backend's own requests)
+    /// may share.
+    pub fn with_limit(inner: S, limit: RequestLimit) -> Self {
+        LimitStore { inner, limit }
+    }
+
+    /// The bound given to [`LimitStore::new`].
+    pub fn max_in_flight(&self) -> usize {
+        self.limit.max()
+    }
+
+    /// How many requests run in the inner store now.
+    pub fn in_flight(&self) -> usize {
+        self.limit.in_flight()
+    }
+
+    /// How many requests wait for a slot now.
+    pub fn queued(&self) -> usize {
+        self.limit.queued()
+    }
+
+    /// The limit.
+    pub fn limit(&self) -> &RequestLimit {
+        &self.limit
+    }
+
+    /// The inner store.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+}
+
+/// The priority semaphore behind [`LimitStore`], for a backend that limits its own requests
+/// (including ones that are not [`LeaseStore`] operations, such as checking a table): at most
+/// `max` admitted at once; a slot freed goes to the oldest waiting renewal or release
+/// ([`Operation::is_urgent`]), else to the oldest other waiter. A waiter is woken by a one-shot
+/// hand-off, never by polling. Clones share the slots.
+///
+/// # Cancel safety
+///
+/// [`RequestLimit::admit`] is cancel safe: a waiter dropped leaves the queue, and a slot handed
+/// to it just before goes on to the next waiter.
+///
+/// # Examples
+///
+/// ```
+/// use leasehold_core::{Operation, RequestLimit};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let limit = RequestLimit::new(1);
+/// let held = limit.admit(Operation::Acquire).await;
+/// assert_eq!((limit.in_flight(), limit.queued()), (1, 0));
+/// drop(held);
+/// assert_eq!(limit.in_flight(), 0);
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct RequestLimit {
+    slots: Arc<Slots>,
+}
+
+impl RequestLimit {
+    /// A limit of `max` requests at once (at least 1).
+    pub fn new(max: usize) -> Self {
+        let max = max.max(1);
+        RequestLimit {
             slots: Arc::new(Slots {
-                max: max_in_flight,
+                max,
                 state: Mutex::new(SlotState {
-                    free: max_in_flight,
+                    free: max,
                     urgent: VecDeque::new(),
                     other: VecDeque::new(),
                 }),
@@ -70,12 +136,18 @@ impl<S: LeaseStore> LimitStore<S> {
         }
     }
 
-    /// The bound given to [`LimitStore::new`].
-    pub fn max_in_flight(&self) -> usize {
+    /// Waits for a slot for a request of `operation`; the slot is held until the returned
+    /// [`Admitted`] is dropped.
+    pub async fn admit(&self, operation: Operation) -> Admitted {
+        self.slots.admit(operation).await
+    }
+
+    /// The bound given to [`RequestLimit::new`].
+    pub fn max(&self) -> usize {
         self.slots.max
     }
 
-    /// How many requests run in the inner store now.
+    /// How many slots are held now.
     pub fn in_flight(&self) -> usize {
         self.slots.max - self.slots.lock().free
     }
@@ -86,16 +158,20 @@ impl<S: LeaseStore> LimitStore<S> {
         let waiting = |queue: &VecDeque<oneshot::Sender<()>>| queue.iter().filter(|s| !s.is_closed()).count();
         waiting(&state.urgent) + waiting(&state.other)
     }
+}
 
-    /// The inner store.
-    pub fn inner(&self) -> &S {
-        &self.inner
+/// A slot of a [`RequestLimit`], held until dropped.
+#[derive(Debug)]
+#[must_use = "the slot is freed when this is dropped"]
+pub struct Admitted(Arc<Slots>);
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.0.release();
     }
 }
 
-/// The priority semaphore behind [`LimitStore`]: a slot freed goes to the oldest urgent waiter,
-/// else to the oldest other waiter, else back to the pool. A waiter is woken by a one-shot
-/// message; no polling.
+/// The slots of a [`RequestLimit`].
 struct Slots {
     max: usize,
     state: Mutex<SlotState>,
@@ -126,13 +202,13 @@ impl Slots {
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Waits for a slot; the slot is held until the returned [`Slot`] is dropped.
-    async fn admit(self: &Arc<Self>, operation: Operation) -> Slot {
+    /// Waits for a slot; the slot is held until the returned [`Admitted`] is dropped.
+    async fn admit(self: &Arc<Self>, operation: Operation) -> Admitted {
         let receiver = {
             let mut state = self.lock();
             if state.free > 0 {
                 state.free -= 1;
-                return Slot(Arc::clone(self));
+                return Admitted(Arc::clone(self));
             }
             let (sender, receiver) = oneshot::channel();
             if operation.is_urgent() {
@@ -151,7 +227,7 @@ impl Slots {
         // `self`, which `waiting` keeps alive. So the message always comes.
         let _ = receiver.await;
         waiting.receiver = None;
-        Slot(Arc::clone(self))
+        Admitted(Arc::clone(self))
     }
 
     /// Hands a freed slot to the next waiter, or back to the pool.
@@ -164,15 +240,6 @@ impl Slots {
             }
         }
         state.free += 1;
-    }
-}
-
-/// A slot held by a running request.
-struct Slot(Arc<Slots>);
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.0.release();
     }
 }
 
@@ -209,42 +276,42 @@ impl<S: LeaseStore> LeaseStore for LimitStore<S> {
     }
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
-        let _slot = self.slots.admit(Operation::Acquire).await;
+        let _slot = self.limit.admit(Operation::Acquire).await;
         self.inner.acquire(request).await
     }
 
     async fn renew(&self, grant: &Grant) -> Result<Renewed> {
-        let _slot = self.slots.admit(Operation::Renew).await;
+        let _slot = self.limit.admit(Operation::Renew).await;
         self.inner.renew(grant).await
     }
 
     async fn release(&self, grant: &Grant) -> Result<()> {
-        let _slot = self.slots.admit(Operation::Release).await;
+        let _slot = self.limit.admit(Operation::Release).await;
         self.inner.release(grant).await
     }
 
     async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
-        let _slot = self.slots.admit(Operation::Withdraw).await;
+        let _slot = self.limit.admit(Operation::Withdraw).await;
         self.inner.withdraw(lease, candidate).await
     }
 
     async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
-        let _slot = self.slots.admit(Operation::Inspect).await;
+        let _slot = self.limit.admit(Operation::Inspect).await;
         self.inner.inspect(lease).await
     }
 
     async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
-        let _slot = self.slots.admit(Operation::History).await;
+        let _slot = self.limit.admit(Operation::History).await;
         self.inner.history(lease, limit).await
     }
 
     async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {
-        let _slot = self.slots.admit(Operation::Changes).await;
+        let _slot = self.limit.admit(Operation::Changes).await;
         self.inner.changes(lease, candidate).await
     }
 
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
-        let _slot = self.slots.admit(Operation::BreakLease).await;
+        let _slot = self.limit.admit(Operation::BreakLease).await;
         self.inner.break_lease(lease).await
     }
 }

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use leasehold_core::{
     AcquireRequest, Acquired, CandidateId, Capabilities, CountingStore, Expiry, Grant, LeaseName, LeaseStore,
-    LimitStore, MemoryStore, Notifications, Observation, Operation, Renewed, Result, Term, Transition, async_trait,
+    LimitStore, MemoryStore, Notifications, Observation, Operation, Renewed, RequestLimit, Result, Term, Transition,
+    async_trait,
 };
 use tokio::sync::Semaphore;
 
@@ -352,4 +353,30 @@ async fn a_store_that_cannot_break_says_so_through_wrappers() {
     let err = store.break_lease(&lease()).await.unwrap_err();
     assert!(err.is_permanent(), "{err}");
     assert_eq!(err.to_string(), "gated store does not support break_lease");
+}
+
+/// Two stores under one shared `RequestLimit` (and a backend's own request holding a slot) share
+/// its bound: a renewal of either store goes before an acquire of the other.
+#[tokio::test(flavor = "current_thread")]
+async fn stores_sharing_a_limit_share_its_slots() {
+    let limit = RequestLimit::new(1);
+    let a = Arc::new(LimitStore::with_limit(Gated::default(), limit.clone()));
+    let b = Arc::new(LimitStore::with_limit(Gated::default(), limit.clone()));
+    let own = limit.admit(Operation::Inspect).await;
+    let acquire_a = start(&a, Operation::Acquire, 1);
+    settle().await;
+    let renew_b = start(&b, Operation::Renew, 2);
+    settle().await;
+    assert_eq!((limit.in_flight(), limit.queued()), (1, 2));
+    drop(own);
+    settle().await;
+    assert_eq!(b.inner().entered(), [(Operation::Renew, 2)]);
+    assert!(a.inner().entered().is_empty());
+    b.inner().gate.add_permits(1);
+    settle().await;
+    assert_eq!(a.inner().entered(), [(Operation::Acquire, 1)]);
+    a.inner().gate.add_permits(1);
+    acquire_a.await.unwrap();
+    renew_b.await.unwrap();
+    assert_eq!(limit.in_flight(), 0);
 }
