@@ -367,6 +367,9 @@ pub struct Machine {
     /// The store's name, for the errors the machine makes itself (a request it stopped waiting
     /// for).
     store: &'static str,
+    /// A grant of ours whose reply came after the machine had stopped waiting for it: never
+    /// believed (its term is under the floor) and released once the machine is idle.
+    stray: Option<Grant>,
 }
 
 /// The highest term an observation proves was granted.
@@ -420,6 +423,7 @@ impl Machine {
             unsettled_since: None,
             rng: seed | 1,
             store: "lease",
+            stray: None,
         })
     }
 
@@ -441,6 +445,9 @@ impl Machine {
             (a, b) => a.or(b),
         };
         self.term_floor = self.term_floor.max(earlier.term_floor);
+        if self.stray.is_none() {
+            self.stray.clone_from(&earlier.stray);
+        }
     }
 
     /// Whether the machine is a follower (campaigning, not leading or stepping down).
@@ -519,11 +526,14 @@ impl Machine {
                     f.next_attempt = f.next_attempt.min(now.max(f.not_before));
                 }
             }
-            Input::Reply(id, reply) => {
-                if let Some(pending) = self.pending.take_if(|p| p.id == id) {
-                    self.on_reply(now, pending, reply, out);
+            Input::Reply(id, reply) => match self.pending.take_if(|p| p.id == id) {
+                Some(pending) => self.on_reply(now, pending, reply, out),
+                None => {
+                    if let Reply::Acquire(Ok(Acquired::Granted(grant))) = reply {
+                        self.stray_grant(grant);
+                    }
                 }
-            }
+            },
             Input::Heartbeat(at) => {
                 if let State::Leading(l) = &mut self.state {
                     l.last_heartbeat = l.last_heartbeat.max(at);
@@ -594,6 +604,12 @@ impl Machine {
                 _ => Reply::Inspect(Err(timeout())),
             };
             self.on_reply(now, pending, reply, out);
+        }
+        if self.pending.is_none() && matches!(self.state, State::Following(_) | State::Stopping) {
+            if let Some(grant) = self.stray.take() {
+                self.send(now, Purpose::Release, Request::Release(grant), out);
+                return;
+            }
         }
         match &mut self.state {
             State::Leading(l) => {
@@ -746,7 +762,12 @@ impl Machine {
                         };
                         self.send(now, Purpose::Release, Request::Release(grant), out);
                     }
-                    Some(h) if h.id == self.me && term_floor.is_some_and(|floor| h.term > floor) => {
+                    // Above the floor when the acquire was sent, and above anything learnt since
+                    // (a stray grant of ours that came back late is never adopted).
+                    Some(h)
+                        if h.id == self.me
+                            && term_floor.is_some_and(|floor| h.term > floor.max(self.term_floor.unwrap_or(floor))) =>
+                    {
                         let grant = Grant {
                             lease: self.lease.clone(),
                             holder: self.me.clone(),
@@ -905,6 +926,9 @@ impl Machine {
             return;
         }
         let next_renew = sent + self.timing.renew_every;
+        // A store that hands a candidate its existing place again (a FIFO queue) may grant the
+        // term of a stray: it is in use now, not to be released.
+        self.stray.take_if(|stray| stray.term == grant.term);
         self.raise_term_floor(grant.term);
         self.set_leader_seen(Some((grant.holder.clone(), grant.term)), out);
         out.push(Output::Elected {
@@ -1021,6 +1045,25 @@ impl Machine {
         }
         let leader = observation.holder.as_ref().map(|h| (h.id.clone(), h.term));
         self.set_leader_seen(leader, out);
+    }
+
+    /// A grant of ours that came back after the machine stopped waiting for its acquire (the
+    /// request was applied late, or its reply was slow). The machine did not believe it and
+    /// will not: its term goes under the floor, so no read-back adopts it, and unless the
+    /// machine leads or steps down with that very term (adopted meanwhile by a read-back), it is
+    /// released once the machine follows and is idle, so that it does not keep the lease from
+    /// everyone until it expires.
+    fn stray_grant(&mut self, grant: Grant) {
+        if let State::Leading(Leading { grant: ours, .. }) | State::SteppingDown(SteppingDown { grant: ours, .. }) =
+            &self.state
+            && ours.term == grant.term
+        {
+            return;
+        }
+        self.raise_term_floor(grant.term);
+        if self.stray.as_ref().is_none_or(|stray| stray.term < grant.term) {
+            self.stray = Some(grant);
+        }
     }
 
     fn raise_term_floor(&mut self, term: Term) {

@@ -222,6 +222,7 @@ impl Harness {
                 Error::Timeout { .. } => "timeout",
                 Error::Unreachable { .. } => "unreachable",
                 Error::CorruptRecord { .. } => "corrupt",
+                Error::Engine { .. } => "engine",
                 _ => "other",
             }),
             Output::Stopped => Ev::Stopped,
@@ -338,7 +339,7 @@ fn grant_too_late_to_use_is_released_not_elected() {
     assert_eq!(
         out,
         vec![
-            Ev::Trouble("timeout"),
+            Ev::Trouble("engine"),
             Ev::Send(OpId(1), Request::Release(grant(1, "v1")))
         ]
     );
@@ -1422,4 +1423,51 @@ fn notification_does_not_cut_the_back_off_after_stepping_down() {
     let _ = h.reply(1_000, release.expect("released"), Reply::Release(Ok(())));
     assert_eq!(h.step(1_001, Input::Notified), vec![]);
     assert_eq!(h.wake(), Some(1_000 + BACKOFF));
+}
+
+/// An acquire the machine stopped waiting for (timed out, read back as another's lease) is
+/// answered late with a grant: the engine runs every call to completion, so the reply reaches
+/// the machine. The grant was never believed and never will be (no read-back adopts its term);
+/// it is released at once instead of keeping the lease from everyone until it expires.
+#[test]
+fn a_grant_that_comes_back_late_is_released_not_believed() {
+    let mut h = Harness::follower();
+    let late_op = h.send_at(0);
+    assert_eq!(
+        h.tick(3_000),
+        vec![Ev::Trouble("timeout"), Ev::Send(OpId(1), Request::Inspect)]
+    );
+    let _ = h.reply(3_100, OpId(1), Reply::Inspect(Ok(free(0, EndReason::Released))));
+    // The late reply: granted term 1.
+    let out = h.reply(3_200, late_op, Reply::Acquire(Ok(Acquired::Granted(grant(1, "v1")))));
+    assert_eq!(out, vec![Ev::Send(OpId(2), Request::Release(grant(1, "v1")))]);
+    assert!(!h.believes(3_200));
+    // A read-back that finds term 1 later does not adopt it either.
+    let out = h.reply(3_300, OpId(2), Reply::Release(Err(unreachable())));
+    assert_eq!(out, vec![Ev::Trouble("unreachable")]);
+    let t = h.wake().unwrap();
+    assert_eq!(sends(&h.tick(t)), vec![&acquire(None)]);
+    let _ = h.tick(t + 3_000); // times out: read back
+    let ours = held(holder(me(), 1, "v1", None));
+    let out = h.reply(t + 3_100, OpId(4), Reply::Inspect(Ok(ours)));
+    assert!(!out.iter().any(|e| matches!(e, Ev::Elected { .. })), "{out:?}");
+    assert!(!h.believes(t + 3_100));
+}
+
+/// The same late grant, but a read-back adopted its term first: it is the lease the machine
+/// leads with, and is not released behind its back.
+#[test]
+fn a_late_grant_of_the_term_a_read_back_adopted_is_kept() {
+    let mut h = Harness::follower();
+    let op = h.send_at(0);
+    let _ = h.reply(0, op, Reply::Acquire(Ok(Acquired::Held(held(holder(other(), 1, "v0", None))))));
+    let late_op = h.send_at(2_000);
+    let _ = h.tick(5_000); // times out: read back
+    let ours = held(holder(me(), 2, "v1", None));
+    let out = h.reply(5_100, OpId(2), Reply::Inspect(Ok(ours)));
+    assert!(out.iter().any(|e| matches!(e, Ev::Elected { .. })), "{out:?}");
+    let out = h.reply(5_200, late_op, Reply::Acquire(Ok(Acquired::Granted(grant(2, "v1")))));
+    assert_eq!(out, vec![]);
+    assert!(h.believes(5_200));
+    assert_eq!(h.m.term(), Some(Term(2)));
 }

@@ -1,17 +1,27 @@
 //! The driver: runs one [`Machine`] for one campaign, carries out its outputs (store calls in
 //! their own tasks, events, the leader's status) and feeds it inputs.
 
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+
 use super::*;
 
 /// A store call under way: its own task, so the engine never drops a store future half-way (a
 /// store need not be cancel safe for the engine's sake). The driver stops waiting when the
 /// machine gives up on the request (its outcome is then unknown); the call itself runs on to
-/// completion, or until [`call_bound`] after it was sent.
+/// completion, or until [`call_bound`] after it was sent, and its reply still reaches the
+/// machine (which releases a grant it no longer waited for).
 struct PendingOp {
     id: OpId,
     /// The reply the machine gets if the call's task ends without one.
     failed: fn(Error) -> Reply,
     task: JoinHandle<Reply>,
+}
+
+/// A call's task that panicked or was cancelled: the request may or may not have been applied,
+/// so the error is a transient one (the machine reads back, and remembers an unknown acquire).
+fn ended(store: &'static str, e: tokio::task::JoinError) -> Error {
+    Error::unreachable(store, format!("the store call ended without a reply: {e}"))
 }
 
 /// How long a store call may run in its own task: past the lease's TTL its outcome can no
@@ -26,6 +36,8 @@ pub(super) struct Driver {
     inner: Arc<Inner>,
     machine: Machine,
     op: Option<PendingOp>,
+    /// Calls the machine stopped waiting for, still running: their replies come late.
+    late: FuturesUnordered<BoxFuture<'static, (OpId, Reply)>>,
     changes: Option<Changes>,
     commands_tx: mpsc::UnboundedSender<Command>,
     commands: mpsc::UnboundedReceiver<Command>,
@@ -86,6 +98,7 @@ impl Driver {
             inner,
             machine,
             op: None,
+            late: FuturesUnordered::new(),
             changes: None,
             commands_tx,
             commands,
@@ -155,8 +168,14 @@ impl Driver {
                 break;
             }
             if self.op.as_ref().map(|op| op.id) != self.machine.pending() {
-                // The machine gave up on it: stop waiting, let the call run on in its task.
-                self.op = None;
+                // The machine gave up on it: stop waiting; the call runs on in its task and its
+                // reply, when it comes, is handed to the machine as a late one.
+                if let Some(PendingOp { id, failed, task }) = self.op.take() {
+                    let store = self.inner.store.name();
+                    self.late.push(Box::pin(async move {
+                        (id, task.await.unwrap_or_else(|e| failed(ended(store, e))))
+                    }));
+                }
             }
             let input = self.next_input(elected.as_mut()).await;
             let now = now();
@@ -199,12 +218,9 @@ impl Driver {
             }
             joined = async { (&mut op.as_mut().expect("guarded").task).await }, if op.is_some() => {
                 let PendingOp { id, failed, .. } = self.op.take().expect("guarded");
-                let reply = joined.unwrap_or_else(|e| {
-                    // Panicked or cancelled: the request may or may not have been applied.
-                    failed(Error::unreachable(self.inner.store.name(), format!("the store call ended without a reply: {e}")))
-                });
-                Input::Reply(id, reply)
+                Input::Reply(id, joined.unwrap_or_else(|e| failed(ended(self.inner.store.name(), e))))
             }
+            Some((id, reply)) = self.late.next(), if !self.late.is_empty() => Input::Reply(id, reply),
             () = async { tokio::time::sleep_until(wake.expect("guarded")).await }, if wake.is_some() => Input::Tick,
             change = async { changes.as_mut().expect("guarded").next().await }, if changes.is_some() => match change {
                 Some(()) => Input::Notified,
