@@ -1,14 +1,17 @@
-//! `azblob://` URLs, the account endpoint and the credentials, with secrets kept out of
-//! `Debug`, `Display` and errors.
+//! `azblob://` URLs, the account endpoint and the credentials. Secrets are [`Secret`]s, so
+//! `Debug` and `Display` never show them.
 
-use std::fmt;
 use std::ops::RangeInclusive;
+use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use azure_core::credentials::TokenCredential;
+use leasehold_core::config::{Options, Secret, StoreUrl};
 use leasehold_core::{Error, Result};
 use url::Url;
+
+use crate::error::STORE;
 
 /// The URL schemes this backend handles.
 pub const URL_SCHEMES: &[&str] = &["azblob"];
@@ -16,91 +19,102 @@ pub const URL_SCHEMES: &[&str] = &["azblob"];
 /// The lease durations Azure Blob Storage accepts for a finite lease: 15 to 60 seconds.
 pub const TTL_RANGE: RangeInclusive<Duration> = Duration::from_secs(15)..=Duration::from_secs(60);
 
-/// How long one HTTP request may take before it counts as [`Error::Timeout`], unless the URL
-/// says `timeout=`. The engine's own `request_timeout` is usually shorter and wins.
-pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long [`AzureBlobStore::connect`](crate::AzureBlobStore::connect) waits for the request
+/// that checks the credential, unless the URL says `timeout=`.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How many operations one store runs at once (each with its own HTTP connection), unless the
 /// URL says `max_requests=`; renewals and releases have turns of their own
-/// ([`DEFAULT_MAX_RENEWALS`]). More wait for
-/// a turn (within their timeout): a thousand leases campaigning at once must not open a thousand
+/// ([`DEFAULT_MAX_RENEWALS`]). A thousand leases campaigning at once must not open a thousand
 /// connections, which overflows the server's accept queue and stalls requests for seconds.
 pub const DEFAULT_MAX_REQUESTS: usize = 64;
 
 /// How many renewals and releases one store runs at once, unless the URL says `max_renewals=`.
-/// They come at the pace the leaders renew, so the bound is only reached when the service answers
-/// slowly: then more of them in flight keep the renewals of many leases from falling behind.
 pub const DEFAULT_MAX_RENEWALS: usize = 64;
 
 /// How many terms of each lease keep their history blob, unless the URL says `history_limit=`
 /// (`0` keeps all). Older ones are deleted as new terms are granted.
 pub const DEFAULT_HISTORY_LIMIT: u32 = 1000;
 
-/// The query parameters of a Shared Access Signature (they are gathered into the SAS when they
-/// appear directly in the store URL).
+/// The query parameters of a Shared Access Signature (gathered into the SAS when they appear
+/// directly in the store URL).
 const SAS_KEYS: &[&str] = &[
     "sv", "ss", "srt", "sp", "se", "st", "spr", "sip", "sig", "sr", "si", "ses", "sdd", "skoid", "sktid", "skt", "ske",
     "sks", "skv", "saoid", "suoid", "scid", "rscc", "rscd", "rsce", "rscl", "rsct",
 ];
 
-/// A Shared Access Signature: the query string that authorises requests (`sv=...&sig=...`).
-///
-/// Its `Debug` and `Display` never show it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct SasToken(String);
-
-impl SasToken {
-    /// Wraps a SAS query string (a leading `?` is dropped).
-    pub fn new(query: impl Into<String>) -> Self {
-        let query = query.into();
-        SasToken(query.strip_prefix('?').unwrap_or(&query).to_string())
-    }
-
-    /// The SAS itself, for building request URLs. Never log it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for SasToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("SasToken(***)")
-    }
-}
-
-impl fmt::Display for SasToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("***")
-    }
-}
+/// The options of the store URL, for error messages and redaction.
+const OPTIONS: &[&str] = &[
+    "prefix",
+    "endpoint",
+    "sas",
+    "account_key",
+    "auth",
+    "timeout",
+    "max_requests",
+    "max_renewals",
+    "history_limit",
+];
 
 /// How requests are authorised.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 #[non_exhaustive]
 pub enum Auth {
-    /// A Shared Access Signature appended to every request URL (account or container SAS).
-    Sas(SasToken),
+    /// A Shared Access Signature appended to every request URL (account, container or
+    /// user-delegation SAS): its query string, `sv=...&sig=...`.
+    Sas(Secret),
+    /// The storage account key (base64, as the portal shows it): the store signs an account SAS
+    /// for every request itself.
+    AccountKey(Secret),
     /// An Entra ID (Azure AD) token credential, e.g. from `azure_identity` (https only).
     Credential(Arc<dyn TokenCredential>),
     /// No authorisation (a public container, or a proxy that adds it).
     Anonymous,
 }
 
-impl fmt::Debug for Auth {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Auth::Sas(sas) => write!(f, "Sas({sas:?})"),
-            Auth::Credential(_) => f.write_str("Credential(TokenCredential)"),
-            Auth::Anonymous => f.write_str("Anonymous"),
-        }
-    }
-}
-
 /// Where the leases live and how to reach them.
 ///
-/// Parse one from a URL with [`AzureConfig::from_url`]; see the [crate docs](crate::docs) for
-/// the URL forms. `Debug` leaves the SAS out.
+/// Parse one from a URL (`"azblob://...".parse()` or [`AzureConfig::from_url`]):
+///
+/// ```text
+/// azblob://ACCOUNT/CONTAINER?account_key=KEY[&endpoint=URL][&prefix=P][&timeout=10s][&history_limit=N]
+/// azblob://ACCOUNT/CONTAINER?sas=URL-ENCODED-SAS                 (or the SAS's own sv=..&sig=.. parameters)
+/// azblob://ACCOUNT/CONTAINER?auth=managed-identity|workload-identity|developer-tools   (feature `identity`)
+/// https://ACCOUNT.blob.core.windows.net/CONTAINER?sv=...&sig=... (a SAS URL as the portal gives it)
+/// http://127.0.0.1:10000/ACCOUNT/CONTAINER?account_key=KEY       (path style, the emulator)
+/// ```
+///
+/// - `account_key`: the storage account key (`%`-escape its `+`, `/` and `=`: `%2B`, `%2F`,
+///   `%3D`). The store signs an account SAS (blob service, read, add, create, write, delete,
+///   list) for every request itself, valid for an hour from the moment it is sent: nobody signs
+///   a SAS by hand. For Azurite, the emulator's published development key.
+/// - `sas`: a SAS query string, URL-encoded; or its parameters (`sv`, `sig`, ...) directly in the
+///   URL. It needs read, add, create, write and list on the container.
+/// - `endpoint`: the blob service endpoint of the account (the emulator, sovereign clouds).
+/// - `prefix`: prepended to every blob name.
+/// - `timeout`: how long [`connect`](crate::AzureBlobStore::connect) waits for its credential
+///   check, `10s` by default (units required: `500ms`, `10s`, `1m`).
+/// - `max_requests`, `max_renewals`: operations in flight at once (1 to 4096, default 64 each).
+/// - `history_limit`: how many terms keep their history blob (default 1000; `0` keeps all).
+///
+/// A repeated or unknown option is an error naming it. `Debug`, `Display` and every error leave
+/// the key and the SAS out.
+///
+/// # Examples
+///
+/// ```
+/// use leasehold_azure::{Auth, AzureConfig};
+///
+/// // Azurite's published development key, %-escaped.
+/// let key = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq%2FK1SZFPTOtr%2FKBHBeksoGMGw%3D%3D";
+/// let config: AzureConfig = format!("http://127.0.0.1:10000/devstoreaccount1/leases?account_key={key}").parse()?;
+/// assert_eq!((config.account.as_str(), config.container.as_str()), ("devstoreaccount1", "leases"));
+/// assert!(matches!(config.auth, Auth::AccountKey(_)));
+/// assert!(!format!("{config:?}").contains("Eby8"));
+/// # Ok::<(), leasehold_core::Error>(())
+/// ```
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct AzureConfig {
     /// The storage account name.
     pub account: String,
@@ -109,12 +123,12 @@ pub struct AzureConfig {
     /// Prepended to every blob name, e.g. `leases/`.
     pub prefix: String,
     /// The blob service endpoint of the account, e.g. `https://acct.blob.core.windows.net/` or,
-    /// for Azurite, `http://127.0.0.1:10000/devstoreaccount1`.
+    /// for Azurite, `http://127.0.0.1:10000/devstoreaccount1/`.
     pub endpoint: Url,
     /// How requests are authorised.
     pub auth: Auth,
-    /// The longest one HTTP request may take (including its wait for a turn).
-    pub request_timeout: Duration,
+    /// How long `connect` waits for the request that checks the credential.
+    pub timeout: Duration,
     /// How many operations run at once, at most (renewals and releases count separately, in
     /// [`AzureConfig::max_renewals`]).
     pub max_requests: usize,
@@ -131,229 +145,186 @@ impl AzureConfig {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidUrl`] when the account or container name is not valid.
+    /// [`Error::InvalidConfig`] when the account or container name is not valid.
     pub fn new(account: &str, container: &str) -> Result<Self> {
-        let endpoint = format!("https://{account}.blob.core.windows.net/");
-        let bad = |reason: String| Error::InvalidUrl {
-            url: endpoint.clone(),
-            reason,
+        let invalid = |field, value: &str, why: String| Error::InvalidConfig {
+            field,
+            value: format!("{value:?}"),
+            allowed: why,
         };
-        check_account(account).map_err(bad)?;
-        check_container(container).map_err(bad)?;
+        check_account(account).map_err(|why| invalid("account", account, why))?;
+        check_container(container).map_err(|why| invalid("container", container, why))?;
+        let endpoint = Url::parse(&format!("https://{account}.blob.core.windows.net/"))
+            .map_err(|e| invalid("account", account, e.to_string()))?;
         Ok(AzureConfig {
             account: account.to_string(),
             container: container.to_string(),
             prefix: String::new(),
-            endpoint: Url::parse(&endpoint).map_err(|e| bad(e.to_string()))?,
+            endpoint,
             auth: Auth::Anonymous,
-            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            timeout: DEFAULT_TIMEOUT,
             max_requests: DEFAULT_MAX_REQUESTS,
             max_renewals: DEFAULT_MAX_RENEWALS,
             history_limit: DEFAULT_HISTORY_LIMIT,
         })
     }
 
-    /// Parses a store URL:
-    ///
-    /// - `azblob://ACCOUNT/CONTAINER?prefix=P&endpoint=URL&sas=ENCODED_SAS&timeout=SECS&max_requests=N&max_renewals=N&history_limit=N`, where
-    ///   the SAS may also be given as its own parameters (`...&sv=...&sig=...`), or
-    ///   `auth=managed-identity|workload-identity|developer-tools` (feature `identity`);
-    /// - `https://ACCOUNT.blob.core.windows.net/CONTAINER?sv=...&sig=...` (the SAS URL the Azure
-    ///   portal hands out; `prefix=` and `timeout=` are accepted there too), or the path-style
-    ///   `http://127.0.0.1:10000/ACCOUNT/CONTAINER?...` of the emulator.
+    /// Parses a store URL (see the [type docs](AzureConfig) for the forms and options).
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidUrl`], with the SAS signature redacted, for anything malformed or unknown.
-    pub fn from_url(url: &str) -> Result<Self> {
-        let invalid = |reason: &str| Error::InvalidUrl {
-            url: leasehold_core::url_options::redact_url(url),
-            reason: reason.to_string(),
-        };
-        let parsed = Url::parse(url).map_err(|e| invalid(&e.to_string()))?;
-        let scheme = parsed.scheme().to_ascii_lowercase();
-        let segments: Vec<String> = parsed
-            .path_segments()
-            .map(|s| s.filter(|s| !s.is_empty()).map(str::to_string).collect())
-            .unwrap_or_default();
-        let host = parsed.host_str().unwrap_or_default().to_string();
-        let (account, container, mut endpoint) = if URL_SCHEMES.contains(&scheme.as_str()) {
+    /// [`Error::InvalidUrl`], with every secret redacted, naming what is malformed or unknown.
+    pub fn from_url(text: &str) -> Result<Self> {
+        let url = StoreUrl::parse(text, STORE)?.known_options(OPTIONS);
+        let scheme = url.require_scheme(&["azblob", "https", "http"])?.to_string();
+        if url.username().is_some() || url.password().is_some() || url.hosts().len() != 1 {
+            return Err(url.invalid("expected azblob://ACCOUNT/CONTAINER, without user, password or host list"));
+        }
+        let host = url.host().unwrap_or_default().to_string();
+        let segments: Vec<&str> = url.path().split('/').filter(|s| !s.is_empty()).collect();
+        let (account, container, mut endpoint) = if scheme == "azblob" {
             let [container] = segments.as_slice() else {
-                return Err(invalid("expected azblob://ACCOUNT/CONTAINER"));
+                return Err(url.invalid("expected azblob://ACCOUNT/CONTAINER"));
             };
-            if parsed.port().is_some() || !parsed.username().is_empty() || parsed.password().is_some() {
-                return Err(invalid(
-                    "the host of an azblob URL is the account name, without port or user",
-                ));
+            if url.port().is_some() {
+                return Err(url.invalid("the host of an azblob URL is the account name, without a port"));
             }
-            let endpoint = format!("https://{host}.blob.core.windows.net/");
             (
                 host.clone(),
-                container.clone(),
-                Url::parse(&endpoint).map_err(|e| invalid(&e.to_string()))?,
+                container.to_string(),
+                format!("https://{host}.blob.core.windows.net/"),
             )
-        } else if scheme == "https" || scheme == "http" {
-            let path_style = parsed.host().is_some_and(|h| !matches!(h, url::Host::Domain(_))) || host == "localhost";
-            let mut endpoint = parsed.clone();
-            endpoint.set_query(None);
-            endpoint.set_fragment(None);
+        } else {
+            let port = url.port().map(|p| format!(":{p}")).unwrap_or_default();
+            let path_style = host.parse::<std::net::IpAddr>().is_ok() || host.starts_with('[') || host == "localhost";
             if path_style {
                 let [account, container] = segments.as_slice() else {
-                    return Err(invalid("expected http://HOST:PORT/ACCOUNT/CONTAINER"));
+                    return Err(url.invalid("expected http://HOST:PORT/ACCOUNT/CONTAINER"));
                 };
-                endpoint.set_path(&format!("/{account}"));
-                (account.clone(), container.clone(), endpoint)
+                let endpoint = format!("{scheme}://{host}{port}/{account}/");
+                (account.to_string(), container.to_string(), endpoint)
             } else {
                 let [container] = segments.as_slice() else {
-                    return Err(invalid("expected https://ACCOUNT.blob.core.windows.net/CONTAINER"));
+                    return Err(url.invalid("expected https://ACCOUNT.blob.core.windows.net/CONTAINER"));
                 };
-                endpoint.set_path("/");
                 let account = host.split('.').next().unwrap_or_default().to_string();
-                (account, container.clone(), endpoint)
+                (account, container.to_string(), format!("{scheme}://{host}{port}/"))
             }
-        } else {
-            return Err(invalid("the scheme must be azblob, https or http"));
         };
-        check_account(&account).map_err(|r| invalid(&r))?;
-        check_container(&container).map_err(|r| invalid(&r))?;
+        check_account(&account).map_err(|why| url.invalid(why))?;
+        check_container(&container).map_err(|why| url.invalid(why))?;
+        let mut config = AzureConfig::new(&account, &container)?;
 
-        let mut prefix = String::new();
-        let mut sas_param: Option<String> = None;
-        let mut sas_inline = url::form_urlencoded::Serializer::new(String::new());
-        let mut has_inline = false;
-        let mut auth_name: Option<String> = None;
-        let mut request_timeout = DEFAULT_REQUEST_TIMEOUT;
-        let mut max_requests = DEFAULT_MAX_REQUESTS;
-        let mut max_renewals = DEFAULT_MAX_RENEWALS;
-        let mut history_limit = DEFAULT_HISTORY_LIMIT;
-        for (key, value) in parsed.query_pairs() {
-            match key.as_ref() {
-                "prefix" => {
-                    check_prefix(&value).map_err(|r| invalid(&r))?;
-                    prefix = value.into_owned();
-                }
-                "endpoint" if scheme == "azblob" => {
-                    let e = Url::parse(&value).map_err(|_| invalid("endpoint= must be an http(s) URL"))?;
-                    if !matches!(e.scheme(), "http" | "https") || e.cannot_be_a_base() || e.query().is_some() {
-                        return Err(invalid("endpoint= must be an http(s) URL without query"));
-                    }
-                    endpoint = e;
-                }
-                "sas" => sas_param = Some(value.into_owned()),
-                "auth" => auth_name = Some(value.into_owned()),
-                "timeout" => {
-                    let secs: f64 = value
-                        .parse()
-                        .map_err(|_| invalid("timeout= must be a number of seconds"))?;
-                    if !(secs > 0.0 && secs <= 3600.0) {
-                        return Err(invalid("timeout= must be between 0 and 3600 seconds"));
-                    }
-                    request_timeout = Duration::from_secs_f64(secs);
-                }
-                "max_requests" => {
-                    max_requests = value
-                        .parse()
-                        .ok()
-                        .filter(|n| (1..=4096).contains(n))
-                        .ok_or_else(|| invalid("max_requests= must be a number from 1 to 4096"))?;
-                }
-                "max_renewals" => {
-                    max_renewals = value
-                        .parse()
-                        .ok()
-                        .filter(|n| (1..=4096).contains(n))
-                        .ok_or_else(|| invalid("max_renewals= must be a number from 1 to 4096"))?;
-                }
-                "history_limit" => {
-                    history_limit = value
-                        .parse()
-                        .map_err(|_| invalid("history_limit= must be a number of terms (0 keeps all)"))?;
-                }
-                k if SAS_KEYS.contains(&k) => {
-                    sas_inline.append_pair(k, &value);
-                    has_inline = true;
-                }
-                _ => return Err(invalid(&format!("unknown option {key:?}"))),
-            }
+        let mut options = url.options();
+        if let Some(prefix) = options.string("prefix") {
+            check_prefix(&prefix).map_err(|why| options.invalid("prefix", why))?;
+            config.prefix = prefix;
         }
-        if !endpoint.path().ends_with('/') {
-            let path = format!("{}/", endpoint.path());
-            endpoint.set_path(&path);
-        }
-        let sas = match (sas_param, has_inline) {
-            (Some(_), true) => {
-                return Err(invalid(
-                    "give the SAS either as sas= or as its own parameters, not both",
-                ));
+        if let Some(given) = options.string("endpoint") {
+            if scheme != "azblob" {
+                return Err(options.invalid("endpoint", "only for azblob:// URLs (the URL itself is the endpoint)"));
             }
-            (Some(sas), false) => Some(SasToken::new(sas)),
-            (None, true) => Some(SasToken::new(sas_inline.finish())),
-            (None, false) => None,
-        };
-        if let Some(sas) = &sas
-            && !sas.expose().split('&').any(|pair| pair.starts_with("sig="))
-        {
-            return Err(invalid("the SAS has no sig= signature"));
+            endpoint = given;
         }
-        let auth = match (auth_name.as_deref(), sas) {
-            (Some(_), Some(_)) => return Err(invalid("give either a SAS or auth=, not both")),
-            (None, Some(sas)) => Auth::Sas(sas),
-            (None, None) => Auth::Anonymous,
-            (Some("anonymous"), None) => Auth::Anonymous,
-            (Some(name), None) => {
-                if endpoint.scheme() != "https" {
-                    return Err(invalid("Entra ID tokens need an https endpoint"));
-                }
-                Auth::Credential(entra_credential(name).map_err(|r| invalid(&r))?)
+        config.endpoint = Url::parse(&endpoint)
+            .ok()
+            .filter(|e| matches!(e.scheme(), "http" | "https") && !e.cannot_be_a_base() && e.query().is_none())
+            .ok_or_else(|| options.invalid("endpoint", "expected an http(s) URL without query"))?;
+        if !config.endpoint.path().ends_with('/') {
+            let path = format!("{}/", config.endpoint.path());
+            config.endpoint.set_path(&path);
+        }
+        if let Some(timeout) = options.duration("timeout")? {
+            if !(Duration::from_millis(1)..=Duration::from_secs(600)).contains(&timeout) {
+                return Err(options.invalid("timeout", "expected 1ms to 10m"));
             }
-        };
-        Ok(AzureConfig {
-            account,
-            container,
-            prefix,
-            endpoint,
-            auth,
-            request_timeout,
-            max_requests,
-            max_renewals,
-            history_limit,
-        })
+            config.timeout = timeout;
+        }
+        config.max_requests = turns(&mut options, "max_requests")?.unwrap_or(DEFAULT_MAX_REQUESTS);
+        config.max_renewals = turns(&mut options, "max_renewals")?.unwrap_or(DEFAULT_MAX_RENEWALS);
+        if let Some(limit) = options.parse::<u32>("history_limit")? {
+            config.history_limit = limit;
+        }
+        config.auth = auth(&mut options, &config.endpoint)?;
+        options.finish()?;
+        Ok(config)
     }
 
     /// The container URL, with the SAS if there is one. It holds the secret: never log it.
     pub(crate) fn container_url(&self) -> Result<Url> {
         let mut url = self.endpoint.clone();
         url.path_segments_mut()
-            .map_err(|()| Error::InvalidUrl {
-                url: self.endpoint.to_string(),
-                reason: "not a base URL".into(),
+            .map_err(|()| Error::InvalidConfig {
+                field: "endpoint",
+                value: self.endpoint.to_string(),
+                allowed: "an http(s) URL that can carry a path".into(),
             })?
             .pop_if_empty()
             .push(&self.container);
         if let Auth::Sas(sas) = &self.auth {
-            url.set_query(Some(sas.expose()));
+            url.set_query(Some(sas.expose().strip_prefix('?').unwrap_or(sas.expose())));
         }
         Ok(url)
     }
+}
 
-    /// The secret parts of requests, to scrub from error messages.
-    pub(crate) fn secrets(&self) -> Vec<String> {
-        match &self.auth {
-            Auth::Sas(sas) => {
-                let mut secrets = vec![sas.expose().to_string()];
-                for pair in sas.expose().split('&') {
-                    if let Some(sig) = pair.strip_prefix("sig=") {
-                        secrets.push(sig.to_string());
-                        if let Ok(decoded) = percent_encoding::percent_decode_str(sig).decode_utf8() {
-                            secrets.push(decoded.into_owned());
-                        }
-                    }
+impl FromStr for AzureConfig {
+    type Err = Error;
+
+    fn from_str(url: &str) -> Result<Self> {
+        AzureConfig::from_url(url)
+    }
+}
+
+fn turns(options: &mut Options<'_>, name: &'static str) -> Result<Option<usize>> {
+    match options.parse::<usize>(name)? {
+        Some(n) if !(1..=4096).contains(&n) => Err(options.invalid(name, "expected 1 to 4096")),
+        other => Ok(other),
+    }
+}
+
+/// The credential: one of `account_key=`, `sas=`, the SAS's own parameters, or `auth=`.
+fn auth(options: &mut Options<'_>, endpoint: &Url) -> Result<Auth> {
+    let key = options.secret("account_key");
+    let sas = options.secret("sas");
+    let name = options.string("auth");
+    // The SAS's own parameters are only looked for (and so only known) when a signature is.
+    let inline = match options.secret("sig") {
+        None => None,
+        Some(_) => {
+            let mut query = url::form_urlencoded::Serializer::new(String::new());
+            for key in SAS_KEYS {
+                if let Some(value) = options.secret(key) {
+                    query.append_pair(key, value.expose());
                 }
-                secrets.retain(|s| !s.is_empty());
-                secrets
             }
-            _ => Vec::new(),
+            Some(Secret::new(query.finish()))
         }
+    };
+    let given = [key.is_some(), sas.is_some(), inline.is_some(), name.is_some()];
+    if given.iter().filter(|g| **g).count() > 1 {
+        return Err(options.invalid(
+            "account_key",
+            "give one credential: account_key=, sas=, the SAS's own parameters, or auth=",
+        ));
+    }
+    if let Some(sas) = sas.or(inline) {
+        if !sas.expose().split('&').any(|pair| pair.starts_with("sig=")) {
+            return Err(options.invalid("sas", "the SAS has no sig= signature"));
+        }
+        return Ok(Auth::Sas(sas));
+    }
+    if let Some(key) = key {
+        return Ok(Auth::AccountKey(key));
+    }
+    match name.as_deref() {
+        None | Some("anonymous") => Ok(Auth::Anonymous),
+        Some(_) if endpoint.scheme() != "https" => {
+            Err(options.invalid("auth", "Entra ID tokens need an https endpoint"))
+        }
+        Some(name) => entra_credential(name)
+            .map(Auth::Credential)
+            .map_err(|why| options.invalid("auth", why)),
     }
 }
 
@@ -364,18 +335,13 @@ fn entra_credential(name: &str) -> std::result::Result<Arc<dyn TokenCredential>,
         "managed-identity" => Ok(azure_identity::ManagedIdentityCredential::new(None).map_err(failed)?),
         "workload-identity" => Ok(azure_identity::WorkloadIdentityCredential::new(None).map_err(failed)?),
         "developer-tools" => Ok(azure_identity::DeveloperToolsCredential::new(None).map_err(failed)?),
-        other => Err(format!(
-            "unknown auth={other:?}: use managed-identity, workload-identity, developer-tools or anonymous"
-        )),
+        _ => Err("expected managed-identity, workload-identity, developer-tools or anonymous".into()),
     }
 }
 
 #[cfg(not(feature = "identity"))]
-fn entra_credential(name: &str) -> std::result::Result<Arc<dyn TokenCredential>, String> {
-    Err(format!(
-        "auth={name} needs Entra ID support: enable the `identity` feature of leasehold-azure \
-         (or build the config with Auth::Credential)"
-    ))
+fn entra_credential(_name: &str) -> std::result::Result<Arc<dyn TokenCredential>, String> {
+    Err("Entra ID needs the `identity` feature of leasehold-azure (or build the config with Auth::Credential)".into())
 }
 
 fn check_account(account: &str) -> std::result::Result<(), String> {
@@ -415,65 +381,57 @@ fn check_prefix(prefix: &str) -> std::result::Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "invalid prefix {prefix:?}: up to 512 ASCII letters, digits, '-', '_', '.', '/'"
-        ))
+        Err("expected up to 512 ASCII letters, digits, '-', '_', '.', '/', not starting with '/'".into())
     }
-}
-
-/// `message` with every secret replaced by `***`.
-pub(crate) fn scrub(message: &str, secrets: &[String]) -> String {
-    let mut message = message.to_string();
-    for secret in secrets {
-        message = message.replace(secret.as_str(), "***");
-    }
-    // Belt and braces: any signature that slipped through in another encoding.
-    let mut out = String::with_capacity(message.len());
-    let mut rest = message.as_str();
-    while let Some(at) = rest.find("sig=") {
-        out.push_str(&rest[..at + 4]);
-        out.push_str("***");
-        let tail = &rest[at + 4..];
-        let end = tail.find(['&', ' ', ')', '"', '\'']).unwrap_or(tail.len());
-        rest = &tail[end..];
-    }
-    out.push_str(rest);
-    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn turns_from_the_url() {
-        let config = AzureConfig::from_url("azblob://acct/leases?max_requests=8&max_renewals=128").unwrap();
-        assert_eq!((config.max_requests, config.max_renewals), (8, 128));
-        let config = AzureConfig::from_url("azblob://acct/leases").unwrap();
-        assert_eq!(
-            (config.max_requests, config.max_renewals),
-            (DEFAULT_MAX_REQUESTS, DEFAULT_MAX_RENEWALS)
-        );
-        for bad in ["max_renewals=0", "max_renewals=many", "max_requests=5000"] {
-            let err = AzureConfig::from_url(&format!("azblob://acct/leases?{bad}")).unwrap_err();
-            let name = bad.split('=').next().unwrap();
-            assert!(err.to_string().contains(name), "{err}");
-        }
-    }
-
-    #[test]
-    fn history_limit_from_the_url() {
-        let config = AzureConfig::from_url("azblob://acct/leases").unwrap();
-        assert_eq!(config.history_limit, DEFAULT_HISTORY_LIMIT);
-        let config = AzureConfig::from_url("azblob://acct/leases?history_limit=0").unwrap();
-        assert_eq!(config.history_limit, 0);
-        for bad in ["history_limit=-1", "history_limit=lots"] {
-            let err = AzureConfig::from_url(&format!("azblob://acct/leases?{bad}")).unwrap_err();
-            assert!(err.to_string().contains("history_limit"), "{err}");
-        }
-    }
-
     const SIG: &str = "c2VjcmV0LXNpZ25hdHVyZQ%3D%3D";
+
+    #[test]
+    fn options_from_the_url() {
+        let config: AzureConfig =
+            "azblob://acct/leases?max_requests=8&max_renewals=128&history_limit=0&timeout=2s&prefix=app/"
+                .parse()
+                .unwrap();
+        assert_eq!((config.max_requests, config.max_renewals), (8, 128));
+        assert_eq!((config.history_limit, config.timeout), (0, Duration::from_secs(2)));
+        assert_eq!(config.prefix, "app/");
+        let config: AzureConfig = "azblob://acct/leases".parse().unwrap();
+        assert_eq!(
+            (
+                config.max_requests,
+                config.max_renewals,
+                config.history_limit,
+                config.timeout
+            ),
+            (
+                DEFAULT_MAX_REQUESTS,
+                DEFAULT_MAX_RENEWALS,
+                DEFAULT_HISTORY_LIMIT,
+                DEFAULT_TIMEOUT
+            )
+        );
+        assert!(matches!(config.auth, Auth::Anonymous));
+        for (bad, name) in [
+            ("max_renewals=0", "max_renewals"),
+            ("max_renewals=many", "max_renewals"),
+            ("max_requests=5000", "max_requests"),
+            ("history_limit=-1", "history_limit"),
+            ("timeout=10", "needs a unit"),
+            ("timeout=1h", "timeout"),
+            ("prefix=%2Fabs", "prefix"),
+            ("prefix=a&prefix=b", "option prefix is given twice"),
+            ("nope=1", "unknown option nope"),
+        ] {
+            let err = AzureConfig::from_url(&format!("azblob://acct/leases?{bad}")).unwrap_err();
+            assert!(matches!(err, Error::InvalidUrl { .. }), "{bad}: {err:?}");
+            assert!(err.to_string().contains(name), "{bad}: {err}");
+        }
+    }
 
     #[test]
     fn azblob_with_endpoint_and_sas() {
@@ -487,7 +445,6 @@ mod tests {
             (config.account.as_str(), config.container.as_str()),
             ("devstoreaccount1", "leases")
         );
-        assert_eq!(config.prefix, "app/");
         assert_eq!(config.endpoint.as_str(), "http://127.0.0.1:21000/devstoreaccount1/");
         let Auth::Sas(got) = &config.auth else {
             panic!("{:?}", config.auth)
@@ -505,7 +462,8 @@ mod tests {
         let config = AzureConfig::from_url(&format!("azblob://acct/leases?sv=2021-08-06&sp=rw&sig={SIG}")).unwrap();
         assert_eq!(config.endpoint.as_str(), "https://acct.blob.core.windows.net/");
         let Auth::Sas(sas) = &config.auth else { panic!() };
-        assert!(sas.expose().starts_with("sv=2021-08-06&sp=rw&sig="));
+        assert!(sas.expose().starts_with("sv=2021-08-06&sp=rw&sig="), "{}", sas.expose());
+        assert!(sas.expose().ends_with(SIG), "the signature is escaped as it came");
 
         let config = AzureConfig::from_url(&format!(
             "https://acct.blob.core.windows.net/leases?sv=2021-08-06&sig={SIG}&prefix=x/"
@@ -521,12 +479,10 @@ mod tests {
         );
         assert_eq!(config.endpoint.as_str(), "https://acct.blob.core.windows.net/");
 
-        let config = AzureConfig::from_url(&format!(
-            "http://127.0.0.1:10000/devstoreaccount1/leases?sv=1&sig={SIG}"
-        ))
-        .unwrap();
+        let config = AzureConfig::from_url("http://127.0.0.1:10000/devstoreaccount1/leases?account_key=a2V5").unwrap();
         assert_eq!(config.endpoint.as_str(), "http://127.0.0.1:10000/devstoreaccount1/");
         assert_eq!(config.container, "leases");
+        assert!(matches!(&config.auth, Auth::AccountKey(key) if key.expose() == "a2V5"));
     }
 
     #[test]
@@ -536,10 +492,11 @@ mod tests {
             ("azblob://acct/a/b", "ACCOUNT/CONTAINER"),
             ("azblob://Acct/leases", "account"),
             ("azblob://acct/Leases", "container"),
-            ("azblob://acct/leases?nope=1", "unknown option"),
-            ("azblob://acct/leases?sv=1&sp=r", "no sig"),
-            ("azblob://acct/leases?prefix=%2Fabs", "prefix"),
+            ("azblob://acct/leases?sv=1&sp=r", "unknown options sv, sp"),
+            ("azblob://acct/leases?sas=sv%3D1", "no sig"),
             ("ftp://acct/leases", "scheme"),
+            ("azblob://acct/leases?account_key=k&sas=sig%3Dx", "one credential"),
+            ("azblob://acct/leases?auth=kerberos", "auth"),
         ] {
             let err = AzureConfig::from_url(url).unwrap_err();
             assert!(matches!(err, Error::InvalidUrl { .. }), "{url}: {err:?}");
@@ -548,6 +505,12 @@ mod tests {
         let err = AzureConfig::from_url(&format!("azblob://acct/leases?sig={SIG}&sas=sv%3D1%26sig%3Dx")).unwrap_err();
         let shown = format!("{err} {err:?}");
         assert!(!shown.contains(SIG) && shown.contains("sig=***"), "{shown}");
+        let err = AzureConfig::from_url("azblob://acct/leases?account_key=S3CRETKEY&bogus=1").unwrap_err();
+        let shown = format!("{err} {err:?}");
+        assert!(
+            !shown.contains("S3CRETKEY") && shown.contains("account_key=***"),
+            "{shown}"
+        );
     }
 
     #[test]
@@ -561,26 +524,5 @@ mod tests {
             let err = AzureConfig::from_url("azblob://acct/leases?auth=managed-identity").unwrap_err();
             assert!(err.to_string().contains("identity"), "{err}");
         }
-    }
-
-    #[test]
-    fn scrubbing() {
-        let secrets = vec!["sv=1&sig=abc".to_string(), "abc".to_string()];
-        assert_eq!(
-            scrub("GET http://h/c?sv=1&sig=abc failed", &secrets),
-            "GET http://h/c?*** failed"
-        );
-        assert_eq!(
-            scrub("url (http://h/c?sig=zzz&x=1)", &[]),
-            "url (http://h/c?sig=***&x=1)"
-        );
-        assert_eq!(
-            leasehold_core::url_options::redact_url("azblob://a/b?prefix=x&sig=abc"),
-            "azblob://a/b?prefix=x&sig=***"
-        );
-        assert_eq!(
-            format!("{:?} {}", SasToken::new("?sig=abc"), SasToken::new("sig=abc")),
-            "SasToken(***) ***"
-        );
     }
 }

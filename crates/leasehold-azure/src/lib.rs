@@ -2,17 +2,20 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
+mod claim;
 mod config;
 mod error;
+mod history;
 mod record;
+mod sas;
 mod store;
 
 #[doc = include_str!("../docs.md")]
 pub mod docs {}
 
 pub use config::{
-    Auth, AzureConfig, DEFAULT_HISTORY_LIMIT, DEFAULT_MAX_RENEWALS, DEFAULT_MAX_REQUESTS, DEFAULT_REQUEST_TIMEOUT,
-    SasToken, TTL_RANGE, URL_SCHEMES,
+    Auth, AzureConfig, DEFAULT_HISTORY_LIMIT, DEFAULT_MAX_RENEWALS, DEFAULT_MAX_REQUESTS, DEFAULT_TIMEOUT, TTL_RANGE,
+    URL_SCHEMES,
 };
 pub use error::AzureError;
 pub use store::AzureBlobStore;

@@ -3,15 +3,16 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
-use leasehold_core::{CandidateId, EndReason, Error, LeaseName, Result, Term, Transition};
+use azure_core::http::headers::{HeaderName, Headers};
+use leasehold_core::time::{from_unix_millis, unix_millis};
+use leasehold_core::{CandidateId, EndReason, Error, HolderInfo, LeaseName, Observation, Result, Term, Transition};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
 use sha2::{Digest, Sha256};
 
 use crate::config::TTL_RANGE;
-
-pub(crate) const STORE: &str = "azure";
+use crate::error::STORE;
 
 /// Metadata keys (valid C# identifiers, as Azure requires; lower case, as Azure reports them).
 pub(crate) const TERM: &str = "leasehold_term";
@@ -116,6 +117,15 @@ pub(crate) struct Entry {
 }
 
 impl Entry {
+    /// The entry of `record`'s term, not ended yet.
+    pub(crate) fn of(record: &Record) -> Entry {
+        Entry {
+            holder: record.holder.clone(),
+            acquired_ms: record.acquired_ms,
+            end: None,
+        }
+    }
+
     pub(crate) fn encode(&self) -> HashMap<String, String> {
         let mut metadata = HashMap::from([
             (HOLDER.to_string(), encode_holder(&self.holder)),
@@ -137,12 +147,9 @@ impl Entry {
         let end = match metadata.get(END) {
             None => None,
             Some(reason) => {
-                let reason = match reason.as_str() {
-                    "released" => EndReason::Released,
-                    "expired" => EndReason::Expired,
-                    "broken" => EndReason::Broken,
-                    other => return Err(fields.bad(END, other, "not released, expired or broken")),
-                };
+                let reason = reason
+                    .parse::<EndReason>()
+                    .map_err(|e| fields.bad(END, reason, &e.to_string()))?;
                 Some((fields.number(ENDED)?, reason))
             }
         };
@@ -157,8 +164,8 @@ impl Entry {
         Transition {
             term,
             holder: self.holder.clone(),
-            acquired_at: from_ms(self.acquired_ms),
-            ended: self.end.map(|(at, reason)| (from_ms(at), reason)),
+            acquired_at: from_unix_millis(self.acquired_ms),
+            ended: self.end.map(|(at, reason)| (from_unix_millis(at), reason)),
         }
     }
 }
@@ -263,14 +270,159 @@ impl fmt::Display for Token {
     }
 }
 
+/// Now, in Unix milliseconds (the audit trail's clock; no decision depends on it).
 pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    unix_millis(SystemTime::now())
 }
 
-pub(crate) fn from_ms(ms: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(ms)
+/// The lease blob as this client last saw it.
+#[derive(Clone, Debug)]
+pub(crate) struct View {
+    /// `None`: no blob.
+    pub(crate) etag: Option<String>,
+    pub(crate) record: Option<Record>,
+    /// Whether the blob lease is active (leased or breaking).
+    pub(crate) leased: bool,
+    /// The blob's lease state as reported (`available`, `expired`, `broken`, ...).
+    pub(crate) lease_state: String,
+    /// Seconds from the blob's Last-Modified to the server's Date of the reply that showed it.
+    pub(crate) age_secs: Option<i64>,
+}
+
+impl View {
+    pub(crate) fn absent() -> View {
+        View {
+            etag: None,
+            record: None,
+            leased: false,
+            lease_state: String::new(),
+            age_secs: None,
+        }
+    }
+
+    pub(crate) fn last_term(&self) -> Term {
+        self.record.as_ref().map(|r| r.term).unwrap_or_default()
+    }
+
+    /// A claim not yet turned into a blob lease still counts as held for its TTL (plus the two
+    /// seconds the one-second resolution of the server's timestamps may hide), by the server's
+    /// clock. A claim seen only from cache is treated as live.
+    pub(crate) fn claim_live(&self) -> bool {
+        match &self.record {
+            Some(r) if r.state == State::Claimed && !self.leased => {
+                self.age_secs.is_none_or(|age| age < claim_window_secs(r.ttl))
+            }
+            _ => false,
+        }
+    }
+
+    /// The holder, if the blob is held.
+    pub(crate) fn holder(&self) -> Option<&Record> {
+        let record = self.record.as_ref()?;
+        (self.leased || self.claim_live()).then_some(record)
+    }
+
+    pub(crate) fn previous_end(&self) -> Option<EndReason> {
+        let record = self.record.as_ref()?;
+        Some(match record.state {
+            State::Broken => EndReason::Broken,
+            State::Released => EndReason::Released,
+            State::Claimed => EndReason::Expired,
+            State::Leased => match self.lease_state.as_str() {
+                "expired" => EndReason::Expired,
+                "broken" => EndReason::Broken,
+                _ => EndReason::Released,
+            },
+        })
+    }
+
+    pub(crate) fn observation(&self, lease: &LeaseName) -> Observation {
+        match self.holder() {
+            Some(r) => Observation {
+                lease: lease.clone(),
+                holder: Some(HolderInfo {
+                    id: r.holder.clone(),
+                    term: r.term,
+                    ttl: r.ttl,
+                    version: Token {
+                        lease_id: lease_id(lease, &r.holder),
+                        etag: self.etag.clone().unwrap_or_default(),
+                        acquired_ms: r.acquired_ms,
+                    }
+                    .to_string(),
+                    store_remaining: None,
+                }),
+                last_term: r.term,
+                previous_end: None,
+            },
+            None => Observation::free(lease.clone(), self.last_term(), self.previous_end()),
+        }
+    }
+}
+
+fn claim_window_secs(ttl: Duration) -> i64 {
+    i64::from(lease_seconds(ttl)) + 2
+}
+
+/// Azure takes whole seconds; rounding up keeps the promise that nobody else gets the lease
+/// before `ttl` has passed.
+pub(crate) fn lease_seconds(ttl: Duration) -> i32 {
+    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    i32::try_from(secs).unwrap_or(i32::MAX)
+}
+
+pub(crate) const ETAG: HeaderName = HeaderName::from_static("etag");
+const DATE: HeaderName = HeaderName::from_static("date");
+const LAST_MODIFIED: HeaderName = HeaderName::from_static("last-modified");
+const LEASE_STATE: HeaderName = HeaderName::from_static("x-ms-lease-state");
+const CONTENT_LENGTH: HeaderName = HeaderName::from_static("content-length");
+
+fn header<'h>(headers: &'h Headers, name: &HeaderName) -> Option<&'h str> {
+    headers.get_optional_str(name)
+}
+
+pub(crate) fn etag_of(lease: &LeaseName, headers: &Headers) -> Result<String> {
+    header(headers, &ETAG)
+        .map(str::to_string)
+        .ok_or_else(|| Error::store(STORE, format!("the reply for lease {lease} has no ETag")))
+}
+
+pub(crate) fn view_of(lease: &LeaseName, headers: &Headers) -> Result<View> {
+    let etag = etag_of(lease, headers)?;
+    let length: u64 = header(headers, &CONTENT_LENGTH)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    if length > 0 {
+        return Err(Error::corrupt(
+            STORE,
+            lease,
+            format!("the lease blob has {length} bytes of content: not a leasehold lease blob"),
+        ));
+    }
+    let metadata: HashMap<String, String> = headers
+        .iter()
+        .filter_map(|(name, value)| {
+            let key = name.as_str().to_ascii_lowercase();
+            key.strip_prefix("x-ms-meta-")
+                .map(|k| (k.to_string(), value.as_str().to_string()))
+        })
+        .collect();
+    let record = Record::decode(lease, &metadata)?;
+    let lease_state = header(headers, &LEASE_STATE)
+        .unwrap_or("available")
+        .to_ascii_lowercase();
+    let parse = |name: &HeaderName| header(headers, name).and_then(|v| azure_core::time::parse_rfc7231(v).ok());
+    let age_secs = match (parse(&DATE), parse(&LAST_MODIFIED)) {
+        (Some(date), Some(modified)) => Some((date - modified).whole_seconds()),
+        _ => None,
+    };
+    Ok(View {
+        etag: Some(etag),
+        record,
+        leased: matches!(lease_state.as_str(), "leased" | "breaking"),
+        lease_state,
+        age_secs: age_secs.or(Some(0)),
+    })
 }
 
 #[cfg(test)]

@@ -7,31 +7,24 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use azure_core::http::headers::{HeaderName, Headers};
-use azure_core::http::{ClientOptions, Etag, RequestContent, RetryOptions, Transport};
+use azure_core::http::{ClientOptions, Etag, RetryOptions, Transport};
 use azure_storage_blob::models::{
-    BlobClientAcquireLeaseOptions, BlobClientBreakLeaseOptions, BlobClientGetPropertiesOptions,
-    BlobClientReleaseLeaseOptions, BlobClientRenewLeaseOptions, BlobClientSetMetadataOptions, BlobClientUploadOptions,
-    BlobContainerClientListBlobsOptions, ListBlobsIncludeItem,
+    BlobClientBreakLeaseOptions, BlobClientGetPropertiesOptions, BlobClientReleaseLeaseOptions,
+    BlobClientRenewLeaseOptions, BlobClientSetMetadataOptions,
 };
 use azure_storage_blob::{BlobClient, BlobContainerClient, BlobContainerClientOptions};
-use futures::TryStreamExt;
 use leasehold_core::{
-    AcquireRequest, Acquired, Capabilities, EndReason, Error, Expiry, Grant, HolderInfo, LeaseName, LeaseStore,
+    AcquireRequest, Acquired, CandidateId, Capabilities, EndReason, Error, Expiry, Grant, LeaseName, LeaseStore,
     Notifications, Observation, Renewed, Result, Term, Transition,
 };
 
 use crate::config::{Auth, AzureConfig, TTL_RANGE};
-use crate::error::Failure;
-use crate::record::{Entry, Record, STORE, State, Token, lease_id, now_ms};
+use crate::error::{self, AzureError, Refusal, STORE};
+use crate::record::{Entry, Record, State, Token, View, lease_id, view_of};
+use crate::sas::{AccountKey, SignWithKey};
 
-/// How often (in terms) a grant also looks for old history blobs that the per-grant deletion
-/// missed.
-const SWEEP_EVERY: u64 = 100;
-
-/// The most history blobs one sweep deletes (a store upgraded from a version that kept every
-/// term catches up over several sweeps).
-const SWEEP_MAX_DELETES: usize = 1000;
+const REQUEST_ID: azure_core::http::headers::HeaderName =
+    azure_core::http::headers::HeaderName::from_static("x-ms-request-id");
 
 /// A lease store on Azure Blob Storage (or the Azurite emulator).
 ///
@@ -42,6 +35,16 @@ const SWEEP_MAX_DELETES: usize = 1000;
 ///
 /// Clones share the HTTP connections and the cache of record versions.
 ///
+/// # Cancel safety
+///
+/// Every operation is a sequence of conditional requests, each of which is applied or not as a
+/// whole, and every step can be recognised by reading the blob back (the claim names the
+/// candidate; the blob lease id is derived from the candidate). A dropped acquire may leave a
+/// claim that counts as held for its TTL, or a blob lease that expires after its TTL; the
+/// engine's read-back adopts it, [`LeaseStore::withdraw`] withdraws it, or it goes stale. A
+/// dropped release leaves the lease to expire. A dropped history write leaves the term's end
+/// to be inferred (expired when the next term began).
+///
 /// # Examples
 ///
 /// ```no_run
@@ -50,7 +53,8 @@ const SWEEP_MAX_DELETES: usize = 1000;
 /// use leasehold_core::Elector;
 ///
 /// # async fn demo() -> leasehold_core::Result<()> {
-/// let store = AzureBlobStore::connect("azblob://myaccount/leases?sv=2022-11-02&ss=b&srt=co&sp=rwdlac&se=2030-01-01T00%3A00%3A00Z&sig=...").await?;
+/// // The account key (%-escaped); the store signs an account SAS for every request itself.
+/// let store = AzureBlobStore::connect("azblob://myaccount/leases?account_key=c2VjcmV0LWtleQ%3D%3D").await?;
 /// let elector = Elector::builder(Arc::new(store), "invoice-scheduler")
 ///     .ttl(std::time::Duration::from_secs(15))
 ///     .build()?;
@@ -61,10 +65,18 @@ pub struct AzureBlobStore {
     inner: Arc<Inner>,
 }
 
+impl std::fmt::Debug for AzureBlobStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The SDK client is left out: it is not `Debug`.
+        f.debug_struct("AzureBlobStore")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
 struct Inner {
     config: AzureConfig,
     container: BlobContainerClient,
-    secrets: Vec<String>,
     /// Turns for operations in flight (see [`AzureConfig::max_requests`]). An operation keeps its
     /// turn for all of its requests, so that one which started can finish before its deadline
     /// instead of queueing again for every step. Holders (renew, release) have turns of their
@@ -76,135 +88,32 @@ struct Inner {
     views: Mutex<HashMap<LeaseName, View>>,
 }
 
-impl std::fmt::Debug for AzureBlobStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AzureBlobStore")
-            .field("config", &self.inner.config)
-            .finish_non_exhaustive()
-    }
-}
-
-/// The lease blob as this client last saw it.
-#[derive(Clone, Debug)]
-struct View {
-    /// `None`: no blob.
-    etag: Option<String>,
-    record: Option<Record>,
-    /// Whether the blob lease is active (leased or breaking).
-    leased: bool,
-    /// The blob's lease state as reported (`available`, `expired`, `broken`, ...).
-    lease_state: String,
-    /// Seconds from the blob's Last-Modified to the server's Date of the reply that showed it.
-    age_secs: Option<i64>,
-}
-
-impl View {
-    fn absent() -> View {
-        View {
-            etag: None,
-            record: None,
-            leased: false,
-            lease_state: String::new(),
-            age_secs: None,
-        }
-    }
-
-    fn last_term(&self) -> Term {
-        self.record.as_ref().map(|r| r.term).unwrap_or_default()
-    }
-
-    /// A claim not yet turned into a blob lease still counts as held for its TTL (plus the two
-    /// seconds the one-second resolution of the server's timestamps may hide), by the server's
-    /// clock. A claim seen only from cache is treated as live.
-    fn claim_live(&self) -> bool {
-        match &self.record {
-            Some(r) if r.state == State::Claimed && !self.leased => {
-                self.age_secs.is_none_or(|age| age < claim_window_secs(r.ttl))
-            }
-            _ => false,
-        }
-    }
-
-    /// The holder, if the blob is held.
-    fn holder(&self) -> Option<&Record> {
-        let record = self.record.as_ref()?;
-        (self.leased || self.claim_live()).then_some(record)
-    }
-
-    fn previous_end(&self) -> Option<EndReason> {
-        let record = self.record.as_ref()?;
-        Some(match record.state {
-            State::Broken => EndReason::Broken,
-            State::Released => EndReason::Released,
-            State::Claimed => EndReason::Expired,
-            State::Leased => match self.lease_state.as_str() {
-                "expired" => EndReason::Expired,
-                "broken" => EndReason::Broken,
-                _ => EndReason::Released,
-            },
-        })
-    }
-
-    fn observation(&self, lease: &LeaseName) -> Observation {
-        match self.holder() {
-            Some(r) => Observation {
-                lease: lease.clone(),
-                holder: Some(HolderInfo {
-                    id: r.holder.clone(),
-                    term: r.term,
-                    ttl: r.ttl,
-                    version: Token {
-                        lease_id: lease_id(lease, &r.holder),
-                        etag: self.etag.clone().unwrap_or_default(),
-                        acquired_ms: r.acquired_ms,
-                    }
-                    .to_string(),
-                    store_remaining: None,
-                }),
-                last_term: r.term,
-                previous_end: None,
-            },
-            None => Observation::free(lease.clone(), self.last_term(), self.previous_end()),
-        }
-    }
-}
-
-fn claim_window_secs(ttl: Duration) -> i64 {
-    i64::from(lease_seconds(ttl)) + 2
-}
-
-/// Azure takes whole seconds; rounding up keeps the promise that nobody else gets the lease
-/// before `ttl` has passed.
-fn lease_seconds(ttl: Duration) -> i32 {
-    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
-    i32::try_from(secs).unwrap_or(i32::MAX)
-}
-
-const ETAG: HeaderName = HeaderName::from_static("etag");
-const DATE: HeaderName = HeaderName::from_static("date");
-const LAST_MODIFIED: HeaderName = HeaderName::from_static("last-modified");
-const LEASE_STATE: HeaderName = HeaderName::from_static("x-ms-lease-state");
-const CONTENT_LENGTH: HeaderName = HeaderName::from_static("content-length");
-
 impl AzureBlobStore {
-    /// Connects to the store named by an `azblob://` (or SAS `https://`) URL; see
-    /// [`AzureConfig::from_url`]. No request is made: the container is created on first use if
-    /// it is missing.
+    /// Connects to the store named by an `azblob://` (or SAS `https://`) URL (see
+    /// [`AzureConfig`] for the forms and options), as [`AzureBlobStore::from_config`].
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidUrl`] (with the SAS redacted).
+    /// [`Error::InvalidUrl`] (with every secret redacted); otherwise as
+    /// [`AzureBlobStore::from_config`].
     pub async fn connect(url: &str) -> Result<AzureBlobStore> {
-        AzureBlobStore::connect_with(AzureConfig::from_url(url)?).await
+        AzureBlobStore::from_config(AzureConfig::from_url(url)?).await
     }
 
-    /// Connects with an explicit configuration (e.g. an [`Auth::Credential`] built in code).
+    /// Connects with a configuration (e.g. an [`Auth::Credential`] built in code) and checks the
+    /// credential with one request (the properties of a blob leasehold never writes), so that a
+    /// wrong SAS or key fails here, with a message saying what to check, rather than at the
+    /// first campaign. The container is created on first use if it is missing.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidUrl`] when the endpoint cannot carry a container, or a token credential is
-    /// used over plain http.
-    pub async fn connect_with(config: AzureConfig) -> Result<AzureBlobStore> {
+    /// - [`Error::InvalidConfig`] for an endpoint that cannot carry a container or an account key
+    ///   that is not base64;
+    /// - a definite error naming the credential when the service refuses it (HTTP 401/403), or
+    ///   when the endpoint does not answer as a blob service;
+    /// - a transient error when the endpoint cannot be reached within
+    ///   [`AzureConfig::timeout`].
+    pub async fn from_config(config: AzureConfig) -> Result<AzureBlobStore> {
         let url = config.container_url()?;
         let credential = match &config.auth {
             Auth::Credential(credential) => Some(credential.clone()),
@@ -213,39 +122,111 @@ impl AzureBlobStore {
         // Idle connections are dropped after 2 s: servers close theirs (Node, so Azurite, after
         // 5 s), and a renewal every ttl/3 would otherwise race the close and fail for nothing.
         let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
+            .connect_timeout(config.timeout)
             .pool_idle_timeout(Duration::from_secs(2))
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| Error::store(STORE, format!("cannot build the HTTP client: {e}")))?;
-        // Timing belongs to the engine: no retries inside the client.
+        let mut client_options = ClientOptions {
+            // Timing belongs to the engine: no retries inside the client.
+            retry: RetryOptions::none(),
+            transport: Some(Transport::new(Arc::new(http))),
+            ..ClientOptions::default()
+        };
+        if let Auth::AccountKey(key) = &config.auth {
+            let key = AccountKey::new(&config.account, key).map_err(|why| Error::InvalidConfig {
+                field: "account_key",
+                value: "***".into(),
+                allowed: why,
+            })?;
+            client_options.per_call_policies.push(Arc::new(SignWithKey(key)));
+        }
         let options = BlobContainerClientOptions {
-            client_options: ClientOptions {
-                retry: RetryOptions::none(),
-                transport: Some(Transport::new(Arc::new(http))),
-                ..ClientOptions::default()
-            },
+            client_options,
             ..BlobContainerClientOptions::default()
         };
-        let secrets = config.secrets();
-        let container = BlobContainerClient::new(url, credential, Some(options)).map_err(|e| Error::InvalidUrl {
-            url: config.endpoint.to_string(),
-            reason: crate::config::scrub(&e.to_string(), &secrets),
+        let container = BlobContainerClient::new(url, credential, Some(options)).map_err(|e| Error::InvalidConfig {
+            field: "endpoint",
+            value: error::without_urls(config.endpoint.as_str()),
+            allowed: error::without_urls(&e.to_string()),
         })?;
-        let turns = tokio::sync::Semaphore::new(config.max_requests.max(1));
-        let holder_turns = tokio::sync::Semaphore::new(config.max_renewals.max(1));
         let inner = Inner {
+            turns: tokio::sync::Semaphore::new(config.max_requests.max(1)),
+            holder_turns: tokio::sync::Semaphore::new(config.max_renewals.max(1)),
             config,
             container,
-            secrets,
-            turns,
-            holder_turns,
             views: Mutex::default(),
         };
-        Ok(AzureBlobStore { inner: Arc::new(inner) })
+        let store = AzureBlobStore { inner: Arc::new(inner) };
+        store.check_credential().await?;
+        Ok(store)
     }
 
-    /// The configuration (its `Debug` hides the SAS).
+    /// One cheap authenticated request: the properties of a blob leasehold never writes. Found
+    /// or not found (of the blob or of the container), the credential works. An answer without
+    /// Azure's request id, or a connection that broke after the request was sent, means that
+    /// something else than a blob service listens at the endpoint.
+    async fn check_credential(&self) -> Result<()> {
+        let blob = self
+            .inner
+            .container
+            .blob_client(&format!("{}.leasehold-connect-check", self.inner.config.prefix));
+        let after = self.inner.config.timeout;
+        let answered = match tokio::time::timeout(after, blob.get_properties(None)).await {
+            Err(_) => {
+                return Err(Error::Timeout {
+                    store: STORE,
+                    operation: "connect",
+                    after,
+                });
+            }
+            Ok(answered) => answered,
+        };
+        let headers = match &answered {
+            Ok(reply) => Some(reply.headers().clone()),
+            Err(e) => match e.kind() {
+                azure_core::error::ErrorKind::HttpResponse { raw_response, .. } => {
+                    raw_response.as_ref().map(|raw| raw.headers().clone())
+                }
+                _ => None,
+            },
+        };
+        let azure = headers.is_some_and(|h| h.get_optional_str(&REQUEST_ID).is_some());
+        let refusal = match answered {
+            Ok(_) if azure => return Ok(()),
+            Ok(_) => None,
+            Err(e) => Some((self.refusal("connect", &e), error::broke_after_sending(&e))),
+        };
+        match refusal {
+            Some((Refusal::NotFound(_), _)) if azure => Ok(()),
+            Some((Refusal::Failed(e), false)) if e.is_transient() || e.is_permanent() => Err(e),
+            Some((Refusal::Failed(Error::Unreachable { source, .. }), true)) => {
+                let what = source
+                    .downcast_ref::<AzureError>()
+                    .map_or_else(|| source.to_string(), |e| e.message.clone());
+                Err(Error::refused_because(
+                    STORE,
+                    "connect",
+                    format!(
+                        "{} answered, but not as an Azure blob service ({what}): check the endpoint and its port",
+                        error::without_urls(self.inner.config.endpoint.as_str()),
+                    ),
+                    source,
+                ))
+            }
+            Some((Refusal::Failed(e), _)) => Err(e),
+            _ => Err(Error::refused(
+                STORE,
+                "connect",
+                format!(
+                    "{} answered without Azure's x-ms-request-id: not an Azure blob service, check the endpoint",
+                    error::without_urls(self.inner.config.endpoint.as_str()),
+                ),
+            )),
+        }
+    }
+
+    /// The configuration (its `Debug` hides the secrets).
     pub fn config(&self) -> &AzureConfig {
         &self.inner.config
     }
@@ -255,52 +236,39 @@ impl AzureBlobStore {
         format!("{}{}", self.inner.config.prefix, lease)
     }
 
-    fn history_prefix(&self, lease: &LeaseName) -> String {
-        format!("{}.history/", self.blob_name(lease))
+    pub(crate) fn container(&self) -> &BlobContainerClient {
+        &self.inner.container
     }
 
-    fn blob(&self, lease: &LeaseName) -> BlobClient {
+    pub(crate) fn blob(&self, lease: &LeaseName) -> BlobClient {
         self.inner.container.blob_client(&self.blob_name(lease))
     }
 
-    /// Runs one request under the request timeout, sorting its failure.
-    async fn call<T>(
+    pub(crate) fn refusal(&self, operation: &'static str, error: &azure_core::Error) -> Refusal {
+        Refusal::from_sdk(operation, error, &self.inner.config.endpoint)
+    }
+
+    /// Runs one request, sorting its failure.
+    pub(crate) async fn call<T>(
         &self,
         operation: &'static str,
         request: impl Future<Output = azure_core::Result<T>>,
-    ) -> std::result::Result<T, Failure> {
-        let after = self.inner.config.request_timeout;
-        match tokio::time::timeout(after, request).await {
-            Ok(Ok(reply)) => Ok(reply),
-            Ok(Err(e)) => Err(Failure::from_sdk(operation, &e, &self.inner.secrets)),
-            Err(_) => Err(Failure::Other(Error::Timeout {
-                store: STORE,
-                operation,
-                after,
-            })),
-        }
+    ) -> std::result::Result<T, Refusal> {
+        request.await.map_err(|e| self.refusal(operation, &e))
     }
 
-    /// Waits for a turn to run an operation (for at most the request timeout).
-    async fn turn(&self, holder: bool, operation: &'static str) -> Result<tokio::sync::SemaphorePermit<'_>> {
+    /// Waits for a turn to run an operation.
+    async fn turn(&self, holder: bool) -> Option<tokio::sync::SemaphorePermit<'_>> {
         let turns = if holder {
             &self.inner.holder_turns
         } else {
             &self.inner.turns
         };
-        let after = self.inner.config.request_timeout;
-        match tokio::time::timeout(after, turns.acquire()).await {
-            Ok(Ok(permit)) => Ok(permit),
-            Ok(Err(_)) => Err(Error::store(STORE, "the store's request turns were closed")),
-            Err(_) => Err(Error::Timeout {
-                store: STORE,
-                operation,
-                after,
-            }),
-        }
+        // The semaphores are never closed; if they were, going ahead unlimited is the safe choice.
+        turns.acquire().await.ok()
     }
 
-    fn remember(&self, lease: &LeaseName, view: &View) {
+    pub(crate) fn remember(&self, lease: &LeaseName, view: &View) {
         self.inner
             .views
             .lock()
@@ -313,267 +281,18 @@ impl AzureBlobStore {
     }
 
     /// Reads the lease blob's properties and record.
-    async fn read(&self, lease: &LeaseName) -> Result<View> {
+    pub(crate) async fn read(&self, lease: &LeaseName) -> Result<View> {
         let options = BlobClientGetPropertiesOptions::default();
         let view = match self
             .call("get_properties", self.blob(lease).get_properties(Some(options)))
             .await
         {
             Ok(reply) => view_of(lease, reply.headers())?,
-            Err(Failure::NotFound(_)) => View::absent(),
-            Err(failure) => return Err(failure.into_error()),
+            Err(Refusal::NotFound(_)) => View::absent(),
+            Err(refusal) => return Err(refusal.into_error()),
         };
         self.remember(lease, &view);
         Ok(view)
-    }
-
-    /// Writes `record` if the blob is still as `view` saw it: the compare-and-set of a claim.
-    /// Answers the new ETag, or `None` when the blob changed (a lost race).
-    async fn claim(
-        &self,
-        lease: &LeaseName,
-        view: &View,
-        record: &Record,
-        own: Option<&str>,
-    ) -> Result<Option<String>> {
-        let blob = self.blob(lease);
-        let Some(etag) = &view.etag else {
-            return self.create(lease, record).await;
-        };
-        let options = BlobClientSetMetadataOptions {
-            if_match: Some(Etag::from(etag.clone())),
-            lease_id: own.map(str::to_string),
-            ..Default::default()
-        };
-        match self
-            .call("set_metadata", blob.set_metadata(&record.encode(), Some(options)))
-            .await
-        {
-            Ok(reply) => Ok(Some(etag_of(lease, reply.headers())?)),
-            Err(Failure::Conflict(_) | Failure::NotFound(_)) => Ok(None),
-            Err(failure) => Err(failure.into_error()),
-        }
-    }
-
-    /// Creates the lease blob with `record` in it, if it does not exist yet (and the container,
-    /// if that is missing).
-    async fn create(&self, lease: &LeaseName, record: &Record) -> Result<Option<String>> {
-        for _ in 0..2 {
-            let options = BlobClientUploadOptions {
-                metadata: Some(record.encode()),
-                ..Default::default()
-            }
-            .if_not_exists();
-            let blob = self.blob(lease);
-            let upload = blob.upload(RequestContent::from(Vec::new()), Some(options));
-            match self.call("upload", upload).await {
-                Ok(reply) => {
-                    let etag = reply
-                        .etag
-                        .ok_or_else(|| Error::store(STORE, "upload answered without an ETag"))?;
-                    return Ok(Some(etag.to_string()));
-                }
-                Err(Failure::Conflict(_)) => return Ok(None),
-                Err(Failure::NotFound(_)) => self.create_container().await?,
-                Err(failure) => return Err(failure.into_error()),
-            }
-        }
-        Ok(None)
-    }
-
-    async fn create_container(&self) -> Result<()> {
-        match self.call("create_container", self.inner.container.create(None)).await {
-            Ok(_) | Err(Failure::Conflict(_)) => Ok(()),
-            Err(failure) => Err(failure.into_error()),
-        }
-    }
-
-    /// Takes the blob lease for `id` if the blob still carries the claim `etag`.
-    async fn take_lease(
-        &self,
-        lease: &LeaseName,
-        id: &str,
-        ttl: Duration,
-        etag: &str,
-    ) -> std::result::Result<(), Failure> {
-        let options = BlobClientAcquireLeaseOptions {
-            proposed_lease_id: Some(id.to_string()),
-            if_match: Some(Etag::from(etag.to_string())),
-            ..Default::default()
-        };
-        self.call(
-            "acquire_lease",
-            self.blob(lease).acquire_lease(lease_seconds(ttl), Some(options)),
-        )
-        .await
-        .map(drop)
-    }
-
-    /// Marks the claim as leased, under the lease: answers the new ETag.
-    async fn confirm(
-        &self,
-        lease: &LeaseName,
-        record: &Record,
-        id: &str,
-        etag: &str,
-    ) -> std::result::Result<String, Failure> {
-        let options = BlobClientSetMetadataOptions {
-            if_match: Some(Etag::from(etag.to_string())),
-            lease_id: Some(id.to_string()),
-            ..Default::default()
-        };
-        let reply = self
-            .call(
-                "set_metadata",
-                self.blob(lease).set_metadata(&record.encode(), Some(options)),
-            )
-            .await?;
-        etag_of(lease, reply.headers()).map_err(Failure::Other)
-    }
-
-    /// Turns a claim into a held blob lease: lease, then mark the record `leased`.
-    /// `Ok(None)` when someone else changed the blob first.
-    async fn lease_claim(&self, lease: &LeaseName, record: &Record, etag: &str) -> Result<Option<Grant>> {
-        let id = lease_id(lease, &record.holder);
-        match self.take_lease(lease, &id, record.ttl, etag).await {
-            Ok(()) => {}
-            Err(Failure::Conflict(_) | Failure::NotFound(_)) => return Ok(None),
-            Err(Failure::Other(e)) => return Err(e),
-        }
-        let leased = Record {
-            state: State::Leased,
-            ..record.clone()
-        };
-        let etag = match self.confirm(lease, &leased, &id, etag).await {
-            Ok(etag) => etag,
-            Err(Failure::Conflict(_) | Failure::NotFound(_)) => return Ok(None),
-            Err(Failure::Other(e)) => return Err(e),
-        };
-        self.remember(
-            lease,
-            &View {
-                etag: Some(etag.clone()),
-                record: Some(leased.clone()),
-                leased: true,
-                lease_state: "leased".into(),
-                age_secs: None,
-            },
-        );
-        let entry = Entry {
-            holder: leased.holder.clone(),
-            acquired_ms: leased.acquired_ms,
-            end: None,
-        };
-        futures::join!(
-            self.write_history(lease, leased.term, &entry),
-            self.prune_history(lease, leased.term)
-        );
-        Ok(Some(Grant {
-            lease: lease.clone(),
-            holder: leased.holder.clone(),
-            term: leased.term,
-            ttl: leased.ttl,
-            token: Token {
-                lease_id: id,
-                etag,
-                acquired_ms: leased.acquired_ms,
-            }
-            .to_string(),
-        }))
-    }
-
-    /// Writes one history blob. The trail is an audit record: a failed write is logged, never a
-    /// reason to give up a lease.
-    async fn write_history(&self, lease: &LeaseName, term: Term, entry: &Entry) {
-        let name = format!("{}{:020}", self.history_prefix(lease), term.0);
-        let options = BlobClientUploadOptions {
-            metadata: Some(entry.encode()),
-            ..Default::default()
-        };
-        let blob = self.inner.container.blob_client(&name);
-        let upload = blob.upload(RequestContent::from(Vec::new()), Some(options));
-        if let Err(failure) = self.call("upload history", upload).await {
-            let error = failure.into_error();
-            tracing::warn!(lease = %lease, term = %term, %error, "cannot write the history of a term");
-        }
-    }
-
-    /// Keeps the history of `lease` to the most recent `history_limit` terms now that `term` is
-    /// granted: deletes the blob of the term that just fell out (at the same time as the new
-    /// term's blob is written, so a grant takes no longer) and, every [`SWEEP_EVERY`] terms, in
-    /// a task of its own, any older blob left behind (a term skipped by a claim that lost its
-    /// race leaves the blob `history_limit` terms before it; a store upgraded from a version that
-    /// kept all). Best effort, like every history write.
-    async fn prune_history(&self, lease: &LeaseName, term: Term) {
-        let limit = u64::from(self.inner.config.history_limit);
-        let Some(oldest_kept) = term.0.checked_sub(limit).filter(|_| limit > 0).map(|t| t + 1) else {
-            return;
-        };
-        self.delete_history(lease, oldest_kept - 1).await;
-        if term.0.is_multiple_of(SWEEP_EVERY) {
-            let store = self.clone();
-            let lease = lease.clone();
-            tokio::spawn(async move { store.sweep_history(&lease, oldest_kept).await });
-        }
-    }
-
-    /// Deletes the history blobs of `lease` below `oldest_kept`, at most [`SWEEP_MAX_DELETES`].
-    async fn sweep_history(&self, lease: &LeaseName, oldest_kept: u64) {
-        let prefix = self.history_prefix(lease);
-        let options = BlobContainerClientListBlobsOptions {
-            prefix: Some(prefix.clone()),
-            ..Default::default()
-        };
-        let mut stale = Vec::new();
-        let mut pages = match self.inner.container.list_blobs(Some(options)) {
-            Ok(pager) => pager.into_pages(),
-            Err(e) => {
-                let error = Failure::from_sdk("list_blobs", &e, &self.inner.secrets).into_error();
-                tracing::warn!(%lease, %error, "cannot list the history to prune it");
-                return;
-            }
-        };
-        while stale.len() < SWEEP_MAX_DELETES {
-            let page = match self.call("list_blobs", pages.try_next()).await {
-                Ok(Some(page)) => page.into_model().ok(),
-                Ok(None) | Err(Failure::NotFound(_)) => break,
-                Err(failure) => {
-                    let error = failure.into_error();
-                    tracing::warn!(%lease, %error, "cannot list the history to prune it");
-                    return;
-                }
-            };
-            let Some(page) = page else { break };
-            let terms = page.blob_items.into_iter().filter_map(|item| {
-                let name = item.name?;
-                name.strip_prefix(&prefix)?.parse::<u64>().ok()
-            });
-            let before = stale.len();
-            stale.extend(terms.filter(|t| *t < oldest_kept));
-            // Names come in order: a page past the window ends the search.
-            if stale.len() == before {
-                break;
-            }
-        }
-        stale.truncate(SWEEP_MAX_DELETES);
-        for term in stale {
-            self.delete_history(lease, term).await;
-        }
-    }
-
-    /// Deletes the history blob of one term (gone already is fine).
-    async fn delete_history(&self, lease: &LeaseName, term: u64) {
-        let blob = self
-            .inner
-            .container
-            .blob_client(&format!("{}{term:020}", self.history_prefix(lease)));
-        match self.call("delete history", blob.delete(None)).await {
-            Ok(_) | Err(Failure::NotFound(_)) => {}
-            Err(failure) => {
-                let error = failure.into_error();
-                tracing::warn!(%lease, term, %error, "cannot delete an old history blob");
-            }
-        }
     }
 
     /// Breaks the blob lease of `lease` at once (an operator's tool, also
@@ -584,7 +303,7 @@ impl AzureBlobStore {
     ///
     /// A transient error when the service cannot be reached; [`Error::CorruptRecord`].
     pub async fn break_blob_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
-        let _turn = self.turn(false, "break_lease").await?;
+        let _turn = self.turn(false).await;
         let view = self.read(lease).await?;
         let Some(record) = view.holder().cloned() else {
             return Ok(None);
@@ -598,8 +317,8 @@ impl AzureBlobStore {
                 .call("break_lease", self.blob(lease).break_lease(Some(options)))
                 .await
             {
-                Ok(_) | Err(Failure::Conflict(_)) => {}
-                Err(failure) => return Err(failure.into_error()),
+                Ok(_) | Err(Refusal::Conflict(_)) => {}
+                Err(refusal) => return Err(refusal.into_error()),
             }
         }
         // A new ETag, so that neither the old holder's renewals nor its claim can succeed again.
@@ -618,79 +337,81 @@ impl AzureBlobStore {
             )
             .await
         {
-            Ok(_) | Err(Failure::Conflict(_)) => {}
-            Err(failure) => return Err(failure.into_error()),
+            Ok(_) | Err(Refusal::Conflict(_)) => {}
+            Err(refusal) => return Err(refusal.into_error()),
         }
-        let entry = Entry {
-            holder: record.holder.clone(),
-            acquired_ms: record.acquired_ms,
-            end: Some((now_ms(), EndReason::Broken)),
-        };
-        self.write_history(lease, record.term, &entry).await;
+        self.end_history(lease, record.term, Entry::of(&record), EndReason::Broken)
+            .await;
         self.read(lease).await?;
         Ok(Some(record.term))
     }
-}
 
-/// Keeps the `limit` entries with the highest terms, in term order.
-fn keep_newest<T>(entries: &mut Vec<(Term, T)>, limit: usize) {
-    entries.sort_by_key(|(term, _)| *term);
-    let skip = entries.len().saturating_sub(limit);
-    entries.drain(..skip);
-}
-
-fn header<'h>(headers: &'h Headers, name: &HeaderName) -> Option<&'h str> {
-    headers.get_optional_str(name)
-}
-
-fn etag_of(lease: &LeaseName, headers: &Headers) -> Result<String> {
-    header(headers, &ETAG)
-        .map(str::to_string)
-        .ok_or_else(|| Error::store(STORE, format!("the reply for lease {lease} has no ETag")))
-}
-
-fn view_of(lease: &LeaseName, headers: &Headers) -> Result<View> {
-    let etag = etag_of(lease, headers)?;
-    let length: u64 = header(headers, &CONTENT_LENGTH)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    if length > 0 {
-        return Err(Error::corrupt(
-            STORE,
-            lease,
-            format!("the lease blob has {length} bytes of content: not a leasehold lease blob"),
-        ));
+    /// Withdraws `record` (a claim of ours that never became a blob lease) if the blob still
+    /// carries `etag`, and records the end of its term. `false` when the blob changed.
+    async fn withdraw_claim(&self, lease: &LeaseName, record: &Record, etag: &str) -> Result<bool> {
+        let withdrawn = Record {
+            state: State::Released,
+            ..record.clone()
+        };
+        let options = BlobClientSetMetadataOptions {
+            if_match: Some(Etag::from(etag.to_string())),
+            ..Default::default()
+        };
+        match self
+            .call(
+                "set_metadata",
+                self.blob(lease).set_metadata(&withdrawn.encode(), Some(options)),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(Refusal::Conflict(_) | Refusal::NotFound(_)) => return Ok(false),
+            Err(Refusal::Failed(e)) => return Err(e),
+        }
+        // The engine may have believed the claim (adopted on read-back): its term is history.
+        self.end_history(lease, record.term, Entry::of(record), EndReason::Released)
+            .await;
+        Ok(true)
     }
-    let metadata: HashMap<String, String> = headers
-        .iter()
-        .filter_map(|(name, value)| {
-            let key = name.as_str().to_ascii_lowercase();
-            key.strip_prefix("x-ms-meta-")
-                .map(|k| (k.to_string(), value.as_str().to_string()))
-        })
-        .collect();
-    let record = Record::decode(lease, &metadata)?;
-    let lease_state = header(headers, &LEASE_STATE)
-        .unwrap_or("available")
-        .to_ascii_lowercase();
-    let parse = |name: &HeaderName| header(headers, name).and_then(|v| azure_core::time::parse_rfc7231(v).ok());
-    let age_secs = match (parse(&DATE), parse(&LAST_MODIFIED)) {
-        (Some(date), Some(modified)) => Some((date - modified).whole_seconds()),
-        _ => None,
-    };
-    Ok(View {
-        etag: Some(etag),
-        record,
-        leased: matches!(lease_state.as_str(), "leased" | "breaking"),
-        lease_state,
-        age_secs: age_secs.or(Some(0)),
-    })
+
+    /// Releases the blob lease of `holder` (whose id is derived from the candidate) if the blob
+    /// still carries `etag`, and records the end of the term. `false` when it is not ours (any
+    /// more).
+    async fn release_blob_lease(&self, lease: &LeaseName, record: &Record, etag: &str) -> Result<bool> {
+        let options = BlobClientReleaseLeaseOptions {
+            if_match: Some(Etag::from(etag.to_string())),
+            ..Default::default()
+        };
+        let id = lease_id(lease, &record.holder);
+        match self
+            .call("release_lease", self.blob(lease).release_lease(id, Some(options)))
+            .await
+        {
+            Ok(_) => {}
+            Err(Refusal::Conflict(_) | Refusal::NotFound(_)) => return Ok(false),
+            Err(Refusal::Failed(e)) => return Err(e),
+        }
+        if let Some(mut view) = self.remembered(lease)
+            && view.etag.as_deref() == Some(etag)
+        {
+            view.leased = false;
+            view.lease_state = "available".into();
+            self.remember(lease, &view);
+        }
+        self.end_history(lease, record.term, Entry::of(record), EndReason::Released)
+            .await;
+        Ok(true)
+    }
 }
 
 #[async_trait]
 impl LeaseStore for AzureBlobStore {
     fn name(&self) -> &'static str {
         STORE
+    }
+
+    fn can_break(&self) -> bool {
+        true
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -705,57 +426,38 @@ impl LeaseStore for AzureBlobStore {
 
     /// Claims the lease in the blob's metadata (a compare-and-set on the ETag last seen), takes
     /// the blob lease under that claim, then marks the record leased.
+    ///
+    /// The first request is the claim itself whenever this client has seen the blob, so that a
+    /// claim whose reply is lost is still on record; a lease this client has never seen is first
+    /// tried as a new blob. When that claim is refused (the blob changed since), the blob is read
+    /// and, if it is free, claimed once more against what was read.
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
         self.capabilities().check_ttl(STORE, request.ttl)?;
-        let _turn = self.turn(false, "acquire").await?;
-        let (lease, me) = (&request.lease, &request.candidate);
-        // The first request is the claim itself whenever this client has seen the blob, so that
-        // a claim whose reply is lost is still on record; a lease this client has never seen is
-        // first tried as a new blob. Another's claim is read first: it must not be overwritten
-        // while it may count as held.
-        let (mut view, mut fresh) = match self.remembered(lease) {
-            Some(view)
-                if !view
-                    .record
-                    .as_ref()
-                    .is_some_and(|r| r.state == State::Claimed && r.holder != *me) =>
-            {
-                (view, false)
-            }
-            Some(_) => (self.read(lease).await?, true),
-            None => (View::absent(), false),
+        let _turn = self.turn(false).await;
+        let lease = &request.lease;
+        // Another's claim is read first: it must not be overwritten while it may count as held.
+        let cached = self.remembered(lease);
+        let foreign_claim = |view: &View| {
+            view.record
+                .as_ref()
+                .is_some_and(|r| r.state == State::Claimed && r.holder != request.candidate)
         };
-        for _ in 0..2 {
-            if fresh && view.holder().is_some_and(|r| r.holder != *me) {
-                return Ok(Acquired::Held(view.observation(lease)));
-            }
-            // Metadata anyone can write: a term of u64::MAX is bad data, not a panic or a wrap.
-            let term = view.last_term().0.checked_add(1).ok_or_else(|| {
-                Error::corrupt(
-                    STORE,
-                    lease,
-                    format!("the lease blob holds term {}, which no term can follow", u64::MAX),
-                )
-            })?;
-            let record = Record {
-                holder: me.clone(),
-                term: Term(term),
-                ttl: request.ttl,
-                acquired_ms: now_ms(),
-                state: State::Claimed,
-            };
-            let mine = view.leased && view.record.as_ref().is_some_and(|r| r.holder == *me);
-            let own = mine.then(|| lease_id(lease, me));
-            if let Some(etag) = self.claim(lease, &view, &record, own.as_deref()).await? {
-                return match self.lease_claim(lease, &record, &etag).await? {
-                    Some(grant) => Ok(Acquired::Granted(grant)),
-                    None => Ok(Acquired::Held(self.read(lease).await?.observation(lease))),
-                };
-            }
-            view = self.read(lease).await?;
-            fresh = true;
+        let view = match cached {
+            Some(view) if !foreign_claim(&view) => view,
+            Some(_) => self.read(lease).await?,
+            None => View::absent(),
+        };
+        if let Some(acquired) = self.try_claim(request, &view).await? {
+            return Ok(acquired);
         }
-        Ok(Acquired::Held(view.observation(lease)))
+        let view = self.read(lease).await?;
+        if view.holder().is_some_and(|r| r.holder != request.candidate) {
+            return Ok(Acquired::Held(view.observation(lease)));
+        }
+        match self.try_claim(request, &view).await? {
+            Some(acquired) => Ok(acquired),
+            None => Ok(Acquired::Held(self.read(lease).await?.observation(lease))),
+        }
     }
 
     /// Renews the blob lease if the blob still carries the grant's ETag; a grant adopted from a
@@ -763,7 +465,7 @@ impl LeaseStore for AzureBlobStore {
     async fn renew(&self, grant: &Grant) -> Result<Renewed> {
         let lease = &grant.lease;
         let token = Token::parse(lease, &grant.token)?;
-        let _turn = self.turn(true, "renew").await?;
+        let _turn = self.turn(true).await;
         let options = BlobClientRenewLeaseOptions {
             if_match: Some(Etag::from(token.etag.clone())),
             ..Default::default()
@@ -776,8 +478,8 @@ impl LeaseStore for AzureBlobStore {
             .await
         {
             Ok(_) => return Ok(Renewed::Renewed(grant.clone())),
-            Err(Failure::Conflict(_) | Failure::NotFound(_)) => {}
-            Err(Failure::Other(e)) => return Err(e),
+            Err(Refusal::Conflict(_) | Refusal::NotFound(_)) => {}
+            Err(Refusal::Failed(e)) => return Err(e),
         }
         let view = self.read(lease).await?;
         let pending = view.claim_live()
@@ -786,9 +488,8 @@ impl LeaseStore for AzureBlobStore {
                 .record
                 .as_ref()
                 .is_some_and(|r| r.holder == grant.holder && r.term == grant.term);
-        if pending {
-            let record = view.record.clone().expect("checked");
-            if let Some(renewed) = self.lease_claim(lease, &record, &token.etag).await? {
+        if let (true, Some(record)) = (pending, view.record.as_ref()) {
+            if let Some(renewed) = self.lease_claim(lease, record, &token.etag).await? {
                 return Ok(Renewed::Renewed(renewed));
             }
             return Ok(Renewed::Lost(self.read(lease).await?.observation(lease)));
@@ -797,152 +498,54 @@ impl LeaseStore for AzureBlobStore {
     }
 
     /// Releases the blob lease (the record is left as it is, so that the ETag others last saw
-    /// stays valid for their next claim) and records the end of the term in its history blob.
+    /// stays valid for their next claim) and records the end of the term in its history blob. A
+    /// claim that never became a blob lease is withdrawn, so that nobody waits for it to go
+    /// stale.
     async fn release(&self, grant: &Grant) -> Result<()> {
         let lease = &grant.lease;
         let token = Token::parse(lease, &grant.token)?;
-        let _turn = self.turn(true, "release").await?;
-        let options = BlobClientReleaseLeaseOptions {
-            if_match: Some(Etag::from(token.etag.clone())),
-            ..Default::default()
+        let _turn = self.turn(true).await;
+        let record = Record {
+            holder: grant.holder.clone(),
+            term: grant.term,
+            ttl: grant.ttl,
+            acquired_ms: token.acquired_ms,
+            state: State::Claimed,
         };
-        match self
-            .call(
-                "release_lease",
-                self.blob(lease).release_lease(token.lease_id.clone(), Some(options)),
-            )
-            .await
-        {
-            Ok(_) => {
-                if let Some(mut view) = self.remembered(lease)
-                    && view.etag.as_deref() == Some(token.etag.as_str())
-                {
-                    view.leased = false;
-                    view.lease_state = "available".into();
-                    self.remember(lease, &view);
-                }
-                let entry = Entry {
-                    holder: grant.holder.clone(),
-                    acquired_ms: token.acquired_ms,
-                    end: Some((now_ms(), EndReason::Released)),
-                };
-                self.write_history(lease, grant.term, &entry).await;
-                Ok(())
-            }
-            Err(Failure::Conflict(_) | Failure::NotFound(_)) => {
-                // Not leased by us: perhaps a claim that never became a lease. Withdraw it, if it
-                // is still exactly ours, so that nobody waits for it to go stale.
-                let record = Record {
-                    holder: grant.holder.clone(),
-                    term: grant.term,
-                    ttl: grant.ttl,
-                    acquired_ms: token.acquired_ms,
-                    state: State::Released,
-                };
-                let options = BlobClientSetMetadataOptions {
-                    if_match: Some(Etag::from(token.etag)),
-                    ..Default::default()
-                };
-                match self
-                    .call(
-                        "set_metadata",
-                        self.blob(lease).set_metadata(&record.encode(), Some(options)),
-                    )
-                    .await
-                {
-                    Ok(_) | Err(Failure::Conflict(_) | Failure::NotFound(_)) => Ok(()),
-                    Err(Failure::Other(e)) => Err(e),
-                }
-            }
-            Err(Failure::Other(e)) => Err(e),
+        if !self.release_blob_lease(lease, &record, &token.etag).await? {
+            self.withdraw_claim(lease, &record, &token.etag).await?;
         }
+        Ok(())
+    }
+
+    /// Gives up what the store holds for `candidate` without the engine knowing: a claim or blob
+    /// lease of an acquire whose answer never arrived. Its term is recorded as released, so the
+    /// history has no open term once the lease is free.
+    async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
+        let _turn = self.turn(true).await;
+        let view = self.read(lease).await?;
+        let (Some(record), Some(etag)) = (view.holder().cloned(), view.etag.clone()) else {
+            return Ok(());
+        };
+        if record.holder != *candidate {
+            return Ok(());
+        }
+        if view.leased {
+            self.release_blob_lease(lease, &record, &etag).await?;
+        } else {
+            self.withdraw_claim(lease, &record, &etag).await?;
+        }
+        Ok(())
     }
 
     async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
-        let _turn = self.turn(false, "inspect").await?;
+        let _turn = self.turn(false).await;
         Ok(self.read(lease).await?.observation(lease))
     }
 
-    /// Lists the history blobs of the lease with their metadata (one request per 5,000 terms;
-    /// `history_limit` keeps them to one) and decodes only the newest `limit`, then completes the
-    /// latest term from the lease blob. Memory is bounded by `limit`, not by the terms listed.
     async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
-        let _turn = self.turn(false, "history").await?;
-        let prefix = self.history_prefix(lease);
-        let options = BlobContainerClientListBlobsOptions {
-            prefix: Some(prefix.clone()),
-            include: Some(vec![ListBlobsIncludeItem::Metadata]),
-            ..Default::default()
-        };
-        let mut newest: Vec<(Term, HashMap<String, String>)> = Vec::new();
-        let mut pages = match self.inner.container.list_blobs(Some(options)) {
-            Ok(pager) => pager.into_pages(),
-            Err(e) => return Err(Failure::from_sdk("list_blobs", &e, &self.inner.secrets).into_error()),
-        };
-        loop {
-            let page = match self.call("list_blobs", pages.try_next()).await {
-                Ok(Some(page)) => page,
-                Ok(None) | Err(Failure::NotFound(_)) => break,
-                Err(failure) => return Err(failure.into_error()),
-            };
-            let page = page
-                .into_model()
-                .map_err(|e| Failure::from_sdk("list_blobs", &e, &self.inner.secrets).into_error())?;
-            for item in page.blob_items {
-                let Some(name) = item.name else { continue };
-                let Some(term) = name.strip_prefix(&prefix).and_then(|t| t.parse::<u64>().ok()) else {
-                    return Err(Error::corrupt(
-                        STORE,
-                        lease,
-                        format!("unexpected history blob {name:?}"),
-                    ));
-                };
-                newest.push((Term(term), item.metadata.and_then(|m| m.values).unwrap_or_default()));
-            }
-            if newest.len() > limit.saturating_mul(2) {
-                keep_newest(&mut newest, limit);
-            }
-        }
-        keep_newest(&mut newest, limit);
-        let mut entries = newest
-            .into_iter()
-            .map(|(term, metadata)| Ok((term, Entry::decode(lease, &metadata)?)))
-            .collect::<Result<Vec<(Term, Entry)>>>()?;
-        let view = self.read(lease).await?;
-        if let Some(record) = &view.record {
-            let granted = matches!(record.state, State::Leased | State::Broken) || view.holder().is_some();
-            if granted && entries.last().is_none_or(|(term, _)| *term < record.term) {
-                let entry = Entry {
-                    holder: record.holder.clone(),
-                    acquired_ms: record.acquired_ms,
-                    end: None,
-                };
-                entries.push((record.term, entry));
-            }
-        }
-        // Ends nobody recorded: a term followed by another expired (or was taken over); the
-        // latest one ended the way the lease blob says, if it is no longer held.
-        let next_start: Vec<Option<u64>> = (0..entries.len())
-            .map(|i| entries.get(i + 1).map(|(_, e)| e.acquired_ms))
-            .collect();
-        let held_term = view.holder().map(|r| r.term);
-        for ((term, entry), next) in entries.iter_mut().zip(next_start) {
-            if entry.end.is_some() {
-                continue;
-            }
-            entry.end = match next {
-                Some(at) => Some((at, EndReason::Expired)),
-                None if held_term == Some(*term) => None,
-                None => view
-                    .previous_end()
-                    .map(|reason| (now_ms().max(entry.acquired_ms), reason)),
-            };
-        }
-        let skip = entries.len().saturating_sub(limit);
-        Ok(entries[skip..]
-            .iter()
-            .map(|(term, entry)| entry.transition(*term))
-            .collect())
+        let _turn = self.turn(false).await;
+        self.read_history(lease, limit).await
     }
 
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {

@@ -23,7 +23,7 @@ const PHASE: Duration = Duration::from_secs(5);
 async fn azurite_request_rate() {
     let Some(mut config) = common::azurite() else { return };
     config.max_requests = 256;
-    let store = Arc::new(AzureBlobStore::connect_with(config).await.unwrap());
+    let store = Arc::new(AzureBlobStore::from_config(config).await.unwrap());
     let who = CandidateId::new("rate").unwrap();
     let mut grants = Vec::new();
     let started = Instant::now();

@@ -6,7 +6,8 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_azure::{Auth, AzureBlobStore, SasToken};
+use leasehold_azure::{Auth, AzureBlobStore};
+use leasehold_core::config::Secret;
 use leasehold_core::{
     AcquireRequest, Acquired, CandidateId, DeposedReason, Elector, EndReason, Error, Event, Grant, LeaseName,
     LeaseStore, Renewed, random_u64,
@@ -36,7 +37,7 @@ async fn granted(store: &AzureBlobStore, lease: &LeaseName, who: &str) -> Grant 
 
 async fn store() -> Option<AzureBlobStore> {
     let config = common::azurite()?;
-    Some(AzureBlobStore::connect_with(config).await.unwrap())
+    Some(AzureBlobStore::from_config(config).await.unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -137,15 +138,13 @@ async fn a_repeated_grant_has_a_new_term() {
     store.release(&third).await.unwrap();
 }
 
+/// A SAS signed with the wrong key, and a wrong account key: `connect` fails at once with a
+/// definite error that says to check the credential, and no signature or key in anything printed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn secrets_stay_out_of_debug_and_errors() {
+async fn a_wrong_credential_fails_at_connect_without_secrets() {
     let Some(mut config) = common::azurite() else { return };
-    // A SAS signed with the wrong key: the emulator refuses every request.
-    let wrong = common::account_sas(
-        &config.account,
-        "d3Jvbmcta2V5LXdyb25nLWtleQ==",
-        Duration::from_secs(3600),
-    );
+    let wrong_key = "d3Jvbmcta2V5LXdyb25nLWtleQ==";
+    let wrong = common::account_sas(&config.account, wrong_key, Duration::from_secs(3600));
     let sig = wrong
         .expose()
         .split('&')
@@ -153,26 +152,30 @@ async fn secrets_stay_out_of_debug_and_errors() {
         .unwrap()
         .to_string();
     let decoded = percent_decode(&sig);
-    config.auth = Auth::Sas(wrong.clone());
-    let store = AzureBlobStore::connect_with(config.clone()).await.unwrap();
-    let lease = lease("secret");
-    let err = store.acquire(&request(&lease, "a")).await.unwrap_err();
-    let shown = format!("{err} | {err:?} | {store:?} | {config:?} | {wrong} | {wrong:?}");
-    assert!(
-        !shown.contains(&sig) && !shown.contains(&decoded),
-        "a signature leaked: {shown}"
-    );
-    assert!(
-        matches!(err, Error::Store { .. }),
-        "refused authorisation is definite: {err:?}"
-    );
+    for auth in [Auth::Sas(wrong.clone()), Auth::AccountKey(Secret::new(wrong_key))] {
+        config.auth = auth;
+        let err = AzureBlobStore::from_config(config.clone()).await.unwrap_err();
+        let shown = format!("{err} | {err:?} | {config:?} | {wrong} | {wrong:?}");
+        for secret in [sig.as_str(), decoded.as_str(), wrong_key] {
+            assert!(!shown.contains(secret), "a secret leaked: {shown}");
+        }
+        assert!(err.is_permanent(), "refused authorisation is permanent: {err:?}");
+        let text = err.to_string();
+        assert!(
+            text.starts_with("azure store refused connect: HTTP 403")
+                && text.contains("check the credential")
+                && !text.contains('\n'),
+            "{text}"
+        );
+    }
 
-    // An endpoint nobody listens on: transient, and still no signature.
+    // An endpoint nobody listens on: transient, says where, and still no signature.
+    config.auth = Auth::Sas(wrong.clone());
     config.endpoint.set_port(Some(1)).unwrap();
-    let store = AzureBlobStore::connect_with(config).await.unwrap();
-    let err = store.inspect(&lease).await.unwrap_err();
+    let err = AzureBlobStore::from_config(config).await.unwrap_err();
     assert!(err.is_transient(), "{err:?}");
     let shown = format!("{err} | {err:?}");
+    assert!(shown.contains("cannot reach http://127.0.0.1:1/"), "{shown}");
     assert!(
         !shown.contains(&sig) && !shown.contains(&decoded),
         "a signature leaked: {shown}"
@@ -183,7 +186,85 @@ async fn secrets_stay_out_of_debug_and_errors() {
     let err = AzureBlobStore::connect(&url).await.unwrap_err();
     let shown = format!("{err} | {err:?}");
     assert!(!shown.contains(&sig) && shown.contains("sig=***"), "{shown}");
-    assert_eq!(format!("{:?}", SasToken::new(format!("sig={sig}"))), "SasToken(***)");
+    assert_eq!(format!("{:?}", Secret::new(format!("sig={sig}"))), "***");
+}
+
+/// `account_key=` in the URL: the store signs its own SAS for every request, so the emulator's
+/// published key is all a URL needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn account_key_in_the_url() {
+    let Some(config) = common::azurite() else { return };
+    let Auth::AccountKey(key) = &config.auth else {
+        unreachable!()
+    };
+    let encode = |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
+    let url = format!(
+        "azblob://{}/{}?prefix=key/&endpoint={}&account_key={}",
+        config.account,
+        config.container,
+        encode(config.endpoint.as_str()),
+        encode(key.expose())
+    );
+    let store = AzureBlobStore::connect(&url).await.unwrap();
+    assert!(!format!("{store:?}").contains(key.expose()));
+    let lease = lease("key");
+    let grant = granted(&store, &lease, "a").await;
+    assert!(matches!(store.renew(&grant).await.unwrap(), Renewed::Renewed(_)));
+    store.release(&grant).await.unwrap();
+    assert!(store.inspect(&lease).await.unwrap().holder.is_none());
+}
+
+/// A grant the engine never learnt of (its acquire's answer was lost and the read-back failed):
+/// `withdraw` of that candidate releases it and ends its term in the history, so the lease is
+/// free at once and the history has no open term. Another candidate's withdraw touches nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn withdraw_gives_up_a_grant_the_engine_never_saw() {
+    let Some(store) = store().await else { return };
+    let (a, b) = (CandidateId::new("a").unwrap(), CandidateId::new("b").unwrap());
+
+    // A blob lease.
+    let leased = lease("withdraw-leased");
+    let grant = granted(&store, &leased, "a").await;
+    store.withdraw(&leased, &b).await.unwrap();
+    assert_eq!(
+        store.inspect(&leased).await.unwrap().holder.map(|h| h.term),
+        Some(grant.term)
+    );
+    store.withdraw(&leased, &a).await.unwrap();
+    let seen = store.inspect(&leased).await.unwrap();
+    assert_eq!((seen.holder, seen.previous_end), (None, Some(EndReason::Released)));
+    let history = store.history(&leased, 10).await.unwrap();
+    assert!(
+        matches!(history.last(), Some(t) if t.term == grant.term && matches!(t.ended, Some((_, EndReason::Released)))),
+        "{history:?}"
+    );
+
+    // A claim that never became a blob lease (the acquire stopped after its first request).
+    let claimed = lease("withdraw-claimed");
+    let first = granted(&store, &claimed, "a").await;
+    store.release(&first).await.unwrap();
+    let record = [
+        ("leasehold_term", "2"),
+        ("leasehold_holder", "a"),
+        ("leasehold_ttl_ms", "15000"),
+        ("leasehold_acquired_ms", "1700000000000"),
+        ("leasehold_state", "claimed"),
+    ];
+    common::raw_set_metadata(store.config(), &store.blob_name(&claimed), &record, None)
+        .await
+        .unwrap();
+    let other = store_b().await;
+    assert_eq!(
+        other.inspect(&claimed).await.unwrap().holder.map(|h| h.term.0),
+        Some(2),
+        "a live claim is held"
+    );
+    other.withdraw(&claimed, &a).await.unwrap();
+    assert!(other.inspect(&claimed).await.unwrap().holder.is_none());
+    let history = other.history(&claimed, 10).await.unwrap();
+    let ends: Vec<(u64, Option<EndReason>)> = history.iter().map(|t| (t.term.0, t.ended.map(|(_, r)| r))).collect();
+    assert_eq!(ends, [(1, Some(EndReason::Released)), (2, Some(EndReason::Released))]);
+    assert_eq!(granted(&store_b().await, &claimed, "b").await.term.0, 3);
 }
 
 fn percent_decode(s: &str) -> String {
@@ -197,7 +278,10 @@ fn percent_decode(s: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_by_url_and_ttls() {
     let Some(config) = common::azurite() else { return };
-    let Auth::Sas(sas) = &config.auth else { unreachable!() };
+    let Auth::AccountKey(key) = &config.auth else {
+        unreachable!()
+    };
+    let sas = common::account_sas(&config.account, key.expose(), Duration::from_secs(3600));
     let encode = |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
     let url = format!(
         "azblob://{}/{}?prefix=url/&endpoint={}&sas={}",
@@ -286,7 +370,7 @@ async fn history_blobs(store: &AzureBlobStore, lease: &LeaseName) -> Vec<u64> {
 async fn history_keeps_the_most_recent_terms() {
     let Some(mut config) = common::azurite() else { return };
     config.history_limit = 5;
-    let store = AzureBlobStore::connect_with(config).await.unwrap();
+    let store = AzureBlobStore::from_config(config).await.unwrap();
     let lease = lease("pruned");
     let mut terms = Vec::new();
     for _ in 0..12 {
@@ -309,7 +393,7 @@ async fn history_keeps_the_most_recent_terms() {
 async fn old_history_blobs_are_swept() {
     let Some(mut config) = common::azurite() else { return };
     config.history_limit = 5;
-    let store = AzureBlobStore::connect_with(config.clone()).await.unwrap();
+    let store = AzureBlobStore::from_config(config.clone()).await.unwrap();
     let lease = lease("swept");
     let grant = granted(&store, &lease, "a").await;
     store.release(&grant).await.unwrap();
@@ -331,7 +415,7 @@ async fn old_history_blobs_are_swept() {
     common::raw_set_metadata(&config, &store.blob_name(&lease), &record, None)
         .await
         .unwrap();
-    let fresh = AzureBlobStore::connect_with(config).await.unwrap();
+    let fresh = AzureBlobStore::from_config(config).await.unwrap();
     assert_eq!(granted(&fresh, &lease, "a").await.term.0, 99);
     assert_eq!(history_blobs(&store, &lease).await, [1, 2, 40, 90, 99]);
     assert_eq!(granted(&fresh, &lease, "a").await.term.0, 100);

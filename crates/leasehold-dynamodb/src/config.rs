@@ -1,11 +1,12 @@
 //! Which table, where, and with which credentials: `dynamodb://` URLs and their options.
 
-use leasehold_core::url_options::{parse_duration, percent_decode};
-use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use leasehold_core::config::{Secret, StoreUrl, percent_decode, redact_url_and_user};
 use leasehold_core::{Error, Result};
+
+use crate::error::STORE;
 
 /// The URL schemes this backend handles.
 pub const URL_SCHEMES: &[&str] = &["dynamodb"];
@@ -14,35 +15,32 @@ pub const URL_SCHEMES: &[&str] = &["dynamodb"];
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The default number of operations a store has in flight at once
-/// ([`DynamoDbStore::with_max_in_flight`](crate::DynamoDbStore::with_max_in_flight)).
+/// ([`DynamoDbConfig::max_in_flight`]).
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 32;
 
 const MAX_IN_FLIGHT: usize = 10_000;
 const MIN_TIMEOUT: Duration = Duration::from_millis(10);
 const MAX_TIMEOUT: Duration = Duration::from_secs(600);
-const OPTIONS: &str =
-    "endpoint, region, access_key_id, secret_access_key, session_token, create_table, timeout, max_in_flight";
-const REDACTED: &str = "***";
+const OPTIONS: &[&str] = &[
+    "endpoint",
+    "region",
+    "access_key_id",
+    "secret_access_key",
+    "session_token",
+    "create_table",
+    "timeout",
+    "max_in_flight",
+];
 
 /// Static credentials given in the URL. `Debug` never shows them.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StaticCredentials {
     /// The access key id.
-    pub access_key_id: String,
+    pub access_key_id: Secret,
     /// The secret access key.
-    pub secret_access_key: String,
+    pub secret_access_key: Secret,
     /// A session token of temporary credentials.
-    pub session_token: Option<String>,
-}
-
-impl fmt::Debug for StaticCredentials {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StaticCredentials")
-            .field("access_key_id", &REDACTED)
-            .field("secret_access_key", &REDACTED)
-            .field("session_token", &self.session_token.as_ref().map(|_| REDACTED))
-            .finish()
-    }
+    pub session_token: Option<Secret>,
 }
 
 /// Where the lease table is and how to reach it.
@@ -54,7 +52,7 @@ impl fmt::Debug for StaticCredentials {
 /// dynamodb://TABLE?endpoint=http://127.0.0.1:28000&region=us-east-1&access_key_id=AK&secret_access_key=SK&create_table=true
 /// ```
 ///
-/// Query options (values may be `%XX`-escaped):
+/// Query options (values may be `%XX`-escaped; each at most once; any other is an error naming it):
 ///
 /// - `endpoint`: the service URL, for DynamoDB Local, dynalite or a VPC endpoint. Default: the
 ///   regional AWS endpoint.
@@ -65,10 +63,10 @@ impl fmt::Debug for StaticCredentials {
 ///   web identity, ECS/EC2 roles), which needs the crate feature `aws-config`.
 /// - `create_table`: `true` creates the table (on-demand capacity) when it is missing. Default
 ///   `false`.
-/// - `timeout`: how long one request may take, `2s` by default; `500ms`, `5s`, `1m` or a bare
-///   number of milliseconds; 10 ms to 10 min.
+/// - `timeout`: how long one request may take, `2s` by default; a number and a unit (`500ms`,
+///   `5s`, `1m`), 10 ms to 10 min.
 /// - `max_in_flight`: how many operations one store sends at once, 1 to 10,000; the others wait
-///   their turn in order. Default 32.
+///   their turn, renewals and releases first. Default 32.
 ///
 /// `Debug`, `Display` and every error replace the credentials with `***`.
 ///
@@ -84,7 +82,7 @@ impl fmt::Debug for StaticCredentials {
 /// assert!(!format!("{config:?} {config}").contains("s3cret"));
 /// # Ok::<(), leasehold_core::Error>(())
 /// ```
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DynamoDbConfig {
     /// The table: 3 to 255 ASCII letters, digits, `_`, `-` or `.`.
@@ -99,7 +97,8 @@ pub struct DynamoDbConfig {
     pub create_table: bool,
     /// How long one request may take.
     pub timeout: Duration,
-    /// How many operations one store has in flight at once.
+    /// How many operations one store has in flight at once (renewals and releases are let in
+    /// first when they queue).
     pub max_in_flight: usize,
 }
 
@@ -122,96 +121,54 @@ impl DynamoDbConfig {
     /// # Errors
     ///
     /// [`Error::InvalidUrl`] (with the URL's secrets replaced by `***`) naming what is wrong:
-    /// another scheme, a missing or invalid table name, an unknown option or a bad value.
-    pub fn from_url(url: &str) -> Result<Self> {
-        let invalid = |reason: String| Error::InvalidUrl {
-            url: redact_url(url),
-            reason,
-        };
-        let rest = URL_SCHEMES
-            .iter()
-            .find_map(|scheme| {
-                let (head, rest) = url.split_at_checked(scheme.len())?;
-                let rest = rest.strip_prefix("://").filter(|_| head.eq_ignore_ascii_case(scheme))?;
-                Some(rest)
-            })
-            .ok_or_else(|| {
-                invalid("the scheme must be dynamodb:// (e.g. dynamodb://leases?region=eu-west-1)".into())
-            })?;
-        let (table, query) = rest.split_once('?').unwrap_or((rest, ""));
-        // An '@' before any option value, or a ':' in the table, is user info (whose password
-        // may hold a '?' and so reach into the query): rejected without quoting any of it.
-        let first_value = rest.find('=').unwrap_or(rest.len());
-        if table.contains(['@', ':']) || rest[..first_value].contains('@') {
-            return Err(invalid(
-                "credentials go in the query (access_key_id=...&secret_access_key=...), not before '@'".into(),
-            ));
+    /// another scheme, a missing or invalid table name, an unknown or repeated option or a bad
+    /// value.
+    pub fn from_url(text: &str) -> Result<Self> {
+        // User info would be an AWS key: refused before parsing, with all of it hidden (a secret
+        // holding '/', '?' or '#' would otherwise end the host early and show in the error).
+        let authority = text.split_once("://").map_or("", |(_, rest)| rest);
+        let before_options = authority.split('=').next().unwrap_or_default();
+        let before_query = authority.split('?').next().unwrap_or_default();
+        if before_options.contains('@') || before_query.contains(['@', ':']) {
+            return Err(Error::InvalidUrl {
+                url: redact_url_and_user(text),
+                reason: "credentials go in the query (access_key_id=...&secret_access_key=...), not before '@'".into(),
+            });
         }
-        let table = table.strip_suffix('/').unwrap_or(table);
-        if table.is_empty() {
-            return Err(invalid("no table name (e.g. dynamodb://leases)".into()));
+        let url = StoreUrl::parse(text, STORE)?.known_options(OPTIONS).user_is_secret();
+        url.require_scheme(URL_SCHEMES)?;
+        if !url.has_authority() {
+            return Err(url.invalid("expected dynamodb://TABLE (e.g. dynamodb://leases?region=eu-west-1)"));
         }
-        let mut config = DynamoDbConfig::new(percent_decode(table).map_err(invalid)?);
-        let (mut key_id, mut secret, mut token) = (None, None, None);
-        let mut after_secret = false;
-        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
-            if after_secret && !pair.contains('=') {
-                return Err(invalid(
-                    "a credential option's value holds an unescaped '&' (write it as %26)".into(),
-                ));
+        if url.username().is_some() || url.password().is_some() {
+            return Err(
+                url.invalid("credentials go in the query (access_key_id=...&secret_access_key=...), not before '@'")
+            );
+        }
+        if url.hosts().len() > 1 || url.port().is_some() || !matches!(url.path(), "" | "/") {
+            return Err(url.invalid("expected dynamodb://TABLE: one table name, no port or path"));
+        }
+        let table = url
+            .host()
+            .ok_or_else(|| url.invalid("no table name (e.g. dynamodb://leases)"))?;
+        let table = percent_decode(table).map_err(|why| url.invalid(format!("the table name: {why}")))?;
+        let mut config = DynamoDbConfig::new(table);
+        let mut options = url.options();
+        if let Some(endpoint) = options.string("endpoint") {
+            if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) || endpoint.len() <= 8 {
+                return Err(options.invalid("endpoint", "expected an http:// or https:// URL"));
             }
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let follows_secret = std::mem::replace(&mut after_secret, is_secret(key));
-            let value = percent_decode(value).map_err(invalid)?;
-            let bad = |allowed: &str| {
-                let shown = if is_secret(key) { REDACTED } else { value.as_str() };
-                invalid(format!("option {key}={shown:?}: expected {allowed}"))
-            };
-            match key {
-                "endpoint" => {
-                    if !(value.starts_with("http://") || value.starts_with("https://")) || value.len() <= 8 {
-                        return Err(bad("an http:// or https:// URL"));
-                    }
-                    config.endpoint = Some(value);
-                }
-                "region" => {
-                    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
-                        return Err(bad("a region such as eu-west-1"));
-                    }
-                    config.region = Some(value);
-                }
-                "access_key_id" if !value.is_empty() => key_id = Some(value),
-                "secret_access_key" if !value.is_empty() => secret = Some(value),
-                "session_token" if !value.is_empty() => token = Some(value),
-                "access_key_id" | "secret_access_key" | "session_token" => return Err(bad("a non-empty value")),
-                "create_table" => {
-                    config.create_table = match value.to_ascii_lowercase().as_str() {
-                        "true" | "1" | "yes" | "on" => true,
-                        "false" | "0" | "no" | "off" => false,
-                        _ => return Err(bad("true or false")),
-                    };
-                }
-                "timeout" => {
-                    config.timeout = parse_duration(&value)
-                        .filter(|d| (MIN_TIMEOUT..=MAX_TIMEOUT).contains(d))
-                        .ok_or_else(|| bad("a duration from 10ms to 10m such as 2s, 500ms or 2000 (milliseconds)"))?;
-                }
-                "max_in_flight" => {
-                    config.max_in_flight = value
-                        .parse()
-                        .ok()
-                        .filter(|n| (1..=MAX_IN_FLIGHT).contains(n))
-                        .ok_or_else(|| bad("a whole number from 1 to 10000"))?;
-                }
-                // Perhaps the rest of a secret value: not quoted.
-                _ if follows_secret => {
-                    return Err(invalid(format!(
-                        "an unknown option follows a credential; if the credential holds an '&', write it as %26 (known options: {OPTIONS})"
-                    )));
-                }
-                _ => return Err(invalid(format!("unknown option {key:?} (known: {OPTIONS})"))),
-            }
+            config.endpoint = Some(endpoint);
         }
+        if let Some(region) = options.string("region") {
+            if region.is_empty() || !region.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+                return Err(options.invalid("region", "expected a region such as eu-west-1"));
+            }
+            config.region = Some(region);
+        }
+        let key_id = options.secret("access_key_id").filter(|s| !s.is_empty());
+        let secret = options.secret("secret_access_key").filter(|s| !s.is_empty());
+        let token = options.secret("session_token").filter(|s| !s.is_empty());
         config.credentials = match (key_id, secret) {
             (Some(access_key_id), Some(secret_access_key)) => Some(StaticCredentials {
                 access_key_id,
@@ -220,16 +177,33 @@ impl DynamoDbConfig {
             }),
             (None, None) if token.is_none() => None,
             _ => {
-                return Err(invalid(
-                    "access_key_id and secret_access_key go together (session_token needs both)".into(),
+                return Err(options.invalid(
+                    "access_key_id",
+                    "access_key_id and secret_access_key go together (session_token needs both)",
                 ));
             }
         };
+        if let Some(create) = options.bool("create_table")? {
+            config.create_table = create;
+        }
+        if let Some(timeout) = options.duration("timeout")? {
+            if !(MIN_TIMEOUT..=MAX_TIMEOUT).contains(&timeout) {
+                return Err(options.invalid("timeout", "expected 10ms to 10m"));
+            }
+            config.timeout = timeout;
+        }
+        if let Some(max) = options.parse::<usize>("max_in_flight")? {
+            if !(1..=MAX_IN_FLIGHT).contains(&max) {
+                return Err(options.invalid("max_in_flight", "expected 1 to 10000"));
+            }
+            config.max_in_flight = max;
+        }
+        options.finish()?;
         if config.endpoint.is_some() && config.region.is_none() {
             // Local servers ignore the region, but requests must still be signed for one.
             config.region = Some("us-east-1".into());
         }
-        config.validate().map_err(|e| invalid(e.to_string()))?;
+        config.validate().map_err(|e| url.invalid(e.to_string()))?;
         Ok(config)
     }
 
@@ -278,8 +252,8 @@ impl FromStr for DynamoDbConfig {
 }
 
 /// The URL form, with the credentials replaced by `***`.
-impl fmt::Display for DynamoDbConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl std::fmt::Display for DynamoDbConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "dynamodb://{}?", self.table)?;
         if let Some(endpoint) = &self.endpoint {
             write!(f, "endpoint={endpoint}&")?;
@@ -288,9 +262,13 @@ impl fmt::Display for DynamoDbConfig {
             write!(f, "region={region}&")?;
         }
         if let Some(credentials) = &self.credentials {
-            write!(f, "access_key_id={REDACTED}&secret_access_key={REDACTED}&")?;
-            if credentials.session_token.is_some() {
-                write!(f, "session_token={REDACTED}&")?;
+            write!(
+                f,
+                "access_key_id={}&secret_access_key={}&",
+                credentials.access_key_id, credentials.secret_access_key
+            )?;
+            if let Some(token) = &credentials.session_token {
+                write!(f, "session_token={token}&")?;
             }
         }
         write!(
@@ -301,31 +279,6 @@ impl fmt::Display for DynamoDbConfig {
             self.max_in_flight
         )
     }
-}
-
-impl fmt::Debug for DynamoDbConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DynamoDbConfig")
-            .field("table", &self.table)
-            .field("endpoint", &self.endpoint)
-            .field("region", &self.region)
-            .field("credentials", &self.credentials)
-            .field("create_table", &self.create_table)
-            .field("timeout", &self.timeout)
-            .finish()
-    }
-}
-
-fn is_secret(key: &str) -> bool {
-    matches!(key, "access_key_id" | "secret_access_key" | "session_token")
-}
-
-/// `url` with the user info (all of it: the user part would be an AWS access key id) and the
-/// values of credential options replaced by `***`: core's
-/// [`redact_url_and_user`](leasehold_core::url_options::redact_url_and_user), which also hides
-/// passwords typed with `/`, `?`, `#` or `@` in them.
-pub(crate) fn redact_url(url: &str) -> String {
-    leasehold_core::url_options::redact_url_and_user(url)
 }
 
 #[cfg(test)]
@@ -343,9 +296,12 @@ mod tests {
         assert_eq!(config.endpoint.as_deref(), Some("http://127.0.0.1:28000"));
         assert_eq!(config.region.as_deref(), Some("eu-west-1"));
         let credentials = config.credentials.as_ref().unwrap();
-        assert_eq!(credentials.access_key_id, "AKIDSECRETID");
-        assert_eq!(credentials.secret_access_key, "wJalrSECRETKEY");
-        assert_eq!(credentials.session_token.as_deref(), Some("TOKENSECRET"));
+        assert_eq!(credentials.access_key_id.expose(), "AKIDSECRETID");
+        assert_eq!(credentials.secret_access_key.expose(), "wJalrSECRETKEY");
+        assert_eq!(
+            credentials.session_token.as_ref().map(Secret::expose),
+            Some("TOKENSECRET")
+        );
         assert!(config.create_table);
         assert_eq!(config.timeout, Duration::from_millis(250));
         assert_eq!(config.max_in_flight, 8);
@@ -384,6 +340,7 @@ mod tests {
         for url in [
             format!("{LOCAL}&bogus=1"),
             format!("{LOCAL}&timeout=forever"),
+            format!("{LOCAL}&timeout=1s"),
             LOCAL.replace("dynamodb://leases", "dynamodb://x"),
             LOCAL.replace("dynamodb:", "dynamo:"),
             "dynamodb://AKIDSECRETID:wJalrSECRETKEY@leases".to_string(),
@@ -423,21 +380,24 @@ mod tests {
     fn malformed_urls_name_the_problem() {
         for (url, why) in [
             ("redis://leases", "scheme"),
-            ("dynamodb:leases", "scheme"),
+            ("dynamodb:leases", "expected dynamodb://TABLE"),
             ("dynamodb://", "no table"),
             ("dynamodb://?region=x", "no table"),
             ("dynamodb://ab", "table"),
-            ("dynamodb://a/b", "table"),
+            ("dynamodb://a/b", "expected dynamodb://TABLE"),
             ("dynamodb://leases?endpoint=localhost:8000", "endpoint"),
             ("dynamodb://leases?region=eu_west", "region"),
             ("dynamodb://leases?create_table=maybe", "create_table"),
+            ("dynamodb://leases?create_table=1", "create_table"),
             ("dynamodb://leases?timeout=5ms", "timeout"),
             ("dynamodb://leases?timeout=1h", "timeout"),
+            ("dynamodb://leases?timeout=2000", "needs a unit"),
             ("dynamodb://leases?max_in_flight=0", "max_in_flight"),
             ("dynamodb://leases?max_in_flight=lots", "max_in_flight"),
             ("dynamodb://leases?access_key_id=AK", "go together"),
             ("dynamodb://leases?session_token=T", "go together"),
-            ("dynamodb://leases?table=x", "unknown option \"table\""),
+            ("dynamodb://leases?table=x", "unknown option table"),
+            ("dynamodb://leases?region=a&region=b", "option region is given twice"),
             ("dynamodb://lea%zzses", "%-escape"),
         ] {
             match DynamoDbConfig::from_url(url) {

@@ -1,17 +1,18 @@
-//! How DynamoDB's answers become leasehold errors.
+//! How DynamoDB's answers become leasehold errors: one line each, naming the operation, the
+//! service's error code and message (or the transport's innermost cause), and what to check.
 
 use std::error::Error as StdError;
 use std::fmt;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::config::http::HttpResponse;
-use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::RequestId;
 use leasehold_core::Error;
 
 pub(crate) const STORE: &str = "dynamodb";
 
-/// Why the lease table cannot be used: the source of an [`Error::Store`] from
+/// Why the lease table cannot be used: the source of the [`Error::Refused`] from
 /// [`DynamoDbStore::connect`](crate::DynamoDbStore::connect).
 ///
 /// A table of the same name with another key schema is reported as
@@ -53,6 +54,13 @@ pub enum TableError {
     NoRegion,
 }
 
+impl TableError {
+    /// As the [`Error::Refused`] of `connect`.
+    pub(crate) fn refused(self) -> Error {
+        Error::refused_because(STORE, "connect", self.to_string(), self)
+    }
+}
+
 /// A condition failed: the item was not what the request required.
 pub(crate) fn is_condition_failed<E: ProvideErrorMetadata, R>(error: &SdkError<E, R>) -> bool {
     error
@@ -69,12 +77,36 @@ pub(crate) fn is_missing_table<E: ProvideErrorMetadata, R>(error: &SdkError<E, R
         .is_some_and(|code| code == "ResourceNotFoundException")
 }
 
+/// Service error codes that no retry fixes: the credentials or the permissions.
+const REFUSED: &[&str] = &[
+    "AccessDeniedException",
+    "UnrecognizedClientException",
+    "InvalidSignatureException",
+    "IncompleteSignatureException",
+    "MissingAuthenticationTokenException",
+    "ExpiredTokenException",
+    "InvalidClientTokenId",
+];
+
+/// Service error codes of a busy or failing service: the request may be retried.
+const TRANSIENT: &[&str] = &[
+    "ProvisionedThroughputExceededException",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+    "InternalServerError",
+    "ServiceUnavailable",
+    "TransactionConflictException",
+    "LimitExceededException",
+];
+
 /// Maps a failed request: what may have been applied (connection trouble, timeouts, throttling,
-/// server errors) is transient; everything else is definite.
+/// server errors) is transient; refused credentials and permissions are [`Error::Refused`];
+/// everything else is definite.
 pub(crate) fn map<E>(error: SdkError<E, HttpResponse>, operation: &'static str, timeout: Duration) -> Error
 where
     E: ProvideErrorMetadata + StdError + Send + Sync + 'static,
 {
+    let described = Described::new(operation, &error);
     match &error {
         SdkError::TimeoutError(_) => {
             return Error::Timeout {
@@ -90,13 +122,9 @@ where
                 after: timeout,
             };
         }
-        SdkError::DispatchFailure(failure) if failure.is_user() => {
-            return Error::store(STORE, Described::new(operation, &error));
-        }
-        SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
-            return Error::unreachable(STORE, Described::new(operation, &error));
-        }
-        SdkError::ConstructionFailure(_) => return Error::store(STORE, Described::new(operation, &error)),
+        SdkError::DispatchFailure(failure) if failure.is_user() => return Error::store(STORE, described),
+        SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => return Error::unreachable(STORE, described),
+        SdkError::ConstructionFailure(_) => return Error::store(STORE, described),
         _ => {}
     }
     let code = error
@@ -104,48 +132,94 @@ where
         .and_then(ProvideErrorMetadata::code)
         .unwrap_or_default();
     let status = error.raw_response().map(|r| r.status().as_u16()).unwrap_or_default();
-    let transient = matches!(
-        code,
-        "ProvisionedThroughputExceededException"
-            | "ThrottlingException"
-            | "RequestLimitExceeded"
-            | "InternalServerError"
-            | "ServiceUnavailable"
-            | "TransactionConflictException"
-            | "LimitExceededException"
-    ) || status >= 500;
-    if transient {
-        Error::unreachable(STORE, Described::new(operation, &error))
+    if REFUSED.contains(&code) || status == 403 {
+        Error::refused_because(STORE, operation, described.reason.clone(), described)
+    } else if TRANSIENT.contains(&code) || status >= 500 {
+        Error::unreachable(STORE, described)
     } else {
-        Error::store(STORE, Described::new(operation, &error))
+        Error::store(STORE, described)
     }
 }
 
-/// A client error described in full (the SDK's own `Display` says only "service error"), with
-/// the operation. Credentials never appear in SDK errors.
+/// Whether a request reached something that answered, but not as DynamoDB: the connection
+/// closed before a response, or the response could not be read.
+pub(crate) fn is_foreign_answer<E, R>(error: &SdkError<E, R>) -> bool {
+    match error {
+        SdkError::DispatchFailure(failure) => failure.is_other(),
+        SdkError::ResponseError(_) => true,
+        _ => false,
+    }
+}
+
+/// A failed request in one line: `describe_table: UnrecognizedClientException: The security
+/// token included in the request is invalid. (check ...) (request id ...)`. The SDK's own
+/// `Display` says only "service error", and its `Debug` is a page. Credentials never appear in
+/// SDK errors.
 #[derive(Debug)]
 pub(crate) struct Described {
-    text: String,
+    operation: &'static str,
+    /// Everything but the operation.
+    pub(crate) reason: String,
 }
 
 impl Described {
     fn new<E, R>(operation: &'static str, error: &SdkError<E, R>) -> Self
     where
         E: ProvideErrorMetadata + StdError + 'static,
-        R: fmt::Debug,
+        R: fmt::Debug + 'static,
     {
-        let mut text = format!("{operation}: {}", DisplayErrorContext(error));
+        let mut reason = match error {
+            SdkError::ServiceError(_) => {
+                let meta = error.as_service_error().map(ProvideErrorMetadata::meta);
+                let code = meta.and_then(|m| m.code()).unwrap_or("an unknown error");
+                let message = meta.and_then(|m| m.message()).map(first_line).unwrap_or_default();
+                let hint = if REFUSED.contains(&code) {
+                    " (check access_key_id, secret_access_key, session_token and region, or the IAM policy)"
+                } else {
+                    ""
+                };
+                if message.is_empty() {
+                    format!("{code}{hint}")
+                } else {
+                    format!("{code}: {message}{hint}")
+                }
+            }
+            SdkError::DispatchFailure(failure) if failure.is_io() => {
+                format!("{} (check the endpoint and that the service is up)", innermost(error))
+            }
+            _ => innermost(error),
+        };
         if let Some(id) = error.as_service_error().and_then(|e| e.meta().request_id()) {
-            text.push_str(&format!(" (request id {id})"));
+            reason.push_str(&format!(" (request id {id})"));
         }
-        Described { text }
+        Described { operation, reason }
     }
 }
 
 impl fmt::Display for Described {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.text)
+        write!(f, "{}: {}", self.operation, self.reason)
     }
 }
 
 impl StdError for Described {}
+
+fn first_line(text: &str) -> String {
+    text.lines().next().unwrap_or_default().chars().take(300).collect()
+}
+
+/// The most specific message in an error's chain (`tcp connect error: Connection refused (os
+/// error 111)`) rather than `dispatch failure`.
+fn innermost(error: &(dyn StdError + 'static)) -> String {
+    let mut texts = vec![error.to_string()];
+    let mut source = error.source();
+    while let Some(inner) = source {
+        texts.push(inner.to_string());
+        source = inner.source();
+    }
+    // The last two links carry the most: "tcp connect error: Connection refused (os error 111)".
+    let mut specific: Vec<&str> = texts.iter().rev().take(2).map(String::as_str).collect();
+    specific.reverse();
+    specific.dedup();
+    first_line(&specific.join(": "))
+}

@@ -2,10 +2,12 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
+mod acquire;
 mod config;
 mod error;
 mod record;
 mod store;
+mod table;
 
 #[doc = include_str!("../docs.md")]
 pub mod docs {}

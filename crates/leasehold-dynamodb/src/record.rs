@@ -13,8 +13,9 @@ use std::ops::RangeInclusive;
 use std::time::{Duration, SystemTime};
 
 use aws_sdk_dynamodb::types::AttributeValue;
+use leasehold_core::time::{from_unix_millis, unix_millis};
 use leasehold_core::{
-    CandidateId, EndReason, Error, HolderInfo, LeaseName, Observation, Result, Term, Transition, random_u64,
+    CandidateId, EndReason, Error, HolderInfo, LeaseName, Observation, RecordVersion, Result, Term, Transition,
 };
 
 use crate::error::STORE;
@@ -118,7 +119,7 @@ impl Record {
             None if term.0 > 0 => return Err(corrupt(format!("term {term} has no last_holder"))),
             None => None,
         };
-        let acquired_at = fields.number("acquired_at").map_err(corrupt)?.map(system_time);
+        let acquired_at = fields.number("acquired_at").map_err(corrupt)?.map(from_unix_millis);
         let holder = match (
             fields.string("holder"),
             fields.number("ttl_ms"),
@@ -134,7 +135,7 @@ impl Record {
                 let ttl = Some(Duration::from_millis(ttl_ms))
                     .filter(|ttl| TTL_RANGE.contains(ttl))
                     .ok_or_else(|| corrupt(format!("ttl_ms {ttl_ms} is outside {TTL_RANGE:?}")))?;
-                if !is_version(&version) {
+                if RecordVersion::parse(&version).is_none() {
                     return Err(corrupt(format!("version {version:?} is not 16 hex digits")));
                 }
                 Some(Holding { id, ttl, version })
@@ -156,7 +157,7 @@ impl Record {
                 let reason = reason
                     .parse::<EndReason>()
                     .map_err(|e| corrupt(format!("previous_end: {e}")))?;
-                Some((system_time(at), reason))
+                Some((from_unix_millis(at), reason))
             }
             _ => {
                 return Err(corrupt(
@@ -231,8 +232,8 @@ fn decode_previous(fields: &Fields<'_>, term: Term) -> Result<Option<Transition>
             Ok(Some(Transition {
                 term: Term(prev_term),
                 holder,
-                acquired_at: system_time(acquired_at),
-                ended: Some((system_time(ended_at), reason)),
+                acquired_at: from_unix_millis(acquired_at),
+                ended: Some((from_unix_millis(ended_at), reason)),
             }))
         }
         _ => Err(
@@ -285,7 +286,7 @@ pub(crate) fn decode_transition(lease: &LeaseName, item: &Item) -> Result<Transi
     let acquired_at = fields
         .number("acquired_at")
         .map_err(corrupt)?
-        .map_or(SystemTime::UNIX_EPOCH, system_time);
+        .map_or(SystemTime::UNIX_EPOCH, from_unix_millis);
     let ended = match (fields.number("ended_at"), fields.string("end_reason")) {
         (Err(e), _) | (_, Err(e)) => return Err(corrupt(format!("term {term}: {e}"))),
         (Ok(None), Ok(None)) => None,
@@ -293,7 +294,7 @@ pub(crate) fn decode_transition(lease: &LeaseName, item: &Item) -> Result<Transi
             let reason = reason
                 .parse::<EndReason>()
                 .map_err(|e| corrupt(format!("term {term}: end_reason: {e}")))?;
-            Some((system_time(at), reason))
+            Some((from_unix_millis(at), reason))
         }
         _ => {
             return Err(corrupt(format!(
@@ -361,30 +362,6 @@ fn describe(value: &AttributeValue) -> String {
         AttributeValue::Null(_) => "NULL".into(),
         _ => "a value of an unknown type".into(),
     }
-}
-
-/// A fresh record version: 16 random hex digits.
-pub(crate) fn new_version() -> String {
-    format!("{:016x}", random_u64())
-}
-
-fn is_version(text: &str) -> bool {
-    text.len() == 16 && text.bytes().all(|b| b.is_ascii_hexdigit())
-}
-
-/// Unix milliseconds of a wall-clock time, for the audit trail only.
-pub(crate) fn unix_millis(time: SystemTime) -> u64 {
-    let millis = time
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis();
-    u64::try_from(millis).unwrap_or(u64::MAX)
-}
-
-fn system_time(millis: u64) -> SystemTime {
-    SystemTime::UNIX_EPOCH
-        .checked_add(Duration::from_millis(millis))
-        .unwrap_or(SystemTime::UNIX_EPOCH)
 }
 
 #[cfg(test)]
@@ -479,8 +456,8 @@ mod tests {
         let t = Transition {
             term: Term(3),
             holder: CandidateId::new("b").unwrap(),
-            acquired_at: system_time(1_000),
-            ended: Some((system_time(2_000), EndReason::Expired)),
+            acquired_at: from_unix_millis(1_000),
+            ended: Some((from_unix_millis(2_000), EndReason::Expired)),
         };
         let item = transition_item(&lease(), &t);
         assert_eq!(decode_transition(&lease(), &item).unwrap(), t);

@@ -1,6 +1,6 @@
 //! [`DynamoDbStore`]: the [`LeaseStore`] on one DynamoDB table.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -8,28 +8,18 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::config::retry::RetryConfig;
-use aws_sdk_dynamodb::config::timeout::TimeoutConfig;
-use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region, StalledStreamProtectionConfig};
-use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ReturnValue,
-    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus,
-};
+use aws_sdk_dynamodb::types::AttributeValue;
+use leasehold_core::time::unix_millis;
 use leasehold_core::{
-    AcquireRequest, Acquired, Capabilities, EndReason, Error, Expiry, Grant, LeaseName, LeaseStore, Notifications,
-    Observation, Renewed, Result, Term, Transition,
+    AcquireRequest, Acquired, Capabilities, EndReason, Error, Expiry, Grant, LeaseName, LeaseStore, LimitStore,
+    Notifications, Observation, RecordVersion, Renewed, Result, Term, Transition,
 };
-use tokio::sync::{Semaphore, SemaphorePermit};
 
+use crate::acquire::Taken;
 use crate::config::{DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT, DynamoDbConfig};
-use crate::error::{self, STORE, TableError};
-use crate::record::{
-    self, HISTORY_PREFIX, Item, KEY, LEASE_SK, Record, SORT, TTL_RANGE, key, n, new_version, s, unix_millis,
-};
-
-/// How long [`DynamoDbStore::create_table_if_missing`] waits for a new table to become active.
-const TABLE_WAIT: Duration = Duration::from_secs(120);
+use crate::error::{self, STORE};
+use crate::record::{self, HISTORY_PREFIX, Item, KEY, LEASE_SK, Record, SORT, TTL_RANGE, key, n, s};
+use crate::table;
 
 /// Where the wall-clock times of the audit trail come from.
 type AuditClock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
@@ -48,7 +38,20 @@ type AuditClock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
 /// compared.
 ///
 /// The client does not retry on its own (the engine does) and gives every request the
-/// configured timeout.
+/// configured timeout. At most [`max_in_flight`](DynamoDbConfig::max_in_flight) operations of a
+/// store (and its clones) talk to DynamoDB at once, renewals and releases first
+/// ([`LimitStore`]): every operation in flight holds a connection, and past the server's own
+/// parallelism more of them only make each one slower.
+///
+/// # Cancel safety
+///
+/// Every write is one conditional request, applied or not as a whole, and the engine settles an
+/// unknown outcome by reading back. An acquire dropped after its grant leaves the term it ended
+/// in the lease item's `prev_*` slot: `history` reads it from there, and the next grant writes
+/// its history item first. A dropped renewal changes nothing or moves the version on (the grant
+/// stays valid until its deadline either way); a dropped release leaves the lease to be taken
+/// over once its version has been seen unchanged for a TTL. An operation dropped while it waits
+/// for its turn is never sent.
 ///
 /// # Examples
 ///
@@ -70,25 +73,34 @@ type AuditClock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
 /// ```
 #[derive(Clone)]
 pub struct DynamoDbStore {
-    client: Client,
-    table: Arc<str>,
-    timeout: Duration,
-    audit_clock: AuditClock,
-    /// Bounds the operations in flight (and so the connections in the pool).
-    in_flight: Arc<Semaphore>,
-    /// Bounds the operations other than renew and release to half of `in_flight`, so that
-    /// renewals never queue behind a backlog of campaigns.
-    others: Arc<Semaphore>,
-    max_in_flight: usize,
+    requests: Arc<LimitStore<Table>>,
 }
 
 impl fmt::Debug for DynamoDbStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The client holds the credentials: leave it out.
+        let table = self.requests.inner();
         f.debug_struct("DynamoDbStore")
+            .field("table", &table.table)
+            .field("timeout", &table.timeout)
+            .field("max_in_flight", &self.requests.max_in_flight())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The requests on the table, behind the [`LimitStore`] of a [`DynamoDbStore`].
+#[derive(Clone)]
+pub(crate) struct Table {
+    pub(crate) client: Client,
+    pub(crate) table: Arc<str>,
+    pub(crate) timeout: Duration,
+    pub(crate) audit_clock: AuditClock,
+}
+
+impl fmt::Debug for Table {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Table")
             .field("table", &self.table)
-            .field("timeout", &self.timeout)
-            .field("max_in_flight", &self.max_in_flight)
             .finish_non_exhaustive()
     }
 }
@@ -99,9 +111,9 @@ impl DynamoDbStore {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidUrl`] for a malformed URL; otherwise as [`DynamoDbStore::connect_with`].
+    /// [`Error::InvalidUrl`] for a malformed URL; otherwise as [`DynamoDbStore::from_config`].
     pub async fn connect(url: &str) -> Result<Self> {
-        DynamoDbStore::connect_with(DynamoDbConfig::from_str(url)?).await
+        DynamoDbStore::from_config(DynamoDbConfig::from_str(url)?).await
     }
 
     /// Builds a client for `config`, creates the table when it is missing and
@@ -111,14 +123,16 @@ impl DynamoDbStore {
     /// # Errors
     ///
     /// - [`Error::InvalidConfig`] for a field out of range;
-    /// - [`Error::Store`] with a [`TableError`] source: the table is missing (and `create_table`
-    ///   is off), not active in time, or no credentials or region are configured;
+    /// - [`Error::Refused`] with a [`TableError`](crate::TableError) source: the table is missing
+    ///   (and `create_table` is off), not active in time, or no credentials or region are
+    ///   configured; also when the service refuses the credentials, or something else than
+    ///   DynamoDB answers at the endpoint;
     /// - [`Error::CorruptRecord`] naming the table when it has another key schema (it is left
     ///   unchanged);
     /// - a transient error when DynamoDB cannot be reached.
-    pub async fn connect_with(config: DynamoDbConfig) -> Result<Self> {
+    pub async fn from_config(config: DynamoDbConfig) -> Result<Self> {
         config.validate()?;
-        let client = build_client(&config).await?;
+        let client = table::build_client(&config).await?;
         let store = DynamoDbStore::from_client(client, config.table.clone())
             .with_timeout(config.timeout)
             .with_max_in_flight(config.max_in_flight);
@@ -137,53 +151,43 @@ impl DynamoDbStore {
     /// Configure the client without retries (`RetryConfig::disabled()`): the engine retries, and
     /// a client that retries on its own hides how long an attempt really took.
     pub fn from_client(client: Client, table: impl Into<String>) -> Self {
-        DynamoDbStore {
+        let table = Table {
             client,
             table: table.into().into(),
             timeout: DEFAULT_TIMEOUT,
             audit_clock: Arc::new(SystemTime::now),
-            in_flight: Arc::new(Semaphore::new(DEFAULT_MAX_IN_FLIGHT)),
-            others: Arc::new(Semaphore::new(DEFAULT_MAX_IN_FLIGHT.div_ceil(2))),
-            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+        };
+        DynamoDbStore {
+            requests: Arc::new(LimitStore::new(table, DEFAULT_MAX_IN_FLIGHT)),
+        }
+    }
+
+    /// The same store with `change` made to its table client and at most `max_in_flight`
+    /// operations at once (for the builder methods, before the store is used).
+    fn rebuilt(self, max_in_flight: usize, change: impl FnOnce(&mut Table)) -> Self {
+        let mut table = self.requests.inner().clone();
+        change(&mut table);
+        DynamoDbStore {
+            requests: Arc::new(LimitStore::new(table, max_in_flight)),
         }
     }
 
     /// The timeout reported in [`Error::Timeout`] (the client's own timeouts cut requests).
     #[must_use]
-    pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
+    pub fn with_timeout(self, timeout: Duration) -> Self {
+        let max = self.requests.max_in_flight();
+        self.rebuilt(max, |table| table.timeout = timeout)
     }
 
-    /// Lets at most `max` operations of this store (and its clones) talk to DynamoDB at once;
-    /// the others wait their turn in order (default [`DEFAULT_MAX_IN_FLIGHT`]). Acquires,
-    /// inspections, history reads and breaks together get at most half of the turns, so that a
-    /// renewal or release never waits behind a backlog of campaigns (1,000 electors starting at
-    /// once, say): keeping a lease matters more than winning one.
+    /// Lets at most `max` operations of this store (and its clones) talk to DynamoDB at once
+    /// (default [`DEFAULT_MAX_IN_FLIGHT`]); when they queue, renewals and releases go first
+    /// ([`LimitStore`]), so that a renewal never waits behind a backlog of campaigns (1,000
+    /// electors starting at once, say): keeping a lease matters more than winning one.
     ///
     /// Every operation in flight holds a connection, so this also bounds the connection pool.
-    /// Past the server's own parallelism, more requests in flight only make each one slower
-    /// (and a server that is behind then serves requests whose callers have given up); an
-    /// operation whose caller gives up while it waits here is never sent.
     #[must_use]
-    pub fn with_max_in_flight(mut self, max: usize) -> Self {
-        let max = max.max(1);
-        self.in_flight = Arc::new(Semaphore::new(max));
-        self.others = Arc::new(Semaphore::new(max.div_ceil(2)));
-        self.max_in_flight = max;
-        self
-    }
-
-    /// Waits for a turn to talk to DynamoDB (see [`DynamoDbStore::with_max_in_flight`]); a
-    /// renewal or release (`keeping`) skips the queue of the other operations.
-    async fn turn(&self, keeping: bool) -> (Option<SemaphorePermit<'_>>, Option<SemaphorePermit<'_>>) {
-        // The semaphores are never closed; if they were, going ahead unlimited is the safe choice.
-        let other = if keeping {
-            None
-        } else {
-            self.others.acquire().await.ok()
-        };
-        (other, self.in_flight.acquire().await.ok())
+    pub fn with_max_in_flight(self, max: usize) -> Self {
+        self.rebuilt(max.max(1), |_| {})
     }
 
     /// Takes the wall-clock times written to the audit trail (`acquired_at`, `ended_at`) from
@@ -204,19 +208,19 @@ impl DynamoDbStore {
     /// # }
     /// ```
     #[must_use]
-    pub fn with_audit_clock(mut self, clock: impl Fn() -> SystemTime + Send + Sync + 'static) -> Self {
-        self.audit_clock = Arc::new(clock);
-        self
+    pub fn with_audit_clock(self, clock: impl Fn() -> SystemTime + Send + Sync + 'static) -> Self {
+        let max = self.requests.max_in_flight();
+        self.rebuilt(max, |table| table.audit_clock = Arc::new(clock))
     }
 
     /// The SDK client.
     pub fn client(&self) -> &Client {
-        &self.client
+        &self.requests.inner().client
     }
 
     /// The table.
     pub fn table(&self) -> &str {
-        &self.table
+        &self.requests.inner().table
     }
 
     /// Checks that the table exists, is active and has leasehold's key schema
@@ -224,17 +228,9 @@ impl DynamoDbStore {
     ///
     /// # Errors
     ///
-    /// As [`DynamoDbStore::connect_with`].
+    /// As [`DynamoDbStore::from_config`].
     pub async fn verify_table(&self) -> Result<()> {
-        match self.describe_table().await? {
-            Some(status) => self.await_active(status).await,
-            None => Err(Error::store(
-                STORE,
-                TableError::Missing {
-                    table: self.table.to_string(),
-                },
-            )),
-        }
+        self.requests.inner().verify_table().await
     }
 
     /// Creates the table with on-demand capacity (`PAY_PER_REQUEST`) if it does not exist, waits
@@ -242,121 +238,58 @@ impl DynamoDbStore {
     ///
     /// # Errors
     ///
-    /// As [`DynamoDbStore::connect_with`]; [`Error::Store`] when the table cannot be created
+    /// As [`DynamoDbStore::from_config`]; [`Error::Store`] when the table cannot be created
     /// (for instance without `dynamodb:CreateTable` permission).
     pub async fn create_table_if_missing(&self) -> Result<()> {
-        if let Some(status) = self.describe_table().await? {
-            return self.await_active(status).await;
-        }
-        let attribute = |name: &str| {
-            AttributeDefinition::builder()
-                .attribute_name(name)
-                .attribute_type(ScalarAttributeType::S)
-                .build()
-                .map_err(|e| Error::store(STORE, e))
-        };
-        let key_element = |name: &str, key_type| {
-            KeySchemaElement::builder()
-                .attribute_name(name)
-                .key_type(key_type)
-                .build()
-                .map_err(|e| Error::store(STORE, e))
-        };
-        let created = self
-            .client
-            .create_table()
-            .table_name(self.table.as_ref())
-            .attribute_definitions(attribute(KEY)?)
-            .attribute_definitions(attribute(SORT)?)
-            .key_schema(key_element(KEY, KeyType::Hash)?)
-            .key_schema(key_element(SORT, KeyType::Range)?)
-            .billing_mode(BillingMode::PayPerRequest)
-            .send()
-            .await;
-        match created {
-            Ok(_) => {}
-            // Someone else is creating it at the same moment.
-            Err(e) if e.as_service_error().is_some_and(|e| e.is_resource_in_use_exception()) => {}
-            Err(e) => return Err(error::map(e, "create_table", self.timeout)),
-        }
-        let status = self.describe_table().await?.unwrap_or(TableStatus::Creating);
-        self.await_active(status).await
+        self.requests.inner().create_table_if_missing().await
+    }
+}
+
+#[async_trait]
+impl LeaseStore for DynamoDbStore {
+    fn name(&self) -> &'static str {
+        STORE
     }
 
-    /// The table's status after checking its key schema, or `None` when it does not exist.
-    async fn describe_table(&self) -> Result<Option<TableStatus>> {
-        let described = self
-            .client
-            .describe_table()
-            .table_name(self.table.as_ref())
-            .send()
-            .await;
-        let out = match described {
-            Ok(out) => out,
-            Err(e) if error::is_missing_table(&e) => return Ok(None),
-            Err(e) => return Err(error::map(e, "describe_table", self.timeout)),
-        };
-        let Some(table) = out.table() else { return Ok(None) };
-        let keys: Vec<(String, String)> = table
-            .key_schema()
-            .iter()
-            .map(|k| (k.attribute_name().to_string(), k.key_type().as_str().to_string()))
-            .collect();
-        let types: HashMap<&str, &str> = table
-            .attribute_definitions()
-            .iter()
-            .map(|a| (a.attribute_name(), a.attribute_type().as_str()))
-            .collect();
-        let expected = [
-            (KEY.to_string(), "HASH".to_string()),
-            (SORT.to_string(), "RANGE".to_string()),
-        ];
-        if keys != expected || types.get(KEY) != Some(&"S") || types.get(SORT) != Some(&"S") {
-            let found: Vec<String> = keys
-                .iter()
-                .map(|(name, kind)| format!("{name} ({}) {kind}", types.get(name.as_str()).unwrap_or(&"?")))
-                .collect();
-            return Err(Error::corrupt(
-                STORE,
-                format!("table {}", self.table),
-                format!(
-                    "the table has key schema [{}], leasehold needs [lease (S) HASH, sk (S) RANGE]; \
-                     it was left unchanged: use another table name",
-                    found.join(", ")
-                ),
-            ));
-        }
-        Ok(Some(table.table_status().cloned().unwrap_or(TableStatus::Active)))
+    fn capabilities(&self) -> Capabilities {
+        self.requests.capabilities()
     }
 
-    /// Waits (polling, at setup only) until the table is active.
-    async fn await_active(&self, mut status: TableStatus) -> Result<()> {
-        let started = tokio::time::Instant::now();
-        loop {
-            match status {
-                TableStatus::Active => return Ok(()),
-                TableStatus::Creating | TableStatus::Updating if started.elapsed() < TABLE_WAIT => {}
-                other => {
-                    return Err(Error::store(
-                        STORE,
-                        TableError::NotActive {
-                            table: self.table.to_string(),
-                            status: other.as_str().to_string(),
-                            waited: started.elapsed(),
-                        },
-                    ));
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            status = self.describe_table().await?.unwrap_or(TableStatus::Deleting);
-        }
+    fn can_break(&self) -> bool {
+        self.requests.can_break()
     }
 
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
+        self.requests.acquire(request).await
+    }
+
+    async fn renew(&self, grant: &Grant) -> Result<Renewed> {
+        self.requests.renew(grant).await
+    }
+
+    async fn release(&self, grant: &Grant) -> Result<()> {
+        self.requests.release(grant).await
+    }
+
+    async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
+        self.requests.inspect(lease).await
+    }
+
+    async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
+        self.requests.history(lease, limit).await
+    }
+
+    async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
+        self.requests.break_lease(lease).await
+    }
+}
+
+impl Table {
     /// Reads the lease item and the newest history item in one strongly consistent query (the
     /// lease item's sort key `lease` sorts after every `history#...` key). A missing lease item
     /// is a free lease at the highest term its history records, so that a deleted item does not
     /// send the term back.
-    async fn read(&self, lease: &LeaseName, operation: &'static str) -> Result<Record> {
+    pub(crate) async fn read(&self, lease: &LeaseName, operation: &'static str) -> Result<Record> {
         let out = self
             .client
             .query()
@@ -400,267 +333,6 @@ impl DynamoDbStore {
         })
     }
 
-    /// The common grant, sent without reading first: one `UpdateItem` on the condition that the
-    /// item exists, is free, held by the candidate itself or held at exactly the `takeover`
-    /// version, and that its `prev_*` slot is empty (the term before has its history item). It
-    /// raises the term by one and moves the term it ends into the slot, all from the item's own
-    /// attributes. [`Taken::Refused`] when the condition failed, with the item that failed it
-    /// where the server returns it (DynamoDB does; emulators may not).
-    async fn take_unread(&self, request: &AcquireRequest) -> Result<Taken> {
-        let lease = &request.lease;
-        let now = (self.audit_clock)();
-        let version = new_version();
-        let mut condition = String::from(
-            "attribute_type(#t, :number) AND attribute_exists(#lh) AND attribute_not_exists(#pt) \
-             AND (attribute_not_exists(#h) OR #h = :me",
-        );
-        if request.takeover.is_some() {
-            condition.push_str(" OR #v = :takeover");
-        }
-        condition.push(')');
-        let mut update = self
-            .client
-            .update_item()
-            .table_name(self.table.as_ref())
-            .set_key(Some(key(lease, LEASE_SK)))
-            .update_expression(
-                "SET #h = :me, #lh = :me, #ttl = :ttl, #v = :version, #at = :now, \
-                 #pt = #t, #ph = #lh, #pa = if_not_exists(#at, :zero), \
-                 #pea = if_not_exists(#ea, :now), #pr = if_not_exists(#pe, :expired), #t = #t + :one \
-                 REMOVE #pe, #ea",
-            )
-            .condition_expression(condition)
-            .return_values(ReturnValue::AllNew)
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .expression_attribute_names("#t", "term")
-            .expression_attribute_names("#h", "holder")
-            .expression_attribute_names("#lh", "last_holder")
-            .expression_attribute_names("#ttl", "ttl_ms")
-            .expression_attribute_names("#v", "version")
-            .expression_attribute_names("#at", "acquired_at")
-            .expression_attribute_names("#pe", "previous_end")
-            .expression_attribute_names("#ea", "ended_at")
-            .expression_attribute_names("#pt", "prev_term")
-            .expression_attribute_names("#ph", "prev_holder")
-            .expression_attribute_names("#pa", "prev_acquired_at")
-            .expression_attribute_names("#pea", "prev_ended_at")
-            .expression_attribute_names("#pr", "prev_end")
-            .expression_attribute_values(":number", s("N"))
-            .expression_attribute_values(":me", s(request.candidate.as_str()))
-            .expression_attribute_values(":ttl", n(request.ttl.as_millis()))
-            .expression_attribute_values(":version", s(version.clone()))
-            .expression_attribute_values(":now", n(unix_millis(now)))
-            .expression_attribute_values(":zero", n(0))
-            .expression_attribute_values(":expired", s(EndReason::Expired.to_string()))
-            .expression_attribute_values(":one", n(1));
-        if let Some(takeover) = &request.takeover {
-            update = update.expression_attribute_values(":takeover", s(takeover.clone()));
-        }
-        // `SET #t = #t + :one` rather than `ADD`: dynalite applies an `ADD` to the very value
-        // that `#pt = #t` copied, so the slot would get the new term.
-        let out = match update.send().await {
-            Ok(out) => out,
-            Err(e) => {
-                return match e.as_service_error() {
-                    Some(UpdateItemError::ConditionalCheckFailedException(refused)) => {
-                        Ok(Taken::Refused(refused.item().cloned()))
-                    }
-                    _ => Err(error::map(e, "acquire", self.timeout)),
-                };
-            }
-        };
-        // The grant is done; what it wrote says which term it is, and which term it ended.
-        let record = match out.attributes() {
-            Some(item) => Record::decode(lease, item)?,
-            None => self.read(lease, "acquire").await?,
-        };
-        match &record.holder {
-            Some(h) if h.id == request.candidate && h.version == version => {}
-            // Only a foreign write right after ours could get here.
-            _ => return Ok(Taken::Acquired(Acquired::Held(record.observation(lease)))),
-        }
-        if let Some(finished) = &record.previous {
-            self.log_previous(lease, finished).await;
-        }
-        Ok(Taken::Acquired(Acquired::Granted(grant(request, record.term, version))))
-    }
-
-    /// Grants the lease over the item just read (`record`: present, and free, the candidate's,
-    /// or held at the `takeover` version), when [`DynamoDbStore::take_unread`] was refused: most
-    /// often because the `prev_*` slot still holds a term whose history item a previous grant
-    /// did not get to write (its caller gave up on it). That history item is written first,
-    /// then one `UpdateItem` on the condition that the item is still exactly as read replaces
-    /// the slot with the term this grant ends.
-    async fn take_read(&self, request: &AcquireRequest, record: &Record) -> Result<Acquired> {
-        let lease = &request.lease;
-        let now = (self.audit_clock)();
-        let term = record
-            .term
-            .0
-            .checked_add(1)
-            .map(Term)
-            .ok_or_else(|| Error::corrupt(STORE, lease, format!("term {} cannot grow any further", record.term)))?;
-        if let Some(previous) = record.previous.as_ref().filter(|p| p.term > record.history_term) {
-            self.put_history(lease, previous, "acquire").await?;
-        }
-        let finished = record.transition().map(|t| Transition {
-            ended: record.ended.or(Some((now, EndReason::Expired))),
-            ..t
-        });
-        let version = new_version();
-        let mut condition = String::from("#t = :t");
-        let mut update = self
-            .client
-            .update_item()
-            .table_name(self.table.as_ref())
-            .set_key(Some(key(lease, LEASE_SK)))
-            .expression_attribute_names("#t", "term")
-            .expression_attribute_names("#h", "holder")
-            .expression_attribute_names("#lh", "last_holder")
-            .expression_attribute_names("#ttl", "ttl_ms")
-            .expression_attribute_names("#v", "version")
-            .expression_attribute_names("#at", "acquired_at")
-            .expression_attribute_names("#pe", "previous_end")
-            .expression_attribute_names("#ea", "ended_at")
-            .expression_attribute_names("#pt", "prev_term")
-            .expression_attribute_values(":t", n(record.term.0))
-            .expression_attribute_values(":term", n(term.0))
-            .expression_attribute_values(":me", s(request.candidate.as_str()))
-            .expression_attribute_values(":ttl", n(request.ttl.as_millis()))
-            .expression_attribute_values(":version", s(version.clone()))
-            .expression_attribute_values(":now", n(unix_millis(now)));
-        match &record.holder {
-            None => condition.push_str(" AND attribute_not_exists(#h)"),
-            Some(holder) => {
-                condition.push_str(" AND #v = :seen");
-                update = update.expression_attribute_values(":seen", s(holder.version.clone()));
-            }
-        }
-        match &record.previous {
-            None => condition.push_str(" AND attribute_not_exists(#pt)"),
-            Some(previous) => {
-                condition.push_str(" AND #pt = :pt");
-                update = update.expression_attribute_values(":pt", n(previous.term.0));
-            }
-        }
-        let mut set = String::from("SET #t = :term, #h = :me, #lh = :me, #ttl = :ttl, #v = :version, #at = :now");
-        let mut remove = String::from(" REMOVE #pe, #ea");
-        match &finished {
-            Some(finished) => {
-                for (i, (name, value)) in record::previous_attributes(finished).into_iter().enumerate() {
-                    let (name_ref, value_ref) = (format!("#p{i}"), format!(":p{i}"));
-                    set.push_str(&format!(", {name_ref} = {value_ref}"));
-                    update = update
-                        .expression_attribute_names(name_ref, name)
-                        .expression_attribute_values(value_ref, value);
-                }
-            }
-            None => {
-                for (i, name) in record::PREVIOUS_ATTRIBUTES.iter().enumerate() {
-                    remove.push_str(&format!(", #p{i}"));
-                    update = update.expression_attribute_names(format!("#p{i}"), *name);
-                }
-            }
-        }
-        set.push_str(&remove);
-        let sent = update
-            .update_expression(set)
-            .condition_expression(condition)
-            .send()
-            .await;
-        match sent {
-            Ok(_) => {}
-            Err(e) if error::is_condition_failed(&e) => {
-                // Changed since we read it: tell the engine what it is now.
-                return Ok(Acquired::Held(self.read(lease, "acquire").await?.observation(lease)));
-            }
-            Err(e) => return Err(error::map(e, "acquire", self.timeout)),
-        }
-        if let Some(finished) = &finished {
-            self.log_previous(lease, finished).await;
-        }
-        Ok(Acquired::Granted(grant(request, term, version)))
-    }
-
-    /// After a grant: writes the history item of the term it ended (kept in the `prev_*` slot of
-    /// the lease item), then empties the slot, so that the next grant can go without reading.
-    /// Both are best effort: whatever is not done here is done by the next grant, which reads
-    /// the slot when its own conditional write is refused for it.
-    async fn log_previous(&self, lease: &LeaseName, finished: &Transition) {
-        let logged = match self.put_history(lease, finished, "acquire").await {
-            Ok(()) => self.clear_previous(lease, finished.term).await,
-            Err(e) => Err(e),
-        };
-        if let Err(e) = logged {
-            tracing::debug!(lease = %lease, term = %finished.term, error = %e, "history item left to the next grant");
-        }
-    }
-
-    /// Empties the `prev_*` slot of the lease item if it still holds `term` (whose history item
-    /// has been written).
-    async fn clear_previous(&self, lease: &LeaseName, term: Term) -> Result<()> {
-        let mut update = self
-            .client
-            .update_item()
-            .table_name(self.table.as_ref())
-            .set_key(Some(key(lease, LEASE_SK)))
-            .condition_expression("#p0 = :pt")
-            .expression_attribute_values(":pt", n(term.0));
-        let mut remove = String::from("REMOVE ");
-        for (i, name) in record::PREVIOUS_ATTRIBUTES.iter().enumerate() {
-            if i > 0 {
-                remove.push_str(", ");
-            }
-            remove.push_str(&format!("#p{i}"));
-            update = update.expression_attribute_names(format!("#p{i}"), *name);
-        }
-        match update.update_expression(remove).send().await {
-            Ok(_) => Ok(()),
-            Err(e) if error::is_condition_failed(&e) => Ok(()),
-            Err(e) => Err(error::map(e, "acquire", self.timeout)),
-        }
-    }
-
-    /// Takes a lease that has no item (never used, or its item was deleted): a `PutItem` on the
-    /// condition that there is still no item, at a term above every term in the history.
-    async fn create(&self, request: &AcquireRequest, record: &Record) -> Result<Acquired> {
-        let lease = &request.lease;
-        let term = record.last_term.0.checked_add(1).map(Term).ok_or_else(|| {
-            Error::corrupt(
-                STORE,
-                lease,
-                format!("term {} cannot grow any further", record.last_term),
-            )
-        })?;
-        let version = new_version();
-        let mut item = key(lease, LEASE_SK);
-        item.extend([
-            ("term".to_string(), n(term.0)),
-            ("last_holder".to_string(), s(request.candidate.as_str())),
-            ("holder".to_string(), s(request.candidate.as_str())),
-            ("acquired_at".to_string(), n(unix_millis((self.audit_clock)()))),
-            ("ttl_ms".to_string(), n(request.ttl.as_millis())),
-            ("version".to_string(), s(version.clone())),
-        ]);
-        let put = self
-            .client
-            .put_item()
-            .table_name(self.table.as_ref())
-            .set_item(Some(item))
-            .condition_expression("attribute_not_exists(#k)")
-            .expression_attribute_names("#k", KEY)
-            .send()
-            .await;
-        match put {
-            Ok(_) => Ok(Acquired::Granted(grant(request, term, version))),
-            Err(e) if error::is_condition_failed(&e) => {
-                // Someone else created it first.
-                Ok(Acquired::Held(self.read(lease, "acquire").await?.observation(lease)))
-            }
-            Err(e) => Err(error::map(e, "acquire", self.timeout)),
-        }
-    }
-
     /// The `limit` most recent history items, newest first.
     async fn history_items(&self, lease: &LeaseName, limit: usize, operation: &'static str) -> Result<Vec<Transition>> {
         let mut found = Vec::new();
@@ -693,19 +365,6 @@ impl DynamoDbStore {
         }
         found.truncate(limit);
         Ok(found)
-    }
-
-    /// Writes the history item of a finished term: unconditional and idempotent, since a finished
-    /// term never changes.
-    async fn put_history(&self, lease: &LeaseName, finished: &Transition, operation: &'static str) -> Result<()> {
-        self.client
-            .put_item()
-            .table_name(self.table.as_ref())
-            .set_item(Some(record::transition_item(lease, finished)))
-            .send()
-            .await
-            .map(drop)
-            .map_err(|e| error::map(e, operation, self.timeout))
     }
 
     /// Ends the current term of `lease` if the item still has term `term` and a holder (and,
@@ -747,83 +406,14 @@ impl DynamoDbStore {
     }
 }
 
-/// The answer to the one-request grant of an acquire.
-enum Taken {
-    /// The update was applied (or, after a foreign write, what the item says now).
-    Acquired(Acquired),
-    /// The condition failed; the item that failed it, where the server returns it.
-    Refused(Option<Item>),
-}
-
-fn grant(request: &AcquireRequest, term: Term, version: String) -> Grant {
-    Grant {
-        lease: request.lease.clone(),
-        holder: request.candidate.clone(),
-        term,
-        ttl: request.ttl,
-        token: version,
-    }
-}
-
-/// The SDK client for `config`: static credentials from the URL or the standard AWS chain, no
-/// retries (the engine retries), the configured timeout on every request.
-async fn build_client(config: &DynamoDbConfig) -> Result<Client> {
-    let static_credentials = config.credentials.as_ref().map(|c| {
-        Credentials::new(
-            c.access_key_id.clone(),
-            c.secret_access_key.clone(),
-            c.session_token.clone(),
-            None,
-            "leasehold-url",
-        )
-    });
-    #[cfg(feature = "aws-config")]
-    let mut builder = {
-        let mut loader = aws_config::defaults(BehaviorVersion::latest());
-        if let Some(region) = &config.region {
-            loader = loader.region(Region::new(region.clone()));
-        }
-        if let Some(credentials) = static_credentials {
-            loader = loader.credentials_provider(credentials);
-        }
-        let shared = loader.load().await;
-        if shared.region().is_none() {
-            return Err(Error::store(STORE, TableError::NoRegion));
-        }
-        aws_sdk_dynamodb::config::Builder::from(&shared)
-    };
-    #[cfg(not(feature = "aws-config"))]
-    let mut builder = {
-        let credentials = static_credentials.ok_or_else(|| Error::store(STORE, TableError::NoCredentials))?;
-        let region = config
-            .region
-            .clone()
-            .ok_or_else(|| Error::store(STORE, TableError::NoRegion))?;
-        aws_sdk_dynamodb::Config::builder()
-            .behavior_version(BehaviorVersion::latest())
-            .region(Region::new(region))
-            .credentials_provider(credentials)
-    };
-    if let Some(endpoint) = &config.endpoint {
-        builder = builder.endpoint_url(endpoint);
-    }
-    let builder = builder
-        .retry_config(RetryConfig::disabled())
-        .timeout_config(
-            TimeoutConfig::builder()
-                .connect_timeout(config.timeout)
-                .operation_attempt_timeout(config.timeout)
-                .operation_timeout(config.timeout)
-                .build(),
-        )
-        .stalled_stream_protection(StalledStreamProtectionConfig::disabled());
-    Ok(Client::from_conf(builder.build()))
-}
-
 #[async_trait]
-impl LeaseStore for DynamoDbStore {
+impl LeaseStore for Table {
     fn name(&self) -> &'static str {
         STORE
+    }
+
+    fn can_break(&self) -> bool {
+        true
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -837,7 +427,6 @@ impl LeaseStore for DynamoDbStore {
     }
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
-        let _turn = self.turn(false).await;
         self.capabilities().check_ttl(STORE, request.ttl)?;
         let lease = &request.lease;
         // One conditional request first, so that an acquire whose reply is lost has been applied
@@ -876,9 +465,8 @@ impl LeaseStore for DynamoDbStore {
     }
 
     async fn renew(&self, grant: &Grant) -> Result<Renewed> {
-        let _turn = self.turn(true).await;
         let lease = &grant.lease;
-        let version = new_version();
+        let version = RecordVersion::random().to_string();
         let updated = self
             .client
             .update_item()
@@ -915,7 +503,6 @@ impl LeaseStore for DynamoDbStore {
     }
 
     async fn release(&self, grant: &Grant) -> Result<()> {
-        let _turn = self.turn(true).await;
         let lease = &grant.lease;
         if !self
             .end(
@@ -934,12 +521,10 @@ impl LeaseStore for DynamoDbStore {
     }
 
     async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
-        let _turn = self.turn(false).await;
         Ok(self.read(lease, "inspect").await?.observation(lease))
     }
 
     async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
-        let _turn = self.turn(false).await;
         // Like every operation, refuse to report on a lease whose record cannot be read.
         let record = self.read(lease, "history").await?;
         if limit == 0 {
@@ -964,24 +549,25 @@ impl LeaseStore for DynamoDbStore {
     }
 
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
-        let _turn = self.turn(false).await;
-        // A holder may renew (same term) between the read and the write; a new grant in between
-        // (a new term) is broken on the next attempt.
-        for _ in 0..3 {
-            let record = self.read(lease, "break_lease").await?;
-            if record.holder.is_none() {
-                return Ok(None);
-            }
-            if self
-                .end(lease, record.term, None, EndReason::Broken, "break_lease")
-                .await?
-            {
-                return Ok(Some(record.term));
-            }
+        let record = self.read(lease, "break_lease").await?;
+        if record.holder.is_none() {
+            return Ok(None);
         }
-        Err(Error::unreachable(
+        // The holder may renew (same term) between the read and the write; a new grant in
+        // between (a new term) is a lost race the caller can try again.
+        if self
+            .end(lease, record.term, None, EndReason::Broken, "break_lease")
+            .await?
+        {
+            return Ok(Some(record.term));
+        }
+        let now = self.read(lease, "break_lease").await?;
+        Err(Error::store(
             STORE,
-            format!("break_lease of {lease}: the lease changed hands three times while breaking it"),
+            format!(
+                "break_lease of {lease}: term {} was granted while term {} was being broken; break it again",
+                now.term, record.term
+            ),
         ))
     }
 }

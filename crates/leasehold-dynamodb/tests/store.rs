@@ -434,7 +434,7 @@ async fn table_shape_is_checked() {
     for create_table in [true, false] {
         let mut config = config(&endpoint, &foreign);
         config.create_table = create_table;
-        match DynamoDbStore::connect_with(config).await {
+        match DynamoDbStore::from_config(config).await {
             Err(Error::CorruptRecord { lease, detail, .. }) => {
                 assert!(lease.contains(&foreign), "{lease}");
                 assert!(
@@ -467,15 +467,16 @@ async fn table_shape_is_checked() {
     let missing = format!("leasehold-missing-{:x}", random_u64());
     let mut config = config(&endpoint, &missing);
     config.create_table = false;
-    let err = DynamoDbStore::connect_with(config.clone()).await.unwrap_err();
+    let err = DynamoDbStore::from_config(config.clone()).await.unwrap_err();
     let source = err.source().and_then(|s| s.downcast_ref::<TableError>());
     assert!(matches!(source, Some(TableError::Missing { .. })), "{err:?}");
+    assert!(err.is_permanent(), "a missing table is refused, not retried: {err:?}");
     assert!(err.to_string().contains("create_table=true"), "{err}");
     // And with create_table the same URL works, and a second client finds it.
     config.create_table = true;
-    let created = DynamoDbStore::connect_with(config.clone()).await.unwrap();
+    let created = DynamoDbStore::from_config(config.clone()).await.unwrap();
     config.create_table = false;
-    DynamoDbStore::connect_with(config).await.unwrap();
+    DynamoDbStore::from_config(config).await.unwrap();
     created
         .client()
         .delete_table()
@@ -492,6 +493,15 @@ async fn unreachable_endpoint_is_transient_and_redacted() {
                &secret_access_key=TOPSECRETKEY&session_token=SESSIONSECRET&timeout=500ms";
     let err = DynamoDbStore::connect(url).await.unwrap_err();
     assert!(err.is_transient(), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.contains("describe_table: ")
+            && text.contains("Connection refused")
+            && text.contains("check the endpoint")
+            && !text.contains("DispatchFailure")
+            && !text.contains('\n'),
+        "one line that says what to check: {text}"
+    );
     let mut texts = vec![err.to_string(), format!("{err:?}")];
     let mut source = err.source();
     while let Some(s) = source {
@@ -508,6 +518,33 @@ async fn unreachable_endpoint_is_transient_and_redacted() {
     }
 }
 
+/// A port where something else than DynamoDB listens (here: a server that answers every request
+/// with a line of text and hangs up, as Redis does to HTTP): a permanent refusal at connect that
+/// says to check the endpoint, not a transient error retried forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_protocol_on_the_port_is_refused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let mut buffer = [0u8; 1024];
+            let _ = socket.read(&mut buffer).await;
+            let _ = socket.write_all(b"-ERR unknown command\r\n").await;
+        }
+    });
+    let url =
+        format!("dynamodb://leases?endpoint=http://127.0.0.1:{port}&access_key_id=AK&secret_access_key=SK&timeout=2s");
+    let err = DynamoDbStore::connect(&url).await.unwrap_err();
+    assert!(err.is_permanent(), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.starts_with("dynamodb store refused connect: the endpoint answered, but not as DynamoDB")
+            && !text.contains('\n'),
+        "{text}"
+    );
+}
+
 /// Without credentials in the URL (and without the `aws-config` feature) the error says what
 /// to do.
 #[cfg(not(feature = "aws-config"))]
@@ -518,6 +555,7 @@ async fn no_credentials_without_the_aws_chain() {
         .unwrap_err();
     let source = err.source().and_then(|s| s.downcast_ref::<TableError>());
     assert_eq!(source, Some(&TableError::NoCredentials), "{err:?}");
+    assert!(err.is_permanent(), "{err:?}");
     assert!(err.to_string().contains("aws-config"), "{err}");
 }
 

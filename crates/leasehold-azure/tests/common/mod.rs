@@ -11,8 +11,9 @@ use async_trait::async_trait;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use hmac::{Hmac, Mac};
-use leasehold_azure::{Auth, AzureBlobStore, AzureConfig, SasToken};
+use leasehold_azure::{Auth, AzureBlobStore, AzureConfig};
 use leasehold_conformance::{Backend, FaultProxy, Faults, Op};
+use leasehold_core::config::Secret;
 use leasehold_core::{
     AcquireRequest, Acquired, CandidateId, Capabilities, Error, Grant, LeaseName, LeaseStore, Observation, Renewed,
     Result, Term, Transition,
@@ -41,15 +42,15 @@ pub const AZURITE_MAX_REQUESTS: usize = 8;
 /// runs at the same time.
 pub const MANY_LEASES_TTL: Duration = Duration::from_secs(60);
 
-/// The Azurite endpoint and the account SAS for it, from `LEASEHOLD_AZURITE_*` (or the services
-/// env file), if the emulator answers.
+/// The Azurite endpoint and its account key (from which the store signs its own SAS), from
+/// `LEASEHOLD_AZURITE_*` (or the services env file), if the emulator answers.
 pub fn azurite() -> Option<AzureConfig> {
     let url = leasehold_conformance::require_server("azurite", "LEASEHOLD_AZURITE_URL")?;
     let account = env("LEASEHOLD_AZURITE_ACCOUNT").unwrap_or_else(|| "devstoreaccount1".into());
     let key = env("LEASEHOLD_AZURITE_ACCOUNT_KEY").expect("LEASEHOLD_AZURITE_ACCOUNT_KEY is set with the URL");
     let mut config = AzureConfig::new(&account, CONTAINER).expect("valid names");
     config.endpoint = Url::parse(&format!("{}/", url.trim_end_matches('/'))).expect("LEASEHOLD_AZURITE_URL is a URL");
-    config.auth = Auth::Sas(account_sas(&account, &key, Duration::from_secs(24 * 3600)));
+    config.auth = Auth::AccountKey(Secret::new(key));
     config.prefix = "t/".into();
     let number = |key: &str| std::env::var(key).ok().and_then(|n| n.parse().ok());
     config.max_requests = number("LEASEHOLD_AZURE_MAX_REQUESTS").unwrap_or(AZURITE_MAX_REQUESTS);
@@ -70,9 +71,10 @@ fn env(key: &str) -> Option<String> {
 }
 
 /// An account SAS (blob service; service, container and object resources; read, add, create,
-/// write, delete, list) valid for `valid_for`, signed with HMAC-SHA256 and the account key, as
-/// the SDK's missing shared-key support would.
-pub fn account_sas(account: &str, key_base64: &str, valid_for: Duration) -> SasToken {
+/// write, delete, list) valid for `valid_for`, signed with HMAC-SHA256 and the account key, by
+/// hand (the store signs its own from `account_key`; tests use this one to sign with a wrong key
+/// and to reach blobs behind the store's back).
+pub fn account_sas(account: &str, key_base64: &str, valid_for: Duration) -> Secret {
     const VERSION: &str = "2021-08-06";
     let expiry = iso8601(SystemTime::now() + valid_for);
     let (permissions, services, resource_types) = ("racwdl", "b", "sco");
@@ -105,7 +107,7 @@ pub fn account_sas(account: &str, key_base64: &str, valid_for: Duration) -> SasT
         .append_pair("spr", "https,http")
         .append_pair("sig", &signature)
         .finish();
-    SasToken::new(query)
+    Secret::new(query)
 }
 
 /// `2030-01-01T00:00:00Z` for a time, in UTC.
@@ -179,13 +181,11 @@ impl AzureBackend {
             .expect("http endpoint");
         let faults = proxy.faults();
         self.proxies.lock().unwrap().push(proxy);
-        Ok((AzureBlobStore::connect_with(config).await?, faults))
+        Ok((AzureBlobStore::from_config(config).await?, faults))
     }
 
     pub async fn store(&self) -> AzureBlobStore {
-        AzureBlobStore::connect_with(self.config.clone())
-            .await
-            .expect("a store")
+        AzureBlobStore::from_config(self.config.clone()).await.expect("a store")
     }
 }
 
@@ -196,7 +196,7 @@ impl Backend for AzureBackend {
     }
 
     async fn connect(&self) -> Result<Arc<dyn LeaseStore>> {
-        let store = AzureBlobStore::connect_with(self.config.clone()).await?;
+        let store = AzureBlobStore::from_config(self.config.clone()).await?;
         Ok(Arc::new(Timed { store }))
     }
 
@@ -286,8 +286,13 @@ pub async fn raw_break_lease(config: &AzureConfig, blob: &str) -> Result<()> {
 fn container_url(config: &AzureConfig) -> Url {
     let mut url = config.endpoint.clone();
     url.path_segments_mut().unwrap().pop_if_empty().push(&config.container);
-    if let Auth::Sas(sas) = &config.auth {
-        url.set_query(Some(sas.expose()));
+    match &config.auth {
+        Auth::Sas(sas) => url.set_query(Some(sas.expose())),
+        Auth::AccountKey(key) => {
+            let sas = account_sas(&config.account, key.expose(), Duration::from_secs(3600));
+            url.set_query(Some(sas.expose()));
+        }
+        _ => {}
     }
     url
 }

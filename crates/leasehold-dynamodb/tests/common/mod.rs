@@ -63,7 +63,7 @@ impl DynamoBackend {
     }
 
     pub async fn store(&self) -> Result<DynamoDbStore> {
-        DynamoDbStore::connect_with(config(&self.endpoint, &self.table)).await
+        DynamoDbStore::from_config(config(&self.endpoint, &self.table)).await
     }
 
     /// A store whose traffic goes through a new fault proxy.
@@ -75,7 +75,7 @@ impl DynamoBackend {
         let faults = proxy.faults();
         self.proxies.lock().unwrap().push(proxy);
         Ok((
-            DynamoDbStore::connect_with(config(&endpoint, &self.table)).await?,
+            DynamoDbStore::from_config(config(&endpoint, &self.table)).await?,
             faults,
         ))
     }
