@@ -226,6 +226,11 @@ impl PostgresConfig {
         self
     }
 
+    /// `host:port` of the server (or the socket directory), for errors.
+    pub(crate) fn endpoint(&self) -> String {
+        format!("{}:{}", self.connect.get_host(), self.connect.get_port())
+    }
+
     /// The driver's connection options (they hold the password: never print them).
     pub(crate) fn connect_options(&self) -> &PgConnectOptions {
         &self.connect

@@ -14,14 +14,43 @@ fn sqlstate(error: &sqlx::Error) -> Option<String> {
     }
 }
 
+/// What a person reads about `error`: one line, without the driver's debug forms or the
+/// server's source positions (sqlx appends `at line N` of the server's C source).
+pub(crate) fn describe(error: &sqlx::Error) -> String {
+    match error {
+        sqlx::Error::Database(db) => match db.code() {
+            Some(code) => format!("{} (SQLSTATE {code})", db.message()),
+            None => db.message().to_string(),
+        },
+        sqlx::Error::Io(io) => io.to_string(),
+        sqlx::Error::Protocol(detail) => format!("the server's answer is not the Postgres protocol ({detail})"),
+        other => other.to_string(),
+    }
+}
+
+/// A permanent refusal behind SQLSTATE `code`, with what to check: authentication (class 28),
+/// a database that does not exist (3D000), a missing privilege (42501).
+fn refusal(code: &str) -> Option<&'static str> {
+    if code.starts_with("28") {
+        Some("check the URL's user and password (and the server's pg_hba.conf)")
+    } else if code == "3D000" {
+        Some("check the database name in the URL's path")
+    } else if code == "42501" {
+        Some("grant the role the privileges leasehold needs (see docs: permissions)")
+    } else {
+        None
+    }
+}
+
 /// Maps an error of an operation.
 ///
 /// What may have been applied, or may work on a retry, is transient: I/O, a broken or refused
 /// connection, a server shutting down or starting, too many connections, a pool that had no
-/// connection in time, a lock or statement timeout, a serialization failure. Everything else
-/// (a bad privilege, a table of another shape, ...) is definite.
+/// connection in time, a lock or statement timeout, a serialization failure. Wrong credentials,
+/// a missing database or privilege are permanent ([`Error::Refused`]). Everything else (a table
+/// of another shape, ...) is definite.
 pub(crate) fn map(error: &sqlx::Error, operation: &'static str, waited: Duration) -> Error {
-    let source = || -> BoxError { error.to_string().into() };
+    let source = || -> BoxError { describe(error).into() };
     match error {
         sqlx::Error::PoolTimedOut => Error::Timeout {
             store: STORE,
@@ -41,10 +70,43 @@ pub(crate) fn map(error: &sqlx::Error, operation: &'static str, waited: Duration
                 after: waited,
             },
             Some(code) if is_transient_state(code) => Error::unreachable(STORE, source()),
+            Some(code) if refusal(code).is_some() => Error::refused(
+                STORE,
+                operation,
+                format!("{}: {}", describe(error), refusal(code).unwrap_or_default()),
+            ),
             _ => Error::store(STORE, source()),
         },
         _ => Error::store(STORE, source()),
     }
+}
+
+/// Maps an error of opening a connection to `endpoint` (`host:port`): like [`map`], but a server
+/// that answers in another protocol is [`Error::Refused`], and what cannot reach it names it.
+pub(crate) fn map_connect(error: &sqlx::Error, endpoint: &str, waited: Duration) -> Error {
+    match error {
+        sqlx::Error::Protocol(_) => Error::refused(
+            STORE,
+            "connect",
+            format!("the server at {endpoint} does not speak the Postgres protocol: check the host and port"),
+        ),
+        sqlx::Error::Io(io) => Error::unreachable(
+            STORE,
+            format!("cannot connect to {endpoint}: {io}: check the host and port, and that the server is up"),
+        ),
+        _ => map(error, "connect", waited),
+    }
+}
+
+/// Opening a connection to `endpoint` got no answer within `after`.
+pub(crate) fn connect_timeout(endpoint: &str, after: Duration) -> Error {
+    Error::unreachable(
+        STORE,
+        format!(
+            "no answer from {endpoint} within {after:?} while connecting: check that a Postgres server listens \
+             there (another service on that port may not answer at all)"
+        ),
+    )
 }
 
 /// Classes 08 (connection exception), 57P (operator intervention: shutdown, terminated backend,

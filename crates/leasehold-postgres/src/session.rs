@@ -1,9 +1,10 @@
 //! The lock session: one dedicated connection per store that holds the advisory lock of every
 //! lease the store holds, driven by one task.
 //!
-//! The connection never returns to a pool: its session *is* the holding. It is owned by a task
-//! that takes requests from a queue, so a caller that gives up (the engine's request timeout)
-//! never cancels a statement half way; the task finishes it and keeps its bookkeeping exact.
+//! The connection never returns to a pool: its session *is* the holding. Every lease of the store
+//! shares it, so its statements are serialised: it is owned by a task that takes requests from a
+//! queue and batches them (a statement on it is never cancelled half way, which keeps the
+//! bookkeeping of what the session holds exact).
 //! Requests that queue up are served releases first, then every renewal in one statement, then
 //! up to [`MAX_ACQUIRES`] acquires in one statement, so that a burst of campaigns never starves
 //! the renewals of held leases.
@@ -271,6 +272,11 @@ impl Failure {
                     operation,
                     after: *after,
                 },
+                Error::Refused {
+                    operation: refused,
+                    reason,
+                    ..
+                } => Error::refused(STORE, refused, reason.clone()),
                 other => Error::store(STORE, other.to_string()),
             },
         }
@@ -400,12 +406,15 @@ impl Actor {
                 });
                 Ok(())
             }
-            Ok(Err(e)) => Err(Failure::NotConnected(error::map(&e, "connect", limit))),
-            Err(_) => Err(Failure::NotConnected(Error::Timeout {
-                store: STORE,
-                operation: "connect",
-                after: limit,
-            })),
+            Ok(Err(e)) => Err(Failure::NotConnected(error::map_connect(
+                &e,
+                &self.cx.config.endpoint(),
+                limit,
+            ))),
+            Err(_) => Err(Failure::NotConnected(error::connect_timeout(
+                &self.cx.config.endpoint(),
+                limit,
+            ))),
         }
     }
 

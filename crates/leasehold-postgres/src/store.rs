@@ -39,6 +39,14 @@ use crate::sql;
 ///
 /// The store's tasks run on the tokio runtime that created it: use it on that runtime.
 ///
+/// # Cancel safety
+///
+/// Acquires, renewals and releases are handed to the lock session's task, which serialises
+/// every statement on the one connection whose session holds the locks (and sends queued
+/// renewals in one statement, releases first): a dropped call is still carried out (an acquire
+/// whose caller is gone before it is sent is skipped), and its outcome is unknown to the
+/// caller, as after a timeout. Reads run on the pool and hold no state between awaits.
+///
 /// # Examples
 ///
 /// ```no_run
@@ -108,14 +116,8 @@ impl PostgresStore {
         // answers `connect` can take a lease with one statement.
         let mut conn = match tokio::time::timeout(timeout, cx.lock_options().connect()).await {
             Ok(Ok(conn)) => conn,
-            Ok(Err(e)) => return Err(error::map(&e, "connect", timeout)),
-            Err(_) => {
-                return Err(Error::Timeout {
-                    store: STORE,
-                    operation: "connect",
-                    after: timeout,
-                });
-            }
+            Ok(Err(e)) => return Err(error::map_connect(&e, &cx.config.endpoint(), timeout)),
+            Err(_) => return Err(error::connect_timeout(&cx.config.endpoint(), timeout)),
         };
         if let Err(e) = schema::prepare(&mut conn, cx.config.schema(), timeout).await {
             let _ = conn.close().await;

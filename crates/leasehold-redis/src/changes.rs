@@ -167,7 +167,7 @@ impl Hub {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
                     live.dead.cancel();
-                    return Err(error::map(e));
+                    return Err(error::map(e, "changes"));
                 }
                 Err(_) => {
                     live.dead.cancel();
@@ -197,7 +197,7 @@ impl Hub {
         let pubsub = tokio::time::timeout(self.timeout, self.client.get_async_pubsub())
             .await
             .map_err(|_| timed_out())?
-            .map_err(error::map)?;
+            .map_err(|e| error::map(e, "changes"))?;
         if self.mode != ExpiryEvents::Off && !self.fresh.swap(false, Ordering::AcqRel) {
             // A new connection, perhaps to a restarted server that forgot a CONFIG SET: ask
             // again (only once connected, so that an unreachable server fails fast).
@@ -222,7 +222,7 @@ impl Hub {
                 Ok(Err(e)) if !error::is_connection_error(&e) => {
                     self.set_off(&format!("SUBSCRIBE {channel} failed: {e}"));
                 }
-                Ok(Err(e)) => return Err(error::map(e)),
+                Ok(Err(e)) => return Err(error::map(e, "changes")),
                 Err(_) => return Err(timed_out()),
             }
         }

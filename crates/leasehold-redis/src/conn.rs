@@ -3,21 +3,23 @@
 //!
 //! A multiplexed Redis connection pairs replies with requests by their order. When a network
 //! drops data without breaking the connection, a reply goes missing and every later reply would
-//! be paired with the wrong request. So every script echoes a random nonce; each request runs in
-//! its own task (it is finished, and judged, even when the caller stops waiting); a reply that
-//! reaches the wrong request is handed to the request it names; and a request that times out or
-//! gets another request's reply retires the connection it used.
+//! be paired with the wrong request. So every script echoes a random nonce; a reply that reaches
+//! the wrong request is handed to the request it names; and a request that times out, gets
+//! another request's reply or is dropped before its reply came retires the connection it used.
+//!
+//! Requests run in the caller's task: the engine runs every store call to completion in a task
+//! of its own, so nothing here spawns to outlive a caller.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leasehold_core::{Error, Result, random_u64};
+use leasehold_core::{Result, random_u64};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
 use tokio::sync::oneshot;
 
-use crate::error::{self, Failure, STORE};
+use crate::error::{self, Failure};
 
 /// A reply of one of the scripts, without its nonce: a status word and its fields.
 #[derive(Debug)]
@@ -64,7 +66,8 @@ impl Commands {
             .set_response_timeout(None)
             // The engine decides when to try again; a store never retries in a loop.
             .set_number_of_retries(0);
-        let manager = ConnectionManager::new_lazy_with_config(client.clone(), config.clone()).map_err(error::map)?;
+        let manager = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+            .map_err(|e| error::map(e, "connect"))?;
         Ok(Commands {
             shared: Arc::new(Shared {
                 client,
@@ -98,7 +101,7 @@ impl Commands {
         for arg in &args {
             invocation.arg(arg);
         }
-        let shared = self.shared.clone();
+        let shared = &self.shared;
         let (generation, mut manager) = shared.current();
         let (forwarded_tx, mut forwarded) = oneshot::channel();
         shared
@@ -106,39 +109,67 @@ impl Commands {
             .lock()
             .expect("waiting lock poisoned")
             .insert(nonce.clone(), forwarded_tx);
-        let task = tokio::spawn(async move {
-            let call = async {
-                tokio::select! {
-                    outcome = invocation.invoke_async::<Value>(&mut manager) => match outcome {
-                        Err(e) => Err(Failure::Redis(e)),
-                        Ok(value) => match split_nonce(value) {
-                            Some((of, values)) if of == nonce => Ok(values),
-                            Some((of, values)) => {
-                                shared.forward(&of, values);
-                                Err(Failure::OutOfStep)
-                            }
-                            None => Err(Failure::OutOfStep),
-                        },
+        // Dropped before the reply was judged (the caller stopped waiting): the reply may still
+        // come and be paired with a later request, so the connection is retired, as after a
+        // timeout.
+        let mut pending = Pending {
+            shared,
+            nonce: &nonce,
+            generation,
+            judged: false,
+        };
+        let call = async {
+            tokio::select! {
+                outcome = invocation.invoke_async::<Value>(&mut manager) => match outcome {
+                    Err(e) => Err(Failure::Redis(e)),
+                    Ok(value) => match split_nonce(value) {
+                        Some((of, values)) if of == nonce => Ok(values),
+                        Some((of, values)) => {
+                            shared.forward(&of, values);
+                            Err(Failure::OutOfStep)
+                        }
+                        None => Err(Failure::OutOfStep),
                     },
-                    // Our reply reached another request first.
-                    Ok(values) = &mut forwarded => Ok(values),
-                }
-            };
-            let result = tokio::time::timeout(shared.timeout, call)
-                .await
-                .unwrap_or(Err(Failure::Timeout(shared.timeout)));
-            shared.waiting.lock().expect("waiting lock poisoned").remove(&nonce);
-            match &result {
-                Err(Failure::Redis(e)) if !error::is_connection_error(e) => {}
-                Err(_) => shared.retire(generation),
-                Ok(_) => {}
+                },
+                // Our reply reached another request first.
+                Ok(values) = &mut forwarded => Ok(values),
             }
-            result
-        });
-        match task.await {
-            Ok(Ok(values)) => Ok(Reply { operation, values }),
-            Ok(Err(failure)) => Err(failure.into_error(operation)),
-            Err(join) => Err(Error::store(STORE, format!("{operation} request task failed: {join}"))),
+        };
+        let result = tokio::time::timeout(shared.timeout, call)
+            .await
+            .unwrap_or(Err(Failure::Timeout(shared.timeout)));
+        pending.judged = true;
+        match &result {
+            Err(Failure::Redis(e)) if !error::is_connection_error(e) => {}
+            Err(_) => shared.retire(generation),
+            Ok(_) => {}
+        }
+        drop(pending);
+        match result {
+            Ok(values) => Ok(Reply { operation, values }),
+            Err(failure) => Err(failure.into_error(operation)),
+        }
+    }
+}
+
+/// A request under way: forgets its nonce when it ends, and retires its connection if it ends
+/// before its reply was judged.
+struct Pending<'a> {
+    shared: &'a Shared,
+    nonce: &'a str,
+    generation: u64,
+    judged: bool,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.shared
+            .waiting
+            .lock()
+            .expect("waiting lock poisoned")
+            .remove(self.nonce);
+        if !self.judged {
+            self.shared.retire(self.generation);
         }
     }
 }

@@ -78,7 +78,7 @@ impl Failure {
                 STORE,
                 "the reply did not answer the request (replies were lost on a live connection); reconnecting",
             ),
-            Failure::Redis(error) => map(error),
+            Failure::Redis(error) => map(error, operation),
         }
     }
 }
@@ -89,12 +89,43 @@ pub(crate) fn is_connection_error(error: &redis::RedisError) -> bool {
     !matches!(error.kind(), ErrorKind::Server(_) | ErrorKind::Extension)
 }
 
-/// Maps an error of a request.
+/// What a person reads about `error`: one line, the server's or the client's words without the
+/// client's kind names (`- AuthenticationFailed`).
+pub(crate) fn describe(error: &redis::RedisError) -> String {
+    match (error.code(), error.detail()) {
+        (Some(code), Some(detail)) => format!("{code} {detail}"),
+        (None, Some(detail)) => detail.to_string(),
+        (Some(code), None) => code.to_string(),
+        (None, None) => error.to_string(),
+    }
+}
+
+/// Maps an error of `operation`.
 ///
 /// What may have been applied, or may work when tried again, is transient: I/O, a broken or
-/// garbled connection, a server that is loading its data or busy with a script. Everything else
-/// (authentication, permissions, a read-only replica, out of memory, a script error) is definite.
-pub(crate) fn map(error: redis::RedisError) -> Error {
+/// garbled connection, a server that is loading its data or busy with a script. Wrong
+/// credentials and missing ACL permissions are permanent ([`Error::Refused`]), and so is an
+/// answer in another protocol to `connect`. Everything else (a read-only replica, out of
+/// memory, a script error) is definite.
+pub(crate) fn map(error: redis::RedisError, operation: &'static str) -> Error {
+    let refused = |what: &str| Error::refused(STORE, operation, format!("{}: {what}", describe(&error)));
+    if matches!(error.kind(), ErrorKind::AuthenticationFailed) || matches!(error.code(), Some("WRONGPASS" | "NOAUTH")) {
+        return Error::refused(
+            STORE,
+            operation,
+            "authentication failed (a wrong or missing user name or password): check the URL's user name and password",
+        );
+    }
+    if matches!(error.kind(), ErrorKind::Server(ServerErrorKind::NoPerm)) || error.code() == Some("NOPERM") {
+        return refused("grant the user the ACL permissions leasehold needs (see docs: permissions)");
+    }
+    if operation == "connect" && matches!(error.kind(), ErrorKind::Parse) {
+        return Error::refused(
+            STORE,
+            operation,
+            "the server's answer is not the Redis protocol: check the host and port (and rediss:// for TLS)",
+        );
+    }
     let transient = match error.kind() {
         ErrorKind::Io | ErrorKind::Parse => true,
         ErrorKind::Server(
@@ -107,9 +138,24 @@ pub(crate) fn map(error: redis::RedisError) -> Error {
         _ => false,
     };
     if transient {
-        Error::unreachable(STORE, error)
+        Error::unreachable(STORE, describe(&error))
     } else {
-        Error::store(STORE, error)
+        Error::store(STORE, describe(&error))
+    }
+}
+
+/// Maps an error of the first request to `endpoint` (`host:port`), naming the server and what
+/// to check when it cannot be reached or hangs up during the handshake.
+pub(crate) fn map_connect(error: Error, endpoint: &str) -> Error {
+    match error {
+        Error::Unreachable { source, .. } => Error::unreachable(
+            STORE,
+            format!(
+                "cannot talk to {endpoint}: {source}: check the host and port, that a Redis server listens there \
+                 (another service may hang up), and rediss:// if it needs TLS"
+            ),
+        ),
+        other => other,
     }
 }
 

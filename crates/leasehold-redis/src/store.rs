@@ -41,6 +41,14 @@ pub const TTL_RANGE: std::ops::RangeInclusive<Duration> = Duration::from_millis(
 /// connection. See the [crate docs](crate::docs) for the keys, the term method and what a single
 /// Redis does and does not guarantee.
 ///
+/// # Cancel safety
+///
+/// Every operation is one script the server runs atomically: a dropped call either ran whole on
+/// the server or not at all (its outcome is then unknown, as after a timeout). A call dropped
+/// before its reply came retires the command connection, so that its late reply cannot be
+/// paired with another request; the next request opens a new one. Nothing is spawned per
+/// request: the engine runs each call to completion in a task of its own.
+///
 /// # Examples
 ///
 /// ```no_run
@@ -110,7 +118,8 @@ impl RedisStore {
             .inner
             .commands
             .eval("connect", &HELLO_SCRIPT, &[], Vec::new())
-            .await?;
+            .await
+            .map_err(|e| error::map_connect(e, &format!("{}:{}", store.inner.config.host, store.inner.config.port)))?;
         let version = reply.text(1)?;
         let major: Option<u32> = version.split('.').next().and_then(|m| m.parse().ok());
         if major.is_some_and(|major| major < 5) {
@@ -137,7 +146,7 @@ impl RedisStore {
     /// [`Error::InvalidConfig`] for a field out of range.
     pub fn lazy(config: RedisConfig) -> Result<Self> {
         config.validate()?;
-        let client = redis::Client::open(connection_info(&config)).map_err(error::map)?;
+        let client = redis::Client::open(connection_info(&config)).map_err(|e| error::map(e, "connect"))?;
         let commands = Commands::new(client.clone(), config.timeout)?;
         let hub = Hub::new(client, config.timeout, config.expiry_events, config.db, &config.prefix);
         Ok(RedisStore {

@@ -36,6 +36,13 @@ use crate::writer::{Op, Outcome, Writer};
 /// `leasehold_leases`, `leasehold_terms` (history) and `leasehold_meta` (schema version), created
 /// when absent and never altered when present. See [`docs`](crate::docs) for the whole story.
 ///
+/// # Cancel safety
+///
+/// Writes are handed to the writer task, which serialises them for SQLite's single writer and
+/// commits them in shared transactions: a dropped acquire, renew, release or break is still
+/// carried out (or skipped whole, if its transaction had not begun and its caller was gone) and
+/// its outcome is unknown to the caller, as after a timeout. Reads hold no state between awaits.
+///
 /// # Examples
 ///
 /// ```
