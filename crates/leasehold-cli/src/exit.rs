@@ -15,8 +15,10 @@ pub(crate) const UNREACHABLE: i32 = 3;
 pub(crate) const UNSUPPORTED: i32 = 4;
 /// `run --wait`: not elected in time; the command was not run.
 pub(crate) const NOT_ELECTED: i32 = 5;
-/// The store refused the credentials or the permissions (a wrong password, key or SAS token, a
-/// user without the rights): retrying will not help until someone fixes them.
+/// The store refused: the credentials or the permissions (a wrong password, key or SAS token, a
+/// user without the rights), or it is not the service the URL names, or a table or container
+/// is missing and may not be created ([`Error::Refused`]). Retrying will not help until someone
+/// fixes it.
 pub(crate) const AUTH: i32 = 6;
 /// `run --http ADDR`: the address cannot be listened on (in use, not permitted, not local).
 pub(crate) const LISTEN: i32 = 7;
@@ -77,8 +79,8 @@ impl Failure {
 /// token errors, Azure HTTP 401/403 (`AuthenticationFailed`, `AuthorizationFailure`), and
 /// "permission denied"/"read-only" from the file system (SQLite).
 ///
-/// The engine reports store trouble as text only, so this reads text; see the report on
-/// issue 13 for the API in `leasehold-core` that would make it exact.
+/// Backends report these as [`Error::Refused`] (checked first); the text is read as well for
+/// client errors a backend still passes through as [`Error::Store`] or [`Error::Unreachable`].
 pub(crate) fn is_auth_failure(text: &str) -> bool {
     let text = text.to_ascii_lowercase();
     const WORDS: &[&str] = &[
@@ -157,6 +159,9 @@ pub(crate) fn code_of(error: &Error) -> i32 {
         | Error::InvalidUrl { .. }
         | Error::UnsupportedScheme { .. } => USAGE,
         Error::Unsupported { .. } => UNSUPPORTED,
+        // The store refused: credentials, permissions, another service on that port, a missing
+        // table or container. Retrying will not help until someone fixes it.
+        Error::Refused { .. } => AUTH,
         Error::Unreachable { .. } | Error::Store { .. } | Error::Timeout { .. } | Error::NotLeader { .. }
             if is_auth_failure(&chain_text(error)) =>
         {
@@ -190,6 +195,10 @@ mod tests {
             }),
             UNSUPPORTED
         );
+        // Typed: no words to match.
+        let refused = Error::refused("postgres", "connect", "the server at 127.0.0.1:6379 is not Postgres");
+        assert_eq!(code_of(&refused), AUTH);
+        assert_eq!(Failure::connect("postgres://h", &refused).code, AUTH);
     }
 
     #[test]

@@ -41,8 +41,9 @@ Exit codes:
   3        the store is unreachable or cannot be opened, or did not answer
   4        the store does not support the operation (`break`)
   5        `run --wait`: not elected in time; the command was not run
-  6        the store refused the credentials or permissions (`run`: after retrying for
-           --auth-retry, or --wait when shorter)
+  6        the store refused the credentials or permissions, or is another service, or
+           its table is missing (`run`: after retrying for --auth-retry, or --wait
+           when shorter)
   7        `run --http`: the address cannot be listened on (in use, not permitted, not
            local)
   126, 127 `run`: the command is not executable, or not found

@@ -674,7 +674,7 @@ async fn log_events(mut events: tokio::sync::broadcast::Receiver<Event>, elector
             _ => {}
         }
         if let Event::StoreTrouble { error } = &event
-            && is_auth_failure(&error.to_string())
+            && (matches!(**error, leasehold::Error::Refused { .. }) || is_auth_failure(&error.to_string()))
         {
             ctx.auth.failed(&error.to_string());
             continue;
