@@ -1,12 +1,13 @@
 //! Where the lease file is and how to open it: `sqlite://` URLs and their options.
 
-use leasehold_core::url_options::{parse_duration, percent_decode, redact_url};
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
+use leasehold_core::config::StoreUrl;
 use leasehold_core::{Error, Result};
+
+use crate::error::STORE;
 
 /// The URL schemes this backend handles.
 pub const URL_SCHEMES: &[&str] = &["sqlite"];
@@ -46,7 +47,7 @@ pub enum Synchronous {
 /// | `sqlite://leases.db`, `sqlite:leases.db` | `leases.db`, relative to the working directory |
 /// | `sqlite:/var/lib/app/leases.db` | `/var/lib/app/leases.db` |
 ///
-/// Query options: `busy_timeout` (`5s`, `500ms`, `2m`, or a bare number of milliseconds),
+/// Query options: `busy_timeout` (a duration with its unit: `5s`, `500ms`, `2m`; at most `1h`),
 /// `pool_size` (1 to 64), `history_limit` (terms kept per lease, `0` keeps all) and
 /// `synchronous` (`full` or `normal`). `%XX` escapes in the path are decoded, so a `?` in a file
 /// name is written `%3F`. In-memory databases (`sqlite::memory:`, `mode=memory`) are rejected:
@@ -64,7 +65,7 @@ pub enum Synchronous {
 /// assert!("sqlite::memory:".parse::<SqliteConfig>().is_err());
 /// # Ok::<(), leasehold_core::Error>(())
 /// ```
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SqliteConfig {
     /// The lease file, created if it does not exist. Its directory must be writable: SQLite
@@ -101,72 +102,63 @@ impl SqliteConfig {
     /// database, an unknown option or a bad option value. The URL in it is redacted: a URL meant
     /// for another store (or a `key=` option) may carry a password.
     pub fn from_url(url: &str) -> Result<Self> {
-        let invalid = |reason: String| Error::InvalidUrl {
-            url: redact_url(url),
-            reason,
-        };
-        let rest = URL_SCHEMES
+        let after_scheme = url.get(URL_SCHEMES[0].len() + 1..).unwrap_or_default();
+        if url.len() > URL_SCHEMES[0].len()
+            && url[..URL_SCHEMES[0].len()].eq_ignore_ascii_case(URL_SCHEMES[0])
+            && after_scheme.trim_start_matches('/').starts_with(":memory:")
+        {
+            return Err(Error::InvalidUrl {
+                url: url.to_string(),
+                reason: IN_MEMORY.into(),
+            });
+        }
+        let url = StoreUrl::parse(url, STORE)?;
+        url.require_scheme(URL_SCHEMES)?;
+        // `sqlite://leases.db`: what the grammar reads as a host is the start of a relative path.
+        let mut path: String = url
+            .hosts()
             .iter()
-            .find_map(|scheme| {
-                // Schemes are case-insensitive (RFC 3986); paths are not.
-                let (head, rest) = url.split_at_checked(scheme.len())?;
-                let rest = rest.strip_prefix(':').filter(|_| head.eq_ignore_ascii_case(scheme))?;
-                Some(rest.strip_prefix("//").unwrap_or(rest))
-            })
-            .ok_or_else(|| invalid("the scheme must be sqlite: (e.g. sqlite:///var/lib/app/leases.db)".into()))?;
-        let (path, query) = match rest.split_once('?') {
-            Some((path, query)) => (path, Some(query)),
-            None => (rest, None),
-        };
-        let path = percent_decode(path).map_err(invalid)?;
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        path.push_str(url.path());
         if path.is_empty() {
-            return Err(invalid("no file path (e.g. sqlite:///var/lib/app/leases.db)".into()));
+            return Err(url.invalid("no file path (e.g. sqlite:///var/lib/app/leases.db)"));
         }
         if path == ":memory:" {
-            return Err(invalid(IN_MEMORY.into()));
+            return Err(url.invalid(IN_MEMORY));
         }
         let mut config = SqliteConfig::new(path);
-        for pair in query.unwrap_or_default().split('&').filter(|pair| !pair.is_empty()) {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let value = percent_decode(value).map_err(invalid)?;
-            config = config.set(key, &value).map_err(invalid)?;
+        let mut options = url.options();
+        match options.string("mode").as_deref() {
+            Some("memory") => return Err(url.invalid(IN_MEMORY)),
+            Some(_) => return Err(options.invalid("mode", "not an option of the sqlite store (leave it out)")),
+            None => {}
         }
+        if let Some(timeout) = options.duration("busy_timeout")? {
+            if timeout > MAX_BUSY_TIMEOUT {
+                return Err(options.invalid("busy_timeout", "at most 1h"));
+            }
+            config.busy_timeout = timeout;
+        }
+        if let Some(size) = options.parse::<u32>("pool_size")? {
+            if !(1..=MAX_POOL_SIZE).contains(&size) {
+                return Err(options.invalid("pool_size", "expected a number of connections from 1 to 64"));
+            }
+            config.pool_size = size;
+        }
+        if let Some(limit) = options.parse::<u32>("history_limit")? {
+            config.history_limit = limit;
+        }
+        if let Some(synchronous) = options.string("synchronous") {
+            config.synchronous = match synchronous.to_ascii_lowercase().as_str() {
+                "full" => Synchronous::Full,
+                "normal" => Synchronous::Normal,
+                _ => return Err(options.invalid("synchronous", "expected full or normal")),
+            };
+        }
+        options.finish()?;
         Ok(config)
-    }
-
-    fn set(mut self, key: &str, value: &str) -> Result<Self, String> {
-        let bad = |allowed: &str| format!("option {key}={value:?}: expected {allowed}");
-        match key {
-            "busy_timeout" => {
-                self.busy_timeout = parse_duration(value)
-                    .filter(|d| *d <= MAX_BUSY_TIMEOUT)
-                    .ok_or_else(|| bad("a duration up to 1h such as 5s, 500ms or 5000 (milliseconds)"))?;
-            }
-            "pool_size" => {
-                self.pool_size = value
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=MAX_POOL_SIZE).contains(n))
-                    .ok_or_else(|| bad("a number of connections from 1 to 64"))?;
-            }
-            "history_limit" => {
-                self.history_limit = value.parse().map_err(|_| bad("a number of terms (0 keeps all)"))?;
-            }
-            "synchronous" => {
-                self.synchronous = match value.to_ascii_lowercase().as_str() {
-                    "full" => Synchronous::Full,
-                    "normal" => Synchronous::Normal,
-                    _ => return Err(bad("full or normal")),
-                };
-            }
-            "mode" if value == "memory" => return Err(IN_MEMORY.into()),
-            _ => {
-                return Err(format!(
-                    "unknown option {key:?} (known: busy_timeout, pool_size, history_limit, synchronous)"
-                ));
-            }
-        }
-        Ok(self)
     }
 
     /// Checks the ranges of the fields.
@@ -210,19 +202,6 @@ impl FromStr for SqliteConfig {
     }
 }
 
-impl fmt::Debug for SqliteConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // A file path and a few numbers: nothing secret to redact.
-        f.debug_struct("SqliteConfig")
-            .field("path", &self.path)
-            .field("busy_timeout", &self.busy_timeout)
-            .field("pool_size", &self.pool_size)
-            .field("history_limit", &self.history_limit)
-            .field("synchronous", &self.synchronous)
-            .finish()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,10 +234,10 @@ mod tests {
         assert_eq!(config.synchronous, Synchronous::Normal);
         for (value, expected) in [
             ("5s", 5_000),
-            ("5000", 5_000),
+            ("5000ms", 5_000),
             ("2m", 120_000),
             ("1h", 3_600_000),
-            ("0", 0),
+            ("0ms", 0),
         ] {
             let config = SqliteConfig::from_url(&format!("sqlite:x.db?busy_timeout={value}")).unwrap();
             assert_eq!(config.busy_timeout, Duration::from_millis(expected), "{value}");
@@ -270,7 +249,7 @@ mod tests {
         for (url, why) in [
             ("postgres://localhost/db", "scheme"),
             ("sqlitex:foo.db", "scheme"),
-            ("leases.db", "scheme"),
+            ("leases.db", "SCHEME"),
             ("sqlite:", "no file path"),
             ("sqlite://", "no file path"),
             ("sqlite://?busy_timeout=1s", "no file path"),
@@ -278,13 +257,15 @@ mod tests {
             ("sqlite://:memory:", "in-memory"),
             ("sqlite:x.db?mode=memory", "in-memory"),
             ("sqlite:x.db?busy_timeout=soon", "busy_timeout"),
+            ("sqlite:x.db?busy_timeout=5000", "needs a unit"),
+            ("sqlite:x.db?busy_timeout=1s&busy_timeout=2s", "given twice"),
             ("sqlite:x.db?busy_timeout=5d", "busy_timeout"),
             ("sqlite:x.db?busy_timeout=2h", "busy_timeout"),
             ("sqlite:x.db?pool_size=0", "pool_size"),
             ("sqlite:x.db?pool_size=1000", "pool_size"),
             ("sqlite:x.db?history_limit=-1", "history_limit"),
             ("sqlite:x.db?synchronous=off", "synchronous"),
-            ("sqlite:x.db?journal_mode=delete", "unknown option \"journal_mode\""),
+            ("sqlite:x.db?journal_mode=delete", "unknown option journal_mode"),
             ("sqlite:x%zz.db", "%-escape"),
             ("sqlite:x%ff.db", "UTF-8"),
         ] {
