@@ -5,10 +5,13 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use leasehold_core::config::{Secret, StoreUrl, percent_encode};
 use leasehold_core::{Error, Result};
 use sqlx::ConnectOptions;
 use sqlx::postgres::PgConnectOptions;
 use url::Url;
+
+use crate::error::STORE;
 
 /// The URL schemes this backend handles.
 pub const URL_SCHEMES: &[&str] = &["postgres", "postgresql"];
@@ -29,8 +32,31 @@ pub const DEFAULT_HISTORY_LIMIT: u32 = 1000;
 const MAX_POOL_SIZE: u32 = 64;
 const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// The query options leasehold reads itself; they are not passed to the driver.
-const OWN_OPTIONS: &[&str] = &["schema", "pool_size", "connect_timeout", "history_limit"];
+/// Every option a URL may carry: leasehold's own, then the driver's.
+const ALL_OPTIONS: &[&str] = &[
+    "schema",
+    "pool_size",
+    "connect_timeout",
+    "history_limit",
+    "sslmode",
+    "ssl-mode",
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+    "options",
+];
 
 /// The query options passed to the driver (sqlx), with its spelling variants.
 const DRIVER_OPTIONS: &[&str] = &[
@@ -66,13 +92,13 @@ const DRIVER_OPTIONS: &[&str] = &[
 /// |---|---|---|
 /// | `schema` | `leasehold` | the schema of leasehold's tables (created if absent); letters, digits, `_` |
 /// | `pool_size` | `4` | pooled connections for reads, 1 to 64 |
-/// | `connect_timeout` | `5s` | bound on opening a connection: `500ms`, `5s`, `1m`, or bare seconds; at most 5 min |
+/// | `connect_timeout` | `5s` | bound on opening a connection, with its unit: `500ms`, `5s`, `1m`; at most 5 min |
 /// | `history_limit` | `1000` | terms kept per lease in the history table; `0` keeps all |
 /// | `sslmode` | `prefer` | `disable`, `allow`, `prefer`, `require`, `verify-ca`, `verify-full` (the last three need the `tls-rustls` feature) |
 /// | `sslrootcert`, `sslcert`, `sslkey` | | certificate files, as libpq |
 /// | `application_name`, `options`, `host`, `hostaddr`, `port`, `dbname`, `user`, `password`, `statement-cache-capacity` | | as libpq and sqlx |
 ///
-/// Unknown options are rejected, naming them. As with libpq, `PGPASSWORD`, `PGSSLMODE` and the
+/// Unknown and repeated options are rejected, naming them. As with libpq, `PGPASSWORD`, `PGSSLMODE` and the
 /// other `PG*` variables and `~/.pgpass` fill in what the URL leaves out.
 ///
 /// `Debug` and `Display` show the URL with any password replaced by `***`.
@@ -91,12 +117,12 @@ const DRIVER_OPTIONS: &[&str] = &[
 /// assert!(!format!("{config:?}").contains("hunter2"));
 /// # Ok::<(), leasehold_core::Error>(())
 /// ```
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct PostgresConfig {
-    /// The URL as given, password redacted: what `Display` shows.
-    shown: String,
-    /// The driver's options; hold the password, so never printed.
-    connect: PgConnectOptions,
+    /// The URL as given; shown redacted.
+    url: StoreUrl,
+    /// The URL handed to the driver (host, user, password, database and the driver's options).
+    driver: Secret,
     schema: String,
     pool_size: u32,
     connect_timeout: Duration,
@@ -111,69 +137,80 @@ impl PostgresConfig {
     /// [`Error::InvalidUrl`] with the URL redacted, naming what is wrong: another scheme, a
     /// malformed URL, an unknown option, a bad option value, or a TLS mode this build cannot do.
     pub fn from_url(url: &str) -> Result<Self> {
-        let invalid = |reason: String| Error::InvalidUrl {
-            url: redact(url),
-            reason,
-        };
-        let scheme = url.split_once("://").map(|(scheme, _)| scheme);
-        if !scheme.is_some_and(|s| URL_SCHEMES.iter().any(|known| s.eq_ignore_ascii_case(known))) {
-            return Err(invalid(
-                "the scheme must be postgres:// or postgresql:// (e.g. postgres://user@host:5432/db)".into(),
-            ));
+        let url = StoreUrl::parse(url, STORE)?.known_options(ALL_OPTIONS);
+        url.require_scheme(URL_SCHEMES)?;
+        if !url.has_authority() {
+            return Err(url.invalid("the scheme must be followed by // (e.g. postgres://user@host:5432/db)"));
         }
-        // The url crate's messages never quote the input, so they cannot leak the password.
-        let parsed = Url::parse(url).map_err(|e| invalid(format!("malformed URL: {e}")))?;
-        // An '@' in the path or an option name is a user name or password holding an unescaped
-        // '/' or '?' (the parser ended the authority there): its rest would be taken for the
-        // database or an option and quoted by errors. Say so, quoting none of it (a database
-        // whose name holds an '@' is written with %40).
-        if parsed.path().contains('@') || parsed.query_pairs().any(|(key, _)| key.contains('@')) {
-            return Err(invalid(
-                "an '@' after the host: a user name or password must have its '/', '?' and '#' %-escaped (%2F, %3F, %23)"
-                    .into(),
-            ));
+        if url.hosts().len() > 1 {
+            return Err(url.invalid("one host only (the driver connects to a single server)"));
         }
+        let mut options = url.options();
         let mut config = PostgresConfig {
-            shown: redact(url),
-            connect: PgConnectOptions::new_without_pgpass(),
+            url: url.clone(),
+            driver: Secret::default(),
             schema: DEFAULT_SCHEMA.to_string(),
             pool_size: DEFAULT_POOL_SIZE,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             history_limit: DEFAULT_HISTORY_LIMIT,
         };
-        let mut driver = parsed.clone();
-        driver.set_query(None);
-        {
-            let mut pairs = driver.query_pairs_mut();
-            for (key, value) in parsed.query_pairs() {
-                if OWN_OPTIONS.contains(&&*key) {
-                    config.set(&key, &value).map_err(invalid)?;
-                } else if DRIVER_OPTIONS.contains(&&*key) {
-                    check_driver_option(&key, &value).map_err(invalid)?;
-                    pairs.append_pair(&key, &value);
-                } else if value.contains('@') {
-                    // Perhaps the rest of a password with an unescaped '?': not quoted.
-                    return Err(invalid(format!(
-                        "an unknown option whose value holds an '@' (a password with an unescaped '?'?); \
-                         leasehold's options: {}; the driver's: {}",
-                        OWN_OPTIONS.join(", "),
-                        DRIVER_OPTIONS.join(", ")
-                    )));
-                } else {
-                    return Err(invalid(format!(
-                        "unknown option {key:?} (leasehold's: {}; the driver's: {})",
-                        OWN_OPTIONS.join(", "),
-                        DRIVER_OPTIONS.join(", ")
-                    )));
-                }
+        if let Some(schema) = options.string("schema") {
+            check_schema(&schema).map_err(|why| options.invalid("schema", format!("expected {why}")))?;
+            config.schema = schema;
+        }
+        if let Some(size) = options.parse::<u32>("pool_size")? {
+            if !(1..=MAX_POOL_SIZE).contains(&size) {
+                return Err(options.invalid("pool_size", "expected a number of connections from 1 to 64"));
             }
+            config.pool_size = size;
         }
-        if driver.query() == Some("") {
-            driver.set_query(None);
+        if let Some(timeout) = options.duration("connect_timeout")? {
+            if timeout.is_zero() || timeout > MAX_CONNECT_TIMEOUT {
+                return Err(options.invalid("connect_timeout", "expected more than 0 and at most 5m"));
+            }
+            config.connect_timeout = timeout;
         }
+        if let Some(limit) = options.parse::<u32>("history_limit")? {
+            config.history_limit = limit;
+        }
+        // The driver's URL: what the user wrote, minus leasehold's own options.
+        let mut driver = format!("{}://", url.scheme());
+        if let Some(user) = url.username() {
+            driver.push_str(&percent_encode(user));
+        }
+        if let Some(password) = url.password() {
+            driver.push(':');
+            driver.push_str(&percent_encode(password.expose()));
+        }
+        if url.username().is_some() || url.password().is_some() {
+            driver.push('@');
+        }
+        if let Some(host) = url.hosts().first() {
+            driver.push_str(&host.to_string());
+        }
+        if let Some(database) = url.path().strip_prefix('/').filter(|db| !db.is_empty()) {
+            driver.push('/');
+            driver.push_str(&percent_encode(database));
+        }
+        let mut separator = '?';
+        for name in DRIVER_OPTIONS {
+            let value = match *name {
+                "password" => options.secret(name).map(|secret| secret.expose().to_string()),
+                _ => options.string(name),
+            };
+            let Some(value) = value else { continue };
+            check_driver_option(name, &value).map_err(|why| options.invalid(name, why))?;
+            driver.push(separator);
+            separator = '&';
+            driver.push_str(name);
+            driver.push('=');
+            driver.push_str(&percent_encode(&value));
+        }
+        options.finish()?;
         // sqlx's messages name a bad value (a port, an escape), never the password.
-        config.connect =
-            PgConnectOptions::from_url(&driver).map_err(|e| invalid(format!("the driver rejects it: {e}")))?;
+        let parsed = Url::parse(&driver).map_err(|e| url.invalid(format!("malformed URL: {e}")))?;
+        PgConnectOptions::from_url(&parsed).map_err(|e| url.invalid(format!("the driver rejects it: {e}")))?;
+        config.driver = Secret::new(driver);
         Ok(config)
     }
 
@@ -228,12 +265,14 @@ impl PostgresConfig {
 
     /// `host:port` of the server (or the socket directory), for errors.
     pub(crate) fn endpoint(&self) -> String {
-        format!("{}:{}", self.connect.get_host(), self.connect.get_port())
+        let options = self.connect_options();
+        format!("{}:{}", options.get_host(), options.get_port())
     }
 
     /// The driver's connection options (they hold the password: never print them).
-    pub(crate) fn connect_options(&self) -> &PgConnectOptions {
-        &self.connect
+    pub(crate) fn connect_options(&self) -> PgConnectOptions {
+        let url = Url::parse(self.driver.expose()).expect("checked when parsed");
+        PgConnectOptions::from_url(&url).expect("checked when parsed")
     }
 
     /// Checks the ranges of the fields.
@@ -264,33 +303,6 @@ impl PostgresConfig {
         }
         Ok(())
     }
-
-    fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
-        let bad = |allowed: &str| format!("option {key}={value:?}: expected {allowed}");
-        match key {
-            "schema" => {
-                check_schema(value).map_err(bad)?;
-                self.schema = value.to_string();
-            }
-            "pool_size" => {
-                self.pool_size = value
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=MAX_POOL_SIZE).contains(n))
-                    .ok_or_else(|| bad("a number of connections from 1 to 64"))?;
-            }
-            "connect_timeout" => {
-                self.connect_timeout = parse_duration(value)
-                    .filter(|d| !d.is_zero() && *d <= MAX_CONNECT_TIMEOUT)
-                    .ok_or_else(|| bad("a duration up to 5m such as 5s, 500ms or 10 (seconds, as libpq)"))?;
-            }
-            "history_limit" => {
-                self.history_limit = value.parse().map_err(|_| bad("a number of terms (0 keeps all)"))?;
-            }
-            _ => return Err(format!("unknown option {key:?}")),
-        }
-        Ok(())
-    }
 }
 
 /// Checks the options sqlx would otherwise accept silently or fail on only when connecting.
@@ -300,14 +312,12 @@ fn check_driver_option(key: &str, value: &str) -> Result<(), String> {
             "disable" | "allow" | "prefer" => false,
             "require" | "verify-ca" | "verify-full" => true,
             _ => {
-                return Err(format!(
-                    "option {key}={value:?}: expected disable, allow, prefer, require, verify-ca or verify-full"
-                ));
+                return Err("expected disable, allow, prefer, require, verify-ca or verify-full".to_string());
             }
         };
         if tls_needed && !cfg!(feature = "tls-rustls") {
             return Err(format!(
-                "option {key}={value}: this build of leasehold-postgres has no TLS; enable its `tls-rustls` feature"
+                "{key}={value} needs TLS, which this build of leasehold-postgres lacks: enable its `tls-rustls` feature"
             ));
         }
     }
@@ -339,39 +349,7 @@ impl FromStr for PostgresConfig {
 
 impl fmt::Display for PostgresConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.shown)
-    }
-}
-
-impl fmt::Debug for PostgresConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Never the driver's options: their Debug shows the password.
-        f.debug_struct("PostgresConfig")
-            .field("url", &self.shown)
-            .field("schema", &self.schema)
-            .field("pool_size", &self.pool_size)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("history_limit", &self.history_limit)
-            .finish()
-    }
-}
-
-/// `url` with the password of its user info and the value of any `password` query option
-/// replaced by `***`. Works on malformed URLs too, so that errors about them can show them.
-pub(crate) fn redact(url: &str) -> String {
-    leasehold_core::url_options::redact_url(url)
-}
-
-/// `500ms`, `5s`, `2m`, or a bare number of seconds (as libpq's `connect_timeout`).
-fn parse_duration(value: &str) -> Option<Duration> {
-    let split = value.find(|c: char| !c.is_ascii_digit()).unwrap_or(value.len());
-    let (number, unit) = value.split_at(split);
-    let number: u64 = number.parse().ok()?;
-    match unit {
-        "ms" => Some(Duration::from_millis(number)),
-        "" | "s" => Some(Duration::from_secs(number)),
-        "m" => number.checked_mul(60).map(Duration::from_secs),
-        _ => None,
+        self.url.fmt(f)
     }
 }
 
@@ -412,7 +390,11 @@ mod tests {
         assert_eq!(config.pool_size(), 2);
         assert_eq!(config.connect_timeout(), Duration::from_millis(750));
         assert_eq!(config.history_limit(), 0);
-        for (value, expected) in [("5", 5_000), ("5s", 5_000), ("250ms", 250), ("2m", 120_000)] {
+        let err = PostgresConfig::from_url("postgres://h/db?connect_timeout=5").unwrap_err();
+        assert!(err.to_string().contains("needs a unit"), "{err}");
+        let err = PostgresConfig::from_url("postgres://h/db?schema=a&schema=b").unwrap_err();
+        assert!(err.to_string().contains("option schema is given twice"), "{err}");
+        for (value, expected) in [("5s", 5_000), ("1.5s", 1_500), ("250ms", 250), ("2m", 120_000)] {
             let config = PostgresConfig::from_url(&format!("postgres://h/db?connect_timeout={value}")).unwrap();
             assert_eq!(config.connect_timeout(), Duration::from_millis(expected), "{value}");
         }
@@ -424,7 +406,7 @@ mod tests {
             ("sqlite:///x.db", "scheme"),
             ("postgres:/h/db", "scheme"),
             ("mysql://u:topsecret@h/db", "scheme"),
-            ("postgres://u:topsecret@h:notaport/db", "malformed"),
+            ("postgres://u:topsecret@h:notaport/db", "port"),
             ("postgres://u:topsecret@h/db?schema=a-b", "schema"),
             ("postgres://u:topsecret@h/db?schema=pg_catalog", "schema"),
             ("postgres://u:topsecret@h/db?schema=", "schema"),
@@ -437,11 +419,12 @@ mod tests {
             ("postgres://u:topsecret@h/db?sslmode=sometimes", "sslmode"),
             (
                 "postgres://u:topsecret@h/db?busy_timeout=1s",
-                "unknown option \"busy_timeout\"",
+                "unknown option busy_timeout",
             ),
             (
                 "postgres://u@h/db?password=topsecret&bogus=1",
-                "unknown option \"bogus\"",
+                // Perhaps the rest of a password holding an unescaped '&': not named.
+                "unescaped '&'",
             ),
         ] {
             match PostgresConfig::from_url(url) {
@@ -472,10 +455,14 @@ mod tests {
 
     #[test]
     fn passwords_are_never_shown() {
-        // How a URL is redacted is core's (url_options::redact_url) and tested there.
-        let shown = redact("postgres://app:s3cret@db/x?password=s3cret&sslmode=require");
-        assert!(shown.starts_with("postgres://app:***@db/x?password=***"), "{shown}");
-        assert!(!shown.contains("s3cret"), "{shown}");
+        let config = PostgresConfig::from_url("postgres://app:s3cret@db/x?password=s3cret&sslmode=disable").unwrap();
+        for shown in [config.to_string(), format!("{config:?}")] {
+            assert!(
+                shown.contains("postgres://app:***@db/x?password=***&sslmode=disable"),
+                "{shown}"
+            );
+            assert!(!shown.contains("s3cret"), "{shown}");
+        }
     }
 
     /// Finding 11 of issue 12: the CLI printed `cannot connect to postgres://app:pa/ss@db.internal/jobs`.
@@ -488,7 +475,11 @@ mod tests {
             "postgresql://app:pa/s?s#@db.internal:5432/jobs?sslmode=disable",
         ] {
             let err = PostgresConfig::from_url(url).unwrap_err();
-            for text in [err.to_string(), format!("{err:?}"), redact(url)] {
+            for text in [
+                err.to_string(),
+                format!("{err:?}"),
+                leasehold_core::config::redact_url(url),
+            ] {
                 assert!(
                     !text.contains("pa/") && !text.contains("ss@") && !text.contains("s#"),
                     "{url}: leaked in {text}"
@@ -508,7 +499,7 @@ mod tests {
                 assert!(!text.contains("s3cr3t"), "{url}: leaked in {text}");
             }
         }
-        let config = PostgresConfig::from_url("postgres://app@db/jobs%40eu?application_name=me@box").unwrap();
+        let config = PostgresConfig::from_url("postgres://app@db/jobs%40eu?application_name=me%40box").unwrap();
         assert_eq!(config.connect_options().get_database(), Some("jobs@eu"));
         // Escaped, the same password parses, and is hidden too.
         let config = PostgresConfig::from_url("postgres://app:pa%2Fss@db.internal/jobs").unwrap();

@@ -698,8 +698,12 @@ async fn lease_writes_commit_synchronously_whatever_the_defaults() {
     plain.close().await.unwrap();
 
     // Nor can the URL's own options weaken it.
-    url.query_pairs_mut()
-        .append_pair("options", "-c synchronous_commit=off");
+    // (`%20`, not the form encoding's `+`: in leasehold's URL grammar a `+` stays a `+`.)
+    let query = match url.query() {
+        Some(query) => format!("{query}&options=-c%20synchronous_commit%3Doff"),
+        None => "options=-c%20synchronous_commit%3Doff".to_string(),
+    };
+    url.set_query(Some(&query));
     let store = PostgresStore::connect(url.as_str()).await.unwrap();
     let lease = common::lease("sync");
     let grant = granted(acquire(&store, &lease, "a", Duration::from_secs(5)).await);
