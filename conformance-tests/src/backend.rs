@@ -72,11 +72,10 @@ pub trait Backend: Send + Sync + 'static {
     }
 
     /// Store URLs that carry `secret` as a password, key or signature, for
-    /// `secrets_stay_out_of_debug_and_errors`: the test server with a wrong secret, a port nobody
-    /// listens on, an unknown option. Empty (the default) for a store without secrets.
-    fn secret_urls(&self, secret: &str) -> Vec<String> {
+    /// `secrets_stay_out_of_debug_and_errors`; `None` (the default) for a store without secrets.
+    fn secret_urls(&self, secret: &str) -> Option<SecretUrls> {
         let _ = secret;
-        Vec::new()
+        None
     }
 
     /// A client of the store at `url` (one of [`Backend::secret_urls`]).
@@ -95,6 +94,21 @@ pub trait Backend: Send + Sync + 'static {
     /// Called once after the last scenario of a concurrent run (e.g. to delete the suite's
     /// container); the default does nothing.
     async fn finish(&self) {}
+}
+
+/// Store URLs that carry a secret (see [`Backend::secret_urls`]), by what the store must make of
+/// them. Whatever it makes of them, the secret shows in no error and no `Debug`.
+#[derive(Clone, Debug, Default)]
+pub struct SecretUrls {
+    /// The test server, which accepts this secret: the store connects and answers.
+    pub accepted: Option<String>,
+    /// The test server, which refuses this secret (or the database, user or table it names):
+    /// a definite (not transient) error when connecting or on the first request.
+    pub refused: Option<String>,
+    /// A port nobody listens on: a transient error when connecting or on the first request.
+    pub closed: Option<String>,
+    /// Malformed (an unknown option, a broken scheme): an error when connecting.
+    pub malformed: Vec<String>,
 }
 
 /// The [`Backend`] of a [`MemoryStore`]: every client shares one store.

@@ -30,7 +30,7 @@ mod runner;
 pub mod scenarios;
 mod server;
 
-pub use backend::{Backend, IntoBackend, MemoryBackend, require_server};
+pub use backend::{Backend, IntoBackend, MemoryBackend, SecretUrls, require_server};
 pub use checker::{Interval, Record, SafetyChecker};
 pub use faults::{Direction, Fault, FaultState, Faults, FaultyStore, Op, RequestCounts};
 pub use proxy::FaultProxy;

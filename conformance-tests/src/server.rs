@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use futures::future::BoxFuture;
 use leasehold_core::{Error, LeaseName, LeaseStore, Result};
 
-use crate::backend::Backend;
+use crate::backend::{Backend, SecretUrls};
 use crate::faults::{Faults, FaultyStore};
 use crate::proxy::FaultProxy;
 
@@ -19,7 +19,7 @@ pub type ConnectFn = Arc<dyn Fn(String) -> BoxFuture<'static, Result<Arc<dyn Lea
 /// Vandalises the record of a lease, as a foreign program would.
 pub type CorruptFn = Arc<dyn Fn(LeaseName) -> BoxFuture<'static, Result<()>> + Send + Sync>;
 /// Store URLs carrying a secret (see [`Backend::secret_urls`]).
-pub type SecretUrlsFn = Arc<dyn Fn(&str) -> Vec<String> + Send + Sync>;
+pub type SecretUrlsFn = Arc<dyn Fn(&str) -> SecretUrls + Send + Sync>;
 /// Cleans up after a concurrent run (see [`Backend::finish`]).
 pub type FinishFn = Arc<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>;
 
@@ -100,7 +100,7 @@ impl ServerBackend {
 
     /// URLs that carry a secret (see [`Backend::secret_urls`]).
     #[must_use]
-    pub fn secret_urls(mut self, urls: impl Fn(&str) -> Vec<String> + Send + Sync + 'static) -> Self {
+    pub fn secret_urls(mut self, urls: impl Fn(&str) -> SecretUrls + Send + Sync + 'static) -> Self {
         self.secret_urls = Some(Arc::new(urls));
         self
     }
@@ -141,6 +141,12 @@ impl Backend for ServerBackend {
         let proxy = FaultProxy::start(self.upstream_addr()?)
             .await
             .map_err(|e| Error::unreachable(self.name, e))?;
+        if !self.url.contains(&self.upstream) {
+            return Err(Error::store(
+                self.name,
+                "the suite's URL does not name its upstream: no proxy in between",
+            ));
+        }
         let url = self.url.replacen(&self.upstream, &proxy.addr().to_string(), 1);
         let faults = proxy.faults();
         self.proxies.lock().expect("proxies lock").push(proxy);
@@ -156,8 +162,8 @@ impl Backend for ServerBackend {
         self.many_leases_ttl
     }
 
-    fn secret_urls(&self, secret: &str) -> Vec<String> {
-        self.secret_urls.as_ref().map(|urls| urls(secret)).unwrap_or_default()
+    fn secret_urls(&self, secret: &str) -> Option<SecretUrls> {
+        self.secret_urls.as_ref().map(|urls| urls(secret))
     }
 
     async fn connect_url(&self, url: &str) -> Result<Arc<dyn LeaseStore>> {

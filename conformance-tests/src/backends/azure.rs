@@ -17,6 +17,7 @@ use sha2::Sha256;
 use url::Url;
 
 use super::with_option;
+use crate::backend::SecretUrls;
 use crate::backend::{Backend, configured_url, host_port, require_server};
 use crate::server::ServerBackend;
 
@@ -72,7 +73,12 @@ pub fn azure() -> Option<Arc<dyn Backend>> {
             .join("&");
         let refused = format!("{endpoint}/{container}?prefix={PREFIX}&{forged}");
         let closed = refused.replacen(&host_port(&endpoint).unwrap_or_default(), "127.0.0.1:1", 1);
-        vec![refused.clone(), closed, with_option(&refused, "nonsense=1")]
+        SecretUrls {
+            accepted: None,
+            malformed: vec![with_option(&refused, "nonsense=1")],
+            refused: Some(refused),
+            closed: Some(closed),
+        }
     })
     .on_finish(move || {
         let container = for_finish.clone();

@@ -11,6 +11,7 @@ use leasehold_core::{Error, LeaseStore};
 use leasehold_dynamodb::DynamoDbStore;
 
 use super::with_option;
+use crate::backend::SecretUrls;
 use crate::backend::{Backend, host_port, require_server};
 use crate::server::ServerBackend;
 
@@ -72,7 +73,13 @@ pub fn dynamodb() -> Option<Arc<dyn Backend>> {
         let keys = format!("access_key_id={secret}&secret_access_key={secret}&session_token={secret}");
         let server = format!("dynamodb://{TABLE}?endpoint={endpoint}&region=us-east-1&{keys}");
         let closed = format!("dynamodb://{TABLE}?endpoint=http://127.0.0.1:1&region=us-east-1&{keys}&timeout=500ms");
-        vec![server.clone(), closed, with_option(&server, "nonsense=1")]
+        // dynalite accepts any keys.
+        SecretUrls {
+            malformed: vec![with_option(&server, "nonsense=1")],
+            accepted: Some(server),
+            refused: None,
+            closed: Some(closed),
+        }
     });
     Some(Arc::new(backend))
 }

@@ -9,6 +9,7 @@ use leasehold_core::{Error, LeaseStore};
 use leasehold_etcd::EtcdStore;
 
 use super::with_option;
+use crate::backend::SecretUrls;
 use crate::backend::{Backend, host_port, require_server};
 use crate::server::ServerBackend;
 
@@ -60,12 +61,15 @@ pub fn etcd() -> Option<Arc<dyn Backend>> {
         // Authentication is not enabled on the test server: the password is refused.
         let with = format!("{scheme}://leasehold:{secret}@{rest}");
         let closed = format!("{scheme}://leasehold:{secret}@127.0.0.1:1/{PREFIX}");
-        vec![
-            with.clone(),
-            with_option(&url, &format!("user=leasehold&password={secret}")),
-            closed,
-            with_option(&with, "nonsense=1"),
-        ]
+        SecretUrls {
+            accepted: None,
+            refused: Some(with.clone()),
+            closed: Some(closed),
+            malformed: vec![
+                with_option(&with, "nonsense=1"),
+                with_option(&url, &format!("user=leasehold&password={secret}&nonsense=1")),
+            ],
+        }
     });
     Some(Arc::new(backend))
 }

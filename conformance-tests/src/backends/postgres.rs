@@ -9,6 +9,7 @@ use leasehold_postgres::PostgresStore;
 use sqlx::{Connection, PgConnection};
 
 use super::with_option;
+use crate::backend::SecretUrls;
 use crate::backend::{Backend, host_port, require_server};
 use crate::server::ServerBackend;
 
@@ -52,13 +53,15 @@ pub fn postgres() -> Option<Arc<dyn Backend>> {
         missing.set_path("/no_such_database");
         let mut closed = with.clone();
         closed.set_port(Some(1)).expect("a URL with a host");
-        vec![
-            server.clone(),
-            missing.to_string(),
-            closed.to_string(),
-            with_option(&server, "pool_size=lots"),
-            server.replacen("postgres://", "postgres:/", 1),
-        ]
+        SecretUrls {
+            accepted: Some(server.clone()),
+            refused: Some(missing.to_string()),
+            closed: Some(closed.to_string()),
+            malformed: vec![
+                with_option(&server, "pool_size=lots"),
+                server.replacen("postgres://", "postgres:/", 1),
+            ],
+        }
     });
     Some(Arc::new(backend))
 }

@@ -5,10 +5,11 @@
 
 use std::sync::Arc;
 
-use leasehold_core::{Error, LeaseStore};
+use leasehold_core::{Error, LeaseStore, Notifications};
 use leasehold_redis::RedisStore;
 
 use super::with_option;
+use crate::backend::SecretUrls;
 use crate::backend::{Backend, host_port, require_server};
 use crate::server::ServerBackend;
 
@@ -28,7 +29,12 @@ pub fn redis_polling() -> Option<Arc<dyn Backend>> {
     backend("redis_polling", 1, "off")
 }
 
-fn backend(name: &'static str, db_offset: u32, expiry_events: &str) -> Option<Arc<dyn Backend>> {
+fn backend(name: &'static str, db_offset: u32, expiry_events: &'static str) -> Option<Arc<dyn Backend>> {
+    let expected = if expiry_events == "enable" {
+        Notifications::ReleaseAndExpiry
+    } else {
+        Notifications::Release
+    };
     let server = require_server("redis", "LEASEHOLD_REDIS_URL")?;
     let upstream = host_port(&server)?;
     let mut parsed = url::Url::parse(&server).expect("LEASEHOLD_REDIS_URL is a URL");
@@ -44,7 +50,23 @@ fn backend(name: &'static str, db_offset: u32, expiry_events: &str) -> Option<Ar
         name,
         url.clone(),
         upstream,
-        |url| Box::pin(async move { Ok(Arc::new(RedisStore::connect(&url).await?) as Arc<dyn LeaseStore>) }),
+        move |url| {
+            Box::pin(async move {
+                let store = RedisStore::connect(&url).await?;
+                // The gated scenarios must not pass as "not applicable" because the store stopped
+                // claiming what this configuration promises.
+                let notifications = store.capabilities().notifications;
+                if notifications != expected {
+                    return Err(Error::store(
+                        "redis",
+                        format!(
+                            "expiry_events={expiry_events} must notify {expected:?}, the store claims {notifications:?}"
+                        ),
+                    ));
+                }
+                Ok(Arc::new(store) as Arc<dyn LeaseStore>)
+            })
+        },
         // A string where the lease record (a hash) belongs, as a foreign program using the same
         // key would write.
         move |lease| {
@@ -75,12 +97,12 @@ fn backend(name: &'static str, db_offset: u32, expiry_events: &str) -> Option<Ar
         refused.set_username("leasehold-nobody").expect("a URL with a host");
         let mut closed = with.clone();
         closed.set_port(Some(1)).expect("a URL with a host");
-        vec![
-            accepted.clone(),
-            refused.to_string(),
-            closed.to_string(),
-            with_option(&accepted, "nonsense=1"),
-        ]
+        SecretUrls {
+            malformed: vec![with_option(&accepted, "nonsense=1")],
+            accepted: Some(accepted),
+            refused: Some(refused.to_string()),
+            closed: Some(closed.to_string()),
+        }
     });
     Some(Arc::new(backend))
 }

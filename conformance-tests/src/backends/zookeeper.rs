@@ -9,6 +9,7 @@ use leasehold_zookeeper::ZookeeperStore;
 use zookeeper_client as zk;
 
 use super::with_option;
+use crate::backend::SecretUrls;
 use crate::backend::{Backend, host_port, require_server};
 use crate::server::ServerBackend;
 
@@ -63,11 +64,13 @@ pub fn zookeeper() -> Option<Arc<dyn Backend>> {
     .many_leases_ttl(Duration::from_secs(6))
     .secret_urls(move |secret| {
         let auth = format!("auth=digest:leasehold:{secret}");
-        vec![
-            with_option(&url, &auth),
-            with_option(&format!("zk://127.0.0.1:1{CHROOT}"), &auth),
-            with_option(&with_option(&url, &auth), "nonsense=1"),
-        ]
+        // Digest authentication only adds an identity: the server accepts any.
+        SecretUrls {
+            accepted: Some(with_option(&url, &auth)),
+            refused: None,
+            closed: Some(with_option(&format!("zk://127.0.0.1:1{CHROOT}"), &auth)),
+            malformed: vec![with_option(&with_option(&url, &auth), "nonsense=1")],
+        }
     });
     Some(Arc::new(backend))
 }
