@@ -6,8 +6,10 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use etcd_client::ConnectOptions;
-use leasehold_core::url_options::percent_decode;
+use leasehold_core::config::{Secret, StoreUrl, parse_bool, parse_duration, percent_encode, redact_url};
 use leasehold_core::{Error, Result};
+
+use crate::error::STORE;
 
 /// The URL schemes this backend handles: `etcd` (plain gRPC) and `etcds` (gRPC over TLS).
 pub const URL_SCHEMES: &[&str] = &["etcd", "etcds"];
@@ -21,15 +23,6 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
 const DEFAULT_PORT: u16 = 2379;
 
-/// Why a URL with an '@' after its hosts is refused. Quotes nothing: the text around that '@'
-/// may be a password.
-const AT_AFTER_HOSTS: &str = "an unescaped '@' after the hosts (a user name or password holding '/', '?' or '#' \
-     ends the hosts early): write '@' as %40, '/' as %2F, '?' as %3F and '#' as %23 in user names \
-     and passwords, and '@' as %40 in the prefix and in option values";
-
-/// Shown in place of an option's name or value that follows `password=`.
-const NOT_SHOWN: &str = "(not shown: it follows password=, whose value it may be part of; write an '&' in a \
-     password as %26)";
 const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// How to reach an etcd cluster: endpoints, key prefix, credentials, TLS.
@@ -60,7 +53,7 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 /// assert!(!format!("{config:?} {config}").contains("s3cret"));
 /// # Ok::<(), leasehold_core::Error>(())
 /// ```
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct EtcdConfig {
     /// `host:port` of each endpoint; the client balances over them and fails over between them.
@@ -70,7 +63,7 @@ pub struct EtcdConfig {
     /// User name for etcd authentication.
     pub user: Option<String>,
     /// Password for etcd authentication. Never printed.
-    pub password: Option<String>,
+    pub password: Option<Secret>,
     /// Whether to speak TLS.
     pub tls: bool,
     /// A PEM file with the CA that signed the servers' certificates (otherwise the system roots).
@@ -94,21 +87,31 @@ impl EtcdConfig {
         }
     }
 
-    /// Parses an `etcd://` or `etcds://` URL.
+    /// Parses an `etcd://` or `etcds://` URL (the grammar of [`StoreUrl`]).
     ///
     /// # Errors
     ///
     /// [`Error::InvalidUrl`] (with the password redacted) naming what is wrong, or
     /// [`Error::UnsupportedScheme`] for another scheme.
     pub fn from_url(url: &str) -> Result<Self> {
-        let bad = |reason: String| Error::InvalidUrl {
-            url: leasehold_core::url_options::redact_url(url),
-            reason,
-        };
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| bad("expected etcd://host:port[,host:port]/prefix".into()))?;
-        let tls = match scheme.to_ascii_lowercase().as_str() {
+        // Without `known_options`: a URL in an error shows nothing after a password's value (it
+        // may go on past an unescaped '&').
+        // StoreUrl names an option without '=' unless it follows the secret right away
+        // (`password=a&ca=&b`): after a password, name nothing.
+        let after_password = url
+            .split_once('?')
+            .and_then(|(_, q)| q.find("password=").map(|at| &q[at..]));
+        if after_password.is_some_and(|rest| rest.split('&').skip(1).any(|p| !p.is_empty() && !p.contains('='))) {
+            return Err(Error::InvalidUrl {
+                url: redact_url(url),
+                reason: "the value of option password holds an unescaped '&': write it as %26".into(),
+            });
+        }
+        let parsed = StoreUrl::parse(url, STORE)?;
+        if !parsed.has_authority() || parsed.hosts().is_empty() {
+            return Err(parsed.invalid("no endpoint: expected etcd://host:port[,host:port]/prefix"));
+        }
+        let tls = match parsed.scheme() {
             "etcd" => false,
             "etcds" => true,
             other => {
@@ -118,139 +121,64 @@ impl EtcdConfig {
                 });
             }
         };
-        // A user name or password holding an unescaped '/', '?' or '#' ends the hosts early: its
-        // first part would be read as a host and its rest as the prefix or options, quoted by
-        // errors and shown by `Debug`. An '@' after the hosts is that, or an '@' that must be
-        // escaped anyway: refused, quoting none of it.
-        let hosts_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-        if rest[hosts_end..].contains('@') {
-            return Err(bad(AT_AFTER_HOSTS.into()));
-        }
-        let (before_query, query) = match rest.split_once('?') {
-            Some((a, q)) => (a, Some(q)),
-            None => (rest, None),
-        };
-        if before_query.contains('#') || query.is_some_and(|q| q.contains('#')) {
-            return Err(bad("fragments (#) are not allowed".into()));
-        }
-        let (authority, path) = match before_query.split_once('/') {
-            Some((a, p)) => (a, p),
-            None => (before_query, ""),
-        };
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((u, h)) => (Some(u), h),
-            None => (None, authority),
-        };
         let mut config = EtcdConfig::new(Vec::<String>::new());
         config.tls = tls;
-        if let Some(userinfo) = userinfo {
-            let (user, password) = match userinfo.split_once(':') {
-                Some((u, p)) => (u, Some(p)),
-                None => (userinfo, None),
-            };
-            let user = percent_decode(user)
-                .ok()
-                .ok_or_else(|| bad("bad %-escape in the user name".into()))?;
-            if !user.is_empty() {
-                config.user = Some(user);
+        for host in parsed.hosts() {
+            if host.port == Some(0) {
+                return Err(parsed.invalid(format!("invalid port in {host}")));
             }
-            if let Some(p) = password {
-                config.password = Some(
-                    percent_decode(p)
-                        .ok()
-                        .ok_or_else(|| bad("bad %-escape in the password".into()))?,
-                );
-            }
+            config
+                .endpoints
+                .push(format!("{}:{}", host.name, host.port.unwrap_or(DEFAULT_PORT)));
         }
-        for host in hosts.split(',') {
-            let host = host.trim();
-            if host.is_empty() {
-                return Err(bad("an empty host in the endpoint list".into()));
-            }
-            if host.chars().any(|c| c.is_whitespace() || c == '/' || c == '@') {
-                return Err(bad(format!("invalid host {host:?}")));
-            }
-            check_port(host).map_err(bad)?;
-            config.endpoints.push(with_port(host));
+        let prefix = parsed.path().trim_matches('/');
+        if prefix.chars().any(char::is_control) {
+            return Err(parsed.invalid("the prefix must not contain control characters"));
         }
-        let prefix = percent_decode(path.trim_matches('/')).map_err(|_| bad("bad %-escape in the prefix".into()))?;
         if !prefix.is_empty() {
-            if prefix.chars().any(char::is_control) {
-                return Err(bad("the prefix must not contain control characters".into()));
-            }
-            config.prefix = prefix;
+            config.prefix = prefix.to_string();
         }
-        // Once a `password=` was read, nothing after it is quoted, in the reason or in the URL:
-        // it may be the password's rest (an unescaped '&' in it).
-        let mut password_end: Option<usize> = None;
-        let mut pair_end = url.len() - query.map_or(0, str::len);
-        for pair in query.unwrap_or("").split('&') {
-            let pair_start = pair_end;
-            pair_end = pair_start + pair.len() + 1;
-            if pair.is_empty() {
-                continue;
+        // After a password option, no value is quoted: it may be the rest of a password that
+        // holds an unescaped '&'.
+        let mut options = parsed.options();
+        let hide = options.string("password").is_some();
+        let invalid = |options: &leasehold_core::config::Options<'_>, name: &str, why: &str| {
+            if hide {
+                parsed.invalid(format!("option {name}: {why}"))
+            } else {
+                options.invalid(name, why)
             }
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let bad = |reason: String| match password_end {
-                Some(end) => Error::InvalidUrl {
-                    url: format!("{}&***", leasehold_core::url_options::redact_url(&url[..end])),
-                    reason,
-                },
-                None => bad(reason),
-            };
-            let quote = |text: &str| {
-                if password_end.is_some() {
-                    NOT_SHOWN.to_string()
-                } else {
-                    format!("{text:?}")
-                }
-            };
-            let value = percent_decode(value).map_err(|_| bad(format!("bad %-escape in option {}", quote(key))))?;
-            match key {
-                "user" | "username" => config.user = Some(value).filter(|v| !v.is_empty()),
-                "password" => config.password = Some(value),
-                "tls" => {
-                    config.tls = match value.as_str() {
-                        "true" | "1" | "yes" => true,
-                        "false" | "0" | "no" => {
-                            if tls {
-                                return Err(bad("etcds:// always uses TLS: tls=false contradicts it".into()));
-                            }
-                            false
-                        }
-                        _ => return Err(bad(format!("tls must be true or false, not {}", quote(&value)))),
-                    }
-                }
-                "ca" | "cacert" => {
-                    if value.is_empty() {
-                        return Err(bad("ca needs a file path".into()));
-                    }
-                    config.ca = Some(PathBuf::from(value));
-                    config.tls = true;
-                }
-                "timeout" => {
-                    config.timeout = parse_duration(&value)
-                        .filter(|d| !d.is_zero() && *d <= MAX_TIMEOUT)
-                        .ok_or_else(|| {
-                            bad(format!(
-                                "timeout must be a duration in 1ms..=1h, like 5s or 500ms, not {}",
-                                quote(&value)
-                            ))
-                        })?;
-                }
-                other => {
-                    return Err(bad(format!(
-                        "unknown option {} (known: user, password, tls, ca, timeout)",
-                        quote(other)
-                    )));
-                }
-            }
-            if key == "password" {
-                password_end = Some(pair_start + pair.len());
+        };
+        config.user = options
+            .string("user")
+            .or(options.string("username"))
+            .or(parsed.username().map(str::to_string))
+            .filter(|user| !user.is_empty());
+        config.password = options.secret("password").or(parsed.password());
+        if let Some(text) = options.string("tls") {
+            match parse_bool(&text) {
+                Ok(true) => config.tls = true,
+                Ok(false) if tls => return Err(parsed.invalid("etcds:// always uses TLS: tls=false contradicts it")),
+                Ok(false) => config.tls = false,
+                Err(why) => return Err(invalid(&options, "tls", &why)),
             }
         }
+        if let Some(ca) = options.string("ca") {
+            if ca.is_empty() {
+                return Err(parsed.invalid("option ca needs a file path"));
+            }
+            config.ca = Some(PathBuf::from(ca));
+            config.tls = true;
+        }
+        if let Some(text) = options.string("timeout") {
+            config.timeout = parse_duration(&text)
+                .ok()
+                .filter(|d| !d.is_zero() && *d <= MAX_TIMEOUT)
+                .ok_or_else(|| invalid(&options, "timeout", "expected a duration in 1ms..=1h, like 5s or 500ms"))?;
+        }
+        options.finish()?;
         if config.password.is_some() && config.user.is_none() {
-            return Err(bad("a password needs a user".into()));
+            return Err(parsed.invalid("a password needs a user"));
         }
         Ok(config)
     }
@@ -259,19 +187,19 @@ impl EtcdConfig {
     pub fn redacted_url(&self) -> String {
         let scheme = if self.tls { "etcds" } else { "etcd" };
         let user = match (&self.user, &self.password) {
-            (Some(u), Some(_)) => format!("{}:***@", escape(u, ":/")),
-            (Some(u), None) => format!("{}@", escape(u, ":/")),
+            (Some(u), Some(_)) => format!("{}:***@", percent_encode(u)),
+            (Some(u), None) => format!("{}@", percent_encode(u)),
             _ => String::new(),
         };
         let ca = self
             .ca
             .as_ref()
-            .map(|ca| format!("?ca={}", escape(&ca.display().to_string(), "")))
+            .map(|ca| format!("?ca={}", percent_encode(&ca.display().to_string())))
             .unwrap_or_default();
         format!(
             "{scheme}://{user}{}/{}{ca}",
             self.endpoints.join(","),
-            escape(&self.prefix, "")
+            self.prefix.split('/').map(percent_encode).collect::<Vec<_>>().join("/")
         )
     }
 }
@@ -285,7 +213,7 @@ impl EtcdConfig {
             .with_keep_alive(Duration::from_secs(10), self.timeout)
             .with_keep_alive_while_idle(false);
         if let (Some(user), password) = (&self.user, &self.password) {
-            options = options.with_user(user.clone(), password.clone().unwrap_or_default());
+            options = options.with_user(user.clone(), password.as_ref().map(Secret::expose).unwrap_or_default());
         }
         if self.tls {
             let mut tls = etcd_client::TlsOptions::new();
@@ -318,38 +246,10 @@ impl FromStr for EtcdConfig {
     }
 }
 
-impl fmt::Debug for EtcdConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EtcdConfig")
-            .field("endpoints", &self.endpoints)
-            .field("prefix", &self.prefix)
-            .field("user", &self.user)
-            .field("password", &self.password.as_ref().map(|_| "***"))
-            .field("tls", &self.tls)
-            .field("ca", &self.ca)
-            .field("timeout", &self.timeout)
-            .finish()
-    }
-}
-
 impl fmt::Display for EtcdConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.redacted_url())
     }
-}
-
-/// `text` with `%`, `@`, `?`, `#`, `&` and each of `also` %-escaped, so that the URL it goes
-/// into parses back to it.
-fn escape(text: &str, also: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if "%@?#&".contains(c) || also.contains(c) {
-            out.push_str(&format!("%{:02X}", u32::from(c)));
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 fn with_port(host: &str) -> String {
@@ -363,34 +263,6 @@ fn with_port(host: &str) -> String {
     } else {
         format!("{host}:{DEFAULT_PORT}")
     }
-}
-
-fn check_port(host: &str) -> std::result::Result<(), String> {
-    let port = if host.starts_with('[') {
-        host.split_once("]:").map(|(_, p)| p)
-    } else {
-        host.rsplit_once(':').map(|(_, p)| p)
-    };
-    match port {
-        Some(p) if p.parse::<u16>().map_or(true, |p| p == 0) => Err(format!("invalid port in {host:?}")),
-        _ => Ok(()),
-    }
-}
-
-fn parse_duration(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    let (number, unit) = match s.find(|c: char| !c.is_ascii_digit() && c != '.') {
-        Some(at) => s.split_at(at),
-        None => (s, "ms"),
-    };
-    let n: f64 = number.parse().ok().filter(|n: &f64| n.is_finite() && *n >= 0.0)?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        _ => return None,
-    };
-    Duration::try_from_secs_f64(secs).ok()
 }
 
 #[cfg(test)]
@@ -411,12 +283,12 @@ mod tests {
         let c: EtcdConfig = "etcds://u:p%40ss@h:1/?ca=/tmp/ca.pem&timeout=250ms".parse().unwrap();
         assert!(c.tls);
         assert_eq!(c.user.as_deref(), Some("u"));
-        assert_eq!(c.password.as_deref(), Some("p@ss"));
+        assert_eq!(c.password.as_ref().map(Secret::expose), Some("p@ss"));
         assert_eq!(c.timeout, Duration::from_millis(250));
         assert_eq!(c.ca, Some(PathBuf::from("/tmp/ca.pem")));
         let c: EtcdConfig = "etcd://h/app?user=bob&password=pw&tls=true&timeout=2s".parse().unwrap();
         assert_eq!(
-            (c.user.as_deref(), c.password.as_deref(), c.tls),
+            (c.user.as_deref(), c.password.as_ref().map(Secret::expose), c.tls),
             (Some("bob"), Some("pw"), true)
         );
         assert_eq!(c.timeout, Duration::from_secs(2));
@@ -427,11 +299,13 @@ mod tests {
     #[test]
     fn bad_urls_name_the_problem() {
         for (url, why) in [
-            ("etcd://", "empty host"),
+            ("etcd://", "no endpoint"),
             ("etcd://h1,,h2", "empty host"),
             ("etcd://h:99999", "port"),
             ("etcd://h:x", "port"),
-            ("etcd://h?colour=red", "unknown option"),
+            ("etcd://h?colour=red", "unknown option colour"),
+            ("etcd://h?timeout=1s&timeout=2s", "option timeout is given twice"),
+            ("etcd://h?timeout=10", "timeout"),
             ("etcd://h?timeout=soon", "timeout"),
             ("etcd://h?tls=maybe", "tls"),
             ("etcds://h?tls=false", "TLS"),
@@ -457,7 +331,7 @@ mod tests {
             "etcds://alice:hunter2@h1,h2/app?timeout=1s",
         ] {
             let c: EtcdConfig = url.parse().unwrap();
-            assert_eq!(c.password.as_deref(), Some("hunter2"));
+            assert_eq!(c.password.as_ref().map(Secret::expose), Some("hunter2"));
             for shown in [format!("{c:?}"), c.to_string(), c.redacted_url()] {
                 assert!(!shown.contains("hunter2"), "{shown}");
                 assert!(shown.contains("alice"), "{shown}");
@@ -514,7 +388,7 @@ mod tests {
         let c: EtcdConfig = "etcd://alice:SECRETA%2F%3F%23%40SECRETB@h1/team%40app?ca=/ca%40x.pem"
             .parse()
             .unwrap();
-        assert_eq!(c.password.as_deref(), Some("SECRETA/?#@SECRETB"));
+        assert_eq!(c.password.as_ref().map(Secret::expose), Some("SECRETA/?#@SECRETB"));
         assert_eq!(
             (c.prefix.as_str(), c.endpoints.as_slice()),
             ("team@app", &["h1:2379".to_string()][..])

@@ -2,7 +2,6 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
-mod admission;
 mod changes;
 mod config;
 mod error;

@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
-use leasehold_core::{CandidateId, EndReason, Error, HolderInfo, LeaseName, Observation, Result, Term};
+use leasehold_core::{CandidateId, EndReason, Error, HolderInfo, LeaseName, Observation, Result, Term, Transition};
 
 use crate::error::STORE;
 
@@ -363,6 +363,44 @@ pub(crate) fn end_term(keys: &Keys, key: &str, rev: i64, snapshot: &Snapshot, re
     Txn::new()
         .when([Compare::create_revision(key.to_string(), CompareOp::Equal, rev)])
         .and_then(ops)
+}
+
+/// The transitions of a lease from a read of its latest `h/` keys (op 0, newest first), its
+/// latest `e/` keys (op 1) and its first candidate (op 2), oldest first.
+pub(crate) fn transitions(keys: &Keys, ops: &[TxnOpResponse]) -> Result<Vec<Transition>> {
+    let ends = kvs_of(ops, 1)
+        .iter()
+        .map(|kv| keys.parse_ended(kv))
+        .collect::<Result<Vec<_>>>()?;
+    let first = kvs_of(ops, 2).first().map(|kv| keys.parse_candidate(kv)).transpose()?;
+    let mut started = kvs_of(ops, 0)
+        .iter()
+        .map(|kv| keys.parse_started(kv))
+        .collect::<Result<Vec<_>>>()?;
+    started.reverse();
+    let now = std::time::SystemTime::now();
+    let history = started
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let recorded = ends.iter().find(|e| e.term == s.term).map(|e| (e.at, e.reason));
+            // No end record, yet a later term exists or the key is gone: the holder's session
+            // expired (the next leader records that, unless there was none yet).
+            let holds = first.as_ref().is_some_and(|f| f.rev == s.term);
+            let inferred = match started.get(i + 1) {
+                Some(next) => Some((next.at, EndReason::Expired)),
+                None if !holds => Some((now, EndReason::Expired)),
+                None => None,
+            };
+            Transition {
+                term: Term(u64::try_from(s.term).unwrap_or(0)),
+                holder: s.holder.clone(),
+                acquired_at: s.at,
+                ended: recorded.or(inferred),
+            }
+        })
+        .collect();
+    Ok(history)
 }
 
 #[cfg(test)]

@@ -1,17 +1,20 @@
-//! Sessions: one etcd lease per TTL (whole seconds), shared by every election of the store, and
-//! the keepalives that keep it. Keepalives coalesce: one sent after a caller began serves that
-//! caller and every other that began before it was sent.
+//! The connection and the sessions: how one request is sent (and its failure mapped), how
+//! `connect` checks the endpoints, and one etcd lease per TTL (whole seconds), shared by every
+//! election of the store, with the keepalives that keep it. Keepalives coalesce: one sent after
+//! a caller began serves that caller and every other that began before it was sent.
 
 use std::collections::HashSet;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use etcd_client::{Client, GetOptions, Txn, TxnResponse};
 use leasehold_core::{Error, Result};
 use tokio::sync::Mutex as AsyncMutex;
 use tokio::time::Instant;
 
-use crate::error::STORE;
+use crate::config::EtcdConfig;
+use crate::error::{CONNECT, RequestError, STORE, lease_gone, map_error};
 use crate::store::Inner;
 
 /// An etcd lease held by this store.
@@ -29,6 +32,73 @@ pub(crate) struct Session {
 pub(crate) type SessionKeys = (i64, Arc<HashSet<Vec<u8>>>);
 
 impl Inner {
+    /// Runs one etcd request of the engine's (the engine bounds it).
+    pub(crate) async fn call<T>(
+        &self,
+        operation: &'static str,
+        fut: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
+    ) -> Result<T> {
+        fut.await.map_err(|e| map_error(operation, &self.endpoints, &e))
+    }
+
+    /// Runs one etcd request that names an etcd lease; `None` when etcd says that lease is gone.
+    pub(crate) async fn call_unless_lease_gone<T>(
+        &self,
+        operation: &'static str,
+        fut: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
+    ) -> Result<Option<T>> {
+        match fut.await {
+            Ok(answer) => Ok(Some(answer)),
+            Err(e) if lease_gone(&e) => Ok(None),
+            Err(e) => Err(map_error(operation, &self.endpoints, &e)),
+        }
+    }
+
+    /// Runs one request the store makes on its own, which many callers may wait for (a
+    /// session's keepalive round): at once, bypassing admission, and bounded by `limit`.
+    /// `None` when etcd says the lease it names is gone.
+    pub(crate) async fn call_shared<T>(
+        &self,
+        operation: &'static str,
+        limit: Duration,
+        fut: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
+    ) -> Result<Option<T>> {
+        tokio::time::timeout(limit, self.call_unless_lease_gone(operation, fut))
+            .await
+            .unwrap_or(Err(Error::Timeout {
+                store: STORE,
+                operation,
+                after: limit,
+            }))
+    }
+
+    pub(crate) fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    pub(crate) async fn txn(&self, operation: &'static str, txn: Txn) -> Result<TxnResponse> {
+        let mut client = self.client();
+        self.call(operation, async move { client.txn(txn).await }).await
+    }
+
+    /// A transaction that binds a key to an etcd lease; `None` when that lease is gone.
+    pub(crate) async fn txn_unless_lease_gone(&self, operation: &'static str, txn: Txn) -> Result<Option<TxnResponse>> {
+        let mut client = self.client();
+        self.call_unless_lease_gone(operation, async move { client.txn(txn).await })
+            .await
+    }
+
+    pub(crate) async fn get(
+        &self,
+        operation: &'static str,
+        key: String,
+        options: Option<GetOptions>,
+    ) -> Result<etcd_client::GetResponse> {
+        let mut client = self.client();
+        self.call(operation, async move { client.get(key, options).await })
+            .await
+    }
+
     fn slot(&self, ttl_secs: i64) -> Arc<AsyncMutex<Option<Session>>> {
         let mut sessions = self.sessions.lock().expect("sessions lock");
         sessions.entry(ttl_secs).or_default().clone()
@@ -64,17 +134,10 @@ impl Inner {
     /// The session of this TTL, made sure to have been refreshed by a keepalive *sent* at or
     /// after `since`. `None` when the session has expired (its keys are gone); the next
     /// [`Inner::session`] grants a new one.
-    pub(crate) async fn refreshed_since(self: &Arc<Self>, ttl_secs: i64, since: Instant) -> Result<Option<i64>> {
-        // The round runs to its end even if this caller gives up (the engine's request timeout):
-        // otherwise under load every round would be cut short by its own caller, and none would
-        // serve the callers queued behind it.
-        let inner = self.clone();
-        detached(async move {
-            let slot = inner.slot(ttl_secs);
-            let mut session = slot.lock().await;
-            inner.refresh_locked(&mut session, ttl_secs, since).await
-        })
-        .await
+    pub(crate) async fn refreshed_since(&self, ttl_secs: i64, since: Instant) -> Result<Option<i64>> {
+        let slot = self.slot(ttl_secs);
+        let mut session = slot.lock().await;
+        self.refresh_locked(&mut session, ttl_secs, since).await
     }
 
     async fn refresh_locked(
@@ -114,12 +177,7 @@ impl Inner {
     /// The keys bound to the session of this TTL, read after a keepalive sent at or after
     /// `since` was confirmed: one round (a keepalive and a key listing) serves every renewal
     /// that began before it. `None` when the session has expired.
-    pub(crate) async fn session_keys(self: &Arc<Self>, ttl_secs: i64, since: Instant) -> Result<Option<SessionKeys>> {
-        let inner = self.clone();
-        detached(async move { inner.session_keys_here(ttl_secs, since).await }).await
-    }
-
-    async fn session_keys_here(&self, ttl_secs: i64, since: Instant) -> Result<Option<SessionKeys>> {
+    pub(crate) async fn session_keys(&self, ttl_secs: i64, since: Instant) -> Result<Option<SessionKeys>> {
         let slot = self.slot(ttl_secs);
         let mut session = slot.lock().await;
         if let Some(Session {
@@ -186,7 +244,42 @@ pub(crate) fn third_of(ttl_secs: i64) -> Duration {
     Duration::from_secs(u64::try_from(ttl_secs).unwrap_or(1)) / 3
 }
 
-/// Runs `fut` as its own task, so that it completes even when the caller is dropped.
-async fn detached<T: Send + 'static>(fut: impl Future<Output = Result<T>> + Send + 'static) -> Result<T> {
-    tokio::spawn(fut).await.map_err(|e| Error::store(STORE, e))?
+/// Asks one endpoint, over a connection of its own, something cheap: so that a wrong address,
+/// a port serving another protocol or refused credentials fail `connect`.
+pub(crate) async fn probe(config: &EtcdConfig, endpoint: &str, options: etcd_client::ConnectOptions) -> Result<()> {
+    let unresolved = || {
+        let text = format!("cannot resolve the host of {endpoint}; check the host names in the URL");
+        Error::unreachable(STORE, RequestError::new(CONNECT, text))
+    };
+    let host = endpoint.trim_start_matches("http://").trim_start_matches("https://");
+    if !tokio::net::lookup_host(host)
+        .await
+        .is_ok_and(|mut addresses| addresses.next().is_some())
+    {
+        return Err(unresolved());
+    }
+    let asked = async {
+        let mut client = Client::connect([endpoint], Some(options)).await?;
+        let probe = GetOptions::new().with_count_only();
+        client.get(config.prefix.clone(), Some(probe)).await.map(drop)
+    };
+    match tokio::time::timeout(config.timeout, asked).await {
+        Ok(answer) => answer.map_err(|e| map_error(CONNECT, endpoint, &e)),
+        Err(_) => Err(Error::Timeout {
+            store: STORE,
+            operation: CONNECT,
+            after: config.timeout,
+        }),
+    }
+}
+
+/// The failure to report when no endpoint answered: a permanent one first (it will not mend).
+pub(crate) fn pick(failures: Vec<Error>) -> Option<Error> {
+    let mut failures = failures.into_iter();
+    let first = failures.next()?;
+    if first.is_transient() {
+        failures.find(|e| !e.is_transient()).or(Some(first))
+    } else {
+        Some(first)
+    }
 }

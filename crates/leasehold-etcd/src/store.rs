@@ -3,12 +3,10 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{Client, Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnResponse};
+use etcd_client::{Client, Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp};
 use leasehold_core::{
     AcquireRequest, Acquired, CandidateId, Capabilities, Changes, EndReason, Error, Expiry, Grant, LeaseName,
     LeaseStore, Notifications, Observation, Renewed, Result, Term, Transition,
@@ -16,15 +14,14 @@ use leasehold_core::{
 use tokio::sync::{Mutex as AsyncMutex, watch};
 use tokio::time::Instant;
 
-use crate::admission::Admission;
 use crate::changes::Position;
 use crate::config::EtcdConfig;
-use crate::error::{CONNECT, RequestError, STORE, lease_gone, map_error};
+use crate::error::{CONNECT, STORE, map_error};
 use crate::record::{
     Keys, Snapshot, TTL_RANGE, candidate_value, end_term, ended_value, first_of, kvs_of, last_of, revision,
     session_ttl_secs, started_value,
 };
-use crate::session::Session;
+use crate::session::{self, Session};
 
 /// A lease store on an etcd cluster.
 ///
@@ -37,6 +34,15 @@ use crate::session::Session;
 ///
 /// Clones share the connection and the sessions. Create one per process (like a
 /// `concurrency.Session`), not one per election.
+///
+/// # Cancel safety
+///
+/// The engine runs every call to completion (or a TTL); a caller that drops one half-way
+/// leaves nothing half-written, because every write is one etcd transaction. A dropped
+/// `acquire` may leave the candidate's key queued, or a grant written that nobody heard of:
+/// the engine's read-back adopts it, or the candidate's next `acquire` ends that term as
+/// expired and queues afresh with a new term (its `withdraw` ends it too). A dropped renewal
+/// cuts a keepalive round short; the next caller sends another.
 ///
 /// # Examples
 ///
@@ -60,25 +66,17 @@ pub struct EtcdStore {
 pub(crate) struct Inner {
     pub(crate) config: EtcdConfig,
     /// The endpoints as errors name them: `h1:2379,h2:2379`.
-    endpoints: String,
-    client: Client,
+    pub(crate) endpoints: String,
+    pub(crate) client: Client,
     /// One session per etcd lease TTL (whole seconds).
     pub(crate) sessions: Mutex<HashMap<i64, Arc<AsyncMutex<Option<Session>>>>>,
     /// The current session id per TTL, readable without waiting for a keepalive in flight.
     pub(crate) current: Mutex<HashMap<i64, i64>>,
     /// Where each candidate key of this process stands, for its change stream.
     positions: Mutex<HashMap<String, watch::Sender<Option<Position>>>>,
-    /// Grants (candidate key, term) written to etcd whose `acquire` did not return them (its
-    /// future was dropped), with when the grant was sent: the engine never learnt of them, so
-    /// they may be handed out again, but only within a TTL of being sent (see `acquire`).
-    undelivered: Mutex<HashMap<(String, i64), Instant>>,
     /// etcd leases granted for one grant each (see `EtcdStore::grant_in_one_shot`).
     pub(crate) private: Mutex<HashSet<i64>>,
-    admission: Admission,
 }
-
-/// How many requests one store keeps in flight at most (see [`Admission`]).
-const IN_FLIGHT: usize = 16;
 
 impl fmt::Debug for EtcdStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -112,7 +110,7 @@ impl EtcdStore {
         let probes = config
             .endpoints
             .iter()
-            .map(|endpoint| probe(&config, endpoint, options.clone()));
+            .map(|endpoint| session::probe(&config, endpoint, options.clone()));
         let mut failures = Vec::new();
         for answer in futures::future::join_all(probes).await {
             match answer {
@@ -123,7 +121,7 @@ impl EtcdStore {
                 Err(e) => failures.push(e),
             }
         }
-        if let Some(failure) = pick(failures) {
+        if let Some(failure) = session::pick(failures) {
             return Err(failure);
         }
         let connecting = Client::connect(config.endpoints.clone(), Some(options));
@@ -146,9 +144,7 @@ impl EtcdStore {
                 sessions: Mutex::default(),
                 current: Mutex::default(),
                 positions: Mutex::default(),
-                undelivered: Mutex::default(),
                 private: Mutex::default(),
-                admission: Admission::new(IN_FLIGHT),
             }),
         })
     }
@@ -209,16 +205,10 @@ impl EtcdStore {
                 ),
                 TxnOp::put(keys.started(rev), started_value(&request.candidate), None),
             ]);
-        inner
-            .undelivered()
-            .entry((own.to_string(), rev))
-            .or_insert_with(Instant::now);
-        // An error leaves the grant undelivered: it may have been applied.
         let granted = inner
             .txn_unless_lease_gone("acquire (grant)", txn)
             .await?
             .is_some_and(|resp| resp.succeeded());
-        inner.undelivered().remove(&(own.to_string(), rev));
         if !granted {
             return Ok(None);
         }
@@ -235,40 +225,6 @@ impl EtcdStore {
             ttl: request.ttl,
             token: rev.to_string(),
         }))
-    }
-
-    /// Ends this candidate's grant that was sent a TTL ago or more and never reached the engine
-    /// (see `Inner::undelivered`): the engine's belief in it, counted from its oldest unanswered
-    /// acquire, has lapsed. Left alone, the candidate's session keepalives would keep the key,
-    /// and so the lease, alive for nobody while its answers keep coming too late. One request,
-    /// sent before anything else, so that it takes effect even if this call's answers are late:
-    /// if the grant was made, the key goes and its end is recorded; if not, nothing changes.
-    async fn end_undelivered(&self, keys: &Keys, own: &str, ttl: Duration) -> Result<()> {
-        let stale: Vec<i64> = {
-            let mut undelivered = self.inner.undelivered();
-            let stale: Vec<i64> = undelivered
-                .iter()
-                .filter(|((key, _), sent)| key == own && sent.elapsed() >= ttl)
-                .map(|((_, rev), _)| *rev)
-                .collect();
-            undelivered.retain(|(key, rev), _| key != own || !stale.contains(rev));
-            stale
-        };
-        for rev in stale {
-            self.inner.publish(own, None);
-            let txn = Txn::new()
-                .when([
-                    Compare::create_revision(own.to_string(), CompareOp::Equal, rev),
-                    Compare::create_revision(keys.started(rev), CompareOp::Greater, 0),
-                    Compare::create_revision(keys.ended(rev), CompareOp::Equal, 0),
-                ])
-                .and_then([
-                    TxnOp::delete(own.to_string(), None),
-                    TxnOp::put(keys.ended(rev), ended_value(EndReason::Expired), None),
-                ]);
-            self.inner.txn("acquire (end undelivered grant)", txn).await?;
-        }
-        Ok(())
     }
 
     /// Takes the candidate's place in the queue (a key already there stays, with its place) and
@@ -348,91 +304,12 @@ impl EtcdStore {
         Ok(Renewed::Lost(self.inspect(&grant.lease).await?))
     }
 
-    /// The engine holds this grant (it renews or releases it): it is no longer undelivered.
-    fn delivered(&self, keys: &Keys, grant: &Grant) {
-        if let Ok(term) = i64::try_from(grant.term.0) {
-            self.inner.undelivered().remove(&(keys.candidate(&grant.holder), term));
-        }
-    }
-
     fn keys(&self, lease: &LeaseName) -> Keys {
         Keys::new(&self.inner.config.prefix, lease)
     }
 }
 
 impl Inner {
-    /// Runs one etcd request of the engine's (the engine bounds it).
-    pub(crate) async fn call<T>(
-        &self,
-        operation: &'static str,
-        fut: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
-    ) -> Result<T> {
-        // Work under way first: a grant after its queue read, a renewal's check, a release.
-        let urgent = matches!(operation, "acquire (grant)" | "acquire (requeue)" | "renew" | "release");
-        let _admitted = self.admission.admit(urgent).await;
-        fut.await.map_err(|e| map_error(operation, &self.endpoints, &e))
-    }
-
-    /// Runs one etcd request that names an etcd lease; `None` when etcd says that lease is gone.
-    pub(crate) async fn call_unless_lease_gone<T>(
-        &self,
-        operation: &'static str,
-        fut: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
-    ) -> Result<Option<T>> {
-        match fut.await {
-            Ok(answer) => Ok(Some(answer)),
-            Err(e) if lease_gone(&e) => Ok(None),
-            Err(e) => Err(map_error(operation, &self.endpoints, &e)),
-        }
-    }
-
-    /// Runs one request the store makes on its own, which many callers may wait for (a
-    /// session's keepalive round): at once, bypassing admission, and bounded by `limit`.
-    /// `None` when etcd says the lease it names is gone.
-    pub(crate) async fn call_shared<T>(
-        &self,
-        operation: &'static str,
-        limit: Duration,
-        fut: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
-    ) -> Result<Option<T>> {
-        tokio::time::timeout(limit, self.call_unless_lease_gone(operation, fut))
-            .await
-            .unwrap_or(Err(Error::Timeout {
-                store: STORE,
-                operation,
-                after: limit,
-            }))
-    }
-
-    pub(crate) fn client(&self) -> Client {
-        self.client.clone()
-    }
-
-    async fn txn(&self, operation: &'static str, txn: Txn) -> Result<TxnResponse> {
-        let mut client = self.client();
-        self.call(operation, async move { client.txn(txn).await }).await
-    }
-
-    /// A transaction that binds a key to an etcd lease; `None` when that lease is gone.
-    async fn txn_unless_lease_gone(&self, operation: &'static str, txn: Txn) -> Result<Option<TxnResponse>> {
-        let mut client = self.client();
-        let urgent = operation == "acquire (grant)";
-        let _admitted = self.admission.admit(urgent).await;
-        self.call_unless_lease_gone(operation, async move { client.txn(txn).await })
-            .await
-    }
-
-    pub(crate) async fn get(
-        &self,
-        operation: &'static str,
-        key: String,
-        options: Option<GetOptions>,
-    ) -> Result<etcd_client::GetResponse> {
-        let mut client = self.client();
-        self.call(operation, async move { client.get(key, options).await })
-            .await
-    }
-
     fn position(&self, own: &str) -> watch::Sender<Option<Position>> {
         let mut positions = self.positions.lock().expect("positions lock");
         positions
@@ -450,11 +327,7 @@ impl Inner {
         });
     }
 
-    fn undelivered(&self) -> std::sync::MutexGuard<'_, HashMap<(String, i64), Instant>> {
-        self.undelivered.lock().expect("undelivered lock")
-    }
-
-    async fn snapshot(&self, keys: &Keys, operation: &'static str) -> Result<Snapshot> {
+    pub(crate) async fn snapshot(&self, keys: &Keys, operation: &'static str) -> Result<Snapshot> {
         let resp = self.txn(operation, Txn::new().and_then(Snapshot::reads(keys))).await?;
         Snapshot::parse(keys, &resp.op_responses(), 0)
     }
@@ -479,9 +352,9 @@ impl Queued {
     /// candidate (its leadership has ended) or another process using the same id; a key
     /// granted before means that leadership ended (the engine asks again only then). Either
     /// must go, and the candidate queue afresh with a new term.
-    fn is_stale(&self, inner: &Inner, own: &str) -> bool {
+    fn is_stale(&self) -> bool {
         let foreign = self.lease != self.session && !self.private;
-        foreign || (self.granted_before() && !inner.undelivered().contains_key(&(own.to_string(), self.rev)))
+        foreign || self.granted_before()
     }
 
     fn granted_before(&self) -> bool {
@@ -495,46 +368,6 @@ impl Queued {
             ttl_secs,
             granted,
         }
-    }
-}
-
-/// Asks one endpoint, over a connection of its own, something cheap: so that a wrong address,
-/// a port serving another protocol or refused credentials fail `connect`.
-async fn probe(config: &EtcdConfig, endpoint: &str, options: etcd_client::ConnectOptions) -> Result<()> {
-    let unresolved = || {
-        let text = format!("cannot resolve the host of {endpoint}; check the host names in the URL");
-        Error::unreachable(STORE, RequestError::new(CONNECT, text))
-    };
-    let host = endpoint.trim_start_matches("http://").trim_start_matches("https://");
-    if !tokio::net::lookup_host(host)
-        .await
-        .is_ok_and(|mut addresses| addresses.next().is_some())
-    {
-        return Err(unresolved());
-    }
-    let asked = async {
-        let mut client = Client::connect([endpoint], Some(options)).await?;
-        let probe = GetOptions::new().with_count_only();
-        client.get(config.prefix.clone(), Some(probe)).await.map(drop)
-    };
-    match tokio::time::timeout(config.timeout, asked).await {
-        Ok(answer) => answer.map_err(|e| map_error(CONNECT, endpoint, &e)),
-        Err(_) => Err(Error::Timeout {
-            store: STORE,
-            operation: CONNECT,
-            after: config.timeout,
-        }),
-    }
-}
-
-/// The failure to report when no endpoint answered: a permanent one first (it will not mend).
-fn pick(failures: Vec<Error>) -> Option<Error> {
-    let mut failures = failures.into_iter();
-    let first = failures.next()?;
-    if first.is_transient() {
-        failures.find(|e| !e.is_transient()).or(Some(first))
-    } else {
-        Some(first)
     }
 }
 
@@ -568,24 +401,19 @@ impl LeaseStore for EtcdStore {
         let keys = self.keys(&request.lease);
         let own = keys.candidate(&request.candidate);
         let ttl_secs = session_ttl_secs(request.ttl);
-        self.end_undelivered(&keys, &own, request.ttl).await?;
-        // A one-shot grant needs an ungranted key: one granted but undelivered is handed out
-        // by the read below.
-        let queued = (*inner.position(&own).borrow()).filter(|p| {
-            !p.granted && p.ttl_secs == ttl_secs && !inner.undelivered().contains_key(&(own.clone(), p.rev))
-        });
+        let queued = (*inner.position(&own).borrow()).filter(|p| !p.granted && p.ttl_secs == ttl_secs);
         if let Some(position) = queued
             && let Some(grant) = self.grant_in_one_shot(&keys, &own, request, position).await?
         {
             return Ok(Acquired::Granted(grant));
         }
         let mut queued = self.enqueue(&keys, &own, request).await?;
-        if queued.is_stale(inner, &own) {
+        if queued.is_stale() {
             inner.publish(&own, None);
             let clear = end_term(&keys, &own, queued.rev, &queued.snapshot, EndReason::Expired);
             inner.txn("acquire (requeue)", clear).await?;
             queued = self.enqueue(&keys, &own, request).await?;
-            if queued.is_stale(inner, &own) {
+            if queued.is_stale() {
                 // Another process campaigns under the same id, and queued again meanwhile.
                 return Ok(Acquired::Held(queued.snapshot.queued_observation(&request.lease)));
             }
@@ -616,13 +444,6 @@ impl LeaseStore for EtcdStore {
             inner.publish(&own, None);
             return Ok(Acquired::Held(queued.snapshot.observation(&request.lease)));
         }
-        if queued.granted_before() {
-            // Granted by an earlier call whose answer never reached the engine: hand it out
-            // now (a keepalive sent after this request began is confirmed).
-            inner.undelivered().remove(&(own.clone(), queued.rev));
-            inner.publish(&own, Some(queued.position(ttl_secs, true)));
-            return Ok(Acquired::Granted(grant));
-        }
         let rev = queued.rev;
         let mut compares = vec![
             Compare::create_revision(own.clone(), CompareOp::Equal, rev),
@@ -639,16 +460,9 @@ impl LeaseStore for EtcdStore {
                 None,
             ));
         }
-        // Until this call returns, the grant counts as undelivered (see `Inner::undelivered`).
-        inner
-            .undelivered()
-            .entry((own.clone(), rev))
-            .or_insert_with(Instant::now);
-        // An error leaves the grant undelivered: it may have been applied.
         let granted = inner
             .txn("acquire (grant)", Txn::new().when(compares).and_then(ops))
             .await?;
-        inner.undelivered().remove(&(own.clone(), rev));
         if granted.succeeded() {
             inner.publish(&own, Some(queued.position(ttl_secs, true)));
             return Ok(Acquired::Granted(grant));
@@ -663,7 +477,6 @@ impl LeaseStore for EtcdStore {
         let inner = &self.inner;
         let keys = self.keys(&grant.lease);
         let ttl_secs = session_ttl_secs(grant.ttl);
-        self.delivered(&keys, grant);
         // The paths off the common one are boxed, so that 10,000 renewals in flight at once do
         // not each carry their large etcd futures. Keepalive first, then the check: a key seen
         // after a confirmed keepalive lives a TTL from a moment after this request began. Both are shared by every renewal of the
@@ -709,7 +522,6 @@ impl LeaseStore for EtcdStore {
 
     async fn release(&self, grant: &Grant) -> Result<()> {
         let keys = self.keys(&grant.lease);
-        self.delivered(&keys, grant);
         let own = keys.candidate(&grant.holder);
         let Ok(term) = i64::try_from(grant.term.0) else {
             return Ok(());
@@ -766,40 +578,7 @@ impl LeaseStore for EtcdStore {
             first_of(keys.candidates()),
         ]);
         let resp = self.inner.txn("history", txn).await?;
-        let ops = resp.op_responses();
-        let ends = kvs_of(&ops, 1)
-            .iter()
-            .map(|kv| keys.parse_ended(kv))
-            .collect::<Result<Vec<_>>>()?;
-        let first = kvs_of(&ops, 2).first().map(|kv| keys.parse_candidate(kv)).transpose()?;
-        let mut started = kvs_of(&ops, 0)
-            .iter()
-            .map(|kv| keys.parse_started(kv))
-            .collect::<Result<Vec<_>>>()?;
-        started.reverse();
-        let now = std::time::SystemTime::now();
-        let history = started
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                let recorded = ends.iter().find(|e| e.term == s.term).map(|e| (e.at, e.reason));
-                // No end record, yet a later term exists or the key is gone: the holder's session
-                // expired (the next leader records that, unless there was none yet).
-                let holds = first.as_ref().is_some_and(|f| f.rev == s.term);
-                let inferred = match started.get(i + 1) {
-                    Some(next) => Some((next.at, EndReason::Expired)),
-                    None if !holds => Some((now, EndReason::Expired)),
-                    None => None,
-                };
-                Transition {
-                    term: Term(u64::try_from(s.term).unwrap_or(0)),
-                    holder: s.holder.clone(),
-                    acquired_at: s.at,
-                    ended: recorded.or(inferred),
-                }
-            })
-            .collect();
-        Ok(history)
+        crate::record::transitions(&keys, &resp.op_responses())
     }
 
     async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {

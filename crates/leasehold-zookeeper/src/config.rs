@@ -2,8 +2,10 @@
 
 use std::fmt;
 
-use leasehold_core::url_options::percent_decode;
-use leasehold_core::{Error, Result};
+use leasehold_core::Result;
+use leasehold_core::config::{Secret, StoreUrl, percent_encode};
+
+use crate::error::STORE;
 
 /// The URL schemes this backend handles: `zk://` and `zookeeper://`.
 pub const URL_SCHEMES: &[&str] = &["zk", "zookeeper"];
@@ -11,11 +13,8 @@ pub const URL_SCHEMES: &[&str] = &["zk", "zookeeper"];
 /// The znode under which leases live when the URL names no chroot.
 pub const DEFAULT_CHROOT: &str = "/leasehold";
 
-/// Why a URL with an '@' after its hosts is refused. Quotes nothing: the text around that '@'
-/// may be a password.
-const AT_AFTER_HOSTS: &str = "an unescaped '@' after the hosts (a user name or password holding '/', '?' or '#' \
-     ends the hosts early): credentials go in ?auth=digest:user:pass, with '@' written %40, '/' %2F, \
-     '?' %3F and '#' %23; an '@' in the chroot is written %40 too";
+/// The port of a host that names none.
+const DEFAULT_PORT: u16 = 2181;
 
 /// Where and how to reach a ZooKeeper ensemble.
 ///
@@ -24,7 +23,7 @@ const AT_AFTER_HOSTS: &str = "an unescaped '@' after the hosts (a user name or p
 /// - one or more `host:port` (port 2181 when left out), tried in turn by the client;
 /// - an optional chroot path under which every lease lives (default [`DEFAULT_CHROOT`]),
 ///   `%`-escapes decoded;
-/// - `auth=digest:user:pass` adds digest authentication to every session (repeatable).
+/// - `auth=digest:user:pass` adds digest authentication to every session.
 ///
 /// `Debug` and `Display` show `***` in place of passwords.
 ///
@@ -43,7 +42,7 @@ const AT_AFTER_HOSTS: &str = "an unescaped '@' after the hosts (a user name or p
 pub struct ZookeeperConfig {
     hosts: Vec<String>,
     chroot: String,
-    auth: Vec<(String, String)>,
+    auth: Vec<(String, Secret)>,
 }
 
 impl ZookeeperConfig {
@@ -56,107 +55,48 @@ impl ZookeeperConfig {
     /// hosts (write it `%40`; a password holding an unescaped `/` or `?` looks like that), which
     /// quotes none of the URL.
     pub fn parse(url: &str) -> Result<Self> {
-        let bad = |reason: &str| Error::InvalidUrl {
-            url: leasehold_core::url_options::redact_url(url),
-            reason: reason.to_string(),
-        };
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| bad("expected zk://host:port[/chroot]"))?;
-        if !URL_SCHEMES.iter().any(|s| s.eq_ignore_ascii_case(scheme)) {
-            return Err(bad("the scheme must be zk:// or zookeeper://"));
+        let parsed = StoreUrl::parse(url, STORE)?;
+        parsed.require_scheme(URL_SCHEMES)?;
+        if parsed.username().is_some() || parsed.password().is_some() {
+            return Err(parsed.invalid("credentials go in ?auth=digest:user:pass, not before the host"));
         }
-        // A user name or password holding an unescaped '/', '?' or '#' ends the hosts early: its
-        // first part would be read as a host and its rest as the chroot (shown by `Display`) or
-        // an option. An '@' after the hosts is that, or an '@' that must be escaped anyway:
-        // refused, quoting none of it.
-        let hosts_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-        if rest[hosts_end..].contains('@') {
-            return Err(bad(AT_AFTER_HOSTS));
+        if !parsed.has_authority() || parsed.hosts().is_empty() {
+            return Err(parsed.invalid("empty host: expected zk://host:port[,host:port][/chroot]"));
         }
-        let (rest, query) = rest.split_once('?').map_or((rest, None), |(r, q)| (r, Some(q)));
-        if rest.contains('#') || query.is_some_and(|q| q.contains('#')) {
-            return Err(bad("a fragment (#) is not allowed"));
-        }
-        let (authority, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
-        if authority.contains('@') {
-            return Err(bad("credentials go in ?auth=digest:user:pass, not before the host"));
-        }
-        let mut hosts = Vec::new();
-        for host in authority.split(',') {
-            let host = host.trim();
-            if host.is_empty() {
-                return Err(bad("empty host"));
-            }
-            let with_port = if let Some(v6) = host.strip_prefix('[') {
-                match v6.split_once("]:") {
-                    Some((_, port)) => {
-                        port.parse::<u16>().map_err(|_| bad("invalid port"))?;
-                        host.to_string()
-                    }
-                    None if v6.ends_with(']') => format!("{host}:2181"),
-                    None => return Err(bad("invalid host")),
-                }
-            } else if let Some((name, port)) = host.rsplit_once(':') {
-                if name.is_empty() {
-                    return Err(bad("invalid host"));
-                }
-                port.parse::<u16>().map_err(|_| bad("invalid port"))?;
-                host.to_string()
-            } else {
-                format!("{host}:2181")
-            };
-            hosts.push(with_port);
-        }
-        let path = percent_decode(path).map_err(|e| bad(&format!("chroot: {e}")))?;
+        let hosts = parsed
+            .hosts()
+            .iter()
+            .map(|host| format!("{}:{}", host.name, host.port.unwrap_or(DEFAULT_PORT)))
+            .collect();
+        let path = parsed.path();
         let chroot = if path.trim_matches('/').is_empty() {
             DEFAULT_CHROOT.to_string()
         } else {
-            let path = format!("/{}", path.trim_end_matches('/'));
+            let path = format!("/{}", path.trim_matches('/'));
             if path
                 .split('/')
                 .skip(1)
                 .any(|seg| seg.is_empty() || seg == "." || seg == "..")
                 || path.chars().any(char::is_control)
             {
-                return Err(bad("the chroot must be a valid znode path"));
+                return Err(parsed.invalid("the chroot must be a valid znode path"));
             }
             path
         };
+        let mut options = parsed.options();
         let mut auth = Vec::new();
-        // Once an `auth=` was read, the URL in an error shows nothing after it: a pair after it
-        // may be its password's rest (an unescaped '&' in it). Reasons quote nothing anyway.
-        let mut auth_end: Option<usize> = None;
-        let mut pair_end = url.len() - query.map_or(0, str::len);
-        for pair in query.unwrap_or("").split('&') {
-            let pair_start = pair_end;
-            pair_end = pair_start + pair.len() + 1;
-            if pair.is_empty() {
-                continue;
+        if let Some(value) = options.secret("auth") {
+            // Quotes nothing of the value: it holds the password.
+            let (scheme, credential) = value
+                .expose()
+                .split_once(':')
+                .ok_or_else(|| parsed.invalid("option auth must be scheme:credential, e.g. digest:user:pass"))?;
+            if scheme != "digest" || !credential.contains(':') {
+                return Err(parsed.invalid("option auth must be digest:user:pass"));
             }
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let bad = |reason: &str| match auth_end {
-                Some(end) => Error::InvalidUrl {
-                    url: format!("{}&***", leasehold_core::url_options::redact_url(&url[..end])),
-                    reason: format!("{reason} (if a password holds an '&', write it as %26)"),
-                },
-                None => bad(reason),
-            };
-            match key {
-                "auth" => {
-                    let (scheme, credential) = value
-                        .split_once(':')
-                        .ok_or_else(|| bad("auth must be scheme:credential, e.g. digest:user:pass"))?;
-                    if scheme != "digest" || !credential.contains(':') {
-                        return Err(bad("auth must be digest:user:pass"));
-                    }
-                    let credential = percent_decode(credential).map_err(|e| bad(&format!("auth: {e}")))?;
-                    auth.push((scheme.to_string(), credential));
-                    auth_end = Some(pair_start + pair.len());
-                }
-                _ => return Err(bad("unknown option (known: auth)")),
-            }
+            auth.push((scheme.to_string(), Secret::new(credential)));
         }
+        options.finish()?;
         Ok(ZookeeperConfig { hosts, chroot, auth })
     }
 
@@ -176,16 +116,17 @@ impl ZookeeperConfig {
     }
 
     /// `(scheme, credential)` pairs to authenticate every session with.
-    pub(crate) fn auth(&self) -> &[(String, String)] {
+    pub(crate) fn auth(&self) -> &[(String, Secret)] {
         &self.auth
     }
 }
 
 impl fmt::Display for ZookeeperConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "zk://{}{}", self.hosts.join(","), escape(&self.chroot))?;
+        let chroot: Vec<String> = self.chroot.split('/').map(percent_encode).collect();
+        write!(f, "zk://{}{}", self.hosts.join(","), chroot.join("/"))?;
         for (i, (scheme, credential)) in self.auth.iter().enumerate() {
-            let user = escape(credential.split(':').next().unwrap_or(""));
+            let user = percent_encode(credential.expose().split(':').next().unwrap_or(""));
             write!(f, "{}auth={scheme}:{user}:***", if i == 0 { '?' } else { '&' })?;
         }
         Ok(())
@@ -197,7 +138,7 @@ impl fmt::Debug for ZookeeperConfig {
         let auth: Vec<String> = self
             .auth
             .iter()
-            .map(|(scheme, credential)| format!("{scheme}:{}:***", credential.split(':').next().unwrap_or("")))
+            .map(|(scheme, credential)| format!("{scheme}:{}:***", credential.expose().split(':').next().unwrap_or("")))
             .collect();
         f.debug_struct("ZookeeperConfig")
             .field("hosts", &self.hosts)
@@ -207,22 +148,10 @@ impl fmt::Debug for ZookeeperConfig {
     }
 }
 
-/// `text` with `%`, `@`, `?`, `#` and `&` %-escaped, so that the URL it goes into parses back
-/// to it.
-fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if "%@?#&".contains(c) {
-            out.push_str(&format!("%{:02X}", u32::from(c)));
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
+    use leasehold_core::Error;
+
     use super::*;
 
     #[test]
@@ -230,7 +159,7 @@ mod tests {
         let c = ZookeeperConfig::parse("zk://a:1,b/x/y/?auth=digest:u:p%40ss").unwrap();
         assert_eq!(c.hosts(), ["a:1", "b:2181"]);
         assert_eq!(c.chroot(), "/x/y");
-        assert_eq!(c.auth(), [("digest".to_string(), "u:p@ss".to_string())]);
+        assert_eq!(c.auth(), [("digest".to_string(), Secret::new("u:p@ss"))]);
         let d = ZookeeperConfig::parse("zookeeper://127.0.0.1:22181").unwrap();
         assert_eq!(d.chroot(), DEFAULT_CHROOT);
         assert_eq!(d.connect_string(), "127.0.0.1:22181");
@@ -253,6 +182,21 @@ mod tests {
             assert!(!err.to_string().contains("topsecret"), "{bad}: {err}");
             assert!(!format!("{err:?}").contains("topsecret"), "{bad}: {err:?}");
         }
+    }
+
+    #[test]
+    fn unknown_and_repeated_options_are_named() {
+        let err = ZookeeperConfig::parse("zk://h:2181?bogus_option=1")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown option bogus_option (known: auth)"), "{err}");
+        let err = ZookeeperConfig::parse("zk://h?auth=digest:a:b&auth=digest:c:d")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("option auth is given twice") && !err.contains(":b"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -309,7 +253,7 @@ mod tests {
         assert_eq!(c.chroot(), "/team@app");
         assert_eq!(
             c.auth(),
-            [("digest".to_string(), "alice:SECRETA/?@SECRETB".to_string())]
+            [("digest".to_string(), Secret::new("alice:SECRETA/?@SECRETB"))]
         );
         for shown in [c.to_string(), format!("{c:?}")] {
             assert!(!shown.contains("SECRET"), "{shown}");

@@ -54,7 +54,7 @@ async fn open_session(config: &ZookeeperConfig, timeout: Duration) -> Result<zk:
         .with_session_timeout(timeout)
         .with_fail_eagerly();
     for (scheme, credential) in config.auth() {
-        connector = connector.with_auth(scheme, credential.as_bytes());
+        connector = connector.with_auth(scheme, credential.expose().as_bytes());
     }
     match connector.connect(&config.connect_string()).await {
         Ok(client) => Ok(client),
