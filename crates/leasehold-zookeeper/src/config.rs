@@ -50,10 +50,10 @@ impl ZookeeperConfig {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidUrl`] (with the URL redacted) for another scheme, no host, a bad port, a
-    /// chroot that is not a valid znode path, an unknown option, or an unescaped `@` after the
-    /// hosts (write it `%40`; a password holding an unescaped `/` or `?` looks like that), which
-    /// quotes none of the URL.
+    /// [`Error::InvalidUrl`](leasehold_core::Error::InvalidUrl) (with the URL redacted) for
+    /// another scheme, no host, a bad port, a chroot that is not a valid znode path, an unknown
+    /// option, or an unescaped `@` after the hosts (write it `%40`; a password holding an
+    /// unescaped `/` or `?` looks like that), which quotes none of the URL.
     pub fn parse(url: &str) -> Result<Self> {
         let parsed = StoreUrl::parse(url, STORE)?;
         parsed.require_scheme(URL_SCHEMES)?;
