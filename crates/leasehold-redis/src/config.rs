@@ -1,12 +1,14 @@
 //! Where the Redis server is and how to talk to it: `redis://` and `rediss://` URLs, their
 //! options, the key names, and redaction of the password.
 
-use leasehold_core::url_options::{parse_duration, percent_decode};
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use leasehold_core::config::{Secret, StoreUrl};
 use leasehold_core::{Error, LeaseName, Result};
+
+use crate::error::STORE;
 
 /// The URL schemes this backend handles: `redis` (plain TCP) and `rediss` (TLS, with the `tls`
 /// feature).
@@ -28,7 +30,7 @@ pub const DEFAULT_HISTORY_LIMIT: u32 = 1000;
 const MIN_TIMEOUT: Duration = Duration::from_millis(10);
 const MAX_TIMEOUT: Duration = Duration::from_secs(600);
 const MAX_PREFIX_LEN: usize = 64;
-const OPTIONS: &str = "prefix, timeout, history_limit, restart_guard, expiry_events";
+const KNOWN_OPTIONS: &[&str] = &["prefix", "timeout", "history_limit", "restart_guard", "expiry_events"];
 
 /// How to reach a Redis server and how to lay out leasehold's keys on it.
 ///
@@ -46,11 +48,13 @@ const OPTIONS: &str = "prefix, timeout, history_limit, restart_guard, expiry_eve
 ///
 /// - `prefix`: the prefix of every key and channel, default `leasehold:`; up to 64 printable
 ///   ASCII characters, no spaces or braces (braces are used as hash tags).
-/// - `timeout`: how long one request or connection attempt may take, default `1s`; `500ms`,
-///   `2s`, `1m` or bare milliseconds, from 10 ms to 10 min. A request that takes longer fails as
+/// - `timeout`: how long one request or connection attempt may take, default `1s`; a duration
+///   with its unit (`500ms`, `2s`, `1m`), from 10 ms to 10 min. A request that takes longer fails as
 ///   [`Error::Timeout`] and its connection is replaced.
 /// - `history_limit`: terms kept per lease in the history stream, default 1000; `0` keeps all.
 /// - `restart_guard`: `true` (default) or `false`; see the [crate docs](crate::docs).
+///
+/// Unknown and repeated options are rejected, naming them.
 /// - `expiry_events`: `auto` (default), `off` or `enable`: whether followers wait for the
 ///   server's keyspace notification of an expired lease instead of polling when the holder's
 ///   `PTTL` runs out; see [`ExpiryEvents`].
@@ -73,7 +77,7 @@ const OPTIONS: &str = "prefix, timeout, history_limit, restart_guard, expiry_eve
 /// assert!(!format!("{config:?}").contains("s3cret"));
 /// # Ok::<(), leasehold_core::Error>(())
 /// ```
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RedisConfig {
     /// The server's host name or IP address.
@@ -85,7 +89,7 @@ pub struct RedisConfig {
     /// The ACL user, if any (Redis 6 and later).
     pub username: Option<String>,
     /// The password, if any. Never printed.
-    pub password: Option<String>,
+    pub password: Option<Secret>,
     /// The database number. Default 0.
     pub db: u32,
     /// The prefix of every key and channel. Default `leasehold:`.
@@ -218,108 +222,60 @@ impl RedisConfig {
     /// scheme, no host, a path that is not a database number, an unknown option or a bad value;
     /// [`Error::UnsupportedScheme`] for `rediss://` when the `tls` feature is off.
     pub fn from_url(url: &str) -> Result<Self> {
-        let invalid = |reason: String| Error::InvalidUrl {
-            url: leasehold_core::url_options::redact_url(url),
-            reason,
-        };
-        let parsed = url::Url::parse(url).map_err(|e| invalid(format!("not a URL: {e}")))?;
-        let tls = match parsed.scheme() {
-            "redis" => false,
-            "rediss" => true,
-            other => {
-                return Err(invalid(format!(
-                    "the scheme must be redis or rediss, not {other:?} (e.g. redis://127.0.0.1:6379)"
-                )));
-            }
-        };
+        let url = StoreUrl::parse(url, STORE)?.known_options(KNOWN_OPTIONS);
+        let tls = url.require_scheme(URL_SCHEMES)? == "rediss";
         if tls && !cfg!(feature = "tls") {
             return Err(Error::UnsupportedScheme {
                 scheme: "rediss".into(),
                 hint: "TLS needs the `tls` feature of the leasehold-redis crate".into(),
             });
         }
-        // An '@' after the host is a user name or password holding an unescaped '/', '?' or '#'
-        // (the parser ended the authority there): the rest of it would be quoted as a path or an
-        // option. Say so, quoting none of it. Only `prefix=` may hold an '@'.
-        let stray_at = parsed.path().contains('@')
-            || parsed
-                .query_pairs()
-                .any(|(key, value)| key.contains('@') || (key != "prefix" && value.contains('@')));
-        if stray_at {
-            return Err(invalid(
-                "an '@' after the host: a user name or password must have its '/', '?' and '#' %-escaped (%2F, %3F, %23)"
-                    .into(),
-            ));
-        }
-        let host = match parsed.host() {
-            Some(url::Host::Domain(domain)) if !domain.is_empty() => domain.to_string(),
-            Some(url::Host::Ipv4(ip)) => ip.to_string(),
-            Some(url::Host::Ipv6(ip)) => ip.to_string(),
-            _ => return Err(invalid("no host (e.g. redis://127.0.0.1:6379)".into())),
+        let host = match url.hosts() {
+            [host] => host,
+            [] => return Err(url.invalid("no host (e.g. redis://127.0.0.1:6379)")),
+            _ => return Err(url.invalid("one host only (e.g. redis://127.0.0.1:6379)")),
         };
-        let mut config = RedisConfig::new(host, parsed.port().unwrap_or(DEFAULT_PORT));
+        let name = host.name.trim_start_matches('[').trim_end_matches(']');
+        let mut config = RedisConfig::new(name, host.port.unwrap_or(DEFAULT_PORT));
         config.tls = tls;
-        if !parsed.username().is_empty() {
-            config.username = Some(percent_decode(parsed.username()).map_err(invalid)?);
-        }
-        if let Some(password) = parsed.password() {
-            config.password = Some(
-                percent_decode(password)
-                    .map_err(|_| invalid("the password is not valid percent-encoded UTF-8".into()))?,
-            );
-        }
-        let db = parsed.path().trim_start_matches('/');
+        config.username = url.username().map(str::to_string);
+        config.password = url.password();
+        let db = url.path().trim_start_matches('/');
         if !db.is_empty() {
             config.db = db.parse().map_err(|_| {
-                invalid(format!(
+                url.invalid(format!(
                     "the path must be a database number such as /0, not {:?}",
-                    parsed.path()
+                    url.path()
                 ))
             })?;
         }
-        if parsed.fragment().is_some() {
-            return Err(invalid("a #fragment is not supported".into()));
+        let mut options = url.options();
+        if let Some(prefix) = options.string("prefix") {
+            config.prefix = prefix;
         }
-        let mut seen = Vec::new();
-        for (key, value) in parsed.query_pairs() {
-            if seen.contains(&key) {
-                return Err(invalid(format!("option {key:?} is given twice")));
+        if let Some(timeout) = options.duration("timeout")? {
+            if !(MIN_TIMEOUT..=MAX_TIMEOUT).contains(&timeout) {
+                return Err(options.invalid("timeout", "expected a duration from 10ms to 10m"));
             }
-            config = config.set(&key, &value).map_err(invalid)?;
-            seen.push(key);
+            config.timeout = timeout;
         }
+        if let Some(limit) = options.parse::<u32>("history_limit")? {
+            config.history_limit = limit;
+        }
+        if let Some(guard) = options.bool("restart_guard")? {
+            config.restart_guard = guard;
+        }
+        if let Some(events) = options.parse::<ExpiryEvents>("expiry_events")? {
+            config.expiry_events = events;
+        }
+        options.finish()?;
         config.validate().map_err(|e| match e {
-            Error::InvalidConfig { field, value, allowed } => invalid(format!("{field} = {value}: allowed {allowed}")),
+            Error::InvalidConfig { field, value, allowed } => {
+                url.invalid(format!("{field} = {value}: allowed {allowed}"))
+            }
             other => other,
         })?;
         Ok(config)
-    }
-
-    fn set(mut self, key: &str, value: &str) -> Result<Self, String> {
-        let bad = |allowed: &str| format!("option {key}={value:?}: expected {allowed}");
-        match key {
-            "prefix" => self.prefix = value.to_string(),
-            "timeout" => {
-                self.timeout = parse_duration(value)
-                    .filter(|d| (MIN_TIMEOUT..=MAX_TIMEOUT).contains(d))
-                    .ok_or_else(|| bad("a duration from 10ms to 10m such as 500ms, 2s or 1000 (milliseconds)"))?;
-            }
-            "history_limit" => {
-                self.history_limit = value.parse().map_err(|_| bad("a number of terms (0 keeps all)"))?;
-            }
-            "restart_guard" => {
-                self.restart_guard = match value.to_ascii_lowercase().as_str() {
-                    "true" | "1" | "on" | "yes" => true,
-                    "false" | "0" | "off" | "no" => false,
-                    _ => return Err(bad("true or false")),
-                };
-            }
-            "expiry_events" => {
-                self.expiry_events = value.parse().map_err(|_| bad("auto, off or enable"))?;
-            }
-            _ => return Err(format!("unknown option {key:?} (known: {OPTIONS})")),
-        }
-        Ok(self)
     }
 
     /// Checks the fields.
@@ -412,24 +368,7 @@ impl fmt::Display for RedisConfig {
     }
 }
 
-impl fmt::Debug for RedisConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisConfig")
-            .field("host", &self.host)
-            .field("port", &self.port)
-            .field("tls", &self.tls)
-            .field("username", &self.username)
-            .field("password", &self.password.as_ref().map(|_| "***"))
-            .field("db", &self.db)
-            .field("prefix", &self.prefix)
-            .field("timeout", &self.timeout)
-            .field("history_limit", &self.history_limit)
-            .field("restart_guard", &self.restart_guard)
-            .field("expiry_events", &self.expiry_events)
-            .finish()
-    }
-}
-
+/// `text` %-escaped for the redacted URL (`:` kept, so that prefixes read as written).
 fn percent_encode(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for b in text.bytes() {
@@ -472,7 +411,7 @@ mod tests {
                 "{url}"
             );
             assert_eq!(config.username.as_deref(), user, "{url}");
-            assert_eq!(config.password.as_deref(), password, "{url}");
+            assert_eq!(config.password.as_ref().map(Secret::expose), password, "{url}");
             assert!(!config.tls);
             assert_eq!(config.prefix, DEFAULT_PREFIX);
             assert_eq!(config.timeout, DEFAULT_TIMEOUT);
@@ -495,7 +434,7 @@ mod tests {
     #[test]
     fn options() {
         let config: RedisConfig =
-            "redis://h/1?prefix=app%3Aleases:&timeout=250ms&history_limit=0&restart_guard=off&expiry_events=off"
+            "redis://h/1?prefix=app%3Aleases:&timeout=250ms&history_limit=0&restart_guard=false&expiry_events=off"
                 .parse()
                 .unwrap();
         assert_eq!(config.expiry_events, ExpiryEvents::Off);
@@ -521,7 +460,13 @@ mod tests {
             );
             assert_eq!(RedisConfig::from_url(&config.to_string()).unwrap(), config);
         }
-        for (value, ms) in [("2s", 2000), ("1500", 1500), ("1m", 60_000), ("10ms", 10)] {
+        for (value, ms) in [
+            ("2s", 2000),
+            ("1500ms", 1500),
+            ("1.5s", 1500),
+            ("1m", 60_000),
+            ("10ms", 10),
+        ] {
             let config = RedisConfig::from_url(&format!("redis://h?timeout={value}")).unwrap();
             assert_eq!(config.timeout, Duration::from_millis(ms), "{value}");
         }
@@ -539,6 +484,8 @@ mod tests {
             ("redis://h/-1", "database number"),
             ("redis://h/1#insecure", "fragment"),
             ("redis://h?timeout=soon", "timeout"),
+            ("redis://h?timeout=1500", "needs a unit"),
+            ("redis://h?restart_guard=off", "restart_guard"),
             ("redis://h?timeout=0", "timeout"),
             ("redis://h?timeout=11m", "timeout"),
             ("redis://h?history_limit=-1", "history_limit"),
@@ -547,9 +494,9 @@ mod tests {
             ("redis://h?expiry_events=", "expiry_events"),
             ("redis://h?prefix=a%20b", "prefix"),
             ("redis://h?prefix=%7Bx%7D", "prefix"),
-            ("redis://h?db=2", "unknown option \"db\""),
+            ("redis://h?db=2", "unknown option db"),
             ("redis://h?timeout=1s&timeout=2s", "twice"),
-            ("redis://:p%zz@h", "percent"),
+            ("redis://:p%zz@h", "%-escape"),
         ] {
             match RedisConfig::from_url(url) {
                 Err(Error::InvalidUrl { url: shown, reason }) => {
@@ -619,7 +566,7 @@ mod tests {
                 assert!(!shown.contains("s3cr3t"), "{url}: {shown}");
             }
         }
-        let config = RedisConfig::from_url("redis://h1/0?prefix=team@app:").unwrap();
+        let config = RedisConfig::from_url("redis://h1/0?prefix=team%40app:").unwrap();
         assert_eq!(config.prefix, "team@app:");
     }
 

@@ -110,8 +110,9 @@ impl RedisStore {
     /// - [`Error::InvalidConfig`] for a field out of range;
     /// - [`Error::Unreachable`] or [`Error::Timeout`] when the server does not answer within
     ///   [`RedisConfig::timeout`];
-    /// - [`Error::Store`] when it refuses (wrong password, missing ACL permissions, scripting
-    ///   disabled) or is older than Redis 5.0 ([`RedisStoreError::UnsupportedServer`]).
+    /// - [`Error::Refused`] for a wrong user name or password, missing ACL permissions or a
+    ///   server that answers in another protocol;
+    /// - [`Error::Store`] when it refuses otherwise (scripting disabled) or is older than Redis 5.0 ([`RedisStoreError::UnsupportedServer`]).
     pub async fn from_config(config: RedisConfig) -> Result<Self> {
         let store = RedisStore::lazy(config)?;
         let reply = store
@@ -197,7 +198,7 @@ fn connection_info(config: &RedisConfig) -> redis::ConnectionInfo {
         redis = redis.set_username(user);
     }
     if let Some(password) = &config.password {
-        redis = redis.set_password(password);
+        redis = redis.set_password(password.expose());
     }
     let info: ConnectionInfo = addr
         .into_connection_info()

@@ -281,7 +281,7 @@ impl<'b> AclUser<'b> {
         raw_cmd(backend, &args).await.unwrap();
         let mut config = backend.config.clone();
         config.username = Some(name.clone());
-        config.password = Some(password);
+        config.password = Some(password.into());
         (AclUser { backend, name }, config)
     }
 
@@ -388,7 +388,7 @@ async fn expiry_events_that_vanish_make_followers_poll() {
 }
 
 fn config_password(store: &RedisStore) -> &str {
-    store.config().password.as_deref().unwrap()
+    store.config().password.as_ref().unwrap().expose()
 }
 
 /// Measurement (`--ignored`): how late the expiry event of a lease comes when the database holds

@@ -667,7 +667,7 @@ async fn secrets_are_redacted() {
     }
     let mut config = backend.config.clone();
     config.username = Some(user.clone());
-    config.password = Some(secret.clone());
+    config.password = Some(secret.clone().into());
     let store = RedisStore::from_config(config.clone())
         .await
         .expect("the ACL user connects");
@@ -676,7 +676,7 @@ async fn secrets_are_redacted() {
     let mut shown = vec![format!("{config:?}"), config.to_string(), format!("{store:?}")];
 
     let mut wrong = config.clone();
-    wrong.password = Some(format!("{secret}-wrong"));
+    wrong.password = Some(format!("{secret}-wrong").into());
     let err = RedisStore::from_config(wrong.clone()).await.unwrap_err();
     assert!(
         matches!(

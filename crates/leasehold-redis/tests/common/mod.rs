@@ -57,7 +57,7 @@ impl RedisBackend {
     pub async fn raw(&self) -> redis::aio::MultiplexedConnection {
         let mut info = redis::RedisConnectionInfo::default().set_db(i64::from(self.config.db));
         if let Some(password) = &self.config.password {
-            info = info.set_password(password);
+            info = info.set_password(password.expose());
         }
         if let Some(user) = &self.config.username {
             info = info.set_username(user);
