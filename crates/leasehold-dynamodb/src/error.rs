@@ -163,7 +163,7 @@ pub(crate) struct Described {
 }
 
 impl Described {
-    fn new<E, R>(operation: &'static str, error: &SdkError<E, R>) -> Self
+    pub(crate) fn new<E, R>(operation: &'static str, error: &SdkError<E, R>) -> Self
     where
         E: ProvideErrorMetadata + StdError + 'static,
         R: fmt::Debug + 'static,

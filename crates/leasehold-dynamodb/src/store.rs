@@ -11,8 +11,8 @@ use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::types::AttributeValue;
 use leasehold_core::time::unix_millis;
 use leasehold_core::{
-    AcquireRequest, Acquired, Capabilities, EndReason, Error, Expiry, Grant, LeaseName, LeaseStore, LimitStore,
-    Notifications, Observation, RecordVersion, Renewed, Result, Term, Transition,
+    AcquireRequest, Acquired, CandidateId, Capabilities, EndReason, Error, Expiry, Grant, LeaseName, LeaseStore,
+    LimitStore, Notifications, Observation, RecordVersion, Renewed, Result, Term, Transition,
 };
 
 use crate::acquire::Taken;
@@ -271,6 +271,10 @@ impl LeaseStore for DynamoDbStore {
         self.requests.release(grant).await
     }
 
+    async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
+        self.requests.withdraw(lease, candidate).await
+    }
+
     async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
         self.requests.inspect(lease).await
     }
@@ -516,6 +520,24 @@ impl LeaseStore for Table {
         {
             // Not ours any more; still, refuse to pass over a record that cannot be read.
             self.read(lease, "release").await?;
+        }
+        Ok(())
+    }
+
+    /// Ends a term the item gives to `candidate` although its engine holds no grant (an acquire
+    /// whose answer never arrived): released, so the lease is free at once rather than after a
+    /// contender has watched its version for a TTL.
+    async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
+        let record = self.read(lease, "withdraw").await?;
+        if record.holder.as_ref().is_some_and(|h| h.id == *candidate) {
+            self.end(
+                lease,
+                record.term,
+                Some(candidate.as_str()),
+                EndReason::Released,
+                "withdraw",
+            )
+            .await?;
         }
         Ok(())
     }

@@ -95,11 +95,14 @@ impl Table {
             Ok(out) => out,
             Err(e) if error::is_missing_table(&e) => return Ok(None),
             Err(e) if error::is_foreign_answer(&e) => {
-                let cause = error::map(e, "describe_table", self.timeout);
+                let cause = error::Described::new("describe_table", &e);
                 return Err(Error::refused(
                     STORE,
                     "connect",
-                    format!("the endpoint answered, but not as DynamoDB ({cause}): check the endpoint and its port"),
+                    format!(
+                        "the endpoint answered, but not as DynamoDB ({}): check the endpoint and its port",
+                        cause.reason
+                    ),
                 ));
             }
             Err(e) => return Err(error::map(e, "describe_table", self.timeout)),

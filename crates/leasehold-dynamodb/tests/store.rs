@@ -216,6 +216,33 @@ async fn record_version_semantics() {
     assert_eq!(last_two, [3, 4]);
 }
 
+/// A grant the engine never learnt of (its acquire's answer was lost): `withdraw` of that
+/// candidate ends the term as released, so the lease is free at once; another candidate's
+/// withdraw changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn withdraw_releases_a_grant_the_engine_never_saw() {
+    let Some(endpoint) = common::endpoint() else { return };
+    let store = DynamoBackend::with_table(endpoint, TABLE).store().await.unwrap();
+    let lease = fresh_lease("withdraw");
+    let grant = granted(&store, &request(&lease, "a", Duration::from_secs(2), None)).await;
+    store.withdraw(&lease, &CandidateId::new("b").unwrap()).await.unwrap();
+    assert_eq!(
+        store.inspect(&lease).await.unwrap().holder.map(|h| h.term),
+        Some(grant.term)
+    );
+    store.withdraw(&lease, &CandidateId::new("a").unwrap()).await.unwrap();
+    let seen = store.inspect(&lease).await.unwrap();
+    assert_eq!((seen.holder, seen.previous_end), (None, Some(EndReason::Released)));
+    let history = store.history(&lease, 10).await.unwrap();
+    assert_eq!(
+        history
+            .iter()
+            .map(|t| (t.term, t.ended.map(|(_, r)| r)))
+            .collect::<Vec<_>>(),
+        [(grant.term, Some(EndReason::Released))]
+    );
+}
+
 /// A grant whose caller gave up right after it (the engine drops an acquire at its request
 /// timeout): the history item of the term it ended is not written, and the `prev_*` slot of the
 /// lease item still holds that term. Nothing is lost: `history` reads the slot, and the next
