@@ -201,6 +201,19 @@ pub async fn break_lease_ends_the_term(backend: Arc<dyn Backend>) {
         .await
         .unwrap_or_else(|e| panic!("{p}: break of a free lease: {e}"));
     assert_eq!(broken, None, "{p}: a free lease has nothing to break");
+    // Raw: a broken grant's renewal is lost, and the lease free.
+    let raw_lease = LeaseName::new(scene.other_lease("raw")).expect("valid lease name");
+    let holder = scene.connect().await;
+    let grant = scene.grant(&*holder, &request(&raw_lease, &id("raw"), scene.ttl)).await;
+    let broken = operator
+        .break_lease(&raw_lease)
+        .await
+        .unwrap_or_else(|e| panic!("{p}: break: {e}"));
+    assert_eq!(broken, Some(grant.term), "{p}: a break returns the broken term");
+    match holder.renew(&grant).await {
+        Ok(Renewed::Lost(seen)) => assert!(seen.holder.is_none(), "{p}: {seen:?}"),
+        other => panic!("{p}: renewing a broken grant must answer Lost, got {other:?}"),
+    }
 
     let a = scene.elector(scene.connect().await, "A");
     let mut events = a.events();
@@ -217,7 +230,7 @@ pub async fn break_lease_ends_the_term(backend: Arc<dyn Backend>) {
         .await
         .unwrap_or_else(|e| panic!("{p}: inspect: {e}"));
     assert!(
-        seen.holder.is_none() && seen.previous_end == Some(EndReason::Broken) && seen.last_term >= term,
+        seen.holder.is_none() && seen.previous_end == Some(EndReason::Broken) && seen.last_term == term,
         "{p}: a broken lease is free at once: {seen:?}"
     );
     let again = operator

@@ -153,27 +153,6 @@ async fn idle_follower(backend: &RedisBackend, idle: Duration) -> Idle {
     }
 }
 
-/// With expiry events, an idle follower makes no store requests while the leader renews (5 TTLs,
-/// half of the engine's safety-poll interval), and the expiry of the crashed leader's record wakes
-/// it: it is elected within a TTL and a second of the crash with a single request (polling would
-/// have meant one request per TTL; the safety poll comes only after 10 TTLs).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_idle_follower_makes_no_requests_and_is_woken_by_expiry() {
-    let Some(backend) = backend(ExpiryEvents::Enable) else {
-        return;
-    };
-    let probe = RedisStore::from_config(backend.config.clone()).await.unwrap();
-    assert_eq!(probe.capabilities().notifications, Notifications::ReleaseAndExpiry);
-    let idle = idle_follower(&backend, TTL * 5).await;
-    println!(
-        "expiry events: idle follower {:.2} requests/s; failover {:?} with {} request(s)",
-        idle.idle_rate, idle.failover, idle.requests_to_elect
-    );
-    assert_eq!(idle.idle_rate, 0.0, "the idle follower polled");
-    assert!(idle.failover <= TTL + Duration::from_secs(1), "{:?}", idle.failover);
-    assert!(idle.requests_to_elect <= 2, "{} requests", idle.requests_to_elect);
-}
-
 /// With `expiry_events=off` the store reports `Release` whatever the server sends, and an idle
 /// follower reads the lease once per TTL (when the renewing holder's `PTTL` would run out); the
 /// crashed leader is still replaced within a TTL and a second.

@@ -134,53 +134,6 @@ async fn the_holder_acquiring_again_gets_a_new_term() {
 }
 
 #[tokio::test]
-async fn takeover_needs_the_current_version() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir).await;
-    let a = granted(&store, "a", None).await;
-    let Renewed::Renewed(a2) = store.renew(&a).await.unwrap() else {
-        panic!()
-    };
-
-    // The version b watched is gone: a renewed since. Held, with the new version to watch.
-    let seen = held(&store, "b", Some(&a.token)).await;
-    assert_eq!(seen.holder.unwrap().version, a2.token);
-    held(&store, "b", Some("not-a-version")).await;
-
-    let b = granted(&store, "b", Some(&a2.token)).await;
-    assert_eq!(b.term, Term(2));
-    let Renewed::Lost(lost) = store.renew(&a2).await.unwrap() else {
-        panic!("a renewed after takeover")
-    };
-    assert_eq!(lost.holder.map(|h| (h.id, h.term)), Some((id("b"), Term(2))));
-    store.release(&a2).await.unwrap(); // a's late release must not free b's lease
-    assert_eq!(store.inspect(&lease()).await.unwrap().holder.unwrap().id, id("b"));
-
-    let history = store.history(&lease(), 10).await.unwrap();
-    assert_eq!(history[0].ended.map(|(_, reason)| reason), Some(EndReason::Expired));
-}
-
-#[tokio::test]
-async fn break_lease() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir).await;
-    assert_eq!(store.break_lease(&lease()).await.unwrap(), None);
-    let a = granted(&store, "a", None).await;
-    assert_eq!(store.break_lease(&lease()).await.unwrap(), Some(Term(1)));
-    assert_eq!(
-        store.inspect(&lease()).await.unwrap(),
-        Observation::free(lease(), Term(1), Some(EndReason::Broken))
-    );
-    assert_eq!(store.break_lease(&lease()).await.unwrap(), None);
-    let Renewed::Lost(_) = store.renew(&a).await.unwrap() else {
-        panic!("renewed a broken lease")
-    };
-    assert_eq!(granted(&store, "b", None).await.term, Term(2));
-    let history = store.history(&lease(), 10).await.unwrap();
-    assert_eq!(history[0].ended.map(|(_, reason)| reason), Some(EndReason::Broken));
-}
-
-#[tokio::test]
 async fn two_stores_on_one_file_see_each_others_leases() {
     let dir = tempfile::tempdir().unwrap();
     let (one, two) = (open(&dir).await, open(&dir).await);
