@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use leasehold_core::{
-    CandidateId, EndReason, Error, HolderInfo, LeaseName, Observation, Result, Term, Transition, random_u64,
+    CandidateId, EndReason, Error, HolderInfo, LeaseName, Observation, RecordVersion, Result, Term, Transition, time,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{Row, TypeInfo, ValueRef};
@@ -100,7 +100,7 @@ impl Record {
                     .map(Duration::from_millis)
                     .filter(|ttl| TTL_RANGE.contains(ttl))
                     .ok_or_else(|| corrupt(format!("ttl_ms {ttl_ms} is outside {TTL_RANGE:?}")))?;
-                if !is_version(&version) {
+                if RecordVersion::parse(&version).is_none() {
                     let shown: String = version.chars().take(40).collect();
                     return Err(corrupt(format!("version {shown:?} is not 16 hex digits")));
                 }
@@ -203,22 +203,14 @@ pub(crate) fn term_value(term: Term) -> i64 {
     i64::try_from(term.0).unwrap_or(i64::MAX)
 }
 
-/// A TTL in milliseconds, within [`TTL_RANGE`] (checked on acquire).
+/// A duration in milliseconds as Postgres stores it (a `bigint`).
 pub(crate) fn millis(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+    i64::try_from(time::duration_millis(duration)).unwrap_or(i64::MAX)
 }
 
-/// A fresh record version: 16 random hex digits.
-pub(crate) fn new_version() -> String {
-    format!("{:016x}", random_u64())
-}
-
-fn is_version(text: &str) -> bool {
-    text.len() == 16 && text.bytes().all(|b| b.is_ascii_hexdigit())
-}
-
+/// A `bigint` of Unix milliseconds; `None` before 1970.
 fn system_time(millis: i64) -> Option<SystemTime> {
-    SystemTime::UNIX_EPOCH.checked_add(Duration::from_millis(u64::try_from(millis).ok()?))
+    u64::try_from(millis).ok().map(time::from_unix_millis)
 }
 
 /// The advisory lock key of `lease` in `schema`: the 64-bit FNV-1a hash of
@@ -341,13 +333,5 @@ mod tests {
         assert_eq!(lock_key("leasehold", "invoice-scheduler"), expected);
         assert_ne!(lock_key("leasehold", "a"), lock_key("leasehold", "b"));
         assert_ne!(lock_key("x", "ab"), lock_key("xa", "b"));
-    }
-
-    #[test]
-    fn versions() {
-        let v = new_version();
-        assert!(is_version(&v), "{v}");
-        assert_ne!(v, new_version());
-        assert!(!is_version("garbage"));
     }
 }

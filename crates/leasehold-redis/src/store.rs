@@ -2,12 +2,12 @@
 
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::{
     AcquireRequest, Acquired, CandidateId, Capabilities, Changes, EndReason, Error, Expiry, Grant, HolderInfo,
-    LeaseName, LeaseStore, Notifications, Observation, Renewed, Result, Term, Transition, random_u64,
+    LeaseName, LeaseStore, Notifications, Observation, RecordVersion, Renewed, Result, Term, Transition, time,
 };
 use redis::Value;
 
@@ -211,14 +211,6 @@ fn millis(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }
 
-fn ms_time(ms: u64) -> SystemTime {
-    SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
-}
-
-fn new_version() -> String {
-    format!("{:016x}", random_u64())
-}
-
 /// What a script answered about a lease.
 enum Answer {
     Granted(Term),
@@ -245,10 +237,11 @@ fn answer(lease: &LeaseName, reply: &Reply) -> Result<Answer> {
         "free" => {
             let previous_end = match reply.text(2)? {
                 "" => None,
-                "released" => Some(EndReason::Released),
-                "expired" => Some(EndReason::Expired),
-                "broken" => Some(EndReason::Broken),
-                other => return Err(error::unexpected(op, format!("end reason {other:?}"))),
+                other => Some(
+                    other
+                        .parse::<EndReason>()
+                        .map_err(|e| error::unexpected(op, format!("end reason: {e}")))?,
+                ),
             };
             Ok(Answer::Seen(Observation::free(lease.clone(), term(1)?, previous_end)))
         }
@@ -353,19 +346,16 @@ fn transitions(
                 out.push(Transition {
                     term: parse_term(lease, term)?,
                     holder,
-                    acquired_at: ms_time(at_ms),
+                    acquired_at: time::from_unix_millis(at_ms),
                     ended: None,
                 });
             }
             ["end", term, "reason", reason, "at", at] => {
-                let reason = match *reason {
-                    "released" => EndReason::Released,
-                    "expired" => EndReason::Expired,
-                    "broken" => EndReason::Broken,
-                    other => return Err(corrupt(format!("entry {id}: end reason {other:?}"))),
-                };
+                let reason = reason
+                    .parse::<EndReason>()
+                    .map_err(|e| corrupt(format!("entry {id}: end reason: {e}")))?;
                 let term = parse_term(lease, term)?;
-                let at = ms_time(parse_number(lease, "end time", at)?);
+                let at = time::from_unix_millis(parse_number(lease, "end time", at)?);
                 // An end whose grant was trimmed away is dropped with it.
                 if let Some(t) = out.iter_mut().rev().find(|t| t.term == term) {
                     t.ended = Some((at, reason));
@@ -376,7 +366,7 @@ fn transitions(
     }
     if let Some((term, deadline)) = open {
         if let Some(t) = out.iter_mut().rev().find(|t| t.term == term && t.ended.is_none()) {
-            t.ended = Some((ms_time(deadline), EndReason::Expired));
+            t.ended = Some((time::from_unix_millis(deadline), EndReason::Expired));
         }
     }
     let skip = out.len().saturating_sub(limit);
@@ -417,7 +407,7 @@ impl LeaseStore for RedisStore {
         capabilities(Notifications::Release).check_ttl(STORE, request.ttl)?;
         let lease = &request.lease;
         let keys = self.keys(lease);
-        let version = new_version();
+        let version = String::from(RecordVersion::random());
         let args = vec![
             request.candidate.as_str().to_string(),
             millis(request.ttl).to_string(),
@@ -442,7 +432,7 @@ impl LeaseStore for RedisStore {
 
     async fn renew(&self, grant: &Grant) -> Result<Renewed> {
         let keys = self.keys(&grant.lease);
-        let version = new_version();
+        let version = String::from(RecordVersion::random());
         let args = vec![
             grant.holder.as_str().to_string(),
             grant.term.0.to_string(),
@@ -576,8 +566,8 @@ mod tests {
                 (10, "c".into(), Some(EndReason::Expired)),
             ]
         );
-        assert_eq!(all[0].acquired_at, ms_time(1700000001000));
-        assert_eq!(all[1].ended.unwrap().0, ms_time(1700000003400));
+        assert_eq!(all[0].acquired_at, time::from_unix_millis(1700000001000));
+        assert_eq!(all[1].ended.unwrap().0, time::from_unix_millis(1700000003400));
         let last = transitions(&lease, None, &entries, 1).unwrap();
         assert_eq!((last.len(), last[0].term, last[0].ended), (1, Term(10), None));
     }

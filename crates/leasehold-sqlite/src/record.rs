@@ -5,7 +5,7 @@ use std::ops::RangeInclusive;
 use std::time::{Duration, SystemTime};
 
 use leasehold_core::{
-    CandidateId, EndReason, Error, HolderInfo, LeaseName, Observation, Result, Term, Transition, random_u64,
+    CandidateId, EndReason, Error, HolderInfo, LeaseName, Observation, RecordVersion, Result, Term, Transition, time,
 };
 use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, SqliteConnection, TypeInfo, ValueRef};
@@ -116,7 +116,7 @@ impl Record {
                     .map(Duration::from_millis)
                     .filter(|ttl| TTL_RANGE.contains(ttl))
                     .ok_or_else(|| corrupt(format!("ttl_ms {ttl_ms} is outside {TTL_RANGE:?}")))?;
-                if !is_version(&version) {
+                if RecordVersion::parse(&version).is_none() {
                     return Err(corrupt(format!("version {version:?} is not 16 hex digits")));
                 }
                 Some(Holding { id, ttl, version })
@@ -233,27 +233,15 @@ pub(crate) fn term_value(term: Term) -> i64 {
 
 /// A TTL in milliseconds, within [`TTL_RANGE`] (checked on acquire).
 pub(crate) fn ttl_value(ttl: Duration) -> i64 {
-    i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
-}
-
-/// A fresh record version: 16 random hex digits.
-pub(crate) fn new_version() -> String {
-    format!("{:016x}", random_u64())
-}
-
-fn is_version(text: &str) -> bool {
-    text.len() == 16 && text.bytes().all(|b| b.is_ascii_hexdigit())
+    i64::try_from(time::duration_millis(ttl)).unwrap_or(i64::MAX)
 }
 
 /// Unix milliseconds by this process's wall clock, for the audit trail only.
-pub(crate) fn unix_millis(time: SystemTime) -> i64 {
-    let millis = time
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis();
-    i64::try_from(millis).unwrap_or(i64::MAX)
+pub(crate) fn unix_millis(at: SystemTime) -> i64 {
+    i64::try_from(time::unix_millis(at)).unwrap_or(i64::MAX)
 }
 
+/// An `INTEGER` of Unix milliseconds; `None` if negative.
 fn system_time(millis: i64) -> Option<SystemTime> {
-    SystemTime::UNIX_EPOCH.checked_add(Duration::from_millis(u64::try_from(millis).ok()?))
+    u64::try_from(millis).ok().map(time::from_unix_millis)
 }

@@ -9,14 +9,16 @@
 
 use std::time::SystemTime;
 
-use leasehold_core::{AcquireRequest, Acquired, EndReason, Error, Grant, LeaseName, Renewed, Result, Term};
+use leasehold_core::{
+    AcquireRequest, Acquired, EndReason, Error, Grant, LeaseName, RecordVersion, Renewed, Result, Term,
+};
 use sqlx::SqliteConnection;
 use sqlx::sqlite::SqlitePool;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::SqliteConfig;
 use crate::error::{self, STORE};
-use crate::record::{self, Failure, Record, new_version, term_value, ttl_value, unix_millis};
+use crate::record::{self, Failure, Record, term_value, ttl_value, unix_millis};
 
 /// At most this many requests share a transaction, so that other processes' writes are not held
 /// up for long.
@@ -155,7 +157,7 @@ async fn acquire(
         }
         Some(_) => return Ok(Acquired::Held(record.observation(lease))),
     }
-    let version = new_version();
+    let version = String::from(RecordVersion::random());
     sqlx::query(
         "INSERT INTO leasehold_leases (name, holder, term, ttl_ms, version, previous_end)
          VALUES (?1, ?2, ?3, ?4, ?5, NULL)
@@ -212,7 +214,7 @@ async fn renew(conn: &mut SqliteConnection, grant: &Grant) -> Result<Renewed, Fa
     let record = record::read(conn, lease).await?;
     match &record.holder {
         Some(h) if h.id == grant.holder && record.term == grant.term => {
-            let version = new_version();
+            let version = String::from(RecordVersion::random());
             sqlx::query("UPDATE leasehold_leases SET version = ?2 WHERE name = ?1")
                 .bind(lease.as_str())
                 .bind(&version)

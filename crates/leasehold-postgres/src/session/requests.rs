@@ -4,7 +4,7 @@
 
 use std::collections::{HashSet, VecDeque};
 
-use leasehold_core::{AcquireRequest, Acquired, Error, Grant, LeaseName, Result, Term};
+use leasehold_core::{AcquireRequest, Acquired, Error, Grant, LeaseName, RecordVersion, Result, Term};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 use tokio::sync::oneshot;
@@ -13,7 +13,7 @@ use tracing::debug;
 
 use super::{Actor, Failure, Held, MAX_ACQUIRES, Renewal, idle_timeout, setting};
 use crate::error::{self, STORE};
-use crate::record::{Record, millis, new_version, term_value};
+use crate::record::{Record, millis, term_value};
 use crate::sql;
 
 impl Actor {
@@ -110,7 +110,7 @@ impl Actor {
             keys.push(cx.key(lease));
             candidates.push(request.candidate.as_str().to_string());
             ttls.push(millis(request.ttl));
-            versions.push(new_version());
+            versions.push(String::from(RecordVersion::random()));
             stale_holders.push(stale.as_ref().map(|s| s.holder.as_str().to_string()));
             stale_terms.push(stale.as_ref().map(|s| term_value(s.term)));
             stale_versions.push(stale.map(|s| s.version));
@@ -251,7 +251,7 @@ impl Actor {
         if mine.is_empty() {
             return;
         }
-        let versions: Vec<String> = mine.iter().map(|_| new_version()).collect();
+        let versions: Vec<String> = mine.iter().map(|_| String::from(RecordVersion::random())).collect();
         let limit = self.statement_limit(None);
         let cx = self.cx.clone();
         let query = sql::query(&cx.sql.renew)
@@ -325,7 +325,7 @@ impl Actor {
         let if_renewed = idle_timeout(&session.held, None, Some(grant.ttl));
         let otherwise = idle_timeout(&session.held, None, None);
         let key = self.cx.key(&grant.lease);
-        let version = new_version();
+        let version = String::from(RecordVersion::random());
         let query = sql::query(&self.cx.sql.relock)
             .bind(grant.lease.as_str())
             .bind(grant.holder.as_str())
