@@ -158,11 +158,12 @@ impl PostgresConfig {
             check_schema(&schema).map_err(|why| options.invalid("schema", format!("expected {why}")))?;
             config.schema = schema;
         }
-        if let Some(size) = options.parse::<u32>("pool_size")? {
-            if !(1..=MAX_POOL_SIZE).contains(&size) {
-                return Err(options.invalid("pool_size", "expected a number of connections from 1 to 64"));
-            }
-            config.pool_size = size;
+        if let Some(size) = options.string("pool_size") {
+            config.pool_size = size
+                .parse()
+                .ok()
+                .filter(|size| (1..=MAX_POOL_SIZE).contains(size))
+                .ok_or_else(|| options.invalid("pool_size", "expected a number of connections from 1 to 64"))?;
         }
         if let Some(timeout) = options.duration("connect_timeout")? {
             if timeout.is_zero() || timeout > MAX_CONNECT_TIMEOUT {
@@ -170,8 +171,10 @@ impl PostgresConfig {
             }
             config.connect_timeout = timeout;
         }
-        if let Some(limit) = options.parse::<u32>("history_limit")? {
-            config.history_limit = limit;
+        if let Some(limit) = options.string("history_limit") {
+            config.history_limit = limit
+                .parse()
+                .map_err(|_| options.invalid("history_limit", "expected a number of terms (0 keeps all)"))?;
         }
         // The driver's URL: what the user wrote, minus leasehold's own options.
         let mut driver = format!("{}://", url.scheme());
@@ -412,6 +415,10 @@ mod tests {
             ("postgres://u:topsecret@h/db?schema=", "schema"),
             ("postgres://u:topsecret@h/db?pool_size=0", "pool_size"),
             ("postgres://u:topsecret@h/db?pool_size=65", "pool_size"),
+            (
+                "postgres://u:topsecret@h/db?pool_size=-1",
+                "a number of connections from 1 to 64",
+            ),
             ("postgres://u:topsecret@h/db?connect_timeout=soon", "connect_timeout"),
             ("postgres://u:topsecret@h/db?connect_timeout=0", "connect_timeout"),
             ("postgres://u:topsecret@h/db?connect_timeout=1h", "connect_timeout"),

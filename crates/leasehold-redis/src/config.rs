@@ -259,8 +259,10 @@ impl RedisConfig {
             }
             config.timeout = timeout;
         }
-        if let Some(limit) = options.parse::<u32>("history_limit")? {
-            config.history_limit = limit;
+        if let Some(limit) = options.string("history_limit") {
+            config.history_limit = limit
+                .parse()
+                .map_err(|_| options.invalid("history_limit", "expected a number of terms (0 keeps all)"))?;
         }
         if let Some(guard) = options.bool("restart_guard")? {
             config.restart_guard = guard;

@@ -141,14 +141,17 @@ impl SqliteConfig {
             }
             config.busy_timeout = timeout;
         }
-        if let Some(size) = options.parse::<u32>("pool_size")? {
-            if !(1..=MAX_POOL_SIZE).contains(&size) {
-                return Err(options.invalid("pool_size", "expected a number of connections from 1 to 64"));
-            }
-            config.pool_size = size;
+        if let Some(size) = options.string("pool_size") {
+            config.pool_size = size
+                .parse()
+                .ok()
+                .filter(|size| (1..=MAX_POOL_SIZE).contains(size))
+                .ok_or_else(|| options.invalid("pool_size", "expected a number of connections from 1 to 64"))?;
         }
-        if let Some(limit) = options.parse::<u32>("history_limit")? {
-            config.history_limit = limit;
+        if let Some(limit) = options.string("history_limit") {
+            config.history_limit = limit
+                .parse()
+                .map_err(|_| options.invalid("history_limit", "expected a number of terms (0 keeps all)"))?;
         }
         if let Some(synchronous) = options.string("synchronous") {
             config.synchronous = match synchronous.to_ascii_lowercase().as_str() {
@@ -263,6 +266,7 @@ mod tests {
             ("sqlite:x.db?busy_timeout=2h", "busy_timeout"),
             ("sqlite:x.db?pool_size=0", "pool_size"),
             ("sqlite:x.db?pool_size=1000", "pool_size"),
+            ("sqlite:x.db?pool_size=-1", "a number of connections from 1 to 64"),
             ("sqlite:x.db?history_limit=-1", "history_limit"),
             ("sqlite:x.db?synchronous=off", "synchronous"),
             ("sqlite:x.db?journal_mode=delete", "unknown option journal_mode"),
