@@ -55,21 +55,11 @@ const CLIENT_CHECK_INTERVAL_MS: u32 = 1000;
 const LOCK_TIMEOUT_MS: u32 = 250;
 
 /// What every part of a store shares.
+#[derive(Debug)]
 pub(crate) struct Context {
     pub(crate) config: PostgresConfig,
     pub(crate) sql: Sql,
     pub(crate) sightings: Sightings,
-    /// The options of the lock session: the user's, plus the session settings it relies on.
-    lock_options: PgConnectOptions,
-}
-
-impl std::fmt::Debug for Context {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Not the connect options: their Debug shows the password.
-        f.debug_struct("Context")
-            .field("config", &self.config)
-            .finish_non_exhaustive()
-    }
 }
 
 /// The `synchronous_commit` of every connection that writes lease records.
@@ -98,25 +88,25 @@ pub(crate) fn for_writes(options: PgConnectOptions) -> PgConnectOptions {
 
 impl Context {
     pub(crate) fn new(config: PostgresConfig) -> Context {
-        let mut lock_options = for_writes(config.connect_options().clone()).options([
-            ("idle_session_timeout", "0".to_string()),
-            ("client_connection_check_interval", CLIENT_CHECK_INTERVAL_MS.to_string()),
-            ("lock_timeout", LOCK_TIMEOUT_MS.to_string()),
-        ]);
-        if lock_options.get_application_name().is_none() {
-            lock_options = lock_options.application_name("leasehold-lock");
-        }
         Context {
             sql: Sql::new(config.schema()),
             sightings: Sightings::default(),
-            lock_options,
             config,
         }
     }
 
-    /// The options of a lock connection (the user's, plus the session settings it relies on).
-    pub(crate) fn lock_options(&self) -> &PgConnectOptions {
-        &self.lock_options
+    /// The options of a lock connection: the user's, plus the session settings it relies on.
+    /// (Made on demand rather than kept: their `Debug` shows the password.)
+    pub(crate) fn lock_options(&self) -> PgConnectOptions {
+        let options = for_writes(self.config.connect_options()).options([
+            ("idle_session_timeout", "0".to_string()),
+            ("client_connection_check_interval", CLIENT_CHECK_INTERVAL_MS.to_string()),
+            ("lock_timeout", LOCK_TIMEOUT_MS.to_string()),
+        ]);
+        match options.get_application_name() {
+            Some(_) => options,
+            None => options.application_name("leasehold-lock"),
+        }
     }
 
     /// The advisory lock key of `lease`.
@@ -395,7 +385,7 @@ impl Actor {
             return Ok(());
         }
         let limit = limit.min(self.cx.config.connect_timeout());
-        match tokio::time::timeout(limit, PgConnection::connect_with(&self.cx.lock_options)).await {
+        match tokio::time::timeout(limit, PgConnection::connect_with(&self.cx.lock_options())).await {
             Ok(Ok(conn)) => {
                 debug!("lock session connected");
                 self.session = Some(Session {
