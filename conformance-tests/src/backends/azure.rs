@@ -45,7 +45,10 @@ pub fn azure() -> Option<Arc<dyn Backend>> {
     let sas = account_sas(&account, &key, Duration::from_secs(24 * 3600));
     let container = format!("leasehold-conformance-{:x}", leasehold_core::random_u64());
     let container_url = Arc::new(format!("{endpoint}/{container}?{sas}"));
-    let url = format!("{endpoint}/{container}?prefix={PREFIX}&max_requests={MAX_REQUESTS}&{sas}");
+    // The store signs its requests with the account key; the raw client of `corrupt` and the
+    // clean-up uses an account SAS.
+    let encoded_key: String = url::form_urlencoded::byte_serialize(key.as_bytes()).collect();
+    let url = format!("{endpoint}/{container}?prefix={PREFIX}&max_requests={MAX_REQUESTS}&account_key={encoded_key}");
     let (for_corrupt, for_finish) = (container_url.clone(), container_url);
     let store_url = url.clone();
     let backend = ServerBackend::new(

@@ -3,8 +3,6 @@
 //! client is connected to. Leadership continues or fails over, never two at once; the client
 //! reconnects to another member through the multi-host URL. Killed nodes are restarted.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
