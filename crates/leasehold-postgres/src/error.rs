@@ -142,3 +142,50 @@ pub(crate) fn ends_session(error: &sqlx::Error) -> bool {
         _ => true,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn another_protocol_is_refused_and_unreachable_names_the_server() {
+        let wrong = map_connect(
+            &sqlx::Error::Protocol("expected to read 1414811696 bytes".into()),
+            "127.0.0.1:2379",
+            Duration::from_secs(5),
+        );
+        assert!(wrong.is_permanent(), "{wrong:?}");
+        let text = wrong.to_string();
+        assert!(
+            text.contains("127.0.0.1:2379 does not speak the Postgres protocol"),
+            "{text}"
+        );
+        assert!(!text.contains("1414811696"), "{text}");
+
+        let refused = map_connect(
+            &sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)),
+            "127.0.0.1:1",
+            Duration::from_secs(5),
+        );
+        assert!(refused.is_transient(), "{refused:?}");
+        assert!(
+            refused.to_string().contains("cannot connect to 127.0.0.1:1"),
+            "{refused}"
+        );
+        let silent = connect_timeout("127.0.0.1:6379", Duration::from_secs(5));
+        assert!(
+            silent.is_transient() && silent.to_string().contains("127.0.0.1:6379"),
+            "{silent}"
+        );
+    }
+
+    #[test]
+    fn authentication_missing_databases_and_privileges_are_refusals() {
+        for code in ["28P01", "28000", "3D000", "42501"] {
+            assert!(refusal(code).is_some(), "{code}");
+        }
+        for code in ["08006", "40001", "57P01", "42P01", "23505"] {
+            assert!(refusal(code).is_none(), "{code}");
+        }
+    }
+}

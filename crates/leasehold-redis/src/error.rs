@@ -168,3 +168,47 @@ pub(crate) fn unexpected(operation: &'static str, detail: impl Into<String>) -> 
         },
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_and_another_protocol_are_refused_with_what_to_check() {
+        let auth = map(
+            redis::RedisError::from((ErrorKind::AuthenticationFailed, "Password authentication failed")),
+            "connect",
+        );
+        assert!(
+            matches!(
+                auth,
+                Error::Refused {
+                    operation: "connect",
+                    ..
+                }
+            ) && auth.is_permanent(),
+            "{auth:?}"
+        );
+        let text = auth.to_string();
+        assert!(text.contains("check the URL's user name and password"), "{text}");
+        assert!(!text.contains("AuthenticationFailed"), "{text}");
+
+        let garbled = || redis::RedisError::from((ErrorKind::Parse, "invalid response"));
+        let wrong_service = map(garbled(), "connect");
+        assert!(wrong_service.is_permanent(), "{wrong_service:?}");
+        assert!(
+            wrong_service.to_string().contains("not the Redis protocol"),
+            "{wrong_service}"
+        );
+        // Mid-session, a garbled reply is a broken connection: transient.
+        assert!(map(garbled(), "renew").is_transient());
+
+        let closed = map(
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe)),
+            "connect",
+        );
+        let closed = map_connect(closed, "127.0.0.1:5432");
+        assert!(closed.is_transient(), "{closed:?}");
+        assert!(closed.to_string().contains("127.0.0.1:5432"), "{closed}");
+    }
+}
