@@ -1,15 +1,14 @@
-//! What the DynamoDB tests share: the conformance [`Backend`] on the server named by
+//! What the DynamoDB tests share: clients of the server named by
 //! `LEASEHOLD_DYNAMODB_URL` (dynalite from `scripts/services up dynalite`), and raw access to it.
 
 #![allow(dead_code, unreachable_pub)]
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
-use async_trait::async_trait;
-use leasehold_conformance::{Backend, FaultProxy, Faults, FaultyStore};
-use leasehold_core::{Error, LeaseName, LeaseStore, Result};
+use leasehold_conformance::{FaultProxy, Faults};
+use leasehold_core::{Error, LeaseName, Result};
 use leasehold_dynamodb::aws_sdk_dynamodb::types::AttributeValue;
 use leasehold_dynamodb::{DynamoDbConfig, DynamoDbStore};
 
@@ -40,10 +39,6 @@ pub struct DynamoBackend {
 }
 
 impl DynamoBackend {
-    pub fn shared(endpoint: String) -> Arc<dyn Backend> {
-        Arc::new(DynamoBackend::with_table(endpoint, TABLE))
-    }
-
     pub fn with_table(endpoint: String, table: &str) -> DynamoBackend {
         DynamoBackend {
             endpoint,
@@ -97,47 +92,5 @@ impl DynamoBackend {
             .await
             .map(drop)
             .map_err(|e| Error::store("dynamodb", e))
-    }
-}
-
-#[async_trait]
-impl Backend for DynamoBackend {
-    fn name(&self) -> &'static str {
-        "dynamodb"
-    }
-
-    /// dynalite (one single-threaded Node.js process, about 0.5 ms of CPU per request) and the
-    /// SDK (about 0.7 ms of client CPU per request with the AWS crates optimised in dev builds)
-    /// serve 1,000-1,600 requests a second on two idle cores, and a third of that or less while
-    /// other test suites run. A 20 s TTL asks for 150 renewals a second (3,000 / TTL), and its
-    /// request timeout (TTL / 4, 5 s) leaves room for the 1,000 first acquires arriving at once;
-    /// at 10 s (300 a second) it passes on an idle machine but lost leases when another suite
-    /// kept a core busy.
-    fn many_leases_ttl(&self) -> Option<std::time::Duration> {
-        Some(std::time::Duration::from_secs(20))
-    }
-
-    async fn connect(&self) -> Result<Arc<dyn LeaseStore>> {
-        Ok(Arc::new(self.store().await?))
-    }
-
-    async fn connect_faulty(&self) -> Result<(Arc<dyn LeaseStore>, Faults)> {
-        let (store, faults) = self.faulty().await?;
-        // The proxy sees bytes; scenarios also count requests.
-        let counted = FaultyStore::counting(Arc::new(store), faults.clone());
-        Ok((Arc::new(counted), faults))
-    }
-
-    /// Overwrites the lease item with a string where the term belongs and no version, as a
-    /// foreign program writing to the same key would.
-    async fn corrupt(&self, lease: &LeaseName) -> Result<()> {
-        self.put_raw(
-            lease,
-            &[
-                ("holder", AttributeValue::S("vandal".into())),
-                ("term", AttributeValue::S("garbage".into())),
-            ],
-        )
-        .await
     }
 }

@@ -1,13 +1,13 @@
-//! What the Postgres tests share: the conformance [`Backend`], raw connections, fault proxies.
+//! What the Postgres tests share: the server, raw connections, fault proxies (the conformance
+//! suite's backend is `leasehold_conformance::backends::postgres`).
 
 #![allow(dead_code, unreachable_pub)]
 
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
-use async_trait::async_trait;
-use leasehold_conformance::{Backend, FaultProxy, Faults, FaultyStore};
-use leasehold_core::{Error, LeaseName, LeaseStore, Result};
+use leasehold_conformance::{FaultProxy, Faults};
+use leasehold_core::{Error, LeaseName, Result};
 use leasehold_postgres::PostgresStore;
 use sqlx::{Connection, PgConnection};
 
@@ -62,40 +62,6 @@ impl PostgresBackend {
         PgConnection::connect(&self.url)
             .await
             .expect("a raw connection to the test server")
-    }
-}
-
-#[async_trait]
-impl Backend for PostgresBackend {
-    fn name(&self) -> &'static str {
-        "postgres"
-    }
-
-    async fn connect(&self) -> Result<Arc<dyn LeaseStore>> {
-        Ok(Arc::new(PostgresStore::connect(&self.url).await?))
-    }
-
-    async fn connect_faulty(&self) -> Result<(Arc<dyn LeaseStore>, Faults)> {
-        let (store, faults) = self.faulty_store().await?;
-        Ok((Arc::new(FaultyStore::counting(Arc::new(store), faults.clone())), faults))
-    }
-
-    /// Writes values of the right types but no meaning (a negative term, a version that is not
-    /// hex, an impossible TTL), as a foreign program might.
-    async fn corrupt(&self, lease: &LeaseName) -> Result<()> {
-        let sql = |e: sqlx::Error| Error::store("postgres", e);
-        let mut conn = PgConnection::connect(&self.url).await.map_err(sql)?;
-        sqlx::query(
-            "INSERT INTO leasehold.leases (name, holder, term, ttl_ms, version)
-             VALUES ($1, 'vandal', -7, -1, 'garbage!')
-             ON CONFLICT (name) DO UPDATE
-             SET holder = 'vandal', term = -7, ttl_ms = -1, version = 'garbage!'",
-        )
-        .bind(lease.as_str())
-        .execute(&mut conn)
-        .await
-        .map_err(sql)?;
-        conn.close().await.map_err(sql)
     }
 }
 

@@ -1,4 +1,4 @@
-//! What the Redis tests share: the conformance [`Backend`], raw access to the server, and the
+//! What the Redis tests share: clients and raw access to the server, and the
 //! services script that can restart it.
 
 #![allow(dead_code, unreachable_pub)]
@@ -8,8 +8,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use leasehold_conformance::{Backend, FaultProxy, Faults, FaultyStore};
+use leasehold_conformance::{FaultProxy, Faults};
 use leasehold_core::{AcquireRequest, Acquired, CandidateId, Elector, Error, Grant, LeaseName, LeaseStore, Result};
 use leasehold_redis::{ExpiryEvents, RedisConfig, RedisStore};
 
@@ -21,10 +20,6 @@ pub struct RedisBackend {
 }
 
 impl RedisBackend {
-    pub fn shared(url: &str) -> Arc<dyn Backend> {
-        Arc::new(RedisBackend::with_config(config(url)))
-    }
-
     pub fn with_config(config: RedisConfig) -> RedisBackend {
         RedisBackend {
             config,
@@ -84,34 +79,6 @@ pub fn config(url: &str) -> RedisConfig {
     config.prefix = "leasehold-test:".into();
     config.expiry_events = ExpiryEvents::Enable;
     config
-}
-
-#[async_trait]
-impl Backend for RedisBackend {
-    fn name(&self) -> &'static str {
-        "redis"
-    }
-
-    async fn connect(&self) -> Result<Arc<dyn LeaseStore>> {
-        Ok(Arc::new(RedisStore::from_config(self.config.clone()).await?))
-    }
-
-    async fn connect_faulty(&self) -> Result<(Arc<dyn LeaseStore>, Faults)> {
-        let (store, faults) = self.faulty().await?;
-        Ok((Arc::new(FaultyStore::counting(Arc::new(store), faults.clone())), faults))
-    }
-
-    /// Overwrites the lease record with a string, as a foreign program using the same key would.
-    async fn corrupt(&self, lease: &LeaseName) -> Result<()> {
-        let key = self.config.keys(lease).lease;
-        let mut raw = self.raw().await;
-        redis::cmd("SET")
-            .arg(&key)
-            .arg("garbage")
-            .query_async::<()>(&mut raw)
-            .await
-            .map_err(|e| Error::store("redis", e))
-    }
 }
 
 /// The services script and the URL it started Redis on, if the server is the one it manages
