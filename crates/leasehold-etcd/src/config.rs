@@ -171,10 +171,11 @@ impl EtcdConfig {
             config.tls = true;
         }
         if let Some(text) = options.string("timeout") {
-            config.timeout = parse_duration(&text)
-                .ok()
-                .filter(|d| !d.is_zero() && *d <= MAX_TIMEOUT)
-                .ok_or_else(|| invalid(&options, "timeout", "expected a duration in 1ms..=1h, like 5s or 500ms"))?;
+            let timeout = parse_duration(&text).map_err(|why| invalid(&options, "timeout", &why))?;
+            if timeout.is_zero() || timeout > MAX_TIMEOUT {
+                return Err(invalid(&options, "timeout", "expected a duration in 1ms..=1h"));
+            }
+            config.timeout = timeout;
         }
         options.finish()?;
         if config.password.is_some() && config.user.is_none() {
@@ -305,7 +306,8 @@ mod tests {
             ("etcd://h:x", "port"),
             ("etcd://h?colour=red", "unknown option colour"),
             ("etcd://h?timeout=1s&timeout=2s", "option timeout is given twice"),
-            ("etcd://h?timeout=10", "timeout"),
+            ("etcd://h?timeout=10", "needs a unit"),
+            ("etcd://h?timeout=2h", "1ms..=1h"),
             ("etcd://h?timeout=soon", "timeout"),
             ("etcd://h?tls=maybe", "tls"),
             ("etcds://h?tls=false", "TLS"),

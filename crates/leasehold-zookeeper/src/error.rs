@@ -118,7 +118,7 @@ enum Host {
     Closed,
     /// It answered with something that is not a ZooKeeper handshake.
     Foreign,
-    /// It answered a ZooKeeper handshake (the session failed for another reason).
+    /// It answered as ZooKeeper (the session failed for another reason).
     ZooKeeper,
 }
 
@@ -130,13 +130,12 @@ impl Host {
             Host::Silent => "did not answer in time",
             Host::Closed => "closed the connection without a session (not serving?)",
             Host::Foreign => "answers another protocol",
-            Host::ZooKeeper => "answered but gave no session",
+            Host::ZooKeeper => "is ZooKeeper but gave no session",
         }
     }
 }
 
-/// Connects to `host` and sends a ZooKeeper connect request (a session that is never used,
-/// with the shortest timeout), followed by a line break that line-based protocols answer.
+/// Connects to `host` and asks it who it is.
 async fn look(host: &str, limit: Duration) -> Host {
     let Ok(mut addresses) = tokio::net::lookup_host(host).await else {
         return Host::Unresolvable;
@@ -150,27 +149,24 @@ async fn look(host: &str, limit: Duration) -> Host {
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Host::Refused,
             Err(_) => return Host::Silent,
         };
-        // protocolVersion, lastZxidSeen, timeOut (ms), sessionId, passwd (16 bytes), readOnly
-        let mut request = Vec::with_capacity(49 + 2);
-        request.extend_from_slice(&45i32.to_be_bytes());
-        request.extend_from_slice(&0i32.to_be_bytes());
-        request.extend_from_slice(&0i64.to_be_bytes());
-        request.extend_from_slice(&1i32.to_be_bytes());
-        request.extend_from_slice(&0i64.to_be_bytes());
-        request.extend_from_slice(&16i32.to_be_bytes());
-        request.extend_from_slice(&[0; 16]);
-        request.push(0);
-        request.extend_from_slice(b"\r\n");
-        if stream.write_all(&request).await.is_err() {
+        // ZooKeeper's `srvr` four-letter word (allowed by default): a ZooKeeper server answers
+        // it (or says it is not allowed) naming itself; a line-based protocol answers an error.
+        if stream.write_all(b"srvr\r\n").await.is_err() {
             return Host::Closed;
         }
-        let mut length = [0u8; 4];
-        match stream.read_exact(&mut length).await {
-            // A connect response: protocolVersion, timeOut, sessionId, passwd[, readOnly].
-            Ok(_) if matches!(i32::from_be_bytes(length), 36 | 37) => Host::ZooKeeper,
-            Ok(_) => Host::Foreign,
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Host::Closed,
-            Err(_) => Host::Closed,
+        // The first bytes tell: ZooKeeper names itself in its answer's first line.
+        let mut chunk = [0u8; 256];
+        let answer = match stream.read(&mut chunk).await {
+            Ok(n) => &chunk[..n],
+            Err(_) => &[][..],
+        };
+        let text = String::from_utf8_lossy(answer).to_ascii_lowercase();
+        if answer.is_empty() {
+            Host::Closed
+        } else if text.contains("zookeeper") || text.contains("whitelist") {
+            Host::ZooKeeper
+        } else {
+            Host::Foreign
         }
     };
     tokio::time::timeout(limit, spoken).await.unwrap_or(Host::Silent)

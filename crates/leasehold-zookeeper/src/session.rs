@@ -53,6 +53,11 @@ async fn open_session(config: &ZookeeperConfig, timeout: Duration) -> Result<zk:
     let mut connector = zk::Client::connector()
         .with_session_timeout(timeout)
         .with_fail_eagerly();
+    if timeout * 2 / 5 > PROBE_LOOK {
+        // The client gives each host 2/5 of the session timeout to answer: hours for the long
+        // probe, on a host that holds the connection open without answering.
+        connector = connector.with_connection_timeout(PROBE_LOOK);
+    }
     for (scheme, credential) in config.auth() {
         connector = connector.with_auth(scheme, credential.expose().as_bytes());
     }

@@ -37,6 +37,15 @@ const FAST_GRANT_MAX_AHEAD: usize = 8;
 /// server deletes a silent holder's znode when its session expires). Sessions are opened on first
 /// use and replaced after they expire. See the [crate docs](crate) for the whole design.
 ///
+/// # Cancel safety
+///
+/// The engine runs every call to completion (or a TTL). A caller that drops one half-way leaves
+/// no half-written lease: a grant, an end of term and a handover are each one `multi`
+/// transaction. A dropped `acquire` may leave the candidate's znode queued (the next `acquire`
+/// of the candidate reuses it, its `withdraw` deletes it) or a grant nobody heard of (a
+/// read-back adopts it; the candidate's next `acquire` ends it and queues a new znode). History
+/// tidying after a grant runs in a task of its own and is best effort.
+///
 /// # Examples
 ///
 /// ```no_run
