@@ -19,9 +19,11 @@ pub const URL_SCHEMES: &[&str] = &["azblob"];
 /// The lease durations Azure Blob Storage accepts for a finite lease: 15 to 60 seconds.
 pub const TTL_RANGE: RangeInclusive<Duration> = Duration::from_secs(15)..=Duration::from_secs(60);
 
-/// How long [`AzureBlobStore::connect`](crate::AzureBlobStore::connect) waits for the request
-/// that checks the credential, unless the URL says `timeout=`.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one HTTP request (also the one of [`AzureBlobStore::connect`](crate::AzureBlobStore::connect)
+/// that checks the credential) may take, unless the URL says `timeout=`: a backstop for callers
+/// outside the engine (the engine gives up at its own `request_timeout`, at most TTL/4 = 15 s,
+/// so the two do not stack).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How many operations one store runs at once (each with its own HTTP connection), unless the
 /// URL says `max_requests=`; renewals and releases have turns of their own
@@ -92,8 +94,8 @@ pub enum Auth {
 ///   URL. It needs read, add, create, write and list on the container.
 /// - `endpoint`: the blob service endpoint of the account (the emulator, sovereign clouds).
 /// - `prefix`: prepended to every blob name.
-/// - `timeout`: how long [`connect`](crate::AzureBlobStore::connect) waits for its credential
-///   check, `10s` by default (units required: `500ms`, `10s`, `1m`).
+/// - `timeout`: how long one HTTP request may take, `30s` by default (a backstop: the engine gives
+///   up at its own `request_timeout` first); units required: `500ms`, `10s`, `1m`.
 /// - `max_requests`, `max_renewals`: operations in flight at once (1 to 4096, default 64 each).
 /// - `history_limit`: how many terms keep their history blob (default 1000; `0` keeps all).
 ///
@@ -127,7 +129,7 @@ pub struct AzureConfig {
     pub endpoint: Url,
     /// How requests are authorised.
     pub auth: Auth,
-    /// How long `connect` waits for the request that checks the credential.
+    /// How long one HTTP request may take (connect's credential check included).
     pub timeout: Duration,
     /// How many operations run at once, at most (renewals and releases count separately, in
     /// [`AzureConfig::max_renewals`]).

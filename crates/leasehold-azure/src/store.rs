@@ -123,6 +123,7 @@ impl AzureBlobStore {
         // 5 s), and a renewal every ttl/3 would otherwise race the close and fail for nothing.
         let http = reqwest::Client::builder()
             .connect_timeout(config.timeout)
+            .timeout(config.timeout)
             .pool_idle_timeout(Duration::from_secs(2))
             .redirect(reqwest::redirect::Policy::none())
             .build()

@@ -11,8 +11,10 @@ use crate::error::STORE;
 /// The URL schemes this backend handles.
 pub const URL_SCHEMES: &[&str] = &["dynamodb"];
 
-/// The default time one request may take before it fails as [`Error::Timeout`].
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+/// The default time one request may take before it fails as [`Error::Timeout`]: a backstop for
+/// callers outside the engine (the engine gives up on a request at its own `request_timeout`,
+/// which is shorter, so the two do not stack).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The default number of operations a store has in flight at once
 /// ([`DynamoDbConfig::max_in_flight`]).
@@ -63,8 +65,9 @@ pub struct StaticCredentials {
 ///   web identity, ECS/EC2 roles), which needs the crate feature `aws-config`.
 /// - `create_table`: `true` creates the table (on-demand capacity) when it is missing. Default
 ///   `false`.
-/// - `timeout`: how long one request may take, `2s` by default; a number and a unit (`500ms`,
-///   `5s`, `1m`), 10 ms to 10 min.
+/// - `timeout`: how long one request may take, `30s` by default (a backstop: the engine gives up
+///   at its own `request_timeout` first); a number and a unit (`500ms`, `5s`, `1m`), 10 ms to
+///   10 min.
 /// - `max_in_flight`: how many operations one store sends at once, 1 to 10,000; the others wait
 ///   their turn, renewals and releases first. Default 32.
 ///
