@@ -445,7 +445,14 @@ impl LeaseStore for AzureBlobStore {
         };
         let view = match cached {
             Some(view) if !foreign_claim(&view) => view,
-            Some(_) => self.read(lease).await?,
+            Some(_) => {
+                // Only a blob lease is enforced by Azure; a live claim is kept by this check.
+                let view = self.read(lease).await?;
+                if view.holder().is_some_and(|r| r.holder != request.candidate) {
+                    return Ok(Acquired::Held(view.observation(lease)));
+                }
+                view
+            }
             None => View::absent(),
         };
         if let Some(acquired) = self.try_claim(request, &view).await? {
