@@ -530,7 +530,7 @@ impl Machine {
                 Some(pending) => self.on_reply(now, pending, reply, out),
                 None => {
                     if let Reply::Acquire(Ok(Acquired::Granted(grant))) = reply {
-                        self.stray_grant(grant);
+                        self.late_grant(now, grant, out);
                     }
                 }
             },
@@ -605,7 +605,7 @@ impl Machine {
             };
             self.on_reply(now, pending, reply, out);
         }
-        if self.pending.is_none() && matches!(self.state, State::Following(_) | State::Stopping) {
+        if self.pending.is_none() && matches!(self.state, State::Following(_) | State::Stopping | State::Stopped) {
             if let Some(grant) = self.stray.take() {
                 self.send(now, Purpose::Release, Request::Release(grant), out);
                 return;
@@ -1048,17 +1048,32 @@ impl Machine {
     }
 
     /// A grant of ours that came back after the machine stopped waiting for its acquire (the
-    /// request was applied late, or its reply was slow). The machine did not believe it and
-    /// will not: its term goes under the floor, so no read-back adopts it, and unless the
-    /// machine leads or steps down with that very term (adopted meanwhile by a read-back), it is
-    /// released once the machine follows and is idle, so that it does not keep the lease from
-    /// everyone until it expires.
-    fn stray_grant(&mut self, grant: Grant) {
-        if let State::Leading(Leading { grant: ours, .. }) | State::SteppingDown(SteppingDown { grant: ours, .. }) =
-            &self.state
-            && ours.term == grant.term
-        {
-            return;
+    /// request was applied late, or its reply was slow).
+    ///
+    /// A follower takes it as a read-back showing the grant would be taken: believed from the
+    /// send time of the oldest acquire whose outcome was unknown (this request was sent no
+    /// earlier), and given back at once if that leaves too little time. It is a reply to this
+    /// machine's own request, so no floor applies: it cannot be an old grant of an earlier run.
+    ///
+    /// Otherwise it is not believed, ever: its term goes under the floor, so no read-back adopts
+    /// it, and unless the machine leads or steps down with that very term (adopted meanwhile by
+    /// a read-back) it is released once the machine is idle and not leading (stopping or stopped
+    /// included: the driver keeps a stopped machine until every call it gave up on has ended), so
+    /// that it does not keep the lease from everyone until it expires.
+    fn late_grant(&mut self, now: Instant, grant: Grant, out: &mut Vec<Output>) {
+        match &self.state {
+            State::Leading(Leading { grant: ours, .. }) | State::SteppingDown(SteppingDown { grant: ours, .. })
+                if ours.term == grant.term =>
+            {
+                return;
+            }
+            State::Following(_) if self.term_floor.is_none_or(|floor| grant.term > floor) => {
+                if let Some(sent) = self.unsettled_since {
+                    self.granted(now, sent, grant, out);
+                    return;
+                }
+            }
+            _ => {}
         }
         self.raise_term_floor(grant.term);
         if self.stray.as_ref().is_none_or(|stray| stray.term < grant.term) {

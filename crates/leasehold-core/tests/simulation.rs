@@ -313,6 +313,8 @@ struct StoreGrant {
     request: u64,
     sent: Instant,
     applied: Instant,
+    /// The trace position when the store applied it.
+    seq: usize,
 }
 
 #[derive(Debug)]
@@ -367,8 +369,10 @@ struct World {
     trace: Vec<String>,
     leaders: HashMap<u64, Held>,
     next_slot: u64,
-    /// (candidate, term, instant) after each `ensure_valid` that was `Ok`.
-    ledger: Vec<(usize, Term, Instant)>,
+    /// (candidate, term, instant, trace position) after each `ensure_valid` that was `Ok`. The
+    /// trace position orders entries and store grants made at one simulated instant (a blocked
+    /// runtime lets many things happen at once).
+    ledger: Vec<(usize, Term, Instant, usize)>,
     elections: Vec<Election>,
     grants: HashMap<Term, StoreGrant>,
     task_ends: HashMap<(usize, Term), Instant>,
@@ -626,9 +630,12 @@ impl World {
         }
         let first_higher = |term: Term| earliest[terms.partition_point(|(t, ..)| *t <= term)];
         let mut found = HashMap::new();
-        for &(c, term, at) in &self.ledger {
+        for &(c, term, at, seq) in &self.ledger {
             if let Some((elected, higher, hc)) = first_higher(term) {
-                if at >= elected {
+                // At the same simulated instant, what came first is what the trace shows first:
+                // an entry before the store granted the higher term is in time.
+                let same_instant_but_later = || self.grants.get(&higher).is_none_or(|g| seq >= g.seq);
+                if at > elected || (at == elected && same_instant_but_later()) {
                     found.entry((c, term)).or_insert((at, elected, higher, hc));
                 }
             }
@@ -687,8 +694,8 @@ impl World {
             let after: Vec<_> = self
                 .ledger
                 .iter()
-                .filter(|(c, term, at)| *c == d.c && *term == d.term && *at > d.at)
-                .map(|(.., at)| *at)
+                .filter(|(c, term, at, _)| *c == d.c && *term == d.term && *at > d.at)
+                .map(|&(_, _, at, _)| at)
                 .collect();
             if let (Some(first), Some(last)) = (after.first(), after.last()) {
                 found.push(format!(
@@ -971,6 +978,7 @@ impl Net {
                 }
                 if let Some(term) = result.as_ref().ok().and_then(Describe::granted) {
                     let applied = Instant::now();
+                    let seq = w.trace.len();
                     w.grants.insert(
                         term,
                         StoreGrant {
@@ -978,6 +986,7 @@ impl Net {
                             request: id,
                             sent,
                             applied,
+                            seq,
                         },
                     );
                 }
@@ -1212,7 +1221,8 @@ async fn work(
         match leader.ensure_valid(min_remaining) {
             Ok(()) => {
                 let mut w = lock(&world);
-                w.ledger.push((c, term, Instant::now()));
+                let seq = w.trace.len();
+                w.ledger.push((c, term, Instant::now(), seq));
                 w.stats.work += 1;
                 drop(w);
                 if step < stalls_after {

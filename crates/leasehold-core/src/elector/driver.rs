@@ -164,8 +164,20 @@ impl Driver {
                     let _ = tx.send(leader);
                 }
             }
-            if self.machine.is_stopped() || self.finished() {
+            if self.finished() {
                 break;
+            }
+            if self.machine.is_stopped() {
+                for ack in self.resign_acks.drain(..) {
+                    let _ = ack.send(());
+                }
+                // Stopped for good, but calls the machine gave up on may still come back with a
+                // grant: wait for them (each ends within its bound) and let the machine release
+                // what they granted, so that nothing of this campaign lands after it ended. The
+                // next campaign of this elector starts once this driver is done.
+                if self.late.is_empty() && self.machine.pending().is_none() {
+                    break;
+                }
             }
             if self.op.as_ref().map(|op| op.id) != self.machine.pending() {
                 // The machine gave up on it: stop waiting; the call runs on in its task and its
