@@ -37,8 +37,8 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::timing::Timing;
 use crate::types::{
-    AcquireRequest, Acquired, CandidateId, EndReason, Expiry, Grant, LeaseName, Notifications, Observation, Renewed,
-    Term,
+    AcquireRequest, Acquired, CandidateId, EndReason, Expiry, Grant, HolderInfo, LeaseName, Notifications, Observation,
+    Renewed, Term,
 };
 
 /// Identifies one store request, so that a late reply to an abandoned request is ignored.
@@ -753,13 +753,7 @@ impl Machine {
                     // does not sit held until it expires.
                     Some(h) if h.id == self.me && self.state == State::Stopping => {
                         self.raise_term_floor(h.term);
-                        let grant = Grant {
-                            lease: self.lease.clone(),
-                            holder: self.me.clone(),
-                            term: h.term,
-                            ttl: self.timing.ttl,
-                            token: h.version.clone(),
-                        };
+                        let grant = self.our_grant(h);
                         self.send(now, Purpose::Release, Request::Release(grant), out);
                     }
                     // Above the floor when the acquire was sent, and above anything learnt since
@@ -768,13 +762,7 @@ impl Machine {
                         if h.id == self.me
                             && term_floor.is_some_and(|floor| h.term > floor.max(self.term_floor.unwrap_or(floor))) =>
                     {
-                        let grant = Grant {
-                            lease: self.lease.clone(),
-                            holder: self.me.clone(),
-                            term: h.term,
-                            ttl: self.timing.ttl,
-                            token: h.version.clone(),
-                        };
+                        let grant = self.our_grant(h);
                         self.granted(now, sent, grant, out);
                     }
                     _ => self.observe(now, &observation, out),
@@ -1078,6 +1066,17 @@ impl Machine {
         self.raise_term_floor(grant.term);
         if self.stray.as_ref().is_none_or(|stray| stray.term < grant.term) {
             self.stray = Some(grant);
+        }
+    }
+
+    /// The grant a read-back shows this candidate holding.
+    fn our_grant(&self, holder: &HolderInfo) -> Grant {
+        Grant {
+            lease: self.lease.clone(),
+            holder: self.me.clone(),
+            term: holder.term,
+            ttl: self.timing.ttl,
+            token: holder.version.clone(),
         }
     }
 
