@@ -6,14 +6,10 @@
 //! them with `suite!(azure, concurrent)`.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD;
-use hmac::{Hmac, Mac};
 use leasehold_azure::AzureBlobStore;
 use leasehold_core::{Error, LeaseName, LeaseStore, Result};
-use sha2::Sha256;
 use url::Url;
 
 use super::with_option;
@@ -42,7 +38,13 @@ pub fn azure() -> Option<Arc<dyn Backend>> {
     let account = configured_url("LEASEHOLD_AZURITE_ACCOUNT").unwrap_or_else(|| "devstoreaccount1".into());
     let key =
         configured_url("LEASEHOLD_AZURITE_ACCOUNT_KEY").expect("LEASEHOLD_AZURITE_ACCOUNT_KEY is set with the URL");
-    let sas = account_sas(&account, &key, Duration::from_secs(24 * 3600));
+    let sas = leasehold_azure::account_sas(
+        &account,
+        &leasehold_core::config::Secret::new(key.as_str()),
+        Duration::from_secs(24 * 3600),
+    )
+    .expect("LEASEHOLD_AZURITE_ACCOUNT_KEY is base64");
+    let sas = sas.expose().to_string();
     let container = format!("leasehold-conformance-{:x}", leasehold_core::random_u64());
     let container_url = Arc::new(format!("{endpoint}/{container}?{sas}"));
     // The store signs its requests with the account key; the raw client of `corrupt` and the
@@ -154,64 +156,4 @@ async fn delete_container(container_url: &str) -> Result<()> {
         .await
         .map(drop)
         .map_err(|e| Error::store("azure", e.to_string()))
-}
-
-/// An account SAS query (blob service; service, container and object resources; read, add,
-/// create, write, delete, list) valid for `valid_for`, signed with HMAC-SHA256 and the account
-/// key.
-fn account_sas(account: &str, key_base64: &str, valid_for: Duration) -> String {
-    const VERSION: &str = "2021-08-06";
-    let expiry = iso8601(SystemTime::now() + valid_for);
-    let (permissions, services, resource_types) = ("racwdl", "b", "sco");
-    // Account SAS string-to-sign for versions 2020-12-06 and later (the last field is the
-    // encryption scope, empty here).
-    let to_sign = [
-        account,
-        permissions,
-        services,
-        resource_types,
-        "",
-        &expiry,
-        "",
-        "https,http",
-        VERSION,
-        "",
-        "",
-    ]
-    .join("\n");
-    let key = STANDARD.decode(key_base64).expect("the account key is base64");
-    let mut mac = Hmac::<Sha256>::new_from_slice(&key).expect("HMAC takes any key length");
-    mac.update(to_sign.as_bytes());
-    let signature = STANDARD.encode(mac.finalize().into_bytes());
-    url::form_urlencoded::Serializer::new(String::new())
-        .append_pair("sv", VERSION)
-        .append_pair("ss", services)
-        .append_pair("srt", resource_types)
-        .append_pair("sp", permissions)
-        .append_pair("se", &expiry)
-        .append_pair("spr", "https,http")
-        .append_pair("sig", &signature)
-        .finish()
-}
-
-/// `2030-01-01T00:00:00Z` for a time, in UTC.
-fn iso8601(at: SystemTime) -> String {
-    let secs = at.duration_since(UNIX_EPOCH).expect("after 1970").as_secs();
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days.cast_signed() + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
 }

@@ -18,4 +18,5 @@ pub use config::{
     URL_SCHEMES,
 };
 pub use error::AzureError;
+pub use sas::account_sas;
 pub use store::AzureBlobStore;

@@ -103,6 +103,31 @@ impl AccountKey {
     }
 }
 
+/// An account SAS query (blob service; service, container and object resources; read, add,
+/// create, write, delete, list) valid for `valid_for`, signed with the account key: for a raw
+/// Azure client beside the store, or a SAS-only tool, without signing by hand. The store itself
+/// signs its requests when its URL carries `account_key=`.
+///
+/// ```
+/// use std::time::Duration;
+/// use leasehold_core::config::Secret;
+///
+/// // Azurite's well-known development key.
+/// let key = Secret::new("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==");
+/// let sas = leasehold_azure::account_sas("devstoreaccount1", &key, Duration::from_secs(3600)).unwrap();
+/// assert!(sas.expose().starts_with("sv=2021-08-06&"));
+/// assert!(sas.expose().contains("&sig="));
+/// assert_eq!(format!("{sas}"), "***");
+/// ```
+///
+/// # Errors
+///
+/// A message (without the key) when the key is not base64.
+pub fn account_sas(account: &str, account_key: &Secret, valid_for: Duration) -> Result<Secret, String> {
+    let expiry = OffsetDateTime::now_utc() + valid_for;
+    Ok(Secret::new(AccountKey::new(account, account_key)?.sign(expiry)))
+}
+
 /// The pipeline policy that appends a freshly signed SAS to every request URL.
 #[derive(Debug)]
 pub(crate) struct SignWithKey(pub(crate) AccountKey);

@@ -3,15 +3,11 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD;
-use hmac::{Hmac, Mac};
 use leasehold_azure::{Auth, AzureConfig};
 use leasehold_core::config::Secret;
 use leasehold_core::{Error, Result};
-use sha2::Sha256;
 use url::Url;
 
 /// The container the tests use (lease names are random per scenario).
@@ -63,61 +59,7 @@ fn env(key: &str) -> Option<String> {
 /// hand (the store signs its own from `account_key`; tests use this one to sign with a wrong key
 /// and to reach blobs behind the store's back).
 pub fn account_sas(account: &str, key_base64: &str, valid_for: Duration) -> Secret {
-    const VERSION: &str = "2021-08-06";
-    let expiry = iso8601(SystemTime::now() + valid_for);
-    let (permissions, services, resource_types) = ("racwdl", "b", "sco");
-    // Account SAS string-to-sign for versions 2020-12-06 and later (the last field is the
-    // encryption scope, empty here).
-    let to_sign = [
-        account,
-        permissions,
-        services,
-        resource_types,
-        "",
-        &expiry,
-        "",
-        "https,http",
-        VERSION,
-        "",
-        "",
-    ]
-    .join("\n");
-    let key = STANDARD.decode(key_base64).expect("the account key is base64");
-    let mut mac = Hmac::<Sha256>::new_from_slice(&key).expect("HMAC takes any key length");
-    mac.update(to_sign.as_bytes());
-    let signature = STANDARD.encode(mac.finalize().into_bytes());
-    let query = url::form_urlencoded::Serializer::new(String::new())
-        .append_pair("sv", VERSION)
-        .append_pair("ss", services)
-        .append_pair("srt", resource_types)
-        .append_pair("sp", permissions)
-        .append_pair("se", &expiry)
-        .append_pair("spr", "https,http")
-        .append_pair("sig", &signature)
-        .finish();
-    Secret::new(query)
-}
-
-/// `2030-01-01T00:00:00Z` for a time, in UTC.
-fn iso8601(at: SystemTime) -> String {
-    let secs = at.duration_since(UNIX_EPOCH).expect("after 1970").as_secs();
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    leasehold_azure::account_sas(account, &Secret::new(key_base64), valid_for).expect("the account key is base64")
 }
 
 /// Overwrites the metadata of a blob, bypassing the store: under `lease_id` if the blob is
