@@ -5,11 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD;
-use hmac::{Hmac, Mac};
 use leasehold::{Capabilities, Error, LeaseName, LeaseStore, MemoryStore, Notifications};
-use sha2::Sha256;
 
 /// The repository root (this crate lives in `crates/leasehold-bench`).
 pub(crate) fn repo_root() -> PathBuf {
@@ -224,38 +220,9 @@ fn azurite_url(env: &ServiceEnv) -> Option<String> {
 /// An account SAS (blob service; racwdl on service, container and object), as in
 /// crates/leasehold-azure/tests/common/mod.rs.
 fn account_sas(account: &str, key_base64: &str, valid_for: Duration) -> Option<String> {
-    const VERSION: &str = "2021-08-06";
-    let expiry = iso8601(SystemTime::now() + valid_for);
-    let (permissions, services, resource_types) = ("racwdl", "b", "sco");
-    let to_sign = [
-        account,
-        permissions,
-        services,
-        resource_types,
-        "",
-        &expiry,
-        "",
-        "https,http",
-        VERSION,
-        "",
-        "",
-    ]
-    .join("\n");
-    let key = STANDARD.decode(key_base64).ok()?;
-    let mut mac = Hmac::<Sha256>::new_from_slice(&key).ok()?;
-    mac.update(to_sign.as_bytes());
-    let signature = STANDARD.encode(mac.finalize().into_bytes());
-    Some(
-        url::form_urlencoded::Serializer::new(String::new())
-            .append_pair("sv", VERSION)
-            .append_pair("ss", services)
-            .append_pair("srt", resource_types)
-            .append_pair("sp", permissions)
-            .append_pair("se", &expiry)
-            .append_pair("spr", "https,http")
-            .append_pair("sig", &signature)
-            .finish(),
-    )
+    let key = leasehold::config::Secret::new(key_base64);
+    let sas = leasehold::azure::account_sas(account, &key, valid_for).ok()?;
+    Some(sas.expose().to_string())
 }
 
 /// `2030-01-01T00:00:00Z` for a time, in UTC.
