@@ -380,6 +380,10 @@ impl LeaseStore for FaultyStore {
         self.call(Op::History, || self.inner.history(lease, limit)).await
     }
 
+    async fn list(&self, prefix: &str) -> Result<Vec<Observation>> {
+        self.inner.list(prefix).await
+    }
+
     async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {
         let Some(changes) = self.call(Op::Changes, || self.inner.changes(lease, candidate)).await? else {
             return Ok(None);

@@ -350,6 +350,7 @@ impl View {
                         acquired_ms: r.acquired_ms,
                     }
                     .to_string(),
+                    orphaned: false,
                     store_remaining: None,
                 }),
                 last_term: r.term,

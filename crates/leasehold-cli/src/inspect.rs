@@ -287,6 +287,7 @@ mod tests {
                 term: Term(term),
                 ttl: Duration::from_secs(10),
                 version: "v".into(),
+                orphaned: false,
                 store_remaining: None,
             }),
             last_term: Term(term),

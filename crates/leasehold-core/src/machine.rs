@@ -22,9 +22,10 @@
 //!   ([`Machine::continue_from`]), so a step-down or a new campaign never forgets it.
 //! - Every retry has a floor ([`Timing::retry_floor`]), also a leader's last renewals before its
 //!   step-down point, so a store that refuses connections sees a bounded number of requests.
-//! - On stores without a clock, a contender takes over only after it has seen the same record
-//!   version unchanged for the holder's full TTL, counted from when the reply that showed it
-//!   arrived.
+//! - On stores without a clock, and for a record the store says is orphaned (its holder's
+//!   session ended but the record stayed), a contender takes over only after it has seen the same
+//!   record version unchanged for the holder's full TTL, counted from when the reply that showed
+//!   it arrived.
 //! - After an unclean end (expiry), a contender waits `lock_delay` before taking over, and looks
 //!   again after the wait: it acquires only if no term started in between (a term that started
 //!   and expired inside the wait starts a new delay).
@@ -267,6 +268,8 @@ struct Seen {
     store_deadline: Option<Instant>,
     /// A takeover of this version was asked for.
     takeover_asked: bool,
+    /// Only contenders will end it: the store's expiry is observed, or the record is orphaned.
+    observed: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -635,8 +638,7 @@ impl Machine {
             }
             State::Following(f) if self.pending.is_none() && now >= f.next_attempt => {
                 let takeover = f.seen.as_ref().filter(|seen| {
-                    self.expiry == Expiry::ObservedByContenders
-                        && now >= seen.since + seen.ttl + self.timing.lock_delay.unwrap_or_default()
+                    seen.observed && now >= seen.since + seen.ttl + self.timing.lock_delay.unwrap_or_default()
                 });
                 let lock_delay = self.timing.lock_delay.is_some() && takeover.is_none();
                 let wait_until = f
@@ -997,9 +999,11 @@ impl Machine {
             Some(h) => {
                 f.cleared = None;
                 let store_deadline = h.store_remaining.map(|r| now + r);
+                let observed = expiry == Expiry::ObservedByContenders || h.orphaned;
                 match &mut f.seen {
                     Some(seen) if seen.version == h.version && seen.holder == h.id && seen.term == h.term => {
                         seen.store_deadline = store_deadline;
+                        seen.observed = observed;
                     }
                     seen => {
                         *seen = Some(Seen {
@@ -1010,23 +1014,24 @@ impl Machine {
                             since: now,
                             store_deadline,
                             takeover_asked: false,
+                            observed,
                         });
                     }
                 }
             }
             None => f.seen = None,
         }
-        f.next_attempt = match (&f.seen, expiry, notifications) {
-            (None, _, _) => retry,
+        f.next_attempt = match (&f.seen, notifications) {
+            (None, _) => retry,
             // Ours from an earlier campaign (not believed): the next acquire gets a new term.
-            (Some(seen), _, _) if seen.holder == me => retry,
+            (Some(seen), _) if seen.holder == me => retry,
             // A takeover of this very version was refused (the store knows better): wait a retry
             // interval rather than ask again at once.
-            (Some(seen), Expiry::ObservedByContenders, _) if seen.takeover_asked => retry,
-            (Some(seen), Expiry::ObservedByContenders, _) => retry.min(seen.since + seen.ttl + lock_delay),
-            (Some(_), _, Notifications::ReleaseAndExpiry) => safety_poll,
-            (Some(seen), _, Notifications::Release) => seen.store_deadline.map_or(retry, |at| at.max(retry)),
-            (Some(_), _, _) => retry,
+            (Some(seen), _) if seen.observed && seen.takeover_asked => retry,
+            (Some(seen), _) if seen.observed => retry.min(seen.since + seen.ttl + lock_delay),
+            (Some(_), Notifications::ReleaseAndExpiry) => safety_poll,
+            (Some(seen), Notifications::Release) => seen.store_deadline.map_or(retry, |at| at.max(retry)),
+            (Some(_), _) => retry,
         };
         if std::mem::take(&mut f.notified) {
             f.next_attempt = now.max(f.not_before);

@@ -143,6 +143,7 @@ impl Entry {
                 term: h.term,
                 ttl: h.ttl,
                 version: h.version.clone(),
+                orphaned: false,
                 store_remaining: (expiry == Expiry::ServerClock).then(|| h.expires_at.saturating_duration_since(now)),
             }),
             last_term: self.last_term,
@@ -266,6 +267,22 @@ impl LeaseStore for MemoryStore {
             let skip = entry.history.len().saturating_sub(limit);
             entry.history[skip..].to_vec()
         })
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<Observation>> {
+        let mut names: Vec<LeaseName> = {
+            let leases = self.leases.lock().expect("memory store lock poisoned");
+            leases
+                .iter()
+                .filter(|(name, entry)| name.as_str().starts_with(prefix) && (entry.last_term.0 > 0 || entry.corrupt))
+                .map(|(name, _)| name.clone())
+                .collect()
+        };
+        names.sort();
+        names
+            .iter()
+            .map(|lease| self.with_live_entry(lease, |entry, now| entry.observation(lease, now, self.expiry)))
+            .collect()
     }
 
     async fn changes(&self, lease: &LeaseName, _candidate: &CandidateId) -> Result<Option<Changes>> {

@@ -197,6 +197,7 @@ impl HolderInfo {
             term: Term(term),
             ttl,
             version: version.into(),
+            orphaned: false,
             store_remaining: fields.store_remaining,
         })
     }

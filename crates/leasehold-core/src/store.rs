@@ -178,6 +178,29 @@ pub trait LeaseStore: Debug + Send + Sync + 'static {
     /// A read: dropping it changes nothing.
     async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>>;
 
+    /// Every lease of this store (its table, namespace or container) whose name starts with
+    /// `prefix`, in name order, as [`inspect`](LeaseStore::inspect) would show each: holder, term,
+    /// TTL and, where the store has a clock, its remaining time; a free lease with its last term.
+    /// An empty prefix lists every lease. Leases the store keeps no record of are not listed.
+    ///
+    /// The listing is not one snapshot on every store: each entry is as current as an
+    /// `inspect` of that lease made during the call.
+    ///
+    /// # Errors
+    ///
+    /// A transient error; [`Error::CorruptRecord`] naming the first lease leasehold cannot read;
+    /// [`Error::Unsupported`] where the store cannot list (the default).
+    ///
+    /// # Cancel safety
+    ///
+    /// A read: dropping it changes nothing.
+    async fn list(&self, _prefix: &str) -> Result<Vec<Observation>> {
+        Err(Error::Unsupported {
+            store: self.name(),
+            operation: "list",
+        })
+    }
+
     /// A stream of change notifications for `candidate` campaigning for `lease`.
     /// Stores without notification return `Ok(None)` (the default) and candidates poll.
     ///
@@ -234,6 +257,8 @@ pub enum Operation {
     Inspect,
     /// [`LeaseStore::history`].
     History,
+    /// [`LeaseStore::list`].
+    List,
     /// [`LeaseStore::changes`].
     Changes,
     /// [`LeaseStore::break_lease`].
@@ -242,13 +267,14 @@ pub enum Operation {
 
 impl Operation {
     /// Every operation, in declaration order.
-    pub const ALL: [Operation; 8] = [
+    pub const ALL: [Operation; 9] = [
         Operation::Acquire,
         Operation::Renew,
         Operation::Release,
         Operation::Withdraw,
         Operation::Inspect,
         Operation::History,
+        Operation::List,
         Operation::Changes,
         Operation::BreakLease,
     ];
@@ -270,6 +296,7 @@ impl Operation {
             Operation::Withdraw => "withdraw",
             Operation::Inspect => "inspect",
             Operation::History => "history",
+            Operation::List => "list",
             Operation::Changes => "changes",
             Operation::BreakLease => "break_lease",
         }

@@ -269,6 +269,13 @@ pub struct HolderInfo {
     /// How long the store itself will keep the lease from the moment it answered, where the
     /// store has a clock (Redis PTTL, Azure). `None` where expiry is observed by contenders.
     pub store_remaining: Option<Duration>,
+    /// Nothing on the store's side will end this record any more: its holder's session is over
+    /// but the record stays (Postgres: the row outlived its holder's connection, whose advisory
+    /// lock is free). Like every record of an [`Expiry::ObservedByContenders`] store, it may be
+    /// replaced (with [`AcquireRequest::takeover`]) once a contender has seen this version
+    /// unchanged for its TTL on its own clock: the holder may still believe it until then.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub orphaned: bool,
 }
 
 /// How the previous term of a lease ended.

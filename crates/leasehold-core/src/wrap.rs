@@ -305,6 +305,11 @@ impl<S: LeaseStore> LeaseStore for LimitStore<S> {
         self.inner.history(lease, limit).await
     }
 
+    async fn list(&self, prefix: &str) -> Result<Vec<Observation>> {
+        let _slot = self.limit.admit(Operation::List).await;
+        self.inner.list(prefix).await
+    }
+
     async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {
         let _slot = self.limit.admit(Operation::Changes).await;
         self.inner.changes(lease, candidate).await
@@ -471,6 +476,11 @@ impl<S: LeaseStore> LeaseStore for CountingStore<S> {
     async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
         self.start(Operation::History);
         self.finish(self.inner.history(lease, limit).await)
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<Observation>> {
+        self.start(Operation::List);
+        self.finish(self.inner.list(prefix).await)
     }
 
     async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {

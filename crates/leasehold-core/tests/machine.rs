@@ -66,6 +66,7 @@ fn holder(id: CandidateId, term: u64, version: &str, store_remaining: Option<Dur
         term: Term(term),
         ttl: TTL,
         version: version.to_string(),
+        orphaned: false,
         store_remaining,
     }
 }
@@ -432,6 +433,35 @@ fn observed_expiry_changed_version_restarts_the_count() {
     assert_eq!(h.wake(), Some(18_000));
     // A full TTL after v2 was first seen: take over, carrying v2.
     assert_eq!(poll(&mut h, 18_000, "v2"), acquire(Some("v2")));
+}
+
+#[test]
+fn an_orphaned_record_on_a_session_store_is_taken_over_a_ttl_after_its_version_was_first_seen() {
+    // A session store (Postgres): a record whose holder's session ended stays until replaced,
+    // and the store cannot end it. The version changes with every renewal, so the count starts
+    // with the reply that first showed this version, orphaned or not.
+    let mut h = Harness::new(timing(), Expiry::ServerSession, Notifications::Release);
+    let seen = |version: &str, orphaned| {
+        let mut info = holder(other(), 3, version, None);
+        info.orphaned = orphaned;
+        Reply::Acquire(Ok(Acquired::Held(held(info))))
+    };
+    // v1 held by a live session from 0 to 12 000: no takeover, however long it is seen.
+    let op = h.send_at(0);
+    let _ = h.reply(0, op, seen("v1", false));
+    for t in [2_000, 4_000, 6_000, 8_000, 10_000, 12_000] {
+        assert_eq!(h.wake(), Some(t));
+        let out = h.tick(t);
+        assert_eq!(sends(&out), vec![&acquire(None)], "at {t}");
+        let _ = h.reply(t, sent_op(&out), seen(if t < 6_000 { "v1" } else { "v2" }, false));
+    }
+    // The reply at 14 500 shows v2 (first seen at 6 000) orphaned: taken over at 16 000, a TTL
+    // after 6 000, before the next poll (16 500).
+    let out = h.tick(14_000);
+    let _ = h.reply(14_500, sent_op(&out), seen("v2", true));
+    assert_eq!(h.wake(), Some(16_000));
+    let out = h.tick(16_000);
+    assert_eq!(sends(&out), vec![&acquire(Some("v2"))]);
 }
 
 #[test]

@@ -174,6 +174,7 @@ impl Election {
                 term: Term(r.term),
                 ttl: self.timing.ttl,
                 version: r.version.to_string(),
+                orphaned: false,
                 store_remaining: (self.expiry == Expiry::ServerClock)
                     .then(|| Duration::from_millis(r.expires_at.saturating_sub(s.now))),
             }),

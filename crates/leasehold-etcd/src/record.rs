@@ -348,6 +348,7 @@ fn holder_info(candidate: &Candidate) -> HolderInfo {
         term: candidate.term(),
         ttl: candidate.ttl,
         version: candidate.rev.to_string(),
+        orphaned: false,
         store_remaining: None,
     }
 }

@@ -133,6 +133,7 @@ impl Record {
                 term: self.term,
                 ttl: h.ttl,
                 version: h.version.clone(),
+                orphaned: false,
                 store_remaining: None,
             }),
             last_term: self.last_term,

@@ -255,6 +255,7 @@ fn answer(lease: &LeaseName, reply: &Reply) -> Result<Answer> {
                 term: term(2)?,
                 ttl,
                 version: reply.text(4)?.to_string(),
+                orphaned: false,
                 store_remaining: Some(remaining),
             };
             let last_term = term(6)?.max(info.term);

@@ -193,6 +193,7 @@ pub(crate) fn holder_observation(
             term,
             ttl: record.ttl,
             version: name.to_string(),
+            orphaned: false,
             store_remaining: None,
         }),
         last_term: term,
