@@ -191,7 +191,7 @@ pub async fn version_takeover(backend: Arc<dyn Backend>) {
 pub async fn break_lease_ends_the_term(backend: Arc<dyn Backend>) {
     let scene = Scene::new(backend, "break_lease_ends_the_term").await;
     let p = &scene.prefix;
-    if !scene.caps.can_break {
+    if !scene.can_break {
         return scene.not_applicable("the store cannot break leases");
     }
     let lease = scene.lease_name();

@@ -198,7 +198,7 @@ pub async fn history_records_how_terms_end(backend: Arc<dyn Backend>) {
     }
     expected.push(("b", b1.term, None)); // ended; how is the store's own choice
     let mut last = b2.clone();
-    if scene.caps.can_break {
+    if scene.can_break {
         let broken = store
             .break_lease(&lease)
             .await

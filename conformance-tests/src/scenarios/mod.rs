@@ -141,6 +141,8 @@ struct Scene {
     prefix: String,
     lease: String,
     caps: Capabilities,
+    /// [`LeaseStore::can_break`].
+    can_break: bool,
     ttl: Duration,
     checker: SafetyChecker,
     started: Instant,
@@ -158,6 +160,7 @@ impl Scene {
             .await
             .unwrap_or_else(|e| panic!("{prefix}: cannot connect: {e}"));
         let caps = store.capabilities();
+        let can_break = store.can_break();
         let ttl = pick_ttl(&caps, at_least);
         let lease = format!("conf-{scenario}-{:x}", random_u64());
         let scene = Scene {
@@ -165,6 +168,7 @@ impl Scene {
             prefix,
             lease,
             caps,
+            can_break,
             ttl,
             checker: SafetyChecker::new(),
             started: Instant::now(),

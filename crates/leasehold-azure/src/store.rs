@@ -421,7 +421,6 @@ impl LeaseStore for AzureBlobStore {
             expiry: Expiry::ServerClock,
             notifications: Notifications::None,
             fifo: false,
-            can_break: true,
         }
     }
 

@@ -212,7 +212,6 @@ impl LeaseStore for MemoryStore {
             expiry: self.expiry,
             notifications: Notifications::Release,
             fifo: false,
-            can_break: true,
         }
     }
 

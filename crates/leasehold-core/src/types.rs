@@ -423,10 +423,6 @@ pub struct Capabilities {
     pub notifications: Notifications,
     /// Whether candidates queue in FIFO order (the longest waiter is next).
     pub fifo: bool,
-    /// Whether [`LeaseStore::break_lease`](crate::LeaseStore::break_lease) works. Being replaced
-    /// by [`LeaseStore::can_break`](crate::LeaseStore::can_break), which a wrapper cannot forget
-    /// to forward (it defaults to `false` with `break_lease`): read that one.
-    pub can_break: bool,
 }
 
 impl Capabilities {
@@ -589,7 +585,6 @@ mod tests {
             expiry: Expiry::ServerClock,
             notifications: Notifications::None,
             fifo: false,
-            can_break: true,
         };
         assert!(caps.check_ttl("azure", Duration::from_secs(15)).is_ok());
         let err = caps.check_ttl("azure", Duration::from_secs(5)).unwrap_err();

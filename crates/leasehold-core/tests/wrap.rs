@@ -94,7 +94,6 @@ impl LeaseStore for Gated {
             expiry: Expiry::ServerClock,
             notifications: Notifications::None,
             fifo: true,
-            can_break: false,
         }
     }
 

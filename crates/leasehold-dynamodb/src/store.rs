@@ -426,7 +426,6 @@ impl LeaseStore for Table {
             expiry: Expiry::ObservedByContenders,
             notifications: Notifications::None,
             fifo: false,
-            can_break: true,
         }
     }
 

@@ -383,7 +383,6 @@ impl LeaseStore for EtcdStore {
             expiry: Expiry::ServerClock,
             notifications: Notifications::ReleaseAndExpiry,
             fifo: true,
-            can_break: true,
         }
     }
 

@@ -210,7 +210,6 @@ impl LeaseStore for PostgresStore {
             expiry: Expiry::ServerSession,
             notifications: Notifications::Release,
             fifo: false,
-            can_break: true,
         }
     }
 

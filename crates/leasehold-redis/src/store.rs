@@ -381,7 +381,6 @@ fn capabilities(notifications: Notifications) -> Capabilities {
         expiry: Expiry::ServerClock,
         notifications,
         fifo: false,
-        can_break: true,
     }
 }
 

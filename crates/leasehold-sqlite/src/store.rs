@@ -166,7 +166,6 @@ impl LeaseStore for SqliteStore {
             expiry: Expiry::ObservedByContenders,
             notifications: Notifications::None,
             fifo: false,
-            can_break: true,
         }
     }
 

@@ -224,7 +224,6 @@ impl LeaseStore for ZookeeperStore {
             expiry: Expiry::ServerSession,
             notifications: Notifications::ReleaseAndExpiry,
             fifo: true,
-            can_break: true,
         }
     }
 
