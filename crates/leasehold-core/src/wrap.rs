@@ -1,5 +1,6 @@
-//! Stores around a store: [`LimitStore`] bounds the requests in flight and lets renewals and
-//! releases go first (its [`RequestLimit`] serves backends that limit their own requests too); [`CountingStore`] counts requests by operation. Both forward
+//! Stores around a store: [`LimitStore`] bounds the requests in flight, lets renewals and
+//! releases go first and can keep slots for them alone (its [`RequestLimit`] serves backends that
+//! limit their own requests too); [`CountingStore`] counts requests by operation. Both forward
 //! [`capabilities`](LeaseStore::capabilities) and [`can_break`](LeaseStore::can_break)
 //! unchanged, and stack: `LimitStore::new(CountingStore::new(store), 8)`.
 
@@ -26,6 +27,12 @@ use crate::types::{
 /// on) go first. Like object_store's `LimitStore`, it is a store itself, so it stacks with other
 /// wrappers and works for any backend.
 ///
+/// Going first is not enough when every slot is taken by slow acquires: a renewal would still
+/// wait for one of them to finish. [`LimitStore::reserve_urgent`] keeps `k` of the slots for
+/// renewals and releases alone: everything else may hold at most `max_in_flight - k` slots at
+/// once, so a renewal is admitted at once unless `max_in_flight` renewals and releases already
+/// run.
+///
 /// # Cancel safety
 ///
 /// Dropping a request's future while it waits gives up its place in the queue; dropping it while
@@ -47,6 +54,28 @@ use crate::types::{
 /// leader.resign().await;
 /// # Ok(()) }
 /// ```
+///
+/// With slots kept for renewals and releases:
+///
+/// ```
+/// use leasehold_core::{LimitStore, MemoryStore, Operation};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// // 8 requests at once, 2 of them only renewals and releases: acquires, reads and watches
+/// // never hold more than 6 slots.
+/// let store = LimitStore::new(MemoryStore::new(), 8).reserve_urgent(2);
+/// assert_eq!((store.max_in_flight(), store.limit().urgent_reserved()), (8, 2));
+///
+/// let limit = store.limit();
+/// let mut reads = Vec::new();
+/// for _ in 0..6 {
+///     reads.push(limit.admit(Operation::Inspect).await);
+/// }
+/// // A seventh read would wait; a renewal is admitted at once.
+/// let renewal = limit.admit(Operation::Renew).await;
+/// assert_eq!(limit.in_flight(), 7);
+/// # drop((reads, renewal)); }
+/// ```
 #[derive(Debug)]
 pub struct LimitStore<S> {
     inner: S,
@@ -63,6 +92,18 @@ impl<S: LeaseStore> LimitStore<S> {
     /// may share.
     pub fn with_limit(inner: S, limit: RequestLimit) -> Self {
         LimitStore { inner, limit }
+    }
+
+    /// Keeps `k` of the slots for renewals and releases (at most `max_in_flight - 1`, so that
+    /// other requests keep one): other requests may then hold at most `max_in_flight - k` at
+    /// once. Applies to the [`RequestLimit`] and every store sharing it (see
+    /// [`RequestLimit::reserve_urgent`]).
+    #[must_use]
+    pub fn reserve_urgent(self, k: usize) -> Self {
+        LimitStore {
+            inner: self.inner,
+            limit: self.limit.reserve_urgent(k),
+        }
     }
 
     /// The bound given to [`LimitStore::new`].
@@ -94,8 +135,10 @@ impl<S: LeaseStore> LimitStore<S> {
 /// The priority semaphore behind [`LimitStore`], for a backend that limits its own requests
 /// (including ones that are not [`LeaseStore`] operations, such as checking a table): at most
 /// `max` admitted at once; a slot freed goes to the oldest waiting renewal or release
-/// ([`Operation::is_urgent`]), else to the oldest other waiter. A waiter is woken by a one-shot
-/// hand-off, never by polling. Clones share the slots.
+/// ([`Operation::is_urgent`]), else to the oldest other waiter. With
+/// [`reserve_urgent(k)`](RequestLimit::reserve_urgent), other requests hold at most `max - k`
+/// slots at once, so `k` slots are always there for renewals and releases. A waiter is woken by
+/// a one-shot hand-off, never by polling. Clones share the slots.
 ///
 /// # Cancel safety
 ///
@@ -113,6 +156,13 @@ impl<S: LeaseStore> LimitStore<S> {
 /// assert_eq!((limit.in_flight(), limit.queued()), (1, 0));
 /// drop(held);
 /// assert_eq!(limit.in_flight(), 0);
+///
+/// // Two slots, one of them kept for renewals and releases.
+/// let limit = RequestLimit::new(2).reserve_urgent(1);
+/// let acquire = limit.admit(Operation::Acquire).await;
+/// let renew = limit.admit(Operation::Renew).await; // at once: the kept slot
+/// assert_eq!((limit.in_flight(), limit.queued()), (2, 0));
+/// # drop((acquire, renew));
 /// # }
 /// ```
 #[derive(Clone, Debug)]
@@ -128,12 +178,34 @@ impl RequestLimit {
             slots: Arc::new(Slots {
                 max,
                 state: Mutex::new(SlotState {
-                    free: max,
+                    held: 0,
+                    other_held: 0,
+                    reserved: 0,
                     urgent: VecDeque::new(),
                     other: VecDeque::new(),
                 }),
             }),
         }
+    }
+
+    /// Keeps `k` slots for renewals and releases alone (clamped to `max - 1`, so that other
+    /// requests keep at least one): requests of any other operation then hold at most `max - k`
+    /// slots at once, and wait while they do even if slots are free. Renewals and releases may
+    /// hold all `max`. Applies to every clone of this limit, and to requests admitted later.
+    #[must_use]
+    pub fn reserve_urgent(self, k: usize) -> Self {
+        {
+            let mut state = self.slots.lock();
+            state.reserved = k.min(self.slots.max - 1);
+            // A smaller reservation may let waiting requests in.
+            self.slots.dispatch(&mut state);
+        }
+        self
+    }
+
+    /// How many slots are kept for renewals and releases (see [`RequestLimit::reserve_urgent`]).
+    pub fn urgent_reserved(&self) -> usize {
+        self.slots.lock().reserved
     }
 
     /// Waits for a slot for a request of `operation`; the slot is held until the returned
@@ -149,7 +221,7 @@ impl RequestLimit {
 
     /// How many slots are held now.
     pub fn in_flight(&self) -> usize {
-        self.slots.max - self.slots.lock().free
+        self.slots.lock().held
     }
 
     /// How many requests wait for a slot now.
@@ -163,11 +235,14 @@ impl RequestLimit {
 /// A slot of a [`RequestLimit`], held until dropped.
 #[derive(Debug)]
 #[must_use = "the slot is freed when this is dropped"]
-pub struct Admitted(Arc<Slots>);
+pub struct Admitted {
+    slots: Arc<Slots>,
+    urgent: bool,
+}
 
 impl Drop for Admitted {
     fn drop(&mut self) {
-        self.0.release();
+        self.slots.release(self.urgent);
     }
 }
 
@@ -178,10 +253,29 @@ struct Slots {
 }
 
 struct SlotState {
-    /// Free slots. Invariant: `free > 0` only when nobody waits.
-    free: usize,
+    /// Slots held (by requests of any operation), at most `max`.
+    held: usize,
+    /// Slots held by requests that are not urgent, at most `max - reserved`.
+    other_held: usize,
+    /// Slots kept for urgent requests.
+    reserved: usize,
+    /// Invariant (between calls): an urgent request waits only while every slot is held, and
+    /// another only while every slot or all `max - reserved` of its own are held.
     urgent: VecDeque<oneshot::Sender<()>>,
     other: VecDeque<oneshot::Sender<()>>,
+}
+
+impl SlotState {
+    fn can_admit(&self, max: usize, urgent: bool) -> bool {
+        self.held < max && (urgent || self.other_held < max - self.reserved)
+    }
+
+    fn take(&mut self, urgent: bool) {
+        self.held += 1;
+        if !urgent {
+            self.other_held += 1;
+        }
+    }
 }
 
 impl fmt::Debug for Slots {
@@ -189,7 +283,9 @@ impl fmt::Debug for Slots {
         let state = self.lock();
         f.debug_struct("Slots")
             .field("max", &self.max)
-            .field("free", &state.free)
+            .field("held", &state.held)
+            .field("other_held", &state.other_held)
+            .field("reserved", &state.reserved)
             .field("urgent_waiting", &state.urgent.len())
             .field("other_waiting", &state.other.len())
             .finish()
@@ -204,14 +300,20 @@ impl Slots {
 
     /// Waits for a slot; the slot is held until the returned [`Admitted`] is dropped.
     async fn admit(self: &Arc<Self>, operation: Operation) -> Admitted {
+        let urgent = operation.is_urgent();
         let receiver = {
             let mut state = self.lock();
-            if state.free > 0 {
-                state.free -= 1;
-                return Admitted(Arc::clone(self));
+            // Nobody of this class waits with a slot it could take (the invariant), so taking
+            // one jumps no queue.
+            if state.can_admit(self.max, urgent) {
+                state.take(urgent);
+                return Admitted {
+                    slots: Arc::clone(self),
+                    urgent,
+                };
             }
             let (sender, receiver) = oneshot::channel();
-            if operation.is_urgent() {
+            if urgent {
                 state.urgent.push_back(sender);
             } else {
                 state.other.push_back(sender);
@@ -221,25 +323,45 @@ impl Slots {
         let mut waiting = Waiting {
             slots: Arc::clone(self),
             receiver: Some(receiver),
+            urgent,
         };
         let receiver = waiting.receiver.as_mut().expect("set above");
         // The sender lives in the queue until it is handed a slot; the queue lives as long as
         // `self`, which `waiting` keeps alive. So the message always comes.
         let _ = receiver.await;
         waiting.receiver = None;
-        Admitted(Arc::clone(self))
+        Admitted {
+            slots: Arc::clone(self),
+            urgent,
+        }
     }
 
-    /// Hands a freed slot to the next waiter, or back to the pool.
-    fn release(&self) {
+    /// Frees a slot held by an urgent request or another, and hands it on.
+    fn release(&self, urgent: bool) {
         let mut state = self.lock();
-        while let Some(next) = state.urgent.pop_front().or_else(|| state.other.pop_front()) {
+        state.held -= 1;
+        if !urgent {
+            state.other_held -= 1;
+        }
+        self.dispatch(&mut state);
+    }
+
+    /// Hands free slots to waiters, the oldest urgent ones first, while the limits allow.
+    fn dispatch(&self, state: &mut SlotState) {
+        loop {
+            let next = if state.can_admit(self.max, true) && !state.urgent.is_empty() {
+                state.urgent.pop_front().map(|sender| (sender, true))
+            } else if state.can_admit(self.max, false) {
+                state.other.pop_front().map(|sender| (sender, false))
+            } else {
+                None
+            };
+            let Some((sender, urgent)) = next else { return };
             // A waiter that gave up has closed its receiver: try the next one.
-            if next.send(()).is_ok() {
-                return;
+            if sender.send(()).is_ok() {
+                state.take(urgent);
             }
         }
-        state.free += 1;
     }
 }
 
@@ -248,6 +370,7 @@ impl Slots {
 struct Waiting {
     slots: Arc<Slots>,
     receiver: Option<oneshot::Receiver<()>>,
+    urgent: bool,
 }
 
 impl Drop for Waiting {
@@ -255,7 +378,7 @@ impl Drop for Waiting {
         if let Some(mut receiver) = self.receiver.take() {
             receiver.close();
             if receiver.try_recv().is_ok() {
-                self.slots.release();
+                self.slots.release(self.urgent);
             }
         }
     }

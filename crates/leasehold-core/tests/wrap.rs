@@ -379,3 +379,157 @@ async fn stores_sharing_a_limit_share_its_slots() {
     renew_b.await.unwrap();
     assert_eq!(limit.in_flight(), 0);
 }
+
+/// With every slot taken by slow acquires, a renewal waits for one of them unless slots are kept
+/// for renewals and releases: `reserve_urgent(1)` of 3 lets acquires hold only 2, and the renewal
+/// is admitted at once while the third acquire still queues.
+#[tokio::test(flavor = "current_thread")]
+async fn a_reserved_slot_admits_a_renewal_while_acquires_fill_the_rest() {
+    async fn renewal_admitted_at_once(store: LimitStore<Gated>) -> (bool, Vec<(Operation, u32)>) {
+        let store = Arc::new(store);
+        let mut tasks = Vec::new();
+        for tag in 1..=3 {
+            tasks.push(start(&store, Operation::Acquire, tag));
+            settle().await;
+        }
+        tasks.push(start(&store, Operation::Renew, 9));
+        settle().await;
+        let entered = store.inner().entered();
+        let admitted = entered.contains(&(Operation::Renew, 9));
+        store.inner().gate.add_permits(Semaphore::MAX_PERMITS);
+        for task in tasks {
+            task.await.unwrap();
+        }
+        assert_eq!((store.in_flight(), store.queued()), (0, 0));
+        (admitted, entered)
+    }
+
+    let (admitted, entered) = renewal_admitted_at_once(LimitStore::new(Gated::default(), 3).reserve_urgent(1)).await;
+    assert!(admitted, "the renewal waited: {entered:?}");
+    assert_eq!(
+        entered,
+        [(Operation::Acquire, 1), (Operation::Acquire, 2), (Operation::Renew, 9)]
+    );
+
+    // The same without the reservation: the acquires take every slot and the renewal waits.
+    let (admitted, entered) = renewal_admitted_at_once(LimitStore::new(Gated::default(), 3)).await;
+    assert!(!admitted, "the renewal got in without a reserved slot: {entered:?}");
+    assert_eq!(
+        entered,
+        [
+            (Operation::Acquire, 1),
+            (Operation::Acquire, 2),
+            (Operation::Acquire, 3)
+        ]
+    );
+}
+
+/// Requests that are not urgent never hold more than `max - k` slots, even while the kept slots
+/// are free; renewals and releases may hold all `max`; a slot an acquire frees goes to a queued
+/// renewal first, and one a renewal frees goes to a queued acquire only within its share.
+#[tokio::test(flavor = "current_thread")]
+async fn reserved_slots_are_never_taken_by_other_requests() {
+    let store = Arc::new(LimitStore::new(Gated::default(), 3).reserve_urgent(2));
+    assert_eq!((store.max_in_flight(), store.limit().urgent_reserved()), (3, 2));
+    let mut tasks = Vec::new();
+    for (operation, tag) in [
+        (Operation::Acquire, 1),
+        (Operation::Inspect, 0),
+        (Operation::Acquire, 2),
+    ] {
+        tasks.push(start(&store, operation, tag));
+        settle().await;
+    }
+    // Two slots are free, but they are kept: only one acquire is in.
+    assert_eq!((store.in_flight(), store.queued()), (1, 2));
+    assert_eq!(store.inner().entered(), [(Operation::Acquire, 1)]);
+
+    // Renewals and a release take the kept slots; the third of them waits for a slot.
+    for (operation, tag) in [(Operation::Renew, 5), (Operation::Release, 6), (Operation::Renew, 7)] {
+        tasks.push(start(&store, operation, tag));
+        settle().await;
+    }
+    assert_eq!((store.in_flight(), store.queued()), (3, 3));
+
+    // The acquire finishes (it entered first): its slot goes to the waiting renewal, not to the
+    // inspect that waited longer.
+    store.inner().gate.add_permits(1);
+    settle().await;
+    assert_eq!(
+        store.inner().entered(),
+        [
+            (Operation::Acquire, 1),
+            (Operation::Renew, 5),
+            (Operation::Release, 6),
+            (Operation::Renew, 7),
+        ]
+    );
+    assert_eq!((store.in_flight(), store.queued()), (3, 2));
+
+    // The first renewal finishes: the freed slot lets the inspect in (one non-urgent slot).
+    store.inner().gate.add_permits(1);
+    settle().await;
+    assert_eq!(store.inner().entered().last(), Some(&(Operation::Inspect, 0)));
+    assert_eq!((store.in_flight(), store.queued()), (3, 1));
+
+    // The release finishes: a slot is free, but the acquire may not have a second one.
+    store.inner().gate.add_permits(1);
+    settle().await;
+    assert_eq!((store.in_flight(), store.queued()), (2, 1));
+    assert_eq!(store.inner().entered().len(), 5);
+
+    // The last renewal finishes: two slots free, and still the acquire waits.
+    store.inner().gate.add_permits(1);
+    settle().await;
+    assert_eq!((store.in_flight(), store.queued()), (1, 1));
+    assert_eq!(store.inner().entered().len(), 5);
+
+    // The inspect finishes: now the acquire gets in.
+    store.inner().gate.add_permits(1);
+    settle().await;
+    assert_eq!(store.inner().entered().last(), Some(&(Operation::Acquire, 2)));
+    store.inner().gate.add_permits(1);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(store.inner().log.lock().unwrap().most_inside, 3);
+    assert_eq!((store.in_flight(), store.queued()), (0, 0));
+}
+
+/// A reservation is clamped so that other requests keep one slot, and a shared limit's
+/// reservation applies to every store that shares it.
+#[tokio::test(flavor = "current_thread")]
+async fn a_reservation_leaves_one_slot_and_is_shared() {
+    let limit = RequestLimit::new(2);
+    let store = LimitStore::with_limit(MemoryStore::new(), limit.clone()).reserve_urgent(5);
+    assert_eq!((limit.urgent_reserved(), store.limit().urgent_reserved()), (1, 1));
+    let read = limit.admit(Operation::Inspect).await;
+    let renewal = limit.admit(Operation::Renew).await;
+    assert_eq!((limit.in_flight(), limit.queued()), (2, 0));
+    drop((read, renewal));
+    assert_eq!(RequestLimit::new(1).reserve_urgent(3).urgent_reserved(), 0);
+}
+
+/// Storms on a multi-threaded runtime with a reservation: at most `max` inside, and the kept
+/// slots are not lost (every request gets through, nothing stays held).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_keeps_the_bound_under_a_storm() {
+    let store = Arc::new(LimitStore::new(Gated::default(), 4).reserve_urgent(2));
+    store.inner().gate.add_permits(Semaphore::MAX_PERMITS);
+    let operations = [
+        Operation::Acquire,
+        Operation::Renew,
+        Operation::Inspect,
+        Operation::Release,
+    ];
+    let tasks: Vec<_> = (0..400u32)
+        .map(|i| start(&store, operations[i as usize % operations.len()], i))
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!((store.in_flight(), store.queued()), (0, 0));
+    let log = store.inner().log.lock().unwrap();
+    assert_eq!(log.entered.len(), 400);
+    assert!((1..=4).contains(&log.most_inside), "{} inside at once", log.most_inside);
+}
