@@ -4,6 +4,7 @@
 pub mod config;
 mod elector;
 mod error;
+mod group;
 pub mod machine;
 mod memory;
 mod record;
@@ -18,6 +19,7 @@ mod wrap;
 
 pub use elector::{Elector, ElectorBuilder, Event, Leader, LeaderInfo, RunError};
 pub use error::{BoxError, Error, Result};
+pub use group::{GroupMember, GroupStatus, LeaseGroup, LeaseGroupBuilder, MAX_SHARDS, ShardLeader, ShardStatus};
 pub use machine::DeposedReason;
 pub use memory::MemoryStore;
 pub use record::{HolderFields, RecordNumber, RecordVersion};

@@ -1,0 +1,712 @@
+//! Lease groups: `N` shards, each led by at most one live member at any instant, balanced over
+//! the members, with a fencing term per shard.
+//!
+//! A group is plain leases in one store, so it works on every backend:
+//!
+//! - each member holds a *member lease*, `{group}.m.{hash of its id}-w{weight}`, for as long as it
+//!   runs: the group's membership is the list of held member leases;
+//! - each shard is a lease `{group}.s.{shard}` (zero-padded), campaigned for by an [`Elector`]
+//!   with the member's id: a shard's owner is its leader, with everything a single lease
+//!   guarantees (believed leadership counted from the request's send time, a term that strictly
+//!   increases on every change of owner, [`Leader::ensure_valid`] before side effects, the task
+//!   cancelled and aborted when leadership ends).
+//!
+//! Every `rebalance_every` each member lists the group ([`LeaseStore::list`], one request) and
+//! plans who should own each shard, a pure function of what it saw (see the `plan` module):
+//! quotas of floor or ceil of `N × weight / total weight`; owners keep their shards up to their
+//! quota; shards of members that left (or whose member lease expired) go to the members furthest
+//! below their quota, spread; shards above an owner's quota move to the members below theirs, at
+//! most `max_moves_per_round` per round. A member campaigns only for the shards planned for it,
+//! so a shard released for a planned move is taken by its planned successor (already waiting on
+//! it, notified of the release) and not by whoever races first. The owner releases a planned
+//! move only when two of its consecutive rounds planned it, so the successor, whose own round
+//! planned the same, is already waiting: no expiry gap on planned moves.
+//!
+//! Bounds (with the default `rebalance_every = ttl / 4`): after a join, `ceil(moves /
+//! max_moves_per_round)` rounds of about two `rebalance_every` each, plus the tasks' own stop
+//! time; after a crash, the dead member's shards are owned again within one TTL (its member and
+//! shard leases expire) plus one round plus the store's retry interval.
+//!
+//! # Examples
+//!
+//! ```
+//! use std::{sync::Arc, time::Duration};
+//! use leasehold_core::{LeaseGroup, MemoryStore, ShardLeader};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold_core::Result<()> {
+//! let store = Arc::new(MemoryStore::new());
+//! let group = LeaseGroup::builder(store.clone(), "partitions", 8)
+//!     .member_id("worker-1")
+//!     .ttl(Duration::from_secs(1))
+//!     .build()?;
+//! let stop = tokio::time::sleep(Duration::from_millis(600));
+//! group
+//!     .run_until(
+//!         |shard: ShardLeader| async move {
+//!             // One task per owned shard: fence every write with the shard's own term.
+//!             shard.ensure_valid(Duration::from_millis(100))?;
+//!             println!("shard {} term {}", shard.shard(), shard.term());
+//!             shard.cancelled().await;
+//!             Ok::<(), leasehold_core::Error>(())
+//!         },
+//!         stop,
+//!     )
+//!     .await?;
+//! let status = LeaseGroup::status(store.as_ref(), "partitions").await?;
+//! assert_eq!(status.shards.len(), 8); // every shard was led (and released at the end)
+//! # Ok(()) }
+//! ```
+
+mod plan;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::future::Future;
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::elector::{Elector, ElectorBuilder, Leader, RunError, now};
+use crate::error::{Error, Result};
+use crate::store::LeaseStore;
+use crate::types::{CandidateId, Expiry, LeaseName, Observation, Term};
+use plan::{Member, plan};
+
+/// Shards in a group at most.
+pub const MAX_SHARDS: u32 = 100_000;
+
+/// Lets a caller adjust the timing of every elector of a group (member and shards).
+type Configure = Arc<dyn Fn(ElectorBuilder) -> ElectorBuilder + Send + Sync>;
+
+/// A member of a lease group: it joins, owns its share of the shards, and runs a task per owned
+/// shard. See the [module documentation](self) for the algorithm and its bounds.
+#[derive(Clone)]
+pub struct LeaseGroup {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn LeaseStore>,
+    group: LeaseName,
+    shards: u32,
+    id: CandidateId,
+    weight: u32,
+    ttl: Duration,
+    rebalance_every: Duration,
+    max_moves: usize,
+    configure: Configure,
+    member: Elector,
+    running: std::sync::Mutex<BTreeMap<u32, Elector>>,
+}
+
+impl fmt::Debug for LeaseGroup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseGroup")
+            .field("group", &self.inner.group)
+            .field("shards", &self.inner.shards)
+            .field("id", &self.inner.id)
+            .field("weight", &self.inner.weight)
+            .field("ttl", &self.inner.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`LeaseGroup`].
+#[must_use]
+pub struct LeaseGroupBuilder {
+    store: Arc<dyn LeaseStore>,
+    group: String,
+    shards: u32,
+    id: Option<String>,
+    weight: u32,
+    ttl: Duration,
+    rebalance_every: Option<Duration>,
+    max_moves: Option<usize>,
+    configure: Configure,
+}
+
+impl fmt::Debug for LeaseGroupBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseGroupBuilder")
+            .field("group", &self.group)
+            .field("shards", &self.shards)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LeaseGroupBuilder {
+    /// This member's id (default: [`CandidateId::generate`]). It is the holder of its shards.
+    pub fn member_id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// This member's weight, 1 to 1000 (default 1): shards are shared in proportion.
+    pub fn weight(mut self, weight: u32) -> Self {
+        self.weight = weight;
+        self
+    }
+
+    /// The TTL of the member's and the shards' leases. Default 10 s.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How often the member lists the group and plans. Default `ttl / 4`.
+    pub fn rebalance_every(mut self, every: Duration) -> Self {
+        self.rebalance_every = Some(every);
+        self
+    }
+
+    /// How many shards may move between live members per round. Default `max(1, shards / 10)`,
+    /// at most 20.
+    pub fn max_moves_per_round(mut self, moves: usize) -> Self {
+        self.max_moves = Some(moves);
+        self
+    }
+
+    /// Adjusts every elector of the group (member and shards) beyond the TTL, e.g.
+    /// `.electors(|b| b.lock_delay(Duration::from_secs(1)))`.
+    pub fn electors(mut self, configure: impl Fn(ElectorBuilder) -> ElectorBuilder + Send + Sync + 'static) -> Self {
+        self.configure = Arc::new(configure);
+        self
+    }
+
+    /// Validates everything and builds the member.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidLeaseName`] when the group name, or a shard lease named after it, is not a
+    /// valid lease name; [`Error::InvalidCandidateId`]; [`Error::InvalidConfig`] for a shard
+    /// count outside 1 to [`MAX_SHARDS`], a weight outside 1 to 1000, or a zero
+    /// `rebalance_every`; what [`ElectorBuilder::build`] checks.
+    pub fn build(self) -> Result<LeaseGroup> {
+        if !(1..=MAX_SHARDS).contains(&self.shards) {
+            return Err(Error::config("shards", self.shards, "1 to 100000"));
+        }
+        if !(1..=1000).contains(&self.weight) {
+            return Err(Error::config("weight", self.weight, "1 to 1000"));
+        }
+        let group = LeaseName::new(self.group)?;
+        // The longest shard lease name must be valid too.
+        shard_lease(&group, self.shards - 1, self.shards)?;
+        let id = match self.id {
+            Some(id) => CandidateId::new(id)?,
+            None => CandidateId::generate(),
+        };
+        let rebalance_every = self.rebalance_every.unwrap_or(self.ttl / 4);
+        if rebalance_every.is_zero() {
+            return Err(Error::config("rebalance_every", "0s", "more than zero"));
+        }
+        let member_lease = format!("{group}.m.{:016x}-w{}", fnv1a(id.as_str()), self.weight);
+        let member = (self.configure)(Elector::builder(self.store.clone(), member_lease))
+            .ttl(self.ttl)
+            .candidate_id(id.as_str())
+            .build()?;
+        let max_moves = self
+            .max_moves
+            .unwrap_or_else(|| (self.shards as usize / 10).clamp(1, 20));
+        Ok(LeaseGroup {
+            inner: Arc::new(Inner {
+                store: self.store,
+                group,
+                shards: self.shards,
+                id,
+                weight: self.weight,
+                ttl: self.ttl,
+                rebalance_every,
+                max_moves,
+                configure: self.configure,
+                member,
+                running: std::sync::Mutex::default(),
+            }),
+        })
+    }
+}
+
+/// The leadership of one shard, handed to the task that runs while this member owns it: every
+/// method of [`Leader`] (through `Deref`), plus the shard number.
+#[derive(Debug)]
+pub struct ShardLeader {
+    shard: u32,
+    leader: Leader,
+}
+
+impl ShardLeader {
+    /// The shard, `0..shards`.
+    pub fn shard(&self) -> u32 {
+        self.shard
+    }
+
+    /// The shard's leadership.
+    pub fn leader(&self) -> &Leader {
+        &self.leader
+    }
+}
+
+impl Deref for ShardLeader {
+    type Target = Leader;
+
+    fn deref(&self) -> &Leader {
+        &self.leader
+    }
+}
+
+/// What a store shows of a group: its members and the holder of each shard lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GroupStatus {
+    /// The group.
+    pub group: LeaseName,
+    /// Members holding a member lease, by id.
+    pub members: Vec<GroupMember>,
+    /// Every shard lease the store has a record of, by shard number.
+    pub shards: Vec<ShardStatus>,
+}
+
+/// A member of a group, as a listing shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GroupMember {
+    /// Its id.
+    pub id: CandidateId,
+    /// Its weight.
+    pub weight: u32,
+    /// The member lease's record, as [`LeaseStore::inspect`] would show it.
+    pub lease: Observation,
+}
+
+/// A shard, as a listing shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShardStatus {
+    /// The shard number.
+    pub shard: u32,
+    /// Its lease's record: the owner (`holder`) and its term, or free with the last term.
+    pub lease: Observation,
+}
+
+impl ShardStatus {
+    /// The holder of the shard's lease and its term, if any.
+    pub fn owner(&self) -> Option<(&CandidateId, Term)> {
+        self.lease.holder.as_ref().map(|h| (&h.id, h.term))
+    }
+}
+
+impl LeaseGroup {
+    /// A builder for member `id` of `group`, a group of `shards` shards over `store`.
+    pub fn builder(store: Arc<dyn LeaseStore>, group: impl Into<String>, shards: u32) -> LeaseGroupBuilder {
+        LeaseGroupBuilder {
+            store,
+            group: group.into(),
+            shards,
+            id: None,
+            weight: 1,
+            ttl: Duration::from_secs(10),
+            rebalance_every: None,
+            max_moves: None,
+            configure: Arc::new(|b| b),
+        }
+    }
+
+    /// This member's id.
+    pub fn id(&self) -> &CandidateId {
+        &self.inner.id
+    }
+
+    /// The group's name.
+    pub fn group(&self) -> &LeaseName {
+        &self.inner.group
+    }
+
+    /// The shards this member leads now, in order.
+    pub fn owned(&self) -> Vec<u32> {
+        let running = self.inner.running.lock().expect("group lock");
+        running.iter().filter(|(_, e)| e.is_leader()).map(|(s, _)| *s).collect()
+    }
+
+    /// The lease of `shard` of `group` (of `shards` shards: the number is zero-padded to the
+    /// width of the largest).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidLeaseName`] when the name would be too long.
+    pub fn shard_lease(group: &LeaseName, shard: u32, shards: u32) -> Result<LeaseName> {
+        shard_lease(group, shard, shards)
+    }
+
+    /// Lists `group` in `store`: its members and the holder of each shard (one
+    /// [`LeaseStore::list`] request). Members whose lease a contender would already take over
+    /// (an unchanged record on a store without a clock) are still listed: the listing is a
+    /// snapshot, not a judgement of liveness.
+    ///
+    /// # Errors
+    ///
+    /// What [`LeaseStore::list`] returns; [`Error::InvalidLeaseName`] for a bad group name.
+    pub async fn status(store: &dyn LeaseStore, group: &str) -> Result<GroupStatus> {
+        let group = LeaseName::new(group)?;
+        let listing = store.list(&format!("{group}.")).await?;
+        Ok(parse(&group, listing))
+    }
+
+    /// Joins the group and runs `task` once per shard this member owns, until `shutdown`
+    /// completes: then every task is cancelled, given until its `valid_until` to return, its
+    /// shard released, and the member lease released.
+    ///
+    /// A task that returns gives its shard up (it is released); the member campaigns for it again
+    /// at its next round if it is still planned here. A task's error is logged.
+    ///
+    /// # Errors
+    ///
+    /// Only when the group cannot run at all (e.g. the store rejects the TTL).
+    pub async fn run_until<F, Fut, E>(&self, task: F, shutdown: impl Future<Output = ()>) -> Result<()>
+    where
+        F: Fn(ShardLeader) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<(), E>> + Send + 'static,
+        E: fmt::Display + Send + 'static,
+    {
+        let task = Arc::new(task);
+        let mut shutdown = std::pin::pin!(shutdown);
+        let span = info_span!("group", group = %self.inner.group, member = %self.inner.id);
+        loop {
+            let member = tokio::select! {
+                member = self.inner.member.campaign().instrument(span.clone()) => member?,
+                () = &mut shutdown => return Ok(()),
+            };
+            info!(parent: &span, "joined the group");
+            let mut member_state = Rounds::default();
+            let mut ticker = tokio::time::interval(self.inner.rebalance_every);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let stop = loop {
+                tokio::select! {
+                    _ = ticker.tick() => {}
+                    () = member.cancelled() => break false,
+                    () = &mut shutdown => break true,
+                }
+                if let Err(error) = self.round(&mut member_state, &task).instrument(span.clone()).await {
+                    warn!(parent: &span, %error, "could not list the group; keeping the current shards");
+                }
+            };
+            self.stop_all(member_state).await;
+            member.resign().await;
+            if stop {
+                return Ok(());
+            }
+            info!(parent: &span, "left the group (its member lease ended); joining again");
+        }
+    }
+
+    /// [`LeaseGroup::run_until`], forever.
+    ///
+    /// # Errors
+    ///
+    /// As [`LeaseGroup::run_until`].
+    pub async fn run<F, Fut, E>(&self, task: F) -> Result<()>
+    where
+        F: Fn(ShardLeader) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<(), E>> + Send + 'static,
+        E: fmt::Display + Send + 'static,
+    {
+        self.run_until(task, std::future::pending()).await
+    }
+
+    /// One round: list, plan, start and stop shard campaigns.
+    async fn round<F, Fut, E>(&self, rounds: &mut Rounds, task: &Arc<F>) -> Result<()>
+    where
+        F: Fn(ShardLeader) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<(), E>> + Send + 'static,
+        E: fmt::Display + Send + 'static,
+    {
+        let inner = &self.inner;
+        let timeout = inner.member.timing().request_timeout;
+        let listing = tokio::time::timeout(timeout, inner.store.list(&format!("{}.", inner.group)))
+            .await
+            .map_err(|_| Error::Timeout {
+                store: inner.store.name(),
+                operation: "list",
+                after: timeout,
+            })??;
+        let status = parse(&inner.group, listing);
+        let at = now();
+        let observed = inner.store.capabilities().expiry == Expiry::ObservedByContenders;
+        let mut members: Vec<Member> = status
+            .members
+            .iter()
+            .filter(|m| m.id != inner.id && rounds.alive(&m.lease, observed, at))
+            .map(|m| Member {
+                id: m.id.clone(),
+                weight: m.weight,
+            })
+            .collect();
+        members.push(Member {
+            id: inner.id.clone(),
+            weight: inner.weight,
+        });
+        members.sort_by(|a, b| a.id.cmp(&b.id));
+        members.dedup_by(|a, b| a.id == b.id);
+        let mut owners: Vec<Option<CandidateId>> = vec![None; inner.shards as usize];
+        for shard in status.shards.iter().filter(|s| s.shard < inner.shards) {
+            if let Some(h) = &shard.lease.holder
+                && rounds.alive(&shard.lease, observed, at)
+            {
+                owners[shard.shard as usize] = Some(h.id.clone());
+            }
+        }
+        for (shard, owner) in owners.iter().enumerate() {
+            let shard = shard as u32;
+            if owner.is_some() {
+                rounds.unowned_since.remove(&shard);
+            } else {
+                rounds.unowned_since.entry(shard).or_insert(at);
+            }
+        }
+        // What this member leads is more current than any listing.
+        let leading = self.owned();
+        for &s in &leading {
+            owners[s as usize] = Some(inner.id.clone());
+        }
+        let plan = plan(&members, &owners, inner.max_moves);
+        let mut pending = HashMap::new();
+        for shard in 0..inner.shards {
+            let mine = plan.targets[shard as usize].as_ref() == Some(&inner.id);
+            let running = rounds.shards.contains_key(&shard);
+            if mine && !running {
+                let taken_from = owners[shard as usize].clone().filter(|o| *o != inner.id);
+                debug!(shard, ?taken_from, "campaigning for the shard");
+                let started = self.start(shard, task)?;
+                rounds.shards.insert(shard, started);
+            } else if !mine && running {
+                if leading.contains(&shard) {
+                    let to = plan.targets[shard as usize].clone();
+                    if rounds.pending.get(&shard) == Some(&to) {
+                        info!(shard, to = ?to, "handing the shard over (planned move)");
+                        metrics::counter!(MOVES, "group" => inner.group.to_string(), "kind" => "planned").increment(1);
+                        self.stop(rounds, shard).await;
+                    } else {
+                        pending.insert(shard, to);
+                    }
+                } else {
+                    self.stop(rounds, shard).await;
+                }
+            }
+        }
+        rounds.pending = pending;
+        rounds.reap(&inner.running);
+        self.record(&status, &members, &owners, rounds, at);
+        Ok(())
+    }
+
+    /// Starts campaigning for `shard`, running `task` whenever this member leads it.
+    fn start<F, Fut, E>(&self, shard: u32, task: &Arc<F>) -> Result<Running>
+    where
+        F: Fn(ShardLeader) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<(), E>> + Send + 'static,
+        E: fmt::Display + Send + 'static,
+    {
+        let inner = &self.inner;
+        let lease = shard_lease(&inner.group, shard, inner.shards)?;
+        let elector = (inner.configure)(Elector::builder(inner.store.clone(), lease.as_str()))
+            .ttl(inner.ttl)
+            .candidate_id(inner.id.as_str())
+            .build()?;
+        let stop = CancellationToken::new();
+        let task = task.clone();
+        let run = {
+            let elector = elector.clone();
+            let stop = stop.clone();
+            async move {
+                let outcome = elector
+                    .run_until(
+                        move |leader| {
+                            let task = task.clone();
+                            async move { task(ShardLeader { shard, leader }).await }
+                        },
+                        stop.cancelled_owned(),
+                    )
+                    .await;
+                match outcome {
+                    Ok(()) => {}
+                    Err(RunError::Task(error)) => warn!(shard, %error, "the shard's task failed; shard released"),
+                    Err(error) => warn!(shard, %error, "the shard's election ended"),
+                }
+            }
+        };
+        let handle = tokio::spawn(run.instrument(info_span!("shard", shard)));
+        inner.running.lock().expect("group lock").insert(shard, elector);
+        Ok(Running { stop, handle })
+    }
+
+    /// Stops campaigning for `shard`: cancels its task, waits for it, releases the lease.
+    async fn stop(&self, rounds: &mut Rounds, shard: u32) {
+        if let Some(running) = rounds.shards.remove(&shard) {
+            running.stop.cancel();
+            let _ = running.handle.await;
+        }
+        self.inner.running.lock().expect("group lock").remove(&shard);
+    }
+
+    /// Stops every shard at once and waits for all of them.
+    async fn stop_all(&self, rounds: Rounds) {
+        for running in rounds.shards.values() {
+            running.stop.cancel();
+        }
+        for (_, running) in rounds.shards {
+            let _ = running.handle.await;
+        }
+        self.inner.running.lock().expect("group lock").clear();
+    }
+
+    /// Records the group's gauges as this member sees them.
+    fn record(
+        &self,
+        status: &GroupStatus,
+        members: &[Member],
+        owners: &[Option<CandidateId>],
+        rounds: &Rounds,
+        at: Instant,
+    ) {
+        let group = self.inner.group.to_string();
+        let owned = self.owned().len();
+        metrics::gauge!(OWNED, "group" => group.clone()).set(owned as f64);
+        let unowned = owners.iter().filter(|o| o.is_none()).count();
+        metrics::gauge!(UNOWNED, "group" => group.clone()).set(unowned as f64);
+        let oldest = rounds
+            .unowned_since
+            .values()
+            .map(|since| at.saturating_duration_since(*since))
+            .max()
+            .unwrap_or_default();
+        metrics::gauge!(UNOWNED_SECONDS, "group" => group.clone()).set(oldest.as_secs_f64());
+        let mut counts: HashMap<&CandidateId, usize> = members.iter().map(|m| (&m.id, 0)).collect();
+        for owner in owners.iter().flatten() {
+            *counts.entry(owner).or_default() += 1;
+        }
+        let mean = self.inner.shards as f64 / members.len().max(1) as f64;
+        let max = counts.values().copied().max().unwrap_or(0);
+        metrics::gauge!(IMBALANCE, "group" => group).set(max as f64 / mean);
+        debug!(
+            members = members.len(),
+            shards = status.shards.len(),
+            owned,
+            unowned,
+            "round"
+        );
+    }
+}
+
+/// Shards owned per member (this member's count).
+const OWNED: &str = "leasehold_group_shards_owned";
+/// Shards with no live owner, as this member sees them.
+const UNOWNED: &str = "leasehold_group_unowned_shards";
+/// How long the longest-unowned shard has been unowned, as this member sees it.
+const UNOWNED_SECONDS: &str = "leasehold_group_unowned_seconds";
+/// The most shards one member owns, over the mean.
+const IMBALANCE: &str = "leasehold_group_imbalance";
+/// Shards this member handed over (`kind="planned"`).
+const MOVES: &str = "leasehold_group_moves_total";
+
+/// A running shard campaign.
+struct Running {
+    stop: CancellationToken,
+    handle: JoinHandle<()>,
+}
+
+/// What a member keeps between rounds.
+#[derive(Default)]
+struct Rounds {
+    shards: BTreeMap<u32, Running>,
+    /// Planned moves of shards this member leads, seen in the last round: handed over when the
+    /// next round plans the same.
+    pending: HashMap<u32, Option<CandidateId>>,
+    /// For stores without a clock: each record version and when it was first seen.
+    versions: HashMap<LeaseName, (String, Instant)>,
+    /// Since when each shard has been seen without a live owner.
+    unowned_since: HashMap<u32, Instant>,
+}
+
+impl Rounds {
+    /// Whether a held record counts as alive: on stores without a clock (and for orphaned
+    /// records), only until its version has been seen unchanged for its TTL.
+    fn alive(&mut self, lease: &Observation, observed: bool, at: Instant) -> bool {
+        let Some(holder) = &lease.holder else { return false };
+        if !observed && !holder.orphaned {
+            return true;
+        }
+        let seen = self
+            .versions
+            .entry(lease.lease.clone())
+            .or_insert_with(|| (holder.version.clone(), at));
+        if seen.0 != holder.version {
+            *seen = (holder.version.clone(), at);
+        }
+        at < seen.1 + holder.ttl
+    }
+
+    /// Forgets campaigns whose task ended on its own (it gave the shard up).
+    fn reap(&mut self, running: &std::sync::Mutex<BTreeMap<u32, Elector>>) {
+        let done: Vec<u32> = self
+            .shards
+            .iter()
+            .filter(|(_, r)| r.handle.is_finished())
+            .map(|(s, _)| *s)
+            .collect();
+        let mut running = running.lock().expect("group lock");
+        for shard in done {
+            self.shards.remove(&shard);
+            running.remove(&shard);
+        }
+    }
+}
+
+fn shard_lease(group: &LeaseName, shard: u32, shards: u32) -> Result<LeaseName> {
+    let width = (shards.saturating_sub(1)).to_string().len();
+    LeaseName::new(format!("{group}.s.{shard:0width$}"))
+}
+
+/// Sorts a listing of `{group}.` into members and shards; other names are ignored.
+fn parse(group: &LeaseName, listing: Vec<Observation>) -> GroupStatus {
+    let mut members = Vec::new();
+    let mut shards = Vec::new();
+    let members_prefix = format!("{group}.m.");
+    let shards_prefix = format!("{group}.s.");
+    for lease in listing {
+        let name = lease.lease.as_str();
+        if let Some(rest) = name.strip_prefix(&members_prefix) {
+            let weight = rest
+                .split_once("-w")
+                .filter(|(hash, _)| hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()))
+                .and_then(|(_, w)| w.parse::<u32>().ok());
+            if let (Some(weight), Some(holder)) = (weight, &lease.holder) {
+                members.push(GroupMember {
+                    id: holder.id.clone(),
+                    weight,
+                    lease: lease.clone(),
+                });
+            }
+        } else if let Some(rest) = name.strip_prefix(&shards_prefix)
+            && rest.bytes().all(|b| b.is_ascii_digit())
+            && let Ok(shard) = rest.parse::<u32>()
+        {
+            shards.push(ShardStatus { shard, lease });
+        }
+    }
+    members.sort_by(|a, b| a.id.cmp(&b.id));
+    shards.sort_by_key(|s| s.shard);
+    GroupStatus {
+        group: group.clone(),
+        members,
+        shards,
+    }
+}
+
+/// FNV-1a, 64 bits: a stable short name for a member id in its lease name.
+fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
