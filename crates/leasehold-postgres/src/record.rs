@@ -1,17 +1,15 @@
 //! Reading rows: every value is checked, and garbage becomes [`Error::CorruptRecord`] naming the
-//! lease and the field. Also the lock key of a lease and what this store has seen of each lease.
+//! lease and the field (the holder fields by [`HolderInfo::from_record`], as on every backend).
+//! Also the lock key of a lease.
 
-use std::collections::HashMap;
 use std::ops::RangeInclusive;
-use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use leasehold_core::{
-    CandidateId, EndReason, Error, HolderInfo, LeaseName, Observation, RecordVersion, Result, Term, Transition, time,
+    CandidateId, EndReason, Error, HolderFields, HolderInfo, LeaseName, Observation, Result, Term, Transition, time,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{Row, TypeInfo, ValueRef};
-use tokio::time::Instant;
 
 use crate::error::STORE;
 
@@ -23,7 +21,9 @@ pub const TTL_RANGE: RangeInclusive<Duration> = Duration::from_secs(1)..=Duratio
 /// A lease row, validated.
 #[derive(Debug)]
 pub(crate) struct Record {
-    pub(crate) holder: Option<Holding>,
+    /// The holder the row names (never [`orphaned`](HolderInfo::orphaned): only whoever knows
+    /// the state of its lock can say that).
+    pub(crate) holder: Option<HolderInfo>,
     /// The row's term: the holder's, or the last one granted.
     pub(crate) term: Term,
     /// The highest term in the row or the history: the next grant is above it.
@@ -31,18 +31,13 @@ pub(crate) struct Record {
     pub(crate) previous_end: Option<EndReason>,
 }
 
-/// The holder of a lease, as its row records it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Holding {
-    pub(crate) id: CandidateId,
-    pub(crate) ttl: Duration,
-    pub(crate) version: String,
-}
-
 /// The columns every statement that reads a lease returns, in this order, starting at some
 /// index: `present, holder, term, ttl_ms, version, previous_end, history_term`.
 pub(crate) const RECORD_COLUMNS: &str = "l.name IS NOT NULL, l.holder, l.term, l.ttl_ms, l.version, l.previous_end,
      (SELECT max(h.term) FROM {schema}.history AS h WHERE h.name = w.name)";
+
+/// How many columns [`RECORD_COLUMNS`] are.
+pub(crate) const RECORD_WIDTH: usize = 7;
 
 /// The same checks as [`Record::decode`], in SQL, over `l` (the row) and `history_term`: the
 /// acquire statement grants only on a row that passes them.
@@ -74,7 +69,6 @@ impl Record {
         let term = get::<i64>(row, at + 2, "term")
             .map_err(corrupt)?
             .ok_or_else(|| corrupt("term is NULL".into()))?;
-        let term = term_from(term).ok_or_else(|| corrupt(format!("term {term} is negative")))?;
         let previous_end = match get::<String>(row, at + 5, "previous_end").map_err(corrupt)? {
             None => None,
             Some(reason) => Some(
@@ -91,20 +85,14 @@ impl Record {
             (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return Err(corrupt(e)),
             (Ok(None), Ok(None), Ok(None)) => None,
             (Ok(Some(id)), Ok(Some(ttl_ms)), Ok(Some(version))) => {
-                let id = CandidateId::new(id).map_err(|e| corrupt(format!("holder: {e}")))?;
-                if term == Term(0) {
-                    return Err(corrupt("term 0 has a holder; terms start at 1".into()));
-                }
-                let ttl = u64::try_from(ttl_ms)
-                    .ok()
-                    .map(Duration::from_millis)
-                    .filter(|ttl| TTL_RANGE.contains(ttl))
-                    .ok_or_else(|| corrupt(format!("ttl_ms {ttl_ms} is outside {TTL_RANGE:?}")))?;
-                if RecordVersion::parse(&version).is_none() {
-                    let shown: String = version.chars().take(40).collect();
-                    return Err(corrupt(format!("version {shown:?} is not 16 hex digits")));
-                }
-                Some(Holding { id, ttl, version })
+                let fields = HolderFields {
+                    id: &id,
+                    term: term.into(),
+                    ttl_ms: ttl_ms.into(),
+                    version: &version,
+                    store_remaining: None,
+                };
+                Some(HolderInfo::from_record(STORE, lease, fields, &TTL_RANGE)?)
             }
             (Ok(holder), Ok(ttl_ms), Ok(version)) => {
                 let set = |is_set: bool| if is_set { "set" } else { "NULL" };
@@ -116,6 +104,7 @@ impl Record {
                 )));
             }
         };
+        let term = term_from(term).ok_or_else(|| corrupt(format!("term {term} is negative")))?;
         Ok(Record {
             holder,
             term,
@@ -124,18 +113,17 @@ impl Record {
         })
     }
 
-    /// What a candidate is told about the lease.
-    pub(crate) fn observation(&self, lease: &LeaseName) -> Observation {
+    /// What a candidate is told about the lease. `lock_free`: the lease's advisory lock was
+    /// free when the row was read, so a holder it names has no session any more
+    /// ([`HolderInfo::orphaned`]: the engine decides when it may be replaced).
+    pub(crate) fn observation(&self, lease: &LeaseName, lock_free: bool) -> Observation {
+        let holder = self.holder.clone().map(|holder| HolderInfo {
+            orphaned: lock_free,
+            ..holder
+        });
         Observation {
             lease: lease.clone(),
-            holder: self.holder.as_ref().map(|h| HolderInfo {
-                id: h.id.clone(),
-                term: self.term,
-                ttl: h.ttl,
-                version: h.version.clone(),
-                orphaned: false,
-                store_remaining: None,
-            }),
+            holder,
             last_term: self.last_term,
             previous_end: if self.holder.is_none() { self.previous_end } else { None },
         }
@@ -243,77 +231,6 @@ pub fn lock_key(schema: &str, lease: &str) -> i64 {
         hash = hash.wrapping_mul(PRIME);
     }
     i64::from_ne_bytes(hash.to_ne_bytes())
-}
-
-/// What this store has seen of the holders of leases, on its own monotonic clock: the record
-/// version method of leasehold's contract, for rows whose holder's session has ended.
-///
-/// A holder's row can outlive its lock: a connection reset by the network, a restarted server or
-/// an operator's `pg_terminate_backend` frees the advisory lock at once, while the holder still
-/// believes its grant until its local deadline. A contender that gets the lock but finds such a
-/// row replaces it only once it has seen the same version unchanged for the holder's whole TTL,
-/// counted from when the reply that first showed it arrived.
-#[derive(Debug, Default)]
-pub(crate) struct Sightings {
-    seen: Mutex<HashMap<LeaseName, Sighting>>,
-}
-
-#[derive(Clone, Debug)]
-struct Sighting {
-    holder: Holding,
-    term: Term,
-    since: Instant,
-}
-
-/// A holder record this store has seen unchanged for its full TTL: it may be replaced.
-#[derive(Clone, Debug)]
-pub(crate) struct Stale {
-    pub(crate) holder: CandidateId,
-    pub(crate) term: Term,
-    pub(crate) version: String,
-}
-
-impl Sightings {
-    /// Records what a reply that arrived at `at` showed; returns since when this store has seen
-    /// the current holder record (`None` for a free lease).
-    pub(crate) fn see(&self, lease: &LeaseName, record: &Record, at: Instant) -> Option<Instant> {
-        let mut seen = self.seen.lock().expect("sightings lock poisoned");
-        let Some(holder) = &record.holder else {
-            seen.remove(lease);
-            return None;
-        };
-        match seen.get(lease) {
-            Some(s) if s.holder == *holder && s.term == record.term => Some(s.since),
-            _ => {
-                seen.insert(
-                    lease.clone(),
-                    Sighting {
-                        holder: holder.clone(),
-                        term: record.term,
-                        since: at,
-                    },
-                );
-                Some(at)
-            }
-        }
-    }
-
-    /// The holder record of `lease` that has been seen unchanged for its full TTL by `now`.
-    pub(crate) fn stale(&self, lease: &LeaseName, now: Instant) -> Option<Stale> {
-        let seen = self.seen.lock().expect("sightings lock poisoned");
-        seen.get(lease)
-            .filter(|s| now >= s.since + s.holder.ttl)
-            .map(|s| Stale {
-                holder: s.holder.id.clone(),
-                term: s.term,
-                version: s.holder.version.clone(),
-            })
-    }
-
-    /// Forgets `lease` (it was just granted here).
-    pub(crate) fn forget(&self, lease: &LeaseName) {
-        self.seen.lock().expect("sightings lock poisoned").remove(lease);
-    }
 }
 
 #[cfg(test)]

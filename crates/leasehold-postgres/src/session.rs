@@ -33,7 +33,7 @@ use tracing::{debug, warn};
 
 use crate::config::PostgresConfig;
 use crate::error::{self, STORE};
-use crate::record::{Sightings, lock_key, millis};
+use crate::record::{lock_key, millis};
 use crate::sql::{self, Sql};
 
 mod requests;
@@ -59,7 +59,6 @@ const LOCK_TIMEOUT_MS: u32 = 250;
 pub(crate) struct Context {
     pub(crate) config: PostgresConfig,
     pub(crate) sql: Sql,
-    pub(crate) sightings: Sightings,
 }
 
 /// The `synchronous_commit` of every connection that writes lease records.
@@ -90,7 +89,6 @@ impl Context {
     pub(crate) fn new(config: PostgresConfig) -> Context {
         Context {
             sql: Sql::new(config.schema()),
-            sightings: Sightings::default(),
             config,
         }
     }

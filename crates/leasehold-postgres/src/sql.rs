@@ -24,6 +24,7 @@ pub(crate) const CHANNEL: &str = "leasehold";
 pub(crate) struct Sql {
     /// `$1` lease → the record columns.
     pub(crate) read: Arc<str>,
+    pub(crate) list: Arc<str>,
     pub(crate) acquire: Arc<str>,
     pub(crate) renew: Arc<str>,
     pub(crate) relock: Arc<str>,
@@ -32,6 +33,15 @@ pub(crate) struct Sql {
     pub(crate) break_lease: Arc<str>,
     pub(crate) history: Arc<str>,
 }
+
+/// Whether no session of this database holds the advisory lock `{key}` (a `bigint`), as
+/// `pg_locks` shows it when the statement runs (locks are not part of its snapshot).
+const LOCK_FREE_SQL: &str = "NOT EXISTS (
+    SELECT 1 FROM pg_locks AS pl
+    WHERE pl.locktype = 'advisory' AND pl.objsubid = 1 AND pl.granted
+      AND pl.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND pl.classid = (({key} >> 32) & 4294967295)::oid
+      AND pl.objid = ({key} & 4294967295)::oid)";
 
 /// A query of one of these statements. They are built from constants and a validated schema
 /// name, never from a request's values (those are bound as parameters).
@@ -44,6 +54,7 @@ impl Sql {
         let s = quoted(schema);
         let fill = |text: &str| -> Arc<str> {
             text.replace("{record}", RECORD_COLUMNS)
+                .replace("{lock_free}", LOCK_FREE_SQL)
                 .replace("{valid}", VALID_ROW_SQL)
                 .replace("{schema}", &s)
                 .replace("{min_ttl_ms}", &millis(*TTL_RANGE.start()).to_string())
@@ -52,23 +63,37 @@ impl Sql {
                 .into()
         };
         Sql {
+            // $1 lease, $2 its lock key → the record columns, whether the lock is free.
             read: fill(
-                "SELECT {record}
+                "SELECT {record}, {lock_free}
                  FROM (SELECT $1::text AS name) AS w
                  LEFT JOIN {schema}.leases AS l ON l.name = w.name",
-            ),
+            )
+            .replace("{key}", "$2::int8")
+            .into(),
+            // $1 a LIKE pattern (escaped with `!`) → per lease row whose name matches: its name,
+            // the record columns, the lock key the row records, whether that lock is free.
+            list: fill(
+                "SELECT w.name, {record}, l.lock_key, {lock_free}
+                 FROM {schema}.leases AS l CROSS JOIN LATERAL (SELECT l.name) AS w(name)
+                 WHERE l.name LIKE $1::text ESCAPE '!'",
+            )
+            .replace("{key}", "l.lock_key")
+            .into(),
             // One row per request, each for another lease: $1 leases, $2 whether this session
             // already holds the lease's lock key, $3 the keys, $4 candidates, $5 ttl_ms, $6 new
-            // versions, $7..$9 holder, term and version of a record this store has seen unchanged
-            // for a full TTL (or NULL), $10 notification payloads, $11 the TTL of the grant this
-            // session holds on the lease (or NULL); $12 history limit, $13 the shortest TTL among
-            // the session's other leases (0: none) → per request, in order: whether the lock was
-            // free, whether granted, the new term, the record as it was, whether it was valid.
+            // versions, $7 the record version to take over (`AcquireRequest::takeover`, or
+            // NULL), $8 notification payloads, $9 the TTL of the grant this session holds on the
+            // lease (or NULL); $10 history limit, $11 the shortest TTL among the session's other
+            // leases (0: none) → per request, in order: whether the lock was free, whether
+            // granted, the new term, the record as it was, whether it was valid.
             //
             // Per request: takes the lock (unless already held), reads the row, grants if the
-            // lock is ours and the row is absent, free, the candidate's own, or the stale record
-            // named; writes the row and the history; gives the lock back if it was taken but not
-            // used. Then sets the session's idle timeout to the shortest TTL it holds afterwards.
+            // lock is ours and the row is absent, free, the candidate's own, or has exactly the
+            // version to take over (the engine decides when a record whose holder's session ended
+            // may be replaced); writes the row and the history; gives the lock back if it was
+            // taken but not used. Then sets the session's idle timeout to the shortest TTL it
+            // holds afterwards.
             //
             // Rows are read with the statement's snapshot, taken before the locks: a release
             // committed in between is not seen (the candidate is told Held and retries at the
@@ -77,10 +102,9 @@ impl Sql {
             acquire: fill(
                 "WITH req AS MATERIALIZED (
                     SELECT * FROM unnest($1::text[], $2::bool[], $3::int8[], $4::text[], $5::int8[],
-                                         $6::text[], $7::text[], $8::int8[], $9::text[], $10::text[],
-                                         $11::int8[])
-                        WITH ORDINALITY AS r(name, held, key, candidate, ttl_ms, version, stale_holder,
-                                             stale_term, stale_version, payload, old_ttl_ms, i)
+                                         $6::text[], $7::text[], $8::text[], $9::int8[])
+                        WITH ORDINALITY AS r(name, held, key, candidate, ttl_ms, version, takeover,
+                                             payload, old_ttl_ms, i)
                  ),
                  lk AS MATERIALIZED (
                     SELECT r.i, CASE WHEN r.held THEN true ELSE pg_try_advisory_lock(r.key) END AS got
@@ -103,8 +127,7 @@ impl Sql {
                                AND (NOT c.present OR (c.valid AND (
                                     c.c_holder IS NULL
                                     OR c.c_holder = c.candidate
-                                    OR (c.c_holder = c.stale_holder AND c.c_term = c.stale_term
-                                        AND c.c_version = c.stale_version)))), false) AS ok,
+                                    OR c.c_version = c.takeover))), false) AS ok,
                            greatest(c.c_term, c.history_term, 0) + 1 AS next_term
                     FROM cur AS c
                  ),
@@ -148,7 +171,7 @@ impl Sql {
                  pruned AS (
                     DELETE FROM {schema}.history AS h
                     USING granted AS g JOIN verdict AS v ON v.name = g.name
-                    WHERE $12::int8 > 0 AND h.name = g.name AND h.term <= g.term - $12::int8
+                    WHERE $10::int8 > 0 AND h.name = g.name AND h.term <= g.term - $10::int8
                       AND h.term IS DISTINCT FROM v.c_term
                     RETURNING h.term
                  ),
@@ -163,7 +186,7 @@ impl Sql {
                     WHERE v.c_holder IS NOT NULL AND v.c_holder <> v.candidate
                  ),
                  timeout AS MATERIALIZED (
-                    SELECT set_config('idle_session_timeout', COALESCE(least(NULLIF($13::int8, 0),
+                    SELECT set_config('idle_session_timeout', COALESCE(least(NULLIF($11::int8, 0),
                         (SELECT min(CASE WHEN g.name IS NOT NULL THEN v.ttl_ms ELSE v.old_ttl_ms END)
                          FROM verdict AS v LEFT JOIN granted AS g ON g.name = v.name)), 0)::text,
                         false) AS setting

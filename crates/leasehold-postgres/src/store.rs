@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use crate::changes::Notifier;
 use crate::config::PostgresConfig;
 use crate::error::{self, STORE};
-use crate::record::{self, Record, TTL_RANGE, term_value};
+use crate::record::{self, RECORD_WIDTH, Record, TTL_RANGE, term_value};
 use crate::schema;
 use crate::session::{self, Context, LockSession, Renewal};
 use crate::sql;
@@ -31,9 +31,11 @@ use crate::sql;
 /// with every renewal; `<schema>.history` keeps every term.
 ///
 /// A lock can end before its holder knows (a connection reset, a server restart). A contender
-/// that then takes the lock but finds a row that still names a holder replaces it only after
-/// this store has seen that same record version unchanged for the holder's whole TTL, on its own
-/// monotonic clock, so nobody is granted a lease that its previous holder may still believe in.
+/// that then finds the lock free but a row that still names a holder is told the record is
+/// [`orphaned`](leasehold_core::HolderInfo::orphaned); the engine replaces it (with
+/// [`AcquireRequest::takeover`] of its version) only after it has seen that same record version
+/// unchanged for the holder's whole TTL, on its own monotonic clock, so nobody is granted a lease
+/// that its previous holder may still believe in.
 /// Releases and takeovers are announced with `NOTIFY`. See [`docs`](crate::docs) for the whole
 /// story.
 ///
@@ -174,17 +176,35 @@ impl PostgresStore {
         Ok(WriteSessionSetting { lock_session, pool })
     }
 
-    async fn read(&self, lease: &LeaseName, operation: &'static str) -> Result<Record> {
+    /// The row of `lease`, and whether its advisory lock was free when it was read.
+    async fn read(&self, lease: &LeaseName, operation: &'static str) -> Result<(Record, bool)> {
         let timeout = self.inner.cx.config.connect_timeout();
         let row = sql::query(&self.inner.cx.sql.read)
             .bind(lease.as_str())
+            .bind(self.inner.cx.key(lease))
             .fetch_one(&self.inner.pool)
             .await
             .map_err(|e| error::map(&e, operation, timeout))?;
         let record = Record::decode(lease, &row, 0)?;
-        self.inner.cx.sightings.see(lease, &record, Instant::now());
-        Ok(record)
+        let lock_free = row
+            .try_get::<bool, _>(RECORD_WIDTH)
+            .map_err(|e| Error::store(STORE, format!("unexpected answer to {operation}: {e}")))?;
+        Ok((record, lock_free))
     }
+}
+
+/// `prefix` as a `LIKE` pattern escaped with `!` (the `ESCAPE` of the list statement): every
+/// lease name that starts with it, and nothing else.
+fn like_prefix(prefix: &str) -> String {
+    let mut pattern = String::with_capacity(prefix.len() + 1);
+    for c in prefix.chars() {
+        if matches!(c, '%' | '_' | '!') {
+            pattern.push('!');
+        }
+        pattern.push(c);
+    }
+    pattern.push('%');
+    pattern
 }
 
 /// A server setting on the connections of a [`PostgresStore`] that write lease records (see
@@ -222,8 +242,8 @@ impl LeaseStore for PostgresStore {
         match self.inner.session.renew(grant.clone(), Instant::now()).await? {
             Renewal::Renewed(grant) => Ok(Renewed::Renewed(grant)),
             Renewal::NotHeld => {
-                let record = self.read(&grant.lease, "renew").await?;
-                let mut observation = record.observation(&grant.lease);
+                let (record, lock_free) = self.read(&grant.lease, "renew").await?;
+                let mut observation = record.observation(&grant.lease, lock_free);
                 // A row that still names this grant outlived its lock (the session ended): the
                 // lease is not ours any more, whatever the row says.
                 if observation
@@ -243,7 +263,35 @@ impl LeaseStore for PostgresStore {
     }
 
     async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
-        Ok(self.read(lease, "inspect").await?.observation(lease))
+        let (record, lock_free) = self.read(lease, "inspect").await?;
+        Ok(record.observation(lease, lock_free))
+    }
+
+    /// One statement: the rows whose name starts with `prefix` (`LIKE`, with `%`, `_` and the
+    /// escape character escaped), each with the state of its advisory lock.
+    async fn list(&self, prefix: &str) -> Result<Vec<Observation>> {
+        let timeout = self.inner.cx.config.connect_timeout();
+        let rows = sql::query(&self.inner.cx.sql.list)
+            .bind(like_prefix(prefix))
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| error::map(&e, "list", timeout))?;
+        let unexpected = |e: sqlx::Error| Error::store(STORE, format!("unexpected answer to list: {e}"));
+        let mut leases = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let name: String = row.try_get(0).map_err(unexpected)?;
+            let lease = LeaseName::new(name.as_str())
+                .map_err(|e| Error::corrupt(STORE, &name, format!("the row's name is not a lease name: {e}")))?;
+            let record = Record::decode(&lease, row, 1)?;
+            let lock_key: Option<i64> = row.try_get(1 + RECORD_WIDTH).map_err(unexpected)?;
+            let lock_free: bool = row.try_get(2 + RECORD_WIDTH).map_err(unexpected)?;
+            // A row that records another key than its lease's (written by someone else) says
+            // nothing about the lease's lock: not orphaned, as far as anyone can tell.
+            let lock_free = lock_free && lock_key == Some(self.inner.cx.key(&lease));
+            leases.push(record.observation(&lease, lock_free));
+        }
+        leases.sort_by(|a, b| a.lease.cmp(&b.lease));
+        Ok(leases)
     }
 
     async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
@@ -274,7 +322,7 @@ impl LeaseStore for PostgresStore {
     /// the server frees the lock within the TTL. Candidates take the lease as soon as the lock
     /// is free.
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
-        let record = self.read(lease, "break_lease").await?;
+        let (record, _) = self.read(lease, "break_lease").await?;
         let Some(holder) = &record.holder else {
             return Ok(None);
         };

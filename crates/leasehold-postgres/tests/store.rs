@@ -190,9 +190,11 @@ async fn blackholed_holder_loses_the_lock_within_the_ttl() {
 
 /// A connection reset ends the holder's session (and frees its lock) while the holder still
 /// believes its grant. Another candidate that takes the free lock finds the row naming the
-/// holder and must not replace it until it has seen that record unchanged for a whole TTL.
+/// holder: the store says the record is orphaned (while the holder's session lived it did not)
+/// and replaces it only by a takeover of exactly its version, which the engine asks for once it
+/// has seen that version unchanged for a whole TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_row_that_outlives_its_lock_is_taken_over_only_after_a_ttl() {
+async fn a_row_that_outlives_its_lock_is_orphaned_and_taken_over_only_by_its_version() {
     let Some(pg) = server() else { return };
     let ttl = Duration::from_secs(1);
     let lease = common::lease("outlived");
@@ -200,6 +202,22 @@ async fn a_row_that_outlives_its_lock_is_taken_over_only_after_a_ttl() {
     let a = granted(acquire(&store_a, &lease, "a", ttl).await);
     let store_b = PostgresStore::connect(&pg.url).await.unwrap();
     let mut raw = pg.raw().await;
+    let with_takeover = |version: &str| AcquireRequest {
+        takeover: Some(version.to_string()),
+        ..request(&lease, "b", ttl)
+    };
+
+    // While A's session lives, its row is not orphaned, and no takeover replaces it.
+    let live = match acquire(&store_b, &lease, "b", ttl).await {
+        Acquired::Held(o) => o.holder.expect("the row names A"),
+        granted => panic!("B took a held lease: {granted:?}"),
+    };
+    assert!(!live.orphaned, "a live holder is not orphaned: {live:?}");
+    assert!(!store_b.inspect(&lease).await.unwrap().holder.unwrap().orphaned);
+    assert!(matches!(
+        store_b.acquire(&with_takeover(&live.version)).await.unwrap(),
+        Acquired::Held(_)
+    ));
 
     faults.set(Direction::Both, Fault::Reset);
     let reset = Instant::now();
@@ -207,21 +225,29 @@ async fn a_row_that_outlives_its_lock_is_taken_over_only_after_a_ttl() {
         assert!(reset.elapsed() < ttl, "a reset ends the session at once");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    // The lock is free, the row still names A.
+    // The lock is free, the row still names A: Held, orphaned, and no store-side countdown.
     let first = match acquire(&store_b, &lease, "b", ttl).await {
         Acquired::Held(o) => o,
         granted => panic!("B must not take a lease whose holder may still believe it: {granted:?}"),
     };
     let holder = first.holder.expect("the row names A");
     assert_eq!((holder.id.as_str(), holder.term), ("a", a.term));
-    let wait = holder.store_remaining.expect("the store says when it will let go");
-    assert!(wait <= ttl && wait > ttl / 2, "{wait:?}");
-    // B's next tries inside the TTL are refused; the lock is not kept.
-    tokio::time::sleep(ttl / 2).await;
+    assert!(holder.orphaned, "{holder:?}");
+    assert_eq!(holder.store_remaining, None, "the engine does the counting");
+    let inspected = store_b.inspect(&lease).await.unwrap().holder.unwrap();
+    assert!(
+        inspected.orphaned && inspected.version == holder.version,
+        "{inspected:?}"
+    );
+    // Without a takeover, or with another version, the row stays; the lock is not kept.
     assert!(matches!(acquire(&store_b, &lease, "b", ttl).await, Acquired::Held(_)));
+    assert!(matches!(
+        store_b.acquire(&with_takeover("00000000000000ff")).await.unwrap(),
+        Acquired::Held(_)
+    ));
     assert_eq!(lock_holder(&mut raw, store_b.lock_key(&lease)).await, None);
-    tokio::time::sleep(wait.saturating_sub(ttl / 2) + Duration::from_millis(20)).await;
-    let b = granted(acquire(&store_b, &lease, "b", ttl).await);
+    // A takeover of exactly that version replaces it.
+    let b = granted(store_b.acquire(&with_takeover(&holder.version)).await.unwrap());
     assert!(b.term > a.term);
     let history = store_b.history(&lease, 10).await.unwrap();
     let ended: Vec<_> = history.iter().map(|t| (t.term, t.ended.map(|(_, why)| why))).collect();
@@ -234,6 +260,46 @@ async fn a_row_that_outlives_its_lock_is_taken_over_only_after_a_ttl() {
         renewed => panic!("A was replaced: {renewed:?}"),
     }
     store_b.release(&b).await.unwrap();
+}
+
+/// The engine side of an orphaned row: an elector that first sees the row after the holder's
+/// session ended is elected only a full TTL after that (the old holder may believe its grant
+/// until then), and soon after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_elector_takes_over_an_orphaned_row_after_its_ttl() {
+    let Some(pg) = server() else { return };
+    let ttl = Duration::from_secs(1);
+    let retry = ttl / 5;
+    let lease = common::lease("orphan-elector");
+    let (store_a, faults) = pg.faulty_store().await.unwrap();
+    let a = granted(acquire(&store_a, &lease, "a", ttl).await);
+    let mut raw = pg.raw().await;
+    faults.set(Direction::Both, Fault::Reset);
+    let key = store_a.lock_key(&lease);
+    while lock_holder(&mut raw, key).await.is_some() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let b = Elector::builder(Arc::new(PostgresStore::connect(&pg.url).await.unwrap()), lease.as_str())
+        .candidate_id("b")
+        .ttl(ttl)
+        .retry_every(retry)
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let leader = tokio::time::timeout(ttl * 4, b.campaign())
+        .await
+        .expect("B takes the orphaned row over")
+        .unwrap();
+    let after = leader.elected_at().duration_since(started);
+    eprintln!("orphaned row taken over {after:?} after B started (ttl {ttl:?})");
+    assert!(
+        after >= ttl,
+        "B was elected {after:?} after it first looked: before the TTL"
+    );
+    assert!(after <= ttl + retry * 2 + Duration::from_millis(500), "{after:?}");
+    assert!(leader.term() > a.term);
+    leader.resign().await;
+    faults.heal();
 }
 
 /// A reset lock session does not depose a leader whose row nobody replaced: its next renewal
@@ -553,7 +619,7 @@ async fn garbage_rows_are_typed_errors() {
     for (garbage, named) in [
         (
             "holder = 'x', term = -1, ttl_ms = 1000, version = '0123456789abcdef'",
-            "negative",
+            "term -1 is not a term",
         ),
         ("holder = 'x', term = 3, ttl_ms = 1000, version = 'nothex'", "hex"),
         (

@@ -82,7 +82,6 @@ impl Actor {
         }
         let cx = self.cx.clone();
         let session = self.session.as_ref().expect("connected");
-        let now = Instant::now();
         let base = session
             .held
             .iter()
@@ -96,24 +95,19 @@ impl Actor {
         let mut candidates = Vec::new();
         let mut ttls = Vec::new();
         let mut versions = Vec::new();
-        let mut stale_holders = Vec::new();
-        let mut stale_terms = Vec::new();
-        let mut stale_versions = Vec::new();
+        let mut takeovers = Vec::new();
         let mut payloads = Vec::new();
         let mut old_ttls = Vec::new();
         for (request, ..) in &batch {
             let lease = &request.lease;
             let holding = session.held.get(lease);
-            let stale = cx.sightings.stale(lease, now);
             names.push(lease.as_str().to_string());
             held.push(holding.is_some());
             keys.push(cx.key(lease));
             candidates.push(request.candidate.as_str().to_string());
             ttls.push(millis(request.ttl));
             versions.push(String::from(RecordVersion::random()));
-            stale_holders.push(stale.as_ref().map(|s| s.holder.as_str().to_string()));
-            stale_terms.push(stale.as_ref().map(|s| term_value(s.term)));
-            stale_versions.push(stale.map(|s| s.version));
+            takeovers.push(request.takeover.clone());
             payloads.push(cx.payload(lease, request.candidate.as_str()));
             old_ttls.push(holding.map(|h| millis(h.ttl)));
         }
@@ -124,9 +118,7 @@ impl Actor {
             .bind(candidates)
             .bind(ttls)
             .bind(versions.clone())
-            .bind(stale_holders)
-            .bind(stale_terms)
-            .bind(stale_versions)
+            .bind(takeovers)
             .bind(payloads)
             .bind(old_ttls)
             .bind(i64::from(cx.config.history_limit()))
@@ -156,9 +148,8 @@ impl Actor {
                 return;
             }
         };
-        let arrived = Instant::now();
         for ((((request, at, reply), row), key), version) in batch.into_iter().zip(&rows).zip(keys).zip(versions) {
-            let answer = self.answer_acquire(&request, at, row, key, version, arrived);
+            let answer = self.answer_acquire(&request, at, row, key, version);
             let _ = reply.send(answer);
         }
         if let Some(session) = self.session.as_mut() {
@@ -174,7 +165,6 @@ impl Actor {
         row: &PgRow,
         key: i64,
         version: String,
-        arrived: Instant,
     ) -> Result<Acquired> {
         let lease = &request.lease;
         let internal = |e: sqlx::Error| Error::store(STORE, format!("unexpected answer to acquire: {e}"));
@@ -199,7 +189,6 @@ impl Actor {
                     confirmed: at,
                 },
             );
-            self.cx.sightings.forget(lease);
             return Ok(Acquired::Granted(Grant {
                 lease: lease.clone(),
                 holder: request.candidate.clone(),
@@ -216,16 +205,11 @@ impl Actor {
                 "the row fails leasehold's checks (see docs: schema)",
             ));
         }
-        let since = self.cx.sightings.see(lease, &record, arrived);
-        let mut observation = record.observation(lease);
-        if got && !held {
-            // The lock was free but the row names a holder: its session ended (crash, reset,
-            // restart). It may still believe its grant, so the lease is taken only once this
-            // store has seen that record unchanged for its TTL: say when that will be.
-            if let (Some(holder), Some(since)) = (observation.holder.as_mut(), since) {
-                holder.store_remaining = Some((since + holder.ttl).saturating_duration_since(arrived));
-            }
-        }
+        // The lock was free (this session took it for the statement) but the row names a holder:
+        // its session ended (crash, reset, restart) while it may still believe its grant. The
+        // row is orphaned: the engine takes it over by its version once it has seen that
+        // version unchanged for the holder's TTL.
+        let observation = record.observation(lease, got && !held);
         Ok(Acquired::Held(observation))
     }
 
