@@ -1,0 +1,234 @@
+//! Lease groups over the in-memory store on tokio's paused clock: balance from cold, no moves
+//! while membership is stable, a crashed member's shards spread over the others, a join moves
+//! few shards, and never two owners of a shard at once, with terms increasing on every change.
+//! (The shared conformance suite runs groups on the real backends.)
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use leasehold_core::{
+    AcquireRequest, Acquired, CandidateId, Capabilities, Changes, Error, Grant, LeaseGroup, LeaseName, LeaseStore,
+    MemoryStore, Observation, Renewed, Result, ShardLeader, Term, Transition, async_trait,
+};
+use tokio_util::sync::CancellationToken;
+
+const TTL: Duration = Duration::from_secs(2);
+const SHARDS: u32 = 64;
+
+/// One member's connection to the shared store; `kill` makes every request fail, as if the
+/// member's process hung or was cut off.
+#[derive(Debug)]
+struct Link {
+    store: MemoryStore,
+    dead: AtomicBool,
+}
+
+impl Link {
+    fn check(&self) -> Result<()> {
+        if self.dead.load(Ordering::SeqCst) {
+            Err(Error::unreachable("memory", "the member is cut off"))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[async_trait]
+impl LeaseStore for Link {
+    fn name(&self) -> &'static str {
+        self.store.name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.store.capabilities()
+    }
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
+        self.check()?;
+        self.store.acquire(request).await
+    }
+    async fn renew(&self, grant: &Grant) -> Result<Renewed> {
+        self.check()?;
+        self.store.renew(grant).await
+    }
+    async fn release(&self, grant: &Grant) -> Result<()> {
+        self.check()?;
+        self.store.release(grant).await
+    }
+    async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
+        self.check()?;
+        self.store.inspect(lease).await
+    }
+    async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
+        self.check()?;
+        self.store.history(lease, limit).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<Observation>> {
+        self.check()?;
+        self.store.list(prefix).await
+    }
+    async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {
+        self.check()?;
+        self.store.changes(lease, candidate).await
+    }
+}
+
+/// What every shard task records: who runs each shard now, every term, overlaps.
+#[derive(Default)]
+struct Book {
+    running: Mutex<HashMap<u32, (String, Term)>>,
+    terms: Mutex<HashMap<u32, Vec<Term>>>,
+    violations: Mutex<Vec<String>>,
+    starts: AtomicUsize,
+}
+
+impl Book {
+    fn start(&self, shard: &ShardLeader) {
+        let me = shard.holder().to_string();
+        self.starts.fetch_add(1, Ordering::SeqCst);
+        let mut running = self.running.lock().unwrap();
+        if let Some((other, term)) = running.get(&shard.shard()) {
+            self.violations.lock().unwrap().push(format!(
+                "shard {}: {me} (term {}) started while {other} (term {term}) still runs",
+                shard.shard(),
+                shard.term()
+            ));
+        }
+        running.insert(shard.shard(), (me, shard.term()));
+        let mut terms = self.terms.lock().unwrap();
+        let terms = terms.entry(shard.shard()).or_default();
+        if terms.last().is_some_and(|last| *last >= shard.term()) {
+            self.violations.lock().unwrap().push(format!(
+                "shard {}: term {} after {:?}",
+                shard.shard(),
+                shard.term(),
+                terms
+            ));
+        }
+        terms.push(shard.term());
+    }
+
+    fn stop(&self, shard: &ShardLeader) {
+        let mut running = self.running.lock().unwrap();
+        if running
+            .get(&shard.shard())
+            .is_some_and(|(_, term)| *term == shard.term())
+        {
+            running.remove(&shard.shard());
+        }
+    }
+
+    /// Shards run per member.
+    fn counts(&self) -> HashMap<String, usize> {
+        let mut counts = HashMap::new();
+        for (member, _) in self.running.lock().unwrap().values() {
+            *counts.entry(member.clone()).or_default() += 1;
+        }
+        counts
+    }
+}
+
+struct Member {
+    link: Arc<Link>,
+    stop: CancellationToken,
+    handle: tokio::task::JoinHandle<Result<()>>,
+}
+
+fn join(store: &MemoryStore, book: &Arc<Book>, id: &str) -> Member {
+    let link = Arc::new(Link {
+        store: store.clone(),
+        dead: AtomicBool::new(false),
+    });
+    let group = LeaseGroup::builder(link.clone(), "orders", SHARDS)
+        .member_id(id)
+        .ttl(TTL)
+        .build()
+        .unwrap();
+    let stop = CancellationToken::new();
+    let book = book.clone();
+    let shutdown = stop.clone().cancelled_owned();
+    let handle = tokio::spawn(async move {
+        group
+            .run_until(
+                move |shard: ShardLeader| {
+                    let book = book.clone();
+                    async move {
+                        book.start(&shard);
+                        shard.cancelled().await;
+                        book.stop(&shard);
+                        Ok::<(), Error>(())
+                    }
+                },
+                shutdown,
+            )
+            .await
+    });
+    Member { link, stop, handle }
+}
+
+/// Waits (on the paused clock) until the members' shard counts are `expected` (sorted,
+/// descending) and every shard runs; returns how long it took.
+async fn balanced(book: &Book, expected: &[usize], bound: Duration) -> Duration {
+    let started = tokio::time::Instant::now();
+    loop {
+        let counts = book.counts();
+        let mut sorted: Vec<usize> = counts.values().copied().collect();
+        sorted.sort_unstable_by(|a, b| b.cmp(a));
+        if sorted == expected {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < bound,
+            "not balanced to {expected:?} within {bound:?}: {counts:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn groups_balance_stay_put_spread_a_crash_and_move_few_shards_on_a_join() {
+    let store = MemoryStore::new();
+    let book = Arc::new(Book::default());
+
+    // Cold start: three members share 64 shards as 22/21/21.
+    let members: Vec<Member> = ["a", "b", "c"].iter().map(|id| join(&store, &book, id)).collect();
+    let took = balanced(&book, &[22, 21, 21], TTL * 10).await;
+    println!("cold start balanced in {took:?}");
+
+    // Stable membership for 10 TTLs: not one shard moves.
+    let starts = book.starts.load(Ordering::SeqCst);
+    tokio::time::sleep(TTL * 10).await;
+    assert_eq!(
+        book.starts.load(Ordering::SeqCst),
+        starts,
+        "shards moved while membership was stable"
+    );
+
+    // c is cut off: its shards go to a and b, spread (32/32), within a TTL and a few rounds.
+    members[2].link.dead.store(true, Ordering::SeqCst);
+    let took = balanced(&book, &[32, 32], TTL * 4).await;
+    println!("crash: c's shards owned again after {took:?}");
+    assert!(took <= TTL * 2, "took {took:?}");
+
+    // d joins: it takes at most ceil(64 / 3) = 22 shards, everyone ends at 22/21/21.
+    let starts = book.starts.load(Ordering::SeqCst);
+    let d = join(&store, &book, "d");
+    let took = balanced(&book, &[22, 21, 21], TTL * 20).await;
+    let moves = book.starts.load(Ordering::SeqCst) - starts;
+    println!("join: balanced after {took:?} with {moves} moves");
+    assert!(moves <= 22, "{moves} moves");
+
+    // A graceful leave (b stops): its shards are handed over, nobody else's move.
+    let mut members = members;
+    let b = members.remove(1);
+    b.stop.cancel();
+    b.handle.await.unwrap().unwrap();
+    let took = balanced(&book, &[32, 32], TTL * 10).await;
+    println!("leave: balanced after {took:?}");
+
+    let violations = book.violations.lock().unwrap().clone();
+    assert!(violations.is_empty(), "{violations:#?}");
+    for m in members.iter().chain([&d]) {
+        m.stop.cancel();
+    }
+}
