@@ -1,11 +1,11 @@
 //! Reading rows: every value is checked, and garbage becomes [`Error::CorruptRecord`] naming the
-//! lease and the field.
+//! lease and the field (the holder fields by [`HolderInfo::from_record`], as on every backend).
 
 use std::ops::RangeInclusive;
 use std::time::{Duration, SystemTime};
 
 use leasehold_core::{
-    CandidateId, EndReason, Error, HolderInfo, LeaseName, Observation, RecordVersion, Result, Term, Transition, time,
+    CandidateId, EndReason, Error, HolderFields, HolderInfo, LeaseName, Observation, Result, Term, Transition, time,
 };
 use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, SqliteConnection, TypeInfo, ValueRef};
@@ -18,20 +18,12 @@ pub const TTL_RANGE: RangeInclusive<Duration> = Duration::from_millis(1)..=Durat
 /// A lease row, validated.
 #[derive(Debug)]
 pub(crate) struct Record {
-    pub(crate) holder: Option<Holding>,
+    pub(crate) holder: Option<HolderInfo>,
     /// The row's term: the holder's, or the last one granted.
     pub(crate) term: Term,
     /// The highest term in the row or the history: the next grant is above it.
     pub(crate) last_term: Term,
     pub(crate) previous_end: Option<EndReason>,
-}
-
-/// The holder of a lease, as its row records it.
-#[derive(Debug)]
-pub(crate) struct Holding {
-    pub(crate) id: CandidateId,
-    pub(crate) ttl: Duration,
-    pub(crate) version: String,
 }
 
 /// Reads and validates the row of `lease`. A lease without a row is free, at the highest term its
@@ -48,7 +40,52 @@ pub(crate) async fn read(conn: &mut SqliteConnection, lease: &LeaseName) -> Resu
     .bind(lease.as_str())
     .fetch_one(conn)
     .await?;
-    Ok(Record::decode(lease, &row)?)
+    Ok(Record::decode(lease, &row, 0)?)
+}
+
+/// Reads and validates the rows of every lease whose name starts with `prefix`, in name order.
+/// One statement, so one snapshot; leases without a row are not listed.
+pub(crate) async fn list(conn: &mut SqliteConnection, prefix: &str) -> Result<Vec<(LeaseName, Record)>, Failure> {
+    let rows = sqlx::query(
+        "SELECT l.name, l.holder, l.term, l.ttl_ms, l.version, l.previous_end,
+                (SELECT MAX(t.term) FROM leasehold_terms AS t WHERE t.name = l.name),
+                1
+         FROM leasehold_leases AS l
+         WHERE l.name GLOB ?1",
+    )
+    .bind(glob_prefix(prefix))
+    .fetch_all(conn)
+    .await?;
+    let mut leases = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let name = text(row, 0, "name")
+            .map_err(|e| Error::corrupt(STORE, "(a row's name)", e))?
+            .unwrap_or_default();
+        let lease = LeaseName::new(name.as_str())
+            .map_err(|e| Error::corrupt(STORE, &name, format!("the row's name is not a lease name: {e}")))?;
+        let record = Record::decode(&lease, row, 1)?;
+        leases.push((lease, record));
+    }
+    leases.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(leases)
+}
+
+/// `prefix` as a GLOB pattern (case-sensitive, unlike SQLite's `LIKE`): its `*`, `?` and `[`
+/// each in a bracket of its own, then `*`.
+fn glob_prefix(prefix: &str) -> String {
+    let mut pattern = String::with_capacity(prefix.len() + 1);
+    for c in prefix.chars() {
+        match c {
+            '*' | '?' | '[' => {
+                pattern.push('[');
+                pattern.push(c);
+                pattern.push(']');
+            }
+            c => pattern.push(c),
+        }
+    }
+    pattern.push('*');
+    pattern
 }
 
 /// Why an operation failed: its own record (nothing was written; other requests in the same
@@ -72,14 +109,15 @@ impl From<Error> for Failure {
 }
 
 impl Record {
-    /// Decodes `(holder, term, ttl_ms, version, previous_end, max history term, row present)`.
-    fn decode(lease: &LeaseName, row: &SqliteRow) -> Result<Record> {
+    /// Decodes `(holder, term, ttl_ms, version, previous_end, max history term, row present)`,
+    /// starting at column `at`.
+    fn decode(lease: &LeaseName, row: &SqliteRow, at: usize) -> Result<Record> {
         let corrupt = |detail: String| Error::corrupt(STORE, lease, detail);
-        let history_term = match integer(row, 5, "leasehold_terms.term").map_err(corrupt)? {
+        let history_term = match integer(row, at + 5, "leasehold_terms.term").map_err(corrupt)? {
             None => Term(0),
             Some(t) => term_from(t).ok_or_else(|| corrupt(format!("leasehold_terms.term {t} is negative")))?,
         };
-        if integer(row, 6, "name").map_err(corrupt)? != Some(1) {
+        if integer(row, at + 6, "name").map_err(corrupt)? != Some(1) {
             return Ok(Record {
                 holder: None,
                 term: history_term,
@@ -87,11 +125,10 @@ impl Record {
                 previous_end: None,
             });
         }
-        let term = integer(row, 1, "term")
+        let term = integer(row, at + 1, "term")
             .map_err(corrupt)?
             .ok_or_else(|| corrupt("term is NULL".into()))?;
-        let term = term_from(term).ok_or_else(|| corrupt(format!("term {term} is negative")))?;
-        let previous_end = match text(row, 4, "previous_end").map_err(corrupt)? {
+        let previous_end = match text(row, at + 4, "previous_end").map_err(corrupt)? {
             None => None,
             Some(reason) => Some(
                 reason
@@ -100,26 +137,21 @@ impl Record {
             ),
         };
         let holder = match (
-            text(row, 0, "holder"),
-            integer(row, 2, "ttl_ms"),
-            text(row, 3, "version"),
+            text(row, at, "holder"),
+            integer(row, at + 2, "ttl_ms"),
+            text(row, at + 3, "version"),
         ) {
             (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return Err(corrupt(e)),
             (Ok(None), Ok(None), Ok(None)) => None,
             (Ok(Some(id)), Ok(Some(ttl_ms)), Ok(Some(version))) => {
-                let id = CandidateId::new(id).map_err(|e| corrupt(format!("holder: {e}")))?;
-                if term == Term(0) {
-                    return Err(corrupt("term 0 has a holder; terms start at 1".into()));
-                }
-                let ttl = u64::try_from(ttl_ms)
-                    .ok()
-                    .map(Duration::from_millis)
-                    .filter(|ttl| TTL_RANGE.contains(ttl))
-                    .ok_or_else(|| corrupt(format!("ttl_ms {ttl_ms} is outside {TTL_RANGE:?}")))?;
-                if RecordVersion::parse(&version).is_none() {
-                    return Err(corrupt(format!("version {version:?} is not 16 hex digits")));
-                }
-                Some(Holding { id, ttl, version })
+                let fields = HolderFields {
+                    id: &id,
+                    term: term.into(),
+                    ttl_ms: ttl_ms.into(),
+                    version: &version,
+                    store_remaining: None,
+                };
+                Some(HolderInfo::from_record(STORE, lease, fields, &TTL_RANGE)?)
             }
             (Ok(holder), Ok(ttl_ms), Ok(version)) => {
                 let set = |is_set: bool| if is_set { "set" } else { "NULL" };
@@ -131,6 +163,7 @@ impl Record {
                 )));
             }
         };
+        let term = term_from(term).ok_or_else(|| corrupt(format!("term {term} is negative")))?;
         Ok(Record {
             holder,
             term,
@@ -143,14 +176,7 @@ impl Record {
     pub(crate) fn observation(&self, lease: &LeaseName) -> Observation {
         Observation {
             lease: lease.clone(),
-            holder: self.holder.as_ref().map(|h| HolderInfo {
-                id: h.id.clone(),
-                term: self.term,
-                ttl: h.ttl,
-                version: h.version.clone(),
-                orphaned: false,
-                store_remaining: None,
-            }),
+            holder: self.holder.clone(),
             last_term: self.last_term,
             previous_end: if self.holder.is_none() { self.previous_end } else { None },
         }

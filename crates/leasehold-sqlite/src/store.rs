@@ -198,6 +198,14 @@ impl LeaseStore for SqliteStore {
         Ok(record.observation(lease))
     }
 
+    /// One statement (`GLOB`, case-sensitive, with the prefix's `*`, `?` and `[` escaped).
+    async fn list(&self, prefix: &str) -> Result<Vec<Observation>> {
+        let map = self.map_read("list");
+        let mut conn = self.pool.acquire().await.map_err(|e| map(e.into()))?;
+        let leases = record::list(&mut conn, prefix).await.map_err(map)?;
+        Ok(leases.iter().map(|(lease, record)| record.observation(lease)).collect())
+    }
+
     async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
         let map = self.map_read("history");
         // One read transaction: the row and the history come from one snapshot.
@@ -219,6 +227,11 @@ impl LeaseStore for SqliteStore {
             .collect::<Result<Vec<_>>>()?;
         transitions.reverse();
         Ok(transitions)
+    }
+
+    /// `true`: [`break_lease`](LeaseStore::break_lease) works.
+    fn can_break(&self) -> bool {
+        true
     }
 
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
