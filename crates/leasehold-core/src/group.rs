@@ -163,8 +163,8 @@ impl LeaseGroupBuilder {
         self
     }
 
-    /// How many shards may move between live members per round. Default `max(1, shards / 10)`,
-    /// at most 20.
+    /// How many shards may move between live members per round. Default `shards / 4`, at least 1
+    /// and at most 32.
     pub fn max_moves_per_round(mut self, moves: usize) -> Self {
         self.max_moves = Some(moves);
         self
@@ -210,7 +210,7 @@ impl LeaseGroupBuilder {
             .build()?;
         let max_moves = self
             .max_moves
-            .unwrap_or_else(|| (self.shards as usize / 10).clamp(1, 20));
+            .unwrap_or_else(|| (self.shards as usize / 4).clamp(1, 32));
         Ok(LeaseGroup {
             inner: Arc::new(Inner {
                 store: self.store,
@@ -380,7 +380,12 @@ impl LeaseGroup {
             };
             info!(parent: &span, "joined the group");
             let mut member_state = Rounds::default();
-            let mut ticker = tokio::time::interval(self.inner.rebalance_every);
+            // The first round waits a whole interval: members that start together see each
+            // other before anyone plans, instead of the first taking every shard.
+            let mut ticker = tokio::time::interval_at(
+                tokio::time::Instant::now() + self.inner.rebalance_every,
+                self.inner.rebalance_every,
+            );
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let stop = loop {
                 tokio::select! {
