@@ -65,6 +65,12 @@ impl Failure {
         Failure::new(code, format!("cannot connect to {}: {error}", leasehold::redact(url)))
     }
 
+    /// The line, without the `leasehold: ` in front.
+    #[cfg(test)]
+    pub(crate) fn message(&self) -> &str {
+        &self.message
+    }
+
     /// Prints the line and returns the exit code.
     pub(crate) fn report(self) -> i32 {
         crate::output::log(&self.message);

@@ -21,18 +21,33 @@ pub(crate) async fn connect(url: &str) -> Result<Arc<dyn LeaseStore>, Failure> {
     leasehold::connect(url).await.map_err(|e| Failure::connect(url, &e))
 }
 
-/// `leasehold status LEASE...`.
-pub(crate) async fn status(url: &str, leases: &[String], json: bool) -> Result<i32, Failure> {
+/// `leasehold status LEASE...`, or `leasehold status [--prefix P]`: every lease of the store (whose
+/// name starts with `P`).
+pub(crate) async fn status(url: &str, leases: &[String], prefix: Option<&str>, json: bool) -> Result<i32, Failure> {
     let leases = leases.iter().map(|l| lease_name(l)).collect::<Result<Vec<_>, _>>()?;
     let store = connect(url).await?;
-    let mut seen = Vec::new();
-    for lease in &leases {
-        let observation = store
-            .inspect(lease)
-            .await
-            .map_err(|e| Failure::store(format!("cannot read lease {lease}"), &e))?;
-        seen.push(observation);
-    }
+    let seen = if leases.is_empty() {
+        let prefix = prefix.unwrap_or_default();
+        let listed = store.list(prefix).await.map_err(|e| list_failure(prefix, &e))?;
+        if listed.is_empty() && !json {
+            match prefix {
+                "" => line("no leases in the store"),
+                prefix => line(&format!("no leases starting with {prefix:?}")),
+            }
+            return Ok(0);
+        }
+        listed
+    } else {
+        let mut seen = Vec::new();
+        for lease in &leases {
+            let observation = store
+                .inspect(lease)
+                .await
+                .map_err(|e| Failure::store(format!("cannot read lease {lease}"), &e))?;
+            seen.push(observation);
+        }
+        seen
+    };
     if json {
         let rows: Vec<Value> = seen.iter().map(status_json).collect();
         line(&Value::Array(rows).to_string());
@@ -41,6 +56,21 @@ pub(crate) async fn status(url: &str, leases: &[String], json: bool) -> Result<i
         line(&table(&["LEASE", "STATE", "HOLDER", "TERM", "TTL", "TIME LEFT"], &rows));
     }
     Ok(0)
+}
+
+/// A failed listing: one line, exit 4 for a store that cannot list (with what to do instead).
+fn list_failure(prefix: &str, error: &leasehold::Error) -> Failure {
+    let what = if prefix.is_empty() {
+        "cannot list the leases".to_string()
+    } else {
+        format!("cannot list the leases starting with {prefix:?}")
+    };
+    match error {
+        leasehold::Error::Unsupported { .. } => {
+            Failure::store(format!("{what} (name them instead: leasehold status LEASE...)"), error)
+        }
+        _ => Failure::store(what, error),
+    }
 }
 
 fn status_row(o: &Observation) -> Vec<String> {
@@ -305,6 +335,30 @@ mod tests {
         assert_eq!(v["state"], "free");
         assert_eq!(v["holder"], Value::Null);
         assert_eq!(v["last_term"], 7);
+    }
+
+    #[test]
+    fn a_store_that_cannot_list_says_so_in_one_line() {
+        let unsupported = leasehold::Error::Unsupported {
+            store: "sqlite",
+            operation: "list",
+        };
+        let failure = list_failure("", &unsupported);
+        assert_eq!(failure.code, crate::exit::UNSUPPORTED);
+        assert_eq!(
+            failure.message(),
+            "cannot list the leases (name them instead: leasehold status LEASE...): sqlite store does \
+             not support list"
+        );
+        let failure = list_failure("jobs.", &leasehold::Error::unreachable("redis", "connection refused"));
+        assert_eq!(failure.code, crate::exit::UNREACHABLE);
+        assert!(
+            failure
+                .message()
+                .starts_with("cannot list the leases starting with \"jobs.\": "),
+            "{}",
+            failure.message()
+        );
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! ```text
 //! leasehold run --store sqlite:///var/lib/leasehold/leases.db --lease nightly-report -- ./report.sh
 //! leasehold status nightly-report
+//! leasehold status --prefix nightly-          # every lease whose name starts with it
 //! leasehold history nightly-report --limit 5
 //! leasehold watch nightly-report
 //! leasehold break nightly-report
@@ -99,10 +100,16 @@ enum Command {
     Run(RunArgs),
 
     /// Show who holds each lease, at which term, and for how long the store keeps it.
+    ///
+    /// Without a lease name, lists every lease of the store (with --prefix, those whose name
+    /// starts with it), where the store can list its leases.
     Status {
-        /// The leases to show (the store cannot list them; name at least one).
-        #[arg(required = true, value_name = "LEASE")]
+        /// The leases to show [default: every lease of the store].
+        #[arg(value_name = "LEASE")]
         leases: Vec<String>,
+        /// List only the leases whose name starts with PREFIX (instead of naming them).
+        #[arg(long, value_name = "PREFIX", conflicts_with = "leases")]
+        prefix: Option<String>,
     },
 
     /// Show the recorded terms of a lease: who led, when, and how each term ended.
@@ -256,7 +263,7 @@ fn dispatch(store: Option<String>, json: bool, command: Command) -> Result<i32, 
     runtime.block_on(async move {
         match command {
             Command::Run(args) => run::run(&store, args).await,
-            Command::Status { leases } => inspect::status(&store, &leases, json).await,
+            Command::Status { leases, prefix } => inspect::status(&store, &leases, prefix.as_deref(), json).await,
             Command::History { lease, limit } => inspect::history(&store, &lease, limit, json).await,
             Command::Watch { lease, interval } => inspect::watch(&store, &lease, interval, json).await,
             Command::Break { lease } => inspect::break_lease(&store, &lease, json).await,

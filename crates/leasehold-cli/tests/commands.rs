@@ -91,12 +91,77 @@ fn bad_arguments_are_usage_errors() {
     assert_eq!(output.status.code(), Some(2), "a duration needs a unit");
     let output = store.leasehold(&["run", "--lease", "x", "true"]);
     assert_eq!(output.status.code(), Some(2), "the command comes after --");
-    let output = Command::new(bin())
-        .env("LEASEHOLD_STORE", &store.url)
-        .args(["status"])
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(2), "status needs a lease");
+    let output = store.leasehold(&["status", "--prefix", "jobs.", "jobs.a"]);
+    assert_eq!(output.status.code(), Some(2), "leases are named or listed, not both");
+}
+
+/// `status` without a name lists every lease of the store, sorted, as `status NAME` shows each;
+/// `--prefix` keeps those whose name starts with it.
+#[test]
+fn status_without_a_name_lists_every_lease() {
+    let store = Store::sqlite();
+    let output = store.leasehold(&["status"]);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(stdout(&output).trim(), "no leases in the store");
+    assert_eq!(stdout(&store.leasehold(&["--json", "status"])).trim(), "[]");
+
+    // Two leases held once and released, one held now.
+    for lease in ["jobs.b", "other"] {
+        let output = store.leasehold(&["run", "--lease", lease, "--id", "once", "--", "true"]);
+        assert!(output.status.success(), "{output:?}");
+    }
+    let path = store.path("ledger");
+    let script = format!("echo \"$LEASEHOLD_TERM $$\" >> '{}'; exec sleep 60", path.display());
+    let _holder = store.spawn_run(
+        "holder",
+        &[
+            "--lease", "jobs.a", "--id", "holder-1", "--ttl", "5s", "--", "sh", "-c", &script,
+        ],
+    );
+    wait_for(Duration::from_secs(10), || !ledger(&path).is_empty()).expect("the command starts");
+    let term = ledger(&path)[0].term.to_string();
+
+    let output = store.leasehold(&["status"]);
+    assert!(output.status.success(), "{output:?}");
+    let text = stdout(&output);
+    let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(
+        rows,
+        [
+            vec!["LEASE", "STATE", "HOLDER", "TERM", "TTL", "TIME", "LEFT"],
+            vec!["jobs.a", "held", "holder-1", &term, "5s", "unknown"],
+            vec!["jobs.b", "free", "(released)", "-", "1", "-", "-"],
+            vec!["other", "free", "(released)", "-", "1", "-", "-"],
+        ],
+        "{text}"
+    );
+    // The same rows as naming the leases.
+    assert_eq!(stdout(&store.leasehold(&["status", "jobs.a", "jobs.b", "other"])), text);
+
+    let output = store.leasehold(&["status", "--prefix", "jobs."]);
+    let text = stdout(&output);
+    let leases: Vec<&str> = text
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(leases, ["jobs.a", "jobs.b"], "{text}");
+
+    let output = store.leasehold(&["--json", "status", "--prefix", "jobs."]);
+    let listed: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let listed = listed.as_array().unwrap();
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert_eq!(listed[0]["lease"], "jobs.a");
+    assert_eq!(listed[0]["holder"], "holder-1");
+    assert_eq!(listed[0]["ttl_ms"], 5000);
+    assert_eq!(listed[1]["lease"], "jobs.b");
+    assert_eq!(listed[1]["state"], "free");
+    assert_eq!(listed[1]["last_term"], 1);
+    assert_eq!(listed[1]["previous_end"], "released");
+
+    let output = store.leasehold(&["status", "--prefix", "nothing-"]);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(stdout(&output).trim(), "no leases starting with \"nothing-\"");
 }
 
 #[test]
