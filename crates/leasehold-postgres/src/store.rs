@@ -316,6 +316,11 @@ impl LeaseStore for PostgresStore {
         Ok(Some(self.inner.notifier.changes(lease, candidate)))
     }
 
+    /// `true`: [`break_lease`](LeaseStore::break_lease) works.
+    fn can_break(&self) -> bool {
+        true
+    }
+
     /// Ends the current term as `broken` in the row and the history, and notifies. The holder's
     /// lock session is not terminated (it holds the store's other leases too): the holder learns
     /// at its next renewal, which answers `Lost` and gives the lock back, or, if it is silent,
