@@ -3,15 +3,14 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::StreamExt;
 use leasehold_core::{
-    AcquireRequest, Acquired, CandidateId, Capabilities, Changes, Error, Grant, LeaseName, LeaseStore, Observation,
-    Renewed, Result, Term, Transition,
+    AcquireRequest, Acquired, CandidateId, Capabilities, Changes, CountingStore, Error, Grant, LeaseName, LeaseStore,
+    Observation, Operation, Renewed, RequestCounts as Counts, Result, Term, Transition,
 };
 use tokio::sync::watch;
 
@@ -59,45 +58,9 @@ impl FaultState {
     }
 }
 
-/// A store operation, for counting requests.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Op {
-    /// [`LeaseStore::acquire`].
-    Acquire,
-    /// [`LeaseStore::renew`].
-    Renew,
-    /// [`LeaseStore::release`].
-    Release,
-    /// [`LeaseStore::inspect`].
-    Inspect,
-    /// [`LeaseStore::history`].
-    History,
-    /// [`LeaseStore::changes`].
-    Changes,
-    /// [`LeaseStore::withdraw`].
-    Withdraw,
-    /// [`LeaseStore::break_lease`].
-    BreakLease,
-}
-
-impl Op {
-    const ALL: [Op; 8] = [
-        Op::Acquire,
-        Op::Renew,
-        Op::Release,
-        Op::Inspect,
-        Op::History,
-        Op::Changes,
-        Op::Withdraw,
-        Op::BreakLease,
-    ];
-
-    fn index(self) -> usize {
-        self as usize
-    }
-}
-
-/// How many requests of each kind went through a [`FaultyStore`] (attempted, faulted or not).
+/// How many requests of each kind reached a store through a [`FaultyStore`] (attempted, faulted
+/// or not), by name: a snapshot of the [`CountingStore`] counters of every [`FaultyStore`] of one
+/// [`Faults`] (see [`Faults::counts`]). It counts nothing itself.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct RequestCounts {
     /// [`LeaseStore::acquire`] calls.
@@ -106,16 +69,20 @@ pub struct RequestCounts {
     pub renew: u64,
     /// [`LeaseStore::release`] calls.
     pub release: u64,
+    /// [`LeaseStore::withdraw`] calls.
+    pub withdraw: u64,
     /// [`LeaseStore::inspect`] calls.
     pub inspect: u64,
     /// [`LeaseStore::history`] calls.
     pub history: u64,
+    /// [`LeaseStore::list`] calls.
+    pub list: u64,
     /// [`LeaseStore::changes`] calls.
     pub changes: u64,
-    /// [`LeaseStore::withdraw`] calls.
-    pub withdraw: u64,
     /// [`LeaseStore::break_lease`] calls.
     pub break_lease: u64,
+    /// Calls (of any kind) that answered an error, injected faults included.
+    pub failed: u64,
 }
 
 impl RequestCounts {
@@ -124,11 +91,30 @@ impl RequestCounts {
         self.acquire
             + self.renew
             + self.release
+            + self.withdraw
             + self.inspect
             + self.history
+            + self.list
             + self.changes
-            + self.withdraw
             + self.break_lease
+    }
+}
+
+impl From<Counts> for RequestCounts {
+    fn from(counts: Counts) -> Self {
+        let n = |operation| counts.get(operation);
+        RequestCounts {
+            acquire: n(Operation::Acquire),
+            renew: n(Operation::Renew),
+            release: n(Operation::Release),
+            withdraw: n(Operation::Withdraw),
+            inspect: n(Operation::Inspect),
+            history: n(Operation::History),
+            list: n(Operation::List),
+            changes: n(Operation::Changes),
+            break_lease: n(Operation::BreakLease),
+            failed: counts.failed,
+        }
     }
 }
 
@@ -136,15 +122,17 @@ impl fmt::Display for RequestCounts {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "acquire {} renew {} release {} inspect {} history {} changes {} withdraw {} break {}",
+            "acquire {} renew {} release {} withdraw {} inspect {} history {} list {} changes {} break {} (failed {})",
             self.acquire,
             self.renew,
             self.release,
+            self.withdraw,
             self.inspect,
             self.history,
+            self.list,
             self.changes,
-            self.withdraw,
-            self.break_lease
+            self.break_lease,
+            self.failed
         )
     }
 }
@@ -152,8 +140,9 @@ impl fmt::Display for RequestCounts {
 /// A cloneable switchboard of faults, per direction, changed at runtime by a test and honoured by
 /// a [`FaultyStore`] or a [`FaultProxy`](crate::FaultProxy).
 ///
-/// It also counts the requests a [`FaultyStore`] sees (a proxy sees bytes, not requests, and
-/// leaves the counts at zero).
+/// It also shows the requests its [`FaultyStore`]s see, as counted by the core's
+/// [`CountingStore`] in each of them ([`Faults::counts`]; a proxy sees bytes, not requests, and
+/// counts nothing).
 ///
 /// # Examples
 ///
@@ -176,7 +165,35 @@ pub struct Faults {
 #[derive(Debug, Default)]
 struct FaultsInner {
     state: watch::Sender<FaultState>,
-    counts: [AtomicU64; Op::ALL.len()],
+    counters: Mutex<Counters>,
+}
+
+/// The counters of the [`FaultyStore`]s of one [`Faults`].
+#[derive(Debug, Default)]
+struct Counters {
+    /// The stores alive.
+    live: Vec<Weak<Counted>>,
+    /// What the dropped stores had counted.
+    retired: Counts,
+    /// What [`Faults::reset_counts`] saw last.
+    baseline: Counts,
+}
+
+impl Counters {
+    /// Every request counted so far, by the stores alive and those dropped.
+    fn sum(&self) -> Counts {
+        self.live
+            .iter()
+            .filter_map(Weak::upgrade)
+            .fold(self.retired, |sum, store| add(&sum, &store.counts()))
+    }
+}
+
+fn add(a: &Counts, b: &Counts) -> Counts {
+    Counts {
+        started: std::array::from_fn(|i| a.started[i] + b.started[i]),
+        failed: a.failed + b.failed,
+    }
 }
 
 impl Faults {
@@ -226,36 +243,38 @@ impl Faults {
         let _ = rx.wait_for(|state| state.get(direction) != fault).await;
     }
 
-    /// Counts one request of kind `op` (a [`FaultyStore`] does it for every call).
-    pub fn record_request(&self, op: Op) {
-        self.inner.counts[op.index()].fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// How many requests of kind `op` were counted.
-    pub fn requests(&self, op: Op) -> u64 {
-        self.inner.counts[op.index()].load(Ordering::Relaxed)
-    }
-
-    /// How many requests of each kind were counted.
+    /// How many requests of each kind the [`FaultyStore`]s of these faults (alive or dropped)
+    /// have made since they were made or since [`Faults::reset_counts`].
     pub fn counts(&self) -> RequestCounts {
-        let n = |op| self.requests(op);
-        RequestCounts {
-            acquire: n(Op::Acquire),
-            renew: n(Op::Renew),
-            release: n(Op::Release),
-            inspect: n(Op::Inspect),
-            history: n(Op::History),
-            changes: n(Op::Changes),
-            withdraw: n(Op::Withdraw),
-            break_lease: n(Op::BreakLease),
-        }
+        let counters = self.counters();
+        counters.sum().since(&counters.baseline).into()
     }
 
-    /// Sets every count back to zero.
+    /// Starts the counts from zero again.
     pub fn reset_counts(&self) {
-        for counter in &self.inner.counts {
-            counter.store(0, Ordering::Relaxed);
-        }
+        let mut counters = self.counters();
+        counters.baseline = counters.sum();
+    }
+
+    fn counters(&self) -> MutexGuard<'_, Counters> {
+        // Nothing panics while holding the lock; a poisoned lock still holds consistent counts.
+        self.inner.counters.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Shows the requests of `store` in [`Faults::counts`].
+    fn attach(&self, store: &Arc<Counted>) {
+        let mut counters = self.counters();
+        counters.live.retain(|live| live.strong_count() > 0);
+        counters.live.push(Arc::downgrade(store));
+    }
+
+    /// Keeps what `store`, about to be dropped, has counted.
+    fn retire(&self, store: &Arc<Counted>) {
+        let mut counters = self.counters();
+        counters.retired = add(&counters.retired, &store.counts());
+        counters
+            .live
+            .retain(|live| !std::ptr::eq(live.as_ptr(), Arc::as_ptr(store)));
     }
 }
 
@@ -271,51 +290,126 @@ impl Faults {
 ///
 /// The engine's `request_timeout` cuts pending calls, as it would on a partitioned network.
 /// A [`changes`](LeaseStore::changes) stream yields nothing while either direction is
-/// blackholed, is delayed by the reply delay, and ends on a reset. `name` and `capabilities`
-/// pass through. Every call is counted in the [`Faults`].
+/// blackholed, is delayed by the reply delay, and ends on a reset. `name`, `capabilities` and
+/// `can_break` pass through. Every call, faulted or not, is counted by a core
+/// [`CountingStore`] around the fault injection, and shows in [`Faults::counts`].
 #[derive(Debug)]
 pub struct FaultyStore {
-    inner: Arc<dyn LeaseStore>,
-    faults: Faults,
-    inject: bool,
+    counted: Arc<Counted>,
 }
+
+/// The counter around the faults.
+type Counted = CountingStore<Injected>;
 
 impl FaultyStore {
     /// Wraps `inner`, disrupted by `faults`.
     pub fn new(inner: Arc<dyn LeaseStore>, faults: Faults) -> Self {
-        FaultyStore {
-            inner,
-            faults,
-            inject: true,
-        }
+        FaultyStore::wrap(inner, faults, true)
     }
 
     /// Wraps `inner` only to count its requests in `faults`, injecting nothing: for a store
     /// whose traffic already goes through a [`FaultProxy`](crate::FaultProxy) switched by the
     /// same `faults` (scenarios read the counts; a proxy sees bytes, not requests).
     pub fn counting(inner: Arc<dyn LeaseStore>, faults: Faults) -> Self {
-        FaultyStore {
+        FaultyStore::wrap(inner, faults, false)
+    }
+
+    fn wrap(inner: Arc<dyn LeaseStore>, faults: Faults, inject: bool) -> Self {
+        let counted = Arc::new(CountingStore::new(Injected {
             inner,
-            faults,
-            inject: false,
-        }
+            faults: faults.clone(),
+            inject,
+        }));
+        faults.attach(&counted);
+        FaultyStore { counted }
     }
 
     /// The switchboard of this store.
     pub fn faults(&self) -> &Faults {
-        &self.faults
+        &self.counted.inner().faults
     }
 
+    /// The requests this store alone has made (its [`Faults`] may count other stores too).
+    pub fn counts(&self) -> RequestCounts {
+        self.counted.counts().into()
+    }
+}
+
+impl Drop for FaultyStore {
+    fn drop(&mut self) {
+        self.faults().retire(&self.counted);
+    }
+}
+
+#[async_trait]
+impl LeaseStore for FaultyStore {
+    fn name(&self) -> &'static str {
+        self.counted.name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.counted.capabilities()
+    }
+
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
+        self.counted.acquire(request).await
+    }
+
+    async fn renew(&self, grant: &Grant) -> Result<Renewed> {
+        self.counted.renew(grant).await
+    }
+
+    async fn release(&self, grant: &Grant) -> Result<()> {
+        self.counted.release(grant).await
+    }
+
+    async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
+        self.counted.withdraw(lease, candidate).await
+    }
+
+    async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
+        self.counted.inspect(lease).await
+    }
+
+    async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
+        self.counted.history(lease, limit).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<Observation>> {
+        self.counted.list(prefix).await
+    }
+
+    async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {
+        self.counted.changes(lease, candidate).await
+    }
+
+    fn can_break(&self) -> bool {
+        self.counted.can_break()
+    }
+
+    async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
+        self.counted.break_lease(lease).await
+    }
+}
+
+/// The fault injection of a [`FaultyStore`] (`inject: false`: none, only counted).
+#[derive(Debug)]
+struct Injected {
+    inner: Arc<dyn LeaseStore>,
+    faults: Faults,
+    inject: bool,
+}
+
+impl Injected {
     fn unreachable(&self, why: &'static str) -> Error {
         Error::unreachable(self.inner.name(), format!("fault injection: {why}"))
     }
 
     /// Runs `operation` (which starts the inner call) through the faults.
-    async fn call<T, F>(&self, op: Op, operation: impl FnOnce() -> F) -> Result<T>
+    async fn call<T, F>(&self, operation: impl FnOnce() -> F) -> Result<T>
     where
         F: Future<Output = Result<T>>,
     {
-        self.faults.record_request(op);
         if !self.inject {
             return operation().await;
         }
@@ -347,7 +441,7 @@ impl FaultyStore {
 }
 
 #[async_trait]
-impl LeaseStore for FaultyStore {
+impl LeaseStore for Injected {
     fn name(&self) -> &'static str {
         self.inner.name()
     }
@@ -357,35 +451,35 @@ impl LeaseStore for FaultyStore {
     }
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
-        self.call(Op::Acquire, || self.inner.acquire(request)).await
+        self.call(|| self.inner.acquire(request)).await
     }
 
     async fn renew(&self, grant: &Grant) -> Result<Renewed> {
-        self.call(Op::Renew, || self.inner.renew(grant)).await
+        self.call(|| self.inner.renew(grant)).await
     }
 
     async fn release(&self, grant: &Grant) -> Result<()> {
-        self.call(Op::Release, || self.inner.release(grant)).await
+        self.call(|| self.inner.release(grant)).await
     }
 
     async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
-        self.call(Op::Withdraw, || self.inner.withdraw(lease, candidate)).await
+        self.call(|| self.inner.withdraw(lease, candidate)).await
     }
 
     async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
-        self.call(Op::Inspect, || self.inner.inspect(lease)).await
+        self.call(|| self.inner.inspect(lease)).await
     }
 
     async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
-        self.call(Op::History, || self.inner.history(lease, limit)).await
+        self.call(|| self.inner.history(lease, limit)).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<Observation>> {
-        self.inner.list(prefix).await
+        self.call(|| self.inner.list(prefix)).await
     }
 
     async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {
-        let Some(changes) = self.call(Op::Changes, || self.inner.changes(lease, candidate)).await? else {
+        let Some(changes) = self.call(|| self.inner.changes(lease, candidate)).await? else {
             return Ok(None);
         };
         if !self.inject {
@@ -411,8 +505,12 @@ impl LeaseStore for FaultyStore {
         Ok(Some(Box::pin(stream)))
     }
 
+    fn can_break(&self) -> bool {
+        self.inner.can_break()
+    }
+
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
-        self.call(Op::BreakLease, || self.inner.break_lease(lease)).await
+        self.call(|| self.inner.break_lease(lease)).await
     }
 }
 
@@ -504,6 +602,38 @@ mod tests {
         assert_eq!(faults.counts().total(), 0);
         assert_eq!(faulty.name(), "memory");
         assert_eq!(faulty.capabilities(), memory.capabilities());
+    }
+
+    #[tokio::test]
+    async fn counts_of_every_store_of_the_faults_also_dropped_ones() {
+        let memory: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+        let faults = Faults::new();
+        let lease = LeaseName::new("counted").unwrap();
+        let a = FaultyStore::new(memory.clone(), faults.clone());
+        let b = FaultyStore::counting(memory.clone(), faults.clone());
+        a.acquire(&request(&lease, "a")).await.unwrap();
+        b.inspect(&lease).await.unwrap();
+        b.list("").await.unwrap();
+        assert_eq!((a.counts().total(), b.counts().total()), (1, 2));
+        let counts = faults.counts();
+        assert_eq!(
+            (counts.acquire, counts.inspect, counts.list, counts.total()),
+            (1, 1, 1, 3),
+            "{counts}"
+        );
+
+        // A dropped store's requests still count; a reset starts from zero for every store.
+        drop(a);
+        assert_eq!(faults.counts().total(), 3);
+        faults.reset_counts();
+        b.inspect(&lease).await.unwrap();
+        let c = FaultyStore::new(memory.clone(), faults.clone());
+        faults.set(Direction::Request, Fault::Reset);
+        assert!(c.inspect(&lease).await.is_err());
+        drop(c);
+        let counts = faults.counts();
+        assert_eq!((counts.inspect, counts.failed, counts.total()), (2, 1, 2), "{counts}");
+        assert!(b.can_break(), "can_break passes through");
     }
 
     #[tokio::test]

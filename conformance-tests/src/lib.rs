@@ -32,7 +32,7 @@ mod server;
 
 pub use backend::{Backend, IntoBackend, MemoryBackend, SecretUrls, require_server};
 pub use checker::{Interval, Record, SafetyChecker};
-pub use faults::{Direction, Fault, FaultState, Faults, FaultyStore, Op, RequestCounts};
+pub use faults::{Direction, Fault, FaultState, Faults, FaultyStore, RequestCounts};
 pub use proxy::FaultProxy;
 pub use runner::Concurrent;
 pub use server::{ConnectFn, CorruptFn, FinishFn, SecretUrlsFn, ServerBackend};

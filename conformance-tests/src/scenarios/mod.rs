@@ -13,6 +13,7 @@
 //! | [`handover`] | graceful handover; FIFO order, record-version takeover, `break_lease` (gated) |
 //! | [`faults`] | partition, outage, slow store, lost replies |
 //! | [`history`] | terms increase; how each term ended |
+//! | [`listing`] | leases listed by name prefix |
 //! | [`cost`] | 1,000 leases; requests per transition, an idle follower's requests (gated) |
 //! | [`secrets`] | passwords of the store URL stay out of `Debug` and errors (gated) |
 
@@ -39,6 +40,7 @@ pub mod cost;
 pub mod faults;
 pub mod handover;
 pub mod history;
+pub mod listing;
 pub mod safety;
 pub mod secrets;
 
@@ -50,6 +52,7 @@ pub use faults::{
 };
 pub use handover::{break_lease_ends_the_term, fifo_order, graceful_release_fast_handover, version_takeover};
 pub use history::{history_records_how_terms_end, terms_increase_and_history};
+pub use listing::list_by_prefix;
 pub use safety::{crash_successor_after_valid_until, race_has_one_winner, stalled_task_steps_down};
 pub use secrets::secrets_stay_out_of_debug_and_errors;
 
@@ -76,6 +79,7 @@ macro_rules! __every_scenario {
             lost_reply_resolved_by_read_back
             terms_increase_and_history
             history_records_how_terms_end
+            list_by_prefix
             corrupt_record_is_typed_error
             invalid_inputs
             secrets_stay_out_of_debug_and_errors

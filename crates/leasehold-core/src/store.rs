@@ -240,6 +240,74 @@ pub trait LeaseStore: Debug + Send + Sync + 'static {
     }
 }
 
+/// A shared store is a store: `Arc<dyn LeaseStore>` (or an `Arc` of any store) can be wrapped
+/// by a store that takes its inner store by value, such as
+/// [`CountingStore`](crate::CountingStore) or [`LimitStore`](crate::LimitStore). Every method,
+/// [`can_break`](LeaseStore::can_break) and the defaulted ones included, is forwarded.
+///
+/// ```
+/// use std::sync::Arc;
+/// use leasehold_core::{CountingStore, LeaseStore, MemoryStore, Operation};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold_core::Result<()> {
+/// let shared: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+/// let counted = CountingStore::new(shared);
+/// assert!(counted.can_break());
+/// counted.list("jobs").await?;
+/// assert_eq!(counted.counts().get(Operation::List), 1);
+/// # Ok(()) }
+/// ```
+#[async_trait]
+impl<T: LeaseStore + ?Sized> LeaseStore for std::sync::Arc<T> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        (**self).capabilities()
+    }
+
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
+        (**self).acquire(request).await
+    }
+
+    async fn renew(&self, grant: &Grant) -> Result<Renewed> {
+        (**self).renew(grant).await
+    }
+
+    async fn release(&self, grant: &Grant) -> Result<()> {
+        (**self).release(grant).await
+    }
+
+    async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
+        (**self).withdraw(lease, candidate).await
+    }
+
+    async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
+        (**self).inspect(lease).await
+    }
+
+    async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
+        (**self).history(lease, limit).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<Observation>> {
+        (**self).list(prefix).await
+    }
+
+    async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {
+        (**self).changes(lease, candidate).await
+    }
+
+    fn can_break(&self) -> bool {
+        (**self).can_break()
+    }
+
+    async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
+        (**self).break_lease(lease).await
+    }
+}
+
 /// The operations of [`LeaseStore`], as errors, metrics and [`CountingStore`](crate::CountingStore)
 /// name them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
