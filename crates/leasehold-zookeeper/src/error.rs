@@ -6,7 +6,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use leasehold_core::Error;
+use leasehold_core::{BoxError, Error, Operation};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use zookeeper_client as zk;
 
@@ -15,22 +15,43 @@ use crate::config::ZookeeperConfig;
 /// The store's name in errors and metrics.
 pub(crate) const STORE: &str = "zookeeper";
 
-/// A failure of the store's own making, in one line.
+/// A failure in one line, keeping the client's error (if any) as its source.
 #[derive(Debug)]
-pub(crate) struct Failed(pub(crate) String);
+pub(crate) struct Failed {
+    text: String,
+    source: Option<BoxError>,
+}
 
-impl fmt::Display for Failed {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+impl Failed {
+    pub(crate) fn new(text: impl Into<String>) -> Self {
+        Failed {
+            text: text.into(),
+            source: None,
+        }
     }
 }
 
-impl std::error::Error for Failed {}
+impl fmt::Display for Failed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for Failed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source.as_deref().map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
 
 /// Maps a client error: the server's definite answers are [`Error::Store`]; everything about the
-/// connection or session (the request may or may not have been applied) is transient.
+/// connection or session (the request may or may not have been applied) is transient. The text
+/// says what to check; [`during`] adds the operation and lease at the store's surface.
 pub(crate) fn zk_error(error: zk::Error) -> Error {
     use zk::Error as E;
+    let with = |hint: &str| Failed {
+        text: format!("{error}{hint}"),
+        source: Some(Box::new(error.clone())),
+    };
     match error {
         E::NoAuth | E::AuthFailed => permanent(
             "request",
@@ -48,15 +69,64 @@ pub(crate) fn zk_error(error: zk::Error) -> Error {
         | E::NoWatcher
         | E::ReconfigDisabled
         | E::UnmarshalError { .. }
-        | E::MarshallingError => Error::store(STORE, error),
-        other => Error::unreachable(STORE, other),
+        | E::MarshallingError => Error::store(STORE, with(" (the ZooKeeper server refused the request)")),
+        E::SessionExpired | E::ClientClosed => Error::unreachable(
+            STORE,
+            with(" (a new session is opened on the next request; the leases of the old one are gone)"),
+        ),
+        E::Throttled => Error::unreachable(STORE, with(" (the server is overloaded)")),
+        _ => Error::unreachable(
+            STORE,
+            with(" (check that the ensemble is up, has a quorum and is reachable)"),
+        ),
+    }
+}
+
+/// Names the operation (and lease) that failed in an error past connect: `acquire of lease
+/// jobs failed: connection to server has lost (...)`. Errors that already name their lease
+/// or are not about a request (an invalid TTL, a corrupt record) are kept as they are.
+pub(crate) fn during(error: Error, operation: Operation, subject: &dyn fmt::Display) -> Error {
+    let what = format!("{operation} of {subject} failed");
+    match error {
+        Error::Unreachable { store, source } => Error::Unreachable {
+            store,
+            source: Box::new(Failed {
+                text: format!("{what}: {source}"),
+                source: Some(source),
+            }),
+        },
+        Error::Store { store, source } => Error::Store {
+            store,
+            source: Box::new(Failed {
+                text: format!("{what}: {source}"),
+                source: Some(source),
+            }),
+        },
+        Error::Refused {
+            store,
+            operation: inner,
+            reason,
+            source,
+        } => Error::Refused {
+            store,
+            operation: operation.as_str(),
+            reason: if inner == "request" {
+                format!("{subject}: {reason}")
+            } else {
+                format!("{inner} for {subject}: {reason}")
+            },
+            source,
+        },
+        other => other,
     }
 }
 
 pub(crate) fn disconnected(state: zk::SessionState) -> Error {
     Error::unreachable(
         STORE,
-        Failed(format!("the ZooKeeper session is {state}: not confirmed alive")),
+        Failed::new(format!(
+            "the ZooKeeper session is {state}: not confirmed alive (the client reconnects by itself)"
+        )),
     )
 }
 
@@ -99,7 +169,7 @@ pub(crate) async fn connect_error(config: &ZookeeperConfig, error: zk::Error, li
     };
     Error::unreachable(
         STORE,
-        Failed(format!(
+        Failed::new(format!(
             "connect: no server opened a session ({}); {check}",
             each.join(", ")
         )),
@@ -170,4 +240,59 @@ async fn look(host: &str, limit: Duration) -> Host {
         }
     };
     tokio::time::timeout(limit, spoken).await.unwrap_or(Host::Silent)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use leasehold_core::LeaseName;
+
+    use super::*;
+
+    /// Issue 14: an error past connect names the operation and the lease, in one line, keeps
+    /// its kind (what the engine does with it), and keeps the client's error as its source.
+    #[test]
+    fn errors_name_the_operation_and_lease() {
+        let lease = LeaseName::new("jobs").unwrap();
+        let subject = format_args!("lease {lease}").to_string();
+        let lost = during(zk_error(zk::Error::ConnectionLoss), Operation::Acquire, &subject);
+        assert!(lost.is_transient());
+        assert_eq!(
+            lost.to_string(),
+            "zookeeper store unreachable: acquire of lease jobs failed: connection to server has lost \
+             (check that the ensemble is up, has a quorum and is reachable)"
+        );
+        let client =
+            std::iter::successors(lost.source(), |e| (*e).source()).find_map(|e| e.downcast_ref::<zk::Error>());
+        assert_eq!(client, Some(&zk::Error::ConnectionLoss));
+
+        let definite = during(zk_error(zk::Error::NotEmpty), Operation::Release, &subject);
+        assert!(!definite.is_transient() && !definite.is_permanent());
+        assert!(
+            definite
+                .to_string()
+                .starts_with("zookeeper store error: release of lease jobs failed: node has not empty children"),
+            "{definite}"
+        );
+
+        let refused = during(zk_error(zk::Error::NoAuth), Operation::Renew, &subject);
+        assert!(refused.is_permanent());
+        assert!(
+            refused
+                .to_string()
+                .starts_with("zookeeper store refused renew: lease jobs: not authorized: check the digest"),
+            "{refused}"
+        );
+
+        // Errors that name their lease already, or are not about a request, stay as they are.
+        let corrupt = Error::corrupt(STORE, &lease, "garbage");
+        let kept = during(Error::corrupt(STORE, &lease, "garbage"), Operation::Inspect, &subject);
+        assert_eq!(kept.to_string(), corrupt.to_string());
+
+        for error in [lost, definite, refused] {
+            assert!(!error.to_string().contains('\n'), "{error}");
+            assert!(!error.to_string().contains("ConnectionLoss"), "no Debug dumps: {error}");
+        }
+    }
 }

@@ -4,18 +4,53 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use futures::future::join_all;
 use leasehold_core::{Acquired, CandidateId, EndReason, Error, Grant, LeaseName, Observation, Result, Term};
+
+/// How many leases `list` reads at once.
+const LIST_READS_IN_FLIGHT: usize = 16;
 use tracing::warn;
 use zookeeper_client as zk;
 
-use crate::error::{STORE, zk_error};
-use crate::record::{CandidateRecord, HistoryRecord, history_name, holder_observation};
+use crate::error::{Failed, STORE, zk_error};
+use crate::record::{CandidateRecord, Child, HistoryRecord, history_name, holder_observation};
 use crate::store::{HISTORY_LIMIT, Inner, OwnNode, lock};
 
 impl Inner {
+    /// Queues the candidate: its znode at the end of the lease's queue, or, for a lease that
+    /// does not exist yet, the lease's znodes with ours alone in the queue, in one request
+    /// (`true`: this created the lease).
+    pub(crate) async fn enqueue(
+        &self,
+        client: &zk::Client,
+        lease: &LeaseName,
+        candidate: &CandidateId,
+        ttl: Duration,
+        prefix: &str,
+    ) -> Result<(OwnNode, bool)> {
+        if let Some(own) = self.create_own(client, lease, candidate, ttl, prefix).await? {
+            return Ok((own, false));
+        }
+        if let Some(own) = self.create_lease(client, lease, candidate, ttl, prefix).await? {
+            return Ok((own, true));
+        }
+        // Someone else created the lease meanwhile, or the chroot does not exist yet: make
+        // sure every directory exists (mkdir creates the parents too), then queue.
+        self.ensure_dirs(client, lease).await?;
+        match self.create_own(client, lease, candidate, ttl, prefix).await? {
+            Some(own) => Ok((own, false)),
+            None => Err(Error::store(
+                STORE,
+                Failed::new(format!(
+                    "the znodes of lease {lease} were deleted as soon as they were made; is something deleting them?"
+                )),
+            )),
+        }
+    }
+
     /// Creates a lease's znodes together with the first candidate's; `None` when the lease
-    /// exists already (someone was quicker).
+    /// exists already (someone was quicker) or the chroot does not exist yet.
     pub(crate) async fn create_lease(
         &self,
         client: &zk::Client,
@@ -35,62 +70,52 @@ impl Inner {
         }
         .encode();
         let own_path = format!("{}/{prefix}", self.candidates_dir(lease));
-        for _ in 0..2 {
-            let mut writer = client.new_multi_writer();
-            let add = |r: std::result::Result<(), zk::Error>| r.map_err(zk_error);
-            add(writer.add_create(&dir, &[], &persistent))?;
-            add(writer.add_create(&self.candidates_dir(lease), &[], &persistent))?;
-            add(writer.add_create(&self.history_dir(lease), &[], &persistent))?;
-            add(writer.add_create(&own_path, &record, &ephemeral))?;
-            match writer.commit().await {
-                Ok(results) => {
-                    let Some(zk::MultiWriteResult::Create { path, stat }) = results.into_iter().nth(3) else {
-                        return Err(Error::store(
-                            STORE,
-                            "unexpected reply to the multi that creates a lease",
-                        ));
-                    };
-                    let name = path.rsplit('/').next().unwrap_or_default().to_string();
-                    // Some servers answer a create inside a multi without a valid stat.
-                    let czxid = if stat.czxid > 0 {
-                        stat.czxid
-                    } else {
-                        match self.read_candidate(client, lease, &name).await? {
-                            Some((_, stat)) => stat.czxid,
-                            None => return Ok(None),
-                        }
-                    };
-                    let node = OwnNode {
-                        name,
-                        czxid,
-                        session: client.session_id().0,
-                        client: client.clone(),
-                        ahead: Vec::new(),
-                        granted: false,
-                    };
-                    self.set_own(lease, candidate, Some(node.clone()));
-                    return Ok(Some(node));
-                }
-                Err(zk::MultiWriteError::OperationFailed {
-                    index: 0,
-                    source: zk::Error::NoNode,
-                }) => {
-                    // The chroot does not exist yet.
-                    let options = zk::CreateMode::Persistent.with_acls(self.acls());
-                    client.mkdir(self.config.chroot(), &options).await.map_err(zk_error)?;
-                }
-                Err(zk::MultiWriteError::OperationFailed {
-                    source: zk::Error::NodeExists,
-                    ..
-                }) => {
-                    self.ensure_dirs(client, lease).await?;
-                    return Ok(None);
-                }
-                Err(zk::MultiWriteError::OperationFailed { source, .. }) => return Err(zk_error(source)),
-                Err(zk::MultiWriteError::RequestFailed { source }) => return Err(zk_error(source)),
+        let mut writer = client.new_multi_writer();
+        let add = |r: std::result::Result<(), zk::Error>| r.map_err(zk_error);
+        add(writer.add_create(&dir, &[], &persistent))?;
+        add(writer.add_create(&self.candidates_dir(lease), &[], &persistent))?;
+        add(writer.add_create(&self.history_dir(lease), &[], &persistent))?;
+        add(writer.add_create(&own_path, &record, &ephemeral))?;
+        let results = match writer.commit().await {
+            Ok(results) => results,
+            // The lease exists (NodeExists), or the chroot does not (NoNode at index 0).
+            Err(zk::MultiWriteError::OperationFailed {
+                source: zk::Error::NodeExists,
+                ..
+            })
+            | Err(zk::MultiWriteError::OperationFailed {
+                index: 0,
+                source: zk::Error::NoNode,
+            }) => return Ok(None),
+            Err(zk::MultiWriteError::OperationFailed { source, .. }) => return Err(zk_error(source)),
+            Err(zk::MultiWriteError::RequestFailed { source }) => return Err(zk_error(source)),
+        };
+        let Some(zk::MultiWriteResult::Create { path, stat }) = results.into_iter().nth(3) else {
+            return Err(Error::store(
+                STORE,
+                Failed::new("unexpected reply to the multi that creates a lease"),
+            ));
+        };
+        let name = path.rsplit('/').next().unwrap_or_default().to_string();
+        // Some servers answer a create inside a multi without a valid stat.
+        let czxid = if stat.czxid > 0 {
+            stat.czxid
+        } else {
+            match self.read_candidate(client, lease, &name).await? {
+                Some((_, stat)) => stat.czxid,
+                None => return Ok(None),
             }
-        }
-        Ok(None)
+        };
+        let node = OwnNode {
+            name,
+            czxid,
+            session: client.session_id().0,
+            client: client.clone(),
+            ahead: Vec::new(),
+            granted: false,
+        };
+        self.set_own(lease, candidate, Some(node.clone()));
+        Ok(Some(node))
     }
 
     /// Creates this candidate's znode at the end of the queue; `None` when the lease does not
@@ -172,42 +197,104 @@ impl Inner {
         client.mkdir(&self.history_dir(lease), &options).await.map_err(zk_error)
     }
 
-    /// What anyone would observe: the first znode of the queue is the holder.
+    /// What anyone would observe: the first znode of the queue is the holder once its term has
+    /// a history entry. One listing; the head is the first listed znode that still exists
+    /// (see [`Inner::head`]).
     pub(crate) async fn observe(&self, client: &zk::Client, lease: &LeaseName) -> Result<Observation> {
-        for _ in 0..4 {
-            let queue = self.queue(client, lease).await?.unwrap_or_default();
-            let Some(first) = queue.first() else {
-                let last = self.last_history(client, lease).await?;
-                let last_term = last.as_ref().map_or(Term(0), |(t, _)| *t);
-                let previous_end = last.and_then(|(_, r)| r.ended.map(|(_, reason)| reason));
-                return Ok(Observation::free(lease.clone(), last_term, previous_end));
-            };
-            if self.is_dead(lease, &first.name) {
-                // This store's own expired session still leads on the server: nobody may adopt
-                // it, and the server frees it within a session timeout.
+        match self.observe_existing(client, lease).await? {
+            Some(observation) => Ok(observation),
+            None => self.free(client, lease).await,
+        }
+    }
+
+    /// As [`Inner::observe`]; `None` when the lease has no znodes (it was never acquired here).
+    pub(crate) async fn observe_existing(&self, client: &zk::Client, lease: &LeaseName) -> Result<Option<Observation>> {
+        let Some((queue, listed_at)) = self.queue_at(client, lease).await? else {
+            return Ok(None);
+        };
+        let Some((first, record, stat)) = self.head(client, lease, &queue).await? else {
+            // Every listed znode is gone (none, or all left during the reads). A term newer than
+            // the listing belongs to a znode queued after it, which may hold the lease now: this
+            // one pass cannot tell who, and says so rather than guess "free".
+            let observation = self.free(client, lease).await?;
+            if !queue.is_empty() && observation.last_term.0 > listed_at as u64 {
                 return Err(Error::unreachable(
                     STORE,
-                    format!("the holder of {lease} is this store's expired session; the server has not removed it yet"),
+                    Failed::new("the lease changed hands while its candidates were read; read again"),
                 ));
             }
-            if let Some((record, stat)) = self.read_candidate(client, lease, &first.name).await? {
-                let term = Term(stat.czxid as u64);
-                let entry = format!("{}/{}", self.history_dir(lease), history_name(term));
-                if client.check_stat(&entry).await.map_err(zk_error)?.is_none() {
-                    // Next in line, but its candidate has not taken the lease yet.
-                    let last = self.last_history(client, lease).await?;
-                    let last_term = last.as_ref().map_or(Term(0), |(t, _)| *t);
-                    let previous_end = last.and_then(|(_, r)| r.ended.map(|(_, reason)| reason));
-                    return Ok(Observation::free(lease.clone(), last_term, previous_end));
-                }
-                self.may_be_adopted(lease, &record.candidate, &first.name);
-                return Ok(holder_observation(lease, &first.name, &record, &stat));
+            return Ok(Some(observation));
+        };
+        let name = &queue[first].name;
+        if self.is_dead(lease, name) {
+            // This store's own expired session still leads on the server: nobody may adopt
+            // it, and the server frees it within a session timeout.
+            return Err(Error::unreachable(
+                STORE,
+                Failed::new(format!(
+                    "the holder of {lease} is this store's expired session; the server has not removed it yet"
+                )),
+            ));
+        }
+        let term = Term(stat.czxid as u64);
+        let entry = format!("{}/{}", self.history_dir(lease), history_name(term));
+        if client.check_stat(&entry).await.map_err(zk_error)?.is_none() {
+            // Next in line, but its candidate has not taken the lease yet.
+            return self.free(client, lease).await.map(Some);
+        }
+        self.may_be_adopted(lease, &record.candidate, name);
+        Ok(Some(holder_observation(lease, name, &record, &stat)))
+    }
+
+    /// A free lease, as its newest history entry tells: its term and how it ended.
+    async fn free(&self, client: &zk::Client, lease: &LeaseName) -> Result<Observation> {
+        let last = self.last_history(client, lease).await?;
+        let last_term = last.as_ref().map_or(Term(0), |(t, _)| *t);
+        let previous_end = last.and_then(|(_, r)| r.ended.map(|(_, reason)| reason));
+        Ok(Observation::free(lease.clone(), last_term, previous_end))
+    }
+
+    /// The first znode of a listing that still exists, with its index and record: the head of
+    /// the queue when it was read (a znode queued after the listing sorts after every listed
+    /// one, and a deleted name never comes back). One read, unless the first ones left since
+    /// the listing: each listed znode is read at most once.
+    pub(crate) async fn head(
+        &self,
+        client: &zk::Client,
+        lease: &LeaseName,
+        listed: &[Child],
+    ) -> Result<Option<(usize, CandidateRecord, zk::Stat)>> {
+        for (i, child) in listed.iter().enumerate() {
+            if let Some((record, stat)) = self.read_candidate(client, lease, &child.name).await? {
+                return Ok(Some((i, record, stat)));
             }
         }
-        Err(Error::unreachable(
-            STORE,
-            format!("the candidates of {lease} kept changing while being read"),
-        ))
+        Ok(None)
+    }
+
+    /// Every lease under the chroot whose name starts with `prefix`, in name order, each as
+    /// [`Inner::observe`] shows it. Children of the chroot that are not leases (no valid lease
+    /// name, or no candidates znode) are not listed.
+    pub(crate) async fn list(&self, prefix: &str) -> Result<Vec<Observation>> {
+        let client = self.reader().await?;
+        let names = match client.list_children(self.config.chroot()).await {
+            Ok(names) => names,
+            Err(zk::Error::NoNode) => return Ok(Vec::new()),
+            Err(e) => return Err(zk_error(e)),
+        };
+        let mut leases: Vec<LeaseName> = names
+            .into_iter()
+            .filter(|name| name.starts_with(prefix))
+            .filter_map(|name| LeaseName::new(name).ok())
+            .collect();
+        leases.sort();
+        let client = &client;
+        let observed: Vec<Result<Option<Observation>>> = futures::stream::iter(leases)
+            .map(|lease| async move { self.observe_existing(client, &lease).await })
+            .buffered(LIST_READS_IN_FLIGHT)
+            .collect()
+            .await;
+        observed.into_iter().filter_map(Result::transpose).collect()
     }
 
     /// The engine adopts a grant it reads back (after an acquire with an unknown outcome), so a

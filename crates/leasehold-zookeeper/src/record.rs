@@ -236,8 +236,14 @@ impl Inner {
 
     /// The candidates queue in sequence order; `None` when the lease has no znodes yet.
     pub(crate) async fn queue(&self, client: &zk::Client, lease: &LeaseName) -> Result<Option<Vec<Child>>> {
-        let children = match client.list_children(&self.candidates_dir(lease)).await {
-            Ok(children) => children,
+        Ok(self.queue_at(client, lease).await?.map(|(queue, _)| queue))
+    }
+
+    /// As [`Inner::queue`], with the zxid of the listing's last change (`pzxid`): a znode whose
+    /// `czxid` is larger was queued after the listing.
+    pub(crate) async fn queue_at(&self, client: &zk::Client, lease: &LeaseName) -> Result<Option<(Vec<Child>, i64)>> {
+        let (children, stat) = match client.get_children(&self.candidates_dir(lease)).await {
+            Ok(listed) => listed,
             Err(zk::Error::NoNode) => return Ok(None),
             Err(e) => return Err(zk_error(e)),
         };
@@ -252,7 +258,7 @@ impl Inner {
             queue.push(Child { name, seq });
         }
         queue.sort_by_key(|c| c.seq);
-        Ok(Some(queue))
+        Ok(Some((queue, stat.pzxid)))
     }
 
     /// Reads a candidate znode: its record and stat; `None` if it is gone.

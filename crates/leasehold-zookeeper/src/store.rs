@@ -10,15 +10,15 @@ use async_trait::async_trait;
 use futures::future::join_all;
 use leasehold_core::{
     AcquireRequest, Acquired, CandidateId, Capabilities, Changes, EndReason, Error, Expiry, Grant, LeaseName,
-    LeaseStore, Notifications, Observation, Renewed, Result, Term, Transition, random_u64,
+    LeaseStore, Notifications, Observation, Operation, Renewed, Result, Term, Transition, random_u64,
 };
 use tokio::sync::watch;
 use zookeeper_client as zk;
 
 use crate::config::ZookeeperConfig;
-use crate::error::{STORE, disconnected, zk_error};
+use crate::error::{Failed, STORE, disconnected, during, zk_error};
 use crate::queue::{Ending, GrantOutcome};
-use crate::record::{Child, holder_observation};
+use crate::record::holder_observation;
 
 /// How many terms of history are kept per lease; older `history/` znodes are deleted.
 pub const HISTORY_LIMIT: usize = 1000;
@@ -135,8 +135,10 @@ impl ZookeeperStore {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidUrl`] for a bad URL; [`Error::Unreachable`] when no server answers;
-    /// [`Error::Store`] when authentication fails.
+    /// [`Error::InvalidUrl`] for a bad URL (an unknown option is named); [`Error::Unreachable`]
+    /// when no server opens a session, saying for each host whether it does not resolve,
+    /// refused the connection or did not answer; [`Error::Refused`] when ZooKeeper refuses the
+    /// credentials or a host answers another protocol.
     pub async fn connect(url: &str) -> Result<ZookeeperStore> {
         ZookeeperStore::from_config(ZookeeperConfig::parse(url)?).await
     }
@@ -232,103 +234,173 @@ impl LeaseStore for ZookeeperStore {
     }
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
-        let inner = &self.inner;
-        self.capabilities().check_ttl(STORE, request.ttl)?;
-        let (lease, candidate) = (&request.lease, &request.candidate);
-        let ops = inner.ops(lease, candidate);
-        let _serial = ops.lock().await;
-        let client = inner.session(request.ttl).await?;
-        let session = client.session_id().0;
-        let prefix = inner.prefix(candidate);
-        if let Some(own) = inner
-            .own(lease, candidate)
-            .filter(|n| n.session == session && !n.granted)
-        {
-            if own.ahead.len() <= FAST_GRANT_MAX_AHEAD {
-                // One request that is applied even when its reply is lost: grant if every znode
-                // that was ahead of ours is gone.
-                if let GrantOutcome::Granted = inner.grant(&client, lease, &own, candidate, 0).await? {
-                    return Ok(inner.granted(lease, candidate, own, request.ttl, &client, false).await);
-                }
-            }
-        }
-        for _ in 0..6 {
-            // Take a place in the queue first: that request is applied even if its reply is lost,
-            // so a release can hand the lease over to us.
-            let own = match inner.own(lease, candidate).filter(|n| n.session == session) {
-                Some(own) => own,
-                None => match inner
-                    .create_own(&client, lease, candidate, request.ttl, &prefix)
-                    .await?
-                {
-                    Some(own) => own,
-                    None => {
-                        // A new lease: its znodes and our place at the head, in one request.
-                        if let Some(own) = inner
-                            .create_lease(&client, lease, candidate, request.ttl, &prefix)
-                            .await?
-                        {
-                            if let GrantOutcome::Granted = inner.grant(&client, lease, &own, candidate, 0).await? {
-                                return Ok(inner.granted(lease, candidate, own, request.ttl, &client, true).await);
-                            }
-                        }
-                        continue;
-                    }
-                },
-            };
-            let queue = inner.queue(&client, lease).await?.unwrap_or_default();
-            // Read the head: a garbage record is an error, whoever's it is.
-            let Some(first) = queue.first() else {
-                inner.set_own(lease, candidate, None);
-                continue;
-            };
-            let Some((record, stat)) = inner.read_candidate(&client, lease, &first.name).await? else {
-                continue;
-            };
-            let Some(position) = queue.iter().position(|c| c.name == own.name) else {
-                inner.set_own(lease, candidate, None); // broken by an operator
-                continue;
-            };
-            if own.granted {
-                // The leadership of this znode has ended; a new term needs a new znode.
-                inner.delete_own(&client, lease, &own.name).await?;
-                inner.set_own(lease, candidate, None);
-                continue;
-            }
-            // Other znodes of ours: requests whose replies were lost. One of them may even have
-            // been adopted by a read-back; none may be granted again.
-            let stale: Vec<&Child> = queue
-                .iter()
-                .filter(|c| c.name.starts_with(&prefix) && c.name != own.name && !inner.is_dead(lease, &c.name))
-                .collect();
-            if !stale.is_empty() {
-                for child in stale {
-                    inner.withdraw_node(&client, lease, &child.name).await?;
-                }
-                continue;
-            }
-            if position > 0 {
-                let ahead = queue[..position].iter().map(|c| c.name.clone()).collect();
-                inner.set_own(lease, candidate, Some(OwnNode { ahead, ..own }));
-                return Ok(Acquired::Held(holder_observation(lease, &first.name, &record, &stat)));
-            }
-            match inner.grant(&client, lease, &own, candidate, stat.version).await? {
-                GrantOutcome::Granted => {
-                    return Ok(inner.granted(lease, candidate, own, request.ttl, &client, false).await);
-                }
-                GrantOutcome::NotFirst | GrantOutcome::Gone => continue,
-            }
-        }
-        Err(Error::unreachable(
-            STORE,
-            format!("the candidates of {lease} kept changing during acquire"),
-        ))
+        self.try_acquire(request)
+            .await
+            .map_err(|e| during(e, Operation::Acquire, &format_args!("lease {}", request.lease)))
     }
 
     async fn renew(&self, grant: &Grant) -> Result<Renewed> {
+        self.try_renew(grant)
+            .await
+            .map_err(|e| during(e, Operation::Renew, &format_args!("lease {}", grant.lease)))
+    }
+
+    async fn release(&self, grant: &Grant) -> Result<()> {
+        self.try_release(grant)
+            .await
+            .map_err(|e| during(e, Operation::Release, &format_args!("lease {}", grant.lease)))
+    }
+
+    async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
+        self.try_withdraw(lease, candidate)
+            .await
+            .map_err(|e| during(e, Operation::Withdraw, &format_args!("lease {lease}")))
+    }
+
+    async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
+        let inspected = async {
+            let client = self.inner.reader().await?;
+            self.inner.observe(&client, lease).await
+        };
+        inspected
+            .await
+            .map_err(|e| during(e, Operation::Inspect, &format_args!("lease {lease}")))
+    }
+
+    async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
+        self.try_history(lease, limit)
+            .await
+            .map_err(|e| during(e, Operation::History, &format_args!("lease {lease}")))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<Observation>> {
+        self.inner
+            .list(prefix)
+            .await
+            .map_err(|e| during(e, Operation::List, &format_args!("the leases starting with {prefix:?}")))
+    }
+
+    async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {
+        Ok(Some(crate::changes::changes(self.inner.clone(), lease, candidate)))
+    }
+
+    async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
+        self.try_break_lease(lease)
+            .await
+            .map_err(|e| during(e, Operation::BreakLease, &format_args!("lease {lease}")))
+    }
+}
+
+/// The operations, each one pass of requests: an answer or an error, never a retry (the engine
+/// retries, reading back first). Errors are named by operation in the [`LeaseStore`] impl.
+impl ZookeeperStore {
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
+        let inner = &self.inner;
+        self.capabilities().check_ttl(STORE, request.ttl)?;
+        let (lease, candidate, ttl) = (&request.lease, &request.candidate, request.ttl);
+        let ops = inner.ops(lease, candidate);
+        let _serial = ops.lock().await;
+        let client = inner.session(ttl).await?;
+        let session = client.session_id().0;
+        let prefix = inner.prefix(candidate);
+        let mut own = inner.own(lease, candidate).filter(|n| n.session == session);
+        if let Some(node) = own
+            .as_ref()
+            .filter(|n| !n.granted && n.ahead.len() <= FAST_GRANT_MAX_AHEAD)
+        {
+            // One request that is applied even when its reply is lost: grant if every znode
+            // that was ahead of ours is gone.
+            if let GrantOutcome::Granted = inner.grant(&client, lease, node, candidate, 0).await? {
+                return Ok(inner.granted(lease, candidate, node.clone(), ttl, &client, false).await);
+            }
+        }
+        if let Some(node) = own.take_if(|n| n.granted) {
+            // The leadership of this znode has ended; a new term needs a new znode.
+            inner.delete_own(&client, lease, &node.name).await?;
+            inner.set_own(lease, candidate, None);
+        }
+        // Take a place in the queue first: that request is applied even if its reply is lost,
+        // so a release can hand the lease over to us.
+        let own = match own {
+            Some(own) => own,
+            None => {
+                let (own, created) = inner.enqueue(&client, lease, candidate, ttl, &prefix).await?;
+                if created {
+                    // A new lease, with our znode alone in its queue: grant at once.
+                    if let GrantOutcome::Granted = inner.grant(&client, lease, &own, candidate, 0).await? {
+                        return Ok(inner.granted(lease, candidate, own, ttl, &client, true).await);
+                    }
+                }
+                own
+            }
+        };
+        let mut queue = inner.queue(&client, lease).await?.unwrap_or_default();
+        // Other znodes of ours: requests whose replies were lost. One of them may even have been
+        // adopted by a read-back; none may be granted again. Withdrawing one that was granted
+        // ends its term and hands the lease to the next waiting znode in the same transaction,
+        // so the rest of this listing stays valid without them.
+        let stale: Vec<String> = queue
+            .iter()
+            .filter(|c| c.name.starts_with(&prefix) && c.name != own.name && !inner.is_dead(lease, &c.name))
+            .map(|c| c.name.clone())
+            .collect();
+        for name in &stale {
+            inner.withdraw_node(&client, lease, name).await?;
+        }
+        queue.retain(|c| !stale.contains(&c.name));
+        let (own, queue, position) = match queue.iter().position(|c| c.name == own.name) {
+            Some(position) => (own, queue, position),
+            None => {
+                // Our znode was deleted by someone else (broken by an operator): queue again.
+                // The new znode sorts after every listed one, so its place needs a new listing.
+                inner.set_own(lease, candidate, None);
+                let (own, _) = inner.enqueue(&client, lease, candidate, ttl, &prefix).await?;
+                let queue = inner.queue(&client, lease).await?.unwrap_or_default();
+                let Some(position) = queue.iter().position(|c| c.name == own.name) else {
+                    inner.set_own(lease, candidate, None);
+                    return Err(deleted_meanwhile(&own.name));
+                };
+                (own, queue, position)
+            }
+        };
+        // The head: the first of the znodes up to ours that still exists (a garbage record is an
+        // error, whoever's it is).
+        let Some((first, record, stat)) = inner.head(&client, lease, &queue[..=position]).await? else {
+            inner.set_own(lease, candidate, None);
+            return Err(deleted_meanwhile(&own.name));
+        };
+        if first < position {
+            let ahead = queue[first..position].iter().map(|c| c.name.clone()).collect();
+            inner.set_own(lease, candidate, Some(OwnNode { ahead, ..own }));
+            return Ok(Acquired::Held(holder_observation(
+                lease,
+                &queue[first].name,
+                &record,
+                &stat,
+            )));
+        }
+        // Every znode listed ahead of ours was read as gone, and none queued later sorts ahead:
+        // ours heads the queue. The grant checks that it is unchanged.
+        let own = OwnNode {
+            ahead: Vec::new(),
+            ..own
+        };
+        match inner.grant(&client, lease, &own, candidate, stat.version).await? {
+            GrantOutcome::Granted => Ok(inner.granted(lease, candidate, own, ttl, &client, false).await),
+            GrantOutcome::NotFirst | GrantOutcome::Gone => {
+                inner.set_own(lease, candidate, None);
+                Err(deleted_meanwhile(&own.name))
+            }
+        }
+    }
+
+    async fn try_renew(&self, grant: &Grant) -> Result<Renewed> {
         let inner = &self.inner;
         let Some(client) = inner.existing_session(grant.ttl).await else {
-            return Err(Error::unreachable(STORE, "the session of this grant has expired"));
+            return Err(Error::unreachable(
+                STORE,
+                "the session of this grant has expired (the server has deleted its znode)",
+            ));
         };
         let state = client.state();
         if state != zk::SessionState::SyncConnected {
@@ -373,7 +445,7 @@ impl LeaseStore for ZookeeperStore {
         }
     }
 
-    async fn release(&self, grant: &Grant) -> Result<()> {
+    async fn try_release(&self, grant: &Grant) -> Result<()> {
         let inner = &self.inner;
         let Some(client) = inner.existing_session(grant.ttl).await else {
             return Ok(()); // the session is gone, and the znode with it
@@ -407,7 +479,7 @@ impl LeaseStore for ZookeeperStore {
         Ok(())
     }
 
-    async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
+    async fn try_withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
         let inner = &self.inner;
         let ops = inner.ops(lease, candidate);
         let _serial = ops.lock().await;
@@ -440,12 +512,7 @@ impl LeaseStore for ZookeeperStore {
         Ok(())
     }
 
-    async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
-        let client = self.inner.reader().await?;
-        self.inner.observe(&client, lease).await
-    }
-
-    async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
+    async fn try_history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
         let inner = &self.inner;
         let client = inner.reader().await?;
         let terms = inner.history_terms(&client, lease).await?;
@@ -460,40 +527,41 @@ impl LeaseStore for ZookeeperStore {
         Ok(out)
     }
 
-    async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {
-        Ok(Some(crate::changes::changes(self.inner.clone(), lease, candidate)))
-    }
-
-    async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
+    async fn try_break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
         let inner = &self.inner;
         let client = inner.reader().await?;
-        for _ in 0..4 {
-            let queue = inner.queue(&client, lease).await?.unwrap_or_default();
-            let Some(first) = queue.first() else { return Ok(None) };
-            let Some((record, stat)) = inner.read_candidate(&client, lease, &first.name).await? else {
-                continue;
-            };
-            let term = Term(stat.czxid as u64);
-            if inner
-                .end_term(
-                    &client,
-                    lease,
-                    &Ending {
-                        node: &first.name,
-                        version: stat.version,
-                        term,
-                        holder: &record.candidate,
-                    },
-                    EndReason::Broken,
-                )
-                .await?
-            {
-                return Ok(Some(term));
-            }
+        let queue = inner.queue(&client, lease).await?.unwrap_or_default();
+        let Some((first, record, stat)) = inner.head(&client, lease, &queue).await? else {
+            return Ok(None);
+        };
+        let term = Term(stat.czxid as u64);
+        let ending = Ending {
+            node: &queue[first].name,
+            version: stat.version,
+            term,
+            holder: &record.candidate,
+        };
+        if inner.end_term(&client, lease, &ending, EndReason::Broken).await? {
+            return Ok(Some(term));
         }
-        Err(Error::unreachable(
+        // The holder's znode went between the read and the break: its term ended by itself
+        // (released, expired, or broken by another operator), and the lease may have passed on.
+        Err(Error::store(
             STORE,
-            format!("the candidates of {lease} kept changing while breaking the lease"),
+            Failed::new(format!(
+                "the holder (term {term}) left while being broken, so nothing was broken; look at the lease again"
+            )),
         ))
     }
+}
+
+/// Our queued znode was deleted by someone else during an acquire (an operator's
+/// `break_lease`): nothing was granted; the next acquire queues again.
+fn deleted_meanwhile(name: &str) -> Error {
+    Error::store(
+        STORE,
+        Failed::new(format!(
+            "this candidate's znode {name} was deleted by someone else meanwhile (a break_lease?); nothing was granted"
+        )),
+    )
 }
