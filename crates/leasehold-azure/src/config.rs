@@ -25,13 +25,16 @@ pub const TTL_RANGE: RangeInclusive<Duration> = Duration::from_secs(15)..=Durati
 /// so the two do not stack).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How many operations one store runs at once (each with its own HTTP connection), unless the
-/// URL says `max_requests=`; renewals and releases have turns of their own
+/// How many operations of any kind one store runs at once (each with its own HTTP connection),
+/// unless the URL says `max_requests=`; renewals and releases have slots of their own on top
 /// ([`DEFAULT_MAX_RENEWALS`]). A thousand leases campaigning at once must not open a thousand
 /// connections, which overflows the server's accept queue and stalls requests for seconds.
 pub const DEFAULT_MAX_REQUESTS: usize = 64;
 
-/// How many renewals and releases one store runs at once, unless the URL says `max_renewals=`.
+/// How many slots one store keeps for renewals and releases alone, on top of
+/// [`DEFAULT_MAX_REQUESTS`], unless the URL says `max_renewals=`: a renewal is admitted at once
+/// even while campaigns fill every other slot (core's
+/// [`RequestLimit::reserve_urgent`](leasehold_core::RequestLimit::reserve_urgent)).
 pub const DEFAULT_MAX_RENEWALS: usize = 64;
 
 /// How many terms of each lease keep their history blob, unless the URL says `history_limit=`
@@ -96,7 +99,8 @@ pub enum Auth {
 /// - `prefix`: prepended to every blob name.
 /// - `timeout`: how long one HTTP request may take, `30s` by default (a backstop: the engine gives
 ///   up at its own `request_timeout` first); units required: `500ms`, `10s`, `1m`.
-/// - `max_requests`, `max_renewals`: operations in flight at once (1 to 4096, default 64 each).
+/// - `max_requests`, `max_renewals`: operations in flight at once (1 to 4096, default 64 each):
+///   `max_requests` of any kind, plus `max_renewals` slots kept for renewals and releases.
 /// - `history_limit`: how many terms keep their history blob (default 1000; `0` keeps all).
 ///
 /// A repeated or unknown option is an error naming it. `Debug`, `Display` and every error leave
@@ -131,10 +135,11 @@ pub struct AzureConfig {
     pub auth: Auth,
     /// How long one HTTP request may take (connect's credential check included).
     pub timeout: Duration,
-    /// How many operations run at once, at most (renewals and releases count separately, in
-    /// [`AzureConfig::max_renewals`]).
+    /// How many operations of any kind run at once, at most (renewals and releases may use
+    /// [`AzureConfig::max_renewals`] more slots).
     pub max_requests: usize,
-    /// How many renewals and releases run at once, at most.
+    /// How many slots are kept for renewals and releases alone: they may run
+    /// `max_requests + max_renewals` at once, everything else at most `max_requests`.
     pub max_renewals: usize,
     /// How many terms of each lease keep their history blob (the most recent ones); `0` keeps
     /// all. Default [`DEFAULT_HISTORY_LIMIT`].

@@ -6,6 +6,7 @@ mod claim;
 mod config;
 mod error;
 mod history;
+mod list;
 mod record;
 mod sas;
 mod store;

@@ -6,6 +6,7 @@ use std::fmt;
 use std::time::{Duration, SystemTime};
 
 use azure_core::http::headers::{HeaderName, Headers};
+use azure_core::time::OffsetDateTime;
 use leasehold_core::time::{from_unix_millis, unix_millis};
 use leasehold_core::{CandidateId, EndReason, Error, HolderInfo, LeaseName, Observation, Result, Term, Transition};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
@@ -393,13 +394,6 @@ pub(crate) fn view_of(lease: &LeaseName, headers: &Headers) -> Result<View> {
     let length: u64 = header(headers, &CONTENT_LENGTH)
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    if length > 0 {
-        return Err(Error::corrupt(
-            STORE,
-            lease,
-            format!("the lease blob has {length} bytes of content: not a leasehold lease blob"),
-        ));
-    }
     let metadata: HashMap<String, String> = headers
         .iter()
         .filter_map(|(name, value)| {
@@ -408,22 +402,66 @@ pub(crate) fn view_of(lease: &LeaseName, headers: &Headers) -> Result<View> {
                 .map(|k| (k.to_string(), value.as_str().to_string()))
         })
         .collect();
-    let record = Record::decode(lease, &metadata)?;
-    let lease_state = header(headers, &LEASE_STATE)
-        .unwrap_or("available")
-        .to_ascii_lowercase();
     let parse = |name: &HeaderName| header(headers, name).and_then(|v| azure_core::time::parse_rfc7231(v).ok());
-    let age_secs = match (parse(&DATE), parse(&LAST_MODIFIED)) {
-        (Some(date), Some(modified)) => Some((date - modified).whole_seconds()),
-        _ => None,
-    };
-    Ok(View {
-        etag: Some(etag),
-        record,
-        leased: matches!(lease_state.as_str(), "leased" | "breaking"),
-        lease_state,
-        age_secs: age_secs.or(Some(0)),
-    })
+    BlobState {
+        etag,
+        length,
+        metadata,
+        lease_state: header(headers, &LEASE_STATE).unwrap_or("available"),
+        date: parse(&DATE),
+        modified: parse(&LAST_MODIFIED),
+    }
+    .view(lease)
+}
+
+/// What a reply says about a lease blob: the headers of its properties, or an item of a blob
+/// listing (see `list.rs`).
+pub(crate) struct BlobState<'a> {
+    pub(crate) etag: String,
+    /// Content length: a lease blob has none.
+    pub(crate) length: u64,
+    /// Metadata, keys without `x-ms-meta-`.
+    pub(crate) metadata: HashMap<String, String>,
+    /// `available`, `leased`, `expired`, `breaking` or `broken`, any case.
+    pub(crate) lease_state: &'a str,
+    /// The server's time of the reply.
+    pub(crate) date: Option<OffsetDateTime>,
+    /// The blob's Last-Modified.
+    pub(crate) modified: Option<OffsetDateTime>,
+}
+
+impl BlobState<'_> {
+    /// The lease blob as this reply shows it, its record checked.
+    pub(crate) fn view(self, lease: &LeaseName) -> Result<View> {
+        if self.length > 0 {
+            return Err(Error::corrupt(
+                STORE,
+                lease,
+                format!(
+                    "the lease blob has {} bytes of content: not a leasehold lease blob",
+                    self.length
+                ),
+            ));
+        }
+        let metadata: HashMap<String, String> = self
+            .metadata
+            .into_iter()
+            .map(|(k, v)| (k.to_ascii_lowercase(), v))
+            .collect();
+        let record = Record::decode(lease, &metadata)?;
+        let lease_state = self.lease_state.to_ascii_lowercase();
+        let age_secs = match (self.date, self.modified) {
+            (Some(date), Some(modified)) => Some((date - modified).whole_seconds()),
+            _ => None,
+        };
+        Ok(View {
+            etag: Some(self.etag),
+            record,
+            leased: matches!(lease_state.as_str(), "leased" | "breaking"),
+            lease_state,
+            age_secs: age_secs.or(Some(0)),
+        })
+    }
 }
 
 #[cfg(test)]

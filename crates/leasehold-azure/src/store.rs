@@ -14,8 +14,8 @@ use azure_storage_blob::models::{
 };
 use azure_storage_blob::{BlobClient, BlobContainerClient, BlobContainerClientOptions};
 use leasehold_core::{
-    AcquireRequest, Acquired, CandidateId, Capabilities, EndReason, Error, Expiry, Grant, LeaseName, LeaseStore,
-    Notifications, Observation, Renewed, Result, Term, Transition,
+    AcquireRequest, Acquired, Admitted, CandidateId, Capabilities, EndReason, Error, Expiry, Grant, LeaseName,
+    LeaseStore, Notifications, Observation, Operation, Renewed, RequestLimit, Result, Term, Transition,
 };
 
 use crate::config::{Auth, AzureConfig, TTL_RANGE};
@@ -77,12 +77,12 @@ impl std::fmt::Debug for AzureBlobStore {
 struct Inner {
     config: AzureConfig,
     container: BlobContainerClient,
-    /// Turns for operations in flight (see [`AzureConfig::max_requests`]). An operation keeps its
-    /// turn for all of its requests, so that one which started can finish before its deadline
-    /// instead of queueing again for every step. Holders (renew, release) have turns of their
-    /// own: a flood of campaigns must not make leaders miss their renewals.
-    turns: tokio::sync::Semaphore,
-    holder_turns: tokio::sync::Semaphore,
+    /// Slots for operations in flight: [`AzureConfig::max_requests`] for any operation plus
+    /// [`AzureConfig::max_renewals`] kept for renewals and releases, so that a flood of
+    /// campaigns never makes a leader's renewal wait. An operation keeps its slot for all of its
+    /// requests, so that one which started can finish before its deadline instead of queueing
+    /// again for every step.
+    limit: RequestLimit,
     /// The last state of each lease blob this client saw, so that an acquire can compare-and-set
     /// against it in one request.
     views: Mutex<HashMap<LeaseName, View>>,
@@ -152,8 +152,8 @@ impl AzureBlobStore {
             allowed: error::without_urls(&e.to_string()),
         })?;
         let inner = Inner {
-            turns: tokio::sync::Semaphore::new(config.max_requests.max(1)),
-            holder_turns: tokio::sync::Semaphore::new(config.max_renewals.max(1)),
+            limit: RequestLimit::new(config.max_requests.max(1) + config.max_renewals.max(1))
+                .reserve_urgent(config.max_renewals.max(1)),
             config,
             container,
             views: Mutex::default(),
@@ -258,15 +258,10 @@ impl AzureBlobStore {
         request.await.map_err(|e| self.refusal(operation, &e))
     }
 
-    /// Waits for a turn to run an operation.
-    async fn turn(&self, holder: bool) -> Option<tokio::sync::SemaphorePermit<'_>> {
-        let turns = if holder {
-            &self.inner.holder_turns
-        } else {
-            &self.inner.turns
-        };
-        // The semaphores are never closed; if they were, going ahead unlimited is the safe choice.
-        turns.acquire().await.ok()
+    /// Waits for a slot to run an operation (renewals and releases first, and on slots of
+    /// their own); the slot is held until the returned guard is dropped.
+    async fn turn(&self, operation: Operation) -> Admitted {
+        self.inner.limit.admit(operation).await
     }
 
     pub(crate) fn remember(&self, lease: &LeaseName, view: &View) {
@@ -304,7 +299,7 @@ impl AzureBlobStore {
     ///
     /// A transient error when the service cannot be reached; [`Error::CorruptRecord`].
     pub async fn break_blob_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
-        let _turn = self.turn(false).await;
+        let _turn = self.turn(Operation::BreakLease).await;
         let view = self.read(lease).await?;
         let Some(record) = view.holder().cloned() else {
             return Ok(None);
@@ -433,7 +428,7 @@ impl LeaseStore for AzureBlobStore {
     /// and, if it is free, claimed once more against what was read.
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
         self.capabilities().check_ttl(STORE, request.ttl)?;
-        let _turn = self.turn(false).await;
+        let _turn = self.turn(Operation::Acquire).await;
         let lease = &request.lease;
         // Another's claim is read first: it must not be overwritten while it may count as held.
         let cached = self.remembered(lease);
@@ -472,7 +467,7 @@ impl LeaseStore for AzureBlobStore {
     async fn renew(&self, grant: &Grant) -> Result<Renewed> {
         let lease = &grant.lease;
         let token = Token::parse(lease, &grant.token)?;
-        let _turn = self.turn(true).await;
+        let _turn = self.turn(Operation::Renew).await;
         let options = BlobClientRenewLeaseOptions {
             if_match: Some(Etag::from(token.etag.clone())),
             ..Default::default()
@@ -511,7 +506,7 @@ impl LeaseStore for AzureBlobStore {
     async fn release(&self, grant: &Grant) -> Result<()> {
         let lease = &grant.lease;
         let token = Token::parse(lease, &grant.token)?;
-        let _turn = self.turn(true).await;
+        let _turn = self.turn(Operation::Release).await;
         let record = Record {
             holder: grant.holder.clone(),
             term: grant.term,
@@ -529,7 +524,7 @@ impl LeaseStore for AzureBlobStore {
     /// lease of an acquire whose answer never arrived. Its term is recorded as released, so the
     /// history has no open term once the lease is free.
     async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
-        let _turn = self.turn(true).await;
+        let _turn = self.turn(Operation::Withdraw).await;
         let view = self.read(lease).await?;
         let (Some(record), Some(etag)) = (view.holder().cloned(), view.etag.clone()) else {
             return Ok(());
@@ -546,13 +541,19 @@ impl LeaseStore for AzureBlobStore {
     }
 
     async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
-        let _turn = self.turn(false).await;
+        let _turn = self.turn(Operation::Inspect).await;
         Ok(self.read(lease).await?.observation(lease))
     }
 
     async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
-        let _turn = self.turn(false).await;
+        let _turn = self.turn(Operation::History).await;
         self.read_history(lease, limit).await
+    }
+
+    /// List Blobs under the prefix with their metadata, every page (history blobs skipped).
+    async fn list(&self, prefix: &str) -> Result<Vec<Observation>> {
+        let _turn = self.turn(Operation::List).await;
+        self.list_leases(prefix).await
     }
 
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
