@@ -10,6 +10,7 @@
 //! - `granted term`, `renewed`, `ok`, `broken term`, `none` (nothing to break)
 //! - `corrupt detail`: a key of another type or shape; nothing was written
 //! - `starting uptime_s needed_s`: the restart guard refused a grant
+//! - `scan next_cursor keys`: one step of the key scan of `list` (takes no keys)
 //!
 //! Types and shapes are checked before the first write, so a script that refuses has changed
 //! nothing (Redis does not roll back a script that fails half-way).
@@ -225,6 +226,13 @@ if state.term and state.ended == '' and not lease then open = {state.term, state
 return {nonce, 'history', open, redis.call('XREVRANGE', history_key, '+', '-', 'COUNT', ARGV[2])}
 "#;
 
+/// `ARGV = [nonce, cursor, pattern, count]`, no keys. Read-only. One `SCAN` step: answers
+/// `scan next_cursor keys` (`0`: the scan is complete).
+const SCAN: &str = r#"
+local r = redis.call('SCAN', ARGV[2], 'MATCH', ARGV[3], 'COUNT', ARGV[4])
+return {ARGV[1], 'scan', r[1], r[2]}
+"#;
+
 /// `ARGV = [nonce]`, no keys: the server's version, and a check that scripts and `INFO` work.
 const HELLO: &str = r#"
 local version = string.match(redis.call('INFO', 'server'), 'redis_version:([%d%.]+)')
@@ -241,4 +249,5 @@ pub(crate) static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_prelu
 pub(crate) static BREAK_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_prelude(BREAK));
 pub(crate) static INSPECT_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_prelude(INSPECT));
 pub(crate) static HISTORY_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_prelude(HISTORY));
+pub(crate) static SCAN_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SCAN));
 pub(crate) static HELLO_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(HELLO));

@@ -5,9 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::{StreamExt, TryStreamExt};
 use leasehold_core::{
-    AcquireRequest, Acquired, CandidateId, Capabilities, Changes, EndReason, Error, Expiry, Grant, HolderInfo,
-    LeaseName, LeaseStore, Notifications, Observation, RecordVersion, Renewed, Result, Term, Transition, time,
+    AcquireRequest, Acquired, CandidateId, Capabilities, Changes, EndReason, Error, Expiry, Grant, HolderFields,
+    HolderInfo, LeaseName, LeaseStore, Notifications, Observation, RecordVersion, Renewed, Result, Term, Transition,
+    time,
 };
 use redis::Value;
 
@@ -17,6 +19,7 @@ use crate::conn::{Commands, Reply};
 use crate::error::{self, RedisStoreError, STORE};
 use crate::scripts::{
     ACQUIRE_SCRIPT, BREAK_SCRIPT, HELLO_SCRIPT, HISTORY_SCRIPT, INSPECT_SCRIPT, RELEASE_SCRIPT, RENEW_SCRIPT,
+    SCAN_SCRIPT,
 };
 
 /// The TTLs the Redis store accepts: 10 ms to 24 h.
@@ -246,18 +249,15 @@ fn answer(lease: &LeaseName, reply: &Reply) -> Result<Answer> {
             Ok(Answer::Seen(Observation::free(lease.clone(), term(1)?, previous_end)))
         }
         "held" => {
-            let holder =
-                CandidateId::new(reply.text(1)?).map_err(|e| Error::corrupt(STORE, lease, format!("holder: {e}")))?;
-            let ttl = Duration::from_millis(parse_number(lease, "ttl", reply.text(3)?)?);
             let remaining = Duration::from_millis(parse_number(lease, "pttl", reply.text(5)?)?);
-            let info = HolderInfo {
-                id: holder,
-                term: term(2)?,
-                ttl,
-                version: reply.text(4)?.to_string(),
-                orphaned: false,
+            let fields = HolderFields {
+                id: reply.text(1)?,
+                term: reply.text(2)?.into(),
+                ttl_ms: reply.text(3)?.into(),
+                version: reply.text(4)?,
                 store_remaining: Some(remaining),
             };
+            let info = HolderInfo::from_record(STORE, lease, fields, &TTL_RANGE)?;
             let last_term = term(6)?.max(info.term);
             Ok(Answer::Seen(Observation {
                 lease: lease.clone(),
@@ -375,6 +375,36 @@ fn transitions(
     Ok(out)
 }
 
+/// Keys `SCAN` looks at per step of [`LeaseStore::list`].
+const SCAN_COUNT: usize = 1000;
+
+/// `inspect` scripts of one [`LeaseStore::list`] sent at once.
+const LIST_IN_FLIGHT: usize = 256;
+
+/// `text` with Redis's glob characters (`*`, `?`, `[`, `]`, `\`) escaped.
+fn glob_escape(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
+}
+
+/// The lease whose lease or state key `key` is, if its name starts with `prefix`.
+fn lease_of_key(config: &RedisConfig, key: &str, prefix: &str) -> Option<LeaseName> {
+    let rest = key.strip_prefix(config.prefix.as_str())?;
+    let name = rest
+        .strip_prefix("lease:{")
+        .or_else(|| rest.strip_prefix("state:{"))?
+        .strip_suffix('}')?;
+    let lease = LeaseName::new(name).ok().filter(|l| l.as_str().starts_with(prefix))?;
+    let keys = config.keys(&lease);
+    (key == keys.lease || key == keys.state).then_some(lease)
+}
+
 fn capabilities(notifications: Notifications) -> Capabilities {
     Capabilities {
         ttl: TTL_RANGE,
@@ -473,6 +503,48 @@ impl LeaseStore for RedisStore {
         }
     }
 
+    /// `SCAN` (one script per page of [`SCAN_COUNT`] keys) for the lease and state keys of
+    /// names that start with `prefix` (glob characters escaped), then one `inspect` script per
+    /// lease, sent together on the one connection (pipelined). Keys under the store's prefix that
+    /// are not a lease's (another program's, history streams) are not listed.
+    async fn list(&self, prefix: &str) -> Result<Vec<Observation>> {
+        let config = &self.inner.config;
+        // `lease:{name}` and `state:{name}` (the state outlives each grant: a free lease).
+        let pattern = format!(
+            "{}[ls][et]a[st]e:{{{}*",
+            glob_escape(&config.prefix),
+            glob_escape(prefix)
+        );
+        let mut names = std::collections::BTreeSet::new();
+        let mut cursor = "0".to_string();
+        loop {
+            let args = vec![cursor.clone(), pattern.clone(), SCAN_COUNT.to_string()];
+            let reply = self.inner.commands.eval("list", &SCAN_SCRIPT, &[], args).await?;
+            if reply.status()? != "scan" {
+                return Err(error::unexpected("list", format!("{:?}", reply.values)));
+            }
+            for key in reply.array(2)? {
+                if let Some(lease) = lease_of_key(config, bulk("list", key)?, prefix) {
+                    names.insert(lease);
+                }
+            }
+            cursor = reply.text(1)?.to_string();
+            if cursor == "0" {
+                break;
+            }
+        }
+        let observations: Vec<Observation> = futures::stream::iter(names)
+            .map(|lease| async move { self.inspect(&lease).await })
+            .buffered(LIST_IN_FLIGHT)
+            .try_collect()
+            .await?;
+        // A lease whose keys went away since the scan: the store keeps no record of it.
+        Ok(observations
+            .into_iter()
+            .filter(|o| o.holder.is_some() || o.last_term > Term(0))
+            .collect())
+    }
+
     async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
         if limit == 0 {
             // Still refuse to report on a lease whose record cannot be read.
@@ -494,6 +566,11 @@ impl LeaseStore for RedisStore {
     async fn changes(&self, lease: &LeaseName, _candidate: &CandidateId) -> Result<Option<Changes>> {
         let channel = self.keys(lease).channel;
         self.inner.hub.changes(channel).await
+    }
+
+    /// `true`: [`break_lease`](LeaseStore::break_lease) works.
+    fn can_break(&self) -> bool {
+        true
     }
 
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
@@ -523,6 +600,27 @@ mod tests {
 
     fn entry(id: &str, fields: &[&str]) -> Value {
         Value::Array(vec![text(id), Value::Array(fields.iter().map(|f| text(f)).collect())])
+    }
+
+    #[test]
+    fn list_patterns_are_literal_and_only_lease_and_state_keys_name_leases() {
+        assert_eq!(glob_escape(r"a*b?[c]\d-_%"), r"a\*b\?\[c\]\\d-_%");
+        let config = RedisConfig::new("localhost", 6379);
+        let prefix = &config.prefix;
+        let lease = |key: &str, wanted: &str| lease_of_key(&config, key, wanted).map(|l| l.to_string());
+        assert_eq!(lease(&format!("{prefix}lease:{{a-1}}"), "a-"), Some("a-1".into()));
+        assert_eq!(lease(&format!("{prefix}state:{{a-1}}"), ""), Some("a-1".into()));
+        assert_eq!(lease(&format!("{prefix}state:{{a-1}}"), "b"), None);
+        for foreign in [
+            format!("{prefix}history:{{a-1}}"),
+            format!("{prefix}changes:{{a-1}}"),
+            format!("{prefix}lease:{{a-1}}x"),
+            format!("{prefix}lease:{{a/1}}"),
+            format!("{prefix}ltase:{{a-1}}"),
+            "other:lease:{a-1}".to_string(),
+        ] {
+            assert_eq!(lease(&foreign, ""), None, "{foreign}");
+        }
     }
 
     #[test]
