@@ -5,6 +5,7 @@
 mod acquire;
 mod config;
 mod error;
+mod list;
 mod record;
 mod store;
 mod table;

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 use aws_sdk_dynamodb::types::AttributeValue;
 use leasehold_core::time::{from_unix_millis, unix_millis};
 use leasehold_core::{
-    CandidateId, EndReason, Error, HolderInfo, LeaseName, Observation, RecordVersion, Result, Term, Transition,
+    CandidateId, EndReason, Error, HolderFields, HolderInfo, LeaseName, Observation, Result, Term, Transition,
 };
 
 use crate::error::STORE;
@@ -70,7 +70,8 @@ pub(crate) struct Record {
     pub(crate) last_holder: Option<CandidateId>,
     /// When `term` was granted (audit only).
     pub(crate) acquired_at: Option<SystemTime>,
-    pub(crate) holder: Option<Holding>,
+    /// The holder, checked by core's [`HolderInfo::from_record`] (its term is `term`).
+    pub(crate) holder: Option<HolderInfo>,
     /// When and how `term` ended, once it has.
     pub(crate) ended: Option<(SystemTime, EndReason)>,
     /// The term before `term`, finished, as the grant of `term` copied it into the item (absent
@@ -78,14 +79,6 @@ pub(crate) struct Record {
     pub(crate) previous: Option<Transition>,
     /// The highest term with a history item (0 without any).
     pub(crate) history_term: Term,
-}
-
-/// The holder of a lease, as its item records it.
-#[derive(Clone, Debug)]
-pub(crate) struct Holding {
-    pub(crate) id: CandidateId,
-    pub(crate) ttl: Duration,
-    pub(crate) version: String,
 }
 
 impl Record {
@@ -128,17 +121,14 @@ impl Record {
             (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return Err(corrupt(e)),
             (Ok(None), Ok(None), Ok(None)) => None,
             (Ok(Some(id)), Ok(Some(ttl_ms)), Ok(Some(version))) => {
-                let id = CandidateId::new(id).map_err(|e| corrupt(format!("holder: {e}")))?;
-                if term == Term(0) {
-                    return Err(corrupt("term 0 has a holder; terms start at 1".into()));
-                }
-                let ttl = Some(Duration::from_millis(ttl_ms))
-                    .filter(|ttl| TTL_RANGE.contains(ttl))
-                    .ok_or_else(|| corrupt(format!("ttl_ms {ttl_ms} is outside {TTL_RANGE:?}")))?;
-                if RecordVersion::parse(&version).is_none() {
-                    return Err(corrupt(format!("version {version:?} is not 16 hex digits")));
-                }
-                Some(Holding { id, ttl, version })
+                let fields = HolderFields {
+                    id: &id,
+                    term: term.0.into(),
+                    ttl_ms: ttl_ms.into(),
+                    version: &version,
+                    store_remaining: None,
+                };
+                Some(HolderInfo::from_record(STORE, lease, fields, &TTL_RANGE)?)
             }
             (Ok(holder), Ok(ttl_ms), Ok(version)) => {
                 let set = |is_set: bool| if is_set { "set" } else { "missing" };
@@ -183,14 +173,7 @@ impl Record {
     pub(crate) fn observation(&self, lease: &LeaseName) -> Observation {
         Observation {
             lease: lease.clone(),
-            holder: self.holder.as_ref().map(|h| HolderInfo {
-                id: h.id.clone(),
-                term: self.term,
-                ttl: h.ttl,
-                version: h.version.clone(),
-                orphaned: false,
-                store_remaining: None,
-            }),
+            holder: self.holder.clone(),
             last_term: self.last_term,
             previous_end: if self.holder.is_none() {
                 self.ended.map(|(_, reason)| reason)
@@ -423,7 +406,15 @@ mod tests {
             with("holder", Some(AttributeValue::Bool(true))),
             "holder is the boolean true",
         ));
-        cases.push((with("holder", Some(s(""))), "holder: invalid candidate id"));
+        cases.push((with("holder", Some(s(""))), "holder \"\": must not be empty"));
+        cases.push((
+            with("holder", Some(s("a\u{7}b"))),
+            "holder \"a\\u{7}b\": must not contain control characters",
+        ));
+        let mut free_with_holder = held();
+        free_with_holder.insert("term".into(), n(0));
+        free_with_holder.remove("last_holder");
+        cases.push((free_with_holder, "term 0 is not a term (1 or more)"));
         cases.push((with("last_holder", None), "no last_holder"));
         cases.push((with("previous_end", Some(s("released"))), "ended_at and previous_end"));
         cases.push((with("prev_term", Some(n(6))), "prev_term, prev_holder"));

@@ -283,6 +283,10 @@ impl LeaseStore for DynamoDbStore {
         self.requests.history(lease, limit).await
     }
 
+    async fn list(&self, prefix: &str) -> Result<Vec<Observation>> {
+        self.requests.list(prefix).await
+    }
+
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
         self.requests.break_lease(lease).await
     }
@@ -567,6 +571,12 @@ impl LeaseStore for Table {
         }
         let skip = terms.len().saturating_sub(limit);
         Ok(terms.into_values().skip(skip).collect())
+    }
+
+    /// A strongly consistent Scan of the lease items (sort key `lease`) whose name begins with
+    /// `prefix`, every page; history items are never returned.
+    async fn list(&self, prefix: &str) -> Result<Vec<Observation>> {
+        self.list_leases(prefix).await
     }
 
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {

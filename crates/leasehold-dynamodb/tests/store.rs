@@ -685,3 +685,120 @@ async fn renew_throughput() {
         );
     }
 }
+
+/// `list(prefix)` on a table of its own: the leases under a prefix, sorted, each as `inspect`
+/// shows it (held, released, broken); history items and items that are no lease never listed;
+/// the prefix is literal (`_`, `%`, `*`, `?`, `[`); a corrupt lease item is a CorruptRecord
+/// naming it; every page of a Scan is read (a table with more items than one page holds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_by_prefix() {
+    let Some(endpoint) = common::endpoint() else { return };
+    let table = format!("leasehold-list-{:x}", random_u64());
+    let backend = DynamoBackend::with_table(endpoint, &table);
+    let store = backend.store().await.unwrap();
+    let ttl = Duration::from_secs(5);
+    let name = |n: &str| LeaseName::new(n).unwrap();
+
+    let held = granted(&store, &request(&name("a-held"), "h1", ttl, None)).await;
+    let released = granted(&store, &request(&name("a-released"), "h2", ttl, None)).await;
+    store.release(&released).await.unwrap();
+    granted(&store, &request(&name("a-broken"), "h3", ttl, None)).await;
+    assert_eq!(store.break_lease(&name("a-broken")).await.unwrap(), Some(Term(1)));
+    // A second term, so that its first is a history item.
+    let again = granted(&store, &request(&name("a-released"), "h4", ttl, None)).await;
+    store.release(&again).await.unwrap();
+    granted(&store, &request(&name("a_x"), "u", ttl, None)).await;
+    granted(&store, &request(&name("b-one"), "b", ttl, None)).await;
+    // A history item of a lease without a lease item, and an item whose key is no lease name.
+    for (key, sk) in [("ghost", "history#00000000000000000001"), ("not a lease!", "lease")] {
+        let mut item = HashMap::from([
+            ("lease".to_string(), AttributeValue::S(key.into())),
+            ("sk".to_string(), AttributeValue::S(sk.into())),
+            ("term".to_string(), AttributeValue::N("1".into())),
+            ("holder".to_string(), AttributeValue::S("x".into())),
+        ]);
+        item.insert("last_holder".into(), AttributeValue::S("x".into()));
+        store
+            .client()
+            .put_item()
+            .table_name(&table)
+            .set_item(Some(item))
+            .send()
+            .await
+            .unwrap();
+    }
+
+    let listed = store.list("a-").await.unwrap();
+    let names: Vec<&str> = listed.iter().map(|o| o.lease.as_str()).collect();
+    assert_eq!(names, ["a-broken", "a-held", "a-released"]);
+    for observation in &listed {
+        assert_eq!(observation, &store.inspect(&observation.lease).await.unwrap());
+    }
+    let holder = listed[1].holder.as_ref().expect("a-held is held");
+    assert_eq!((holder.id.as_str(), holder.term, holder.ttl), ("h1", held.term, ttl));
+    assert_eq!(holder.version, held.token);
+    assert_eq!(
+        (listed[0].holder.is_none(), listed[0].last_term, listed[0].previous_end),
+        (true, Term(1), Some(EndReason::Broken))
+    );
+    assert_eq!(
+        (listed[2].holder.is_none(), listed[2].last_term, listed[2].previous_end),
+        (true, Term(2), Some(EndReason::Released))
+    );
+
+    let all: Vec<String> = store
+        .list("")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.lease.to_string())
+        .collect();
+    assert_eq!(all, ["a-broken", "a-held", "a-released", "a_x", "b-one"]);
+    assert_eq!(
+        store
+            .list("a_")
+            .await
+            .unwrap()
+            .iter()
+            .map(|o| o.lease.as_str())
+            .collect::<Vec<_>>(),
+        ["a_x"]
+    );
+    for literal in ["a%", "a*", "a?", "[a", "%", "_", "ghost", "history#"] {
+        assert!(store.list(literal).await.unwrap().is_empty(), "{literal}");
+    }
+
+    // Enough history items after the leases that the Scan takes more than one page (1 MB):
+    // every lease is still listed.
+    let padding = "p".repeat(60_000);
+    for term in 0..20u64 {
+        store
+            .client()
+            .put_item()
+            .table_name(&table)
+            .set_item(Some(HashMap::from([
+                ("lease".to_string(), AttributeValue::S(format!("pad-{term}"))),
+                ("sk".to_string(), AttributeValue::S(format!("history#{term:020}"))),
+                ("padding".to_string(), AttributeValue::S(padding.clone())),
+            ])))
+            .send()
+            .await
+            .unwrap();
+    }
+    let pages = store.client().scan().table_name(&table).send().await.unwrap();
+    assert!(
+        pages.last_evaluated_key().is_some(),
+        "the table fits one page: the test shows nothing"
+    );
+    assert_eq!(store.list("").await.unwrap().len(), 5);
+
+    // A corrupt lease item fails the listing that includes it, naming it; others are unaffected.
+    backend
+        .put_raw(&name("c-bad"), &[("term", AttributeValue::S("garbage".into()))])
+        .await
+        .unwrap();
+    expect_corrupt("list", &name("c-bad"), store.list("c").await, "term");
+    assert_eq!(store.list("a-").await.unwrap().len(), 3);
+
+    store.client().delete_table().table_name(&table).send().await.unwrap();
+}
