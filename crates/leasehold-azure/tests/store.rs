@@ -8,7 +8,7 @@ use std::time::Duration;
 use leasehold_azure::{Auth, AzureBlobStore};
 use leasehold_core::config::Secret;
 use leasehold_core::{
-    AcquireRequest, Acquired, CandidateId, EndReason, Error, Grant, LeaseName, LeaseStore, Renewed, random_u64,
+    AcquireRequest, Acquired, CandidateId, EndReason, Error, Grant, LeaseName, LeaseStore, Renewed, Term, random_u64,
 };
 
 const TTL: Duration = Duration::from_secs(15);
@@ -376,4 +376,95 @@ async fn old_history_blobs_are_swept() {
         assert!(std::time::Instant::now() < deadline, "still there: {kept:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// `list(prefix)` under a store prefix of its own: the leases under a lease-name prefix, sorted,
+/// each exactly as `inspect` shows it (held, released twice so that history blobs exist,
+/// broken); history blobs, blobs without a record and names that are no lease names never
+/// listed; the prefix is literal; a corrupt lease blob is a CorruptRecord naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_by_prefix() {
+    let Some(mut config) = common::azurite() else { return };
+    config.prefix = format!("t/list-{:x}/", random_u64());
+    let store = AzureBlobStore::from_config(config.clone()).await.unwrap();
+    let name = |n: &str| LeaseName::new(n).unwrap();
+
+    let held = granted(&store, &name("a-held"), "h1").await;
+    let released = granted(&store, &name("a-released"), "h2").await;
+    store.release(&released).await.unwrap();
+    let again = granted(&store, &name("a-released"), "h4").await;
+    store.release(&again).await.unwrap();
+    granted(&store, &name("a-broken"), "h3").await;
+    assert_eq!(store.break_blob_lease(&name("a-broken")).await.unwrap(), Some(Term(1)));
+    granted(&store, &name("a_x"), "u").await;
+    granted(&store, &name("b-one"), "b").await;
+    let history = common::raw_list(&config, &format!("{}a-released.history/", config.prefix))
+        .await
+        .unwrap();
+    assert_eq!(history.len(), 2, "history blobs to skip: {history:?}");
+    // A blob leasehold has not written a record to, and names that are no lease names.
+    for blob in ["a-plain", "a-dir/x", ".a-hidden", "a b"] {
+        common::raw_upload(&config, &format!("{}{blob}", config.prefix), &[("other", "x")])
+            .await
+            .unwrap();
+    }
+
+    let listed = store.list("a-").await.unwrap();
+    let names: Vec<&str> = listed.iter().map(|o| o.lease.as_str()).collect();
+    assert_eq!(names, ["a-broken", "a-held", "a-released"]);
+    for observation in &listed {
+        assert_eq!(observation, &store.inspect(&observation.lease).await.unwrap());
+    }
+    let holder = listed[1].holder.as_ref().expect("a-held is held");
+    assert_eq!((holder.id.as_str(), holder.term, holder.ttl), ("h1", held.term, TTL));
+    assert_eq!(holder.version, held.token);
+    assert_eq!(
+        (listed[0].holder.is_none(), listed[0].last_term, listed[0].previous_end),
+        (true, Term(1), Some(EndReason::Broken))
+    );
+    assert_eq!(
+        (listed[2].holder.is_none(), listed[2].last_term, listed[2].previous_end),
+        (true, again.term, Some(EndReason::Released))
+    );
+
+    let all: Vec<String> = store
+        .list("")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.lease.to_string())
+        .collect();
+    assert_eq!(all, ["a-broken", "a-held", "a-released", "a_x", "b-one"]);
+    let underscore = store.list("a_").await.unwrap();
+    assert_eq!(underscore.len(), 1);
+    assert_eq!(underscore[0].lease.as_str(), "a_x");
+    for literal in ["a%", "a*", "a?", "[a", "%", "_", "a-released.history"] {
+        assert!(store.list(literal).await.unwrap().is_empty(), "{literal}");
+    }
+
+    // A corrupt lease blob fails the listing that includes it, naming it; others are unaffected.
+    granted(&store, &name("c-bad"), "c").await;
+    let record = [
+        ("leasehold_term", "garbage"),
+        ("leasehold_holder", "c"),
+        ("leasehold_ttl_ms", "15000"),
+        ("leasehold_acquired_ms", "1700000000000"),
+        ("leasehold_state", "released"),
+    ];
+    let bad = store.blob_name(&name("c-bad"));
+    let lease_id = match store.inspect(&name("c-bad")).await.unwrap().holder {
+        Some(holder) => holder.version.split(';').next().unwrap().to_string(),
+        None => panic!("c-bad is held"),
+    };
+    common::raw_set_metadata(&config, &bad, &record, Some(&lease_id))
+        .await
+        .unwrap();
+    match store.list("c").await {
+        Err(Error::CorruptRecord { lease, detail, .. }) => {
+            assert_eq!(lease, "c-bad");
+            assert!(detail.contains("leasehold_term"), "{detail}");
+        }
+        other => panic!("expected CorruptRecord naming c-bad, got {other:?}"),
+    }
+    assert_eq!(store.list("a-").await.unwrap().len(), 3);
 }
