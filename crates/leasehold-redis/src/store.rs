@@ -503,7 +503,7 @@ impl LeaseStore for RedisStore {
         }
     }
 
-    /// `SCAN` (one script per page of [`SCAN_COUNT`] keys) for the lease and state keys of
+    /// `SCAN` (one script per step of 1,000 keys) for the lease and state keys of
     /// names that start with `prefix` (glob characters escaped), then one `inspect` script per
     /// lease, sent together on the one connection (pipelined). Keys under the store's prefix that
     /// are not a lease's (another program's, history streams) are not listed.
