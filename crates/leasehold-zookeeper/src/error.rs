@@ -69,7 +69,7 @@ pub(crate) fn zk_error(error: zk::Error) -> Error {
         | E::NoWatcher
         | E::ReconfigDisabled
         | E::UnmarshalError { .. }
-        | E::MarshallingError => Error::store(STORE, with(" (the ZooKeeper server refused the request)")),
+        | E::MarshallingError => Error::store(STORE, with(" (the server's definite answer: nothing was applied)")),
         E::SessionExpired | E::ClientClosed => Error::unreachable(
             STORE,
             with(" (a new session is opened on the next request; the leases of the old one are gone)"),
