@@ -14,6 +14,7 @@
 //! | [`faults`] | partition, outage, slow store, lost replies |
 //! | [`history`] | terms increase; how each term ended |
 //! | [`listing`] | leases listed by name prefix |
+//! | [`groups`] | lease groups: balance, stability, a crashed member, a join |
 //! | [`cost`] | 1,000 leases; requests per transition, an idle follower's requests (gated) |
 //! | [`secrets`] | passwords of the store URL stay out of `Debug` and errors (gated) |
 
@@ -38,6 +39,7 @@ use crate::faults::Faults;
 pub mod basics;
 pub mod cost;
 pub mod faults;
+pub mod groups;
 pub mod handover;
 pub mod history;
 pub mod listing;
@@ -50,6 +52,7 @@ pub use faults::{
     lost_reply_resolved_by_read_back, partitioned_leader_steps_down, slow_store_no_double_leadership,
     store_outage_no_leader_then_one,
 };
+pub use groups::lease_group_balances_and_survives_a_crash;
 pub use handover::{break_lease_ends_the_term, fifo_order, graceful_release_fast_handover, version_takeover};
 pub use history::{history_records_how_terms_end, terms_increase_and_history};
 pub use listing::list_by_prefix;
@@ -80,6 +83,7 @@ macro_rules! __every_scenario {
             terms_increase_and_history
             history_records_how_terms_end
             list_by_prefix
+            lease_group_balances_and_survives_a_crash
             corrupt_record_is_typed_error
             invalid_inputs
             secrets_stay_out_of_debug_and_errors
