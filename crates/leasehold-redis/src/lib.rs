@@ -7,6 +7,7 @@ mod config;
 mod conn;
 mod error;
 mod expiry;
+mod record;
 mod scripts;
 mod store;
 
@@ -18,4 +19,5 @@ pub use config::{
     URL_SCHEMES,
 };
 pub use error::RedisStoreError;
-pub use store::{RedisStore, TTL_RANGE};
+pub use record::TTL_RANGE;
+pub use store::RedisStore;
