@@ -64,6 +64,19 @@ pub trait Backend: Send + Sync + 'static {
     /// When the store cannot be reached.
     async fn corrupt(&self, lease: &LeaseName) -> Result<()>;
 
+    /// Removes the record of `lease` that [`Backend::corrupt`] wrote, so that a listing of the
+    /// whole store reads again (`corrupt_record_is_typed_error` cleans up with it). `Ok(false)`,
+    /// the default, when the backend cannot: the garbage stays, and `list("")` of that store
+    /// fails with `CorruptRecord` until someone removes it.
+    ///
+    /// # Errors
+    ///
+    /// When the store cannot be reached.
+    async fn remove(&self, lease: &LeaseName) -> Result<bool> {
+        let _ = lease;
+        Ok(false)
+    }
+
     /// The TTL for holding 1,000 leases at once (`thousand_leases`): a store that handles fewer
     /// requests per second needs a longer TTL for the same number of leases (renewals per second
     /// are 3,000 / TTL in seconds). Default 2 s; clamped into the store's TTL range.
@@ -155,6 +168,11 @@ impl Backend for MemoryBackend {
     async fn corrupt(&self, lease: &LeaseName) -> Result<()> {
         self.store.corrupt(lease);
         Ok(())
+    }
+
+    async fn remove(&self, lease: &LeaseName) -> Result<bool> {
+        self.store.repair(lease);
+        Ok(true)
     }
 }
 

@@ -35,7 +35,7 @@ pub use checker::{Interval, Record, SafetyChecker};
 pub use faults::{Direction, Fault, FaultState, Faults, FaultyStore, RequestCounts};
 pub use proxy::FaultProxy;
 pub use runner::Concurrent;
-pub use server::{ConnectFn, CorruptFn, FinishFn, SecretUrlsFn, ServerBackend};
+pub use server::{ConnectFn, CorruptFn, FinishFn, RemoveFn, SecretUrlsFn, ServerBackend};
 
 /// Re-exports for the macros; not part of the API.
 #[doc(hidden)]

@@ -18,6 +18,8 @@ use crate::proxy::FaultProxy;
 pub type ConnectFn = Arc<dyn Fn(String) -> BoxFuture<'static, Result<Arc<dyn LeaseStore>>> + Send + Sync>;
 /// Vandalises the record of a lease, as a foreign program would.
 pub type CorruptFn = Arc<dyn Fn(LeaseName) -> BoxFuture<'static, Result<()>> + Send + Sync>;
+/// Removes the record of a lease (see [`Backend::remove`]).
+pub type RemoveFn = Arc<dyn Fn(LeaseName) -> BoxFuture<'static, Result<()>> + Send + Sync>;
 /// Store URLs carrying a secret (see [`Backend::secret_urls`]).
 pub type SecretUrlsFn = Arc<dyn Fn(&str) -> SecretUrls + Send + Sync>;
 /// Cleans up after a concurrent run (see [`Backend::finish`]).
@@ -52,6 +54,7 @@ pub struct ServerBackend {
     upstream: String,
     connect: ConnectFn,
     corrupt: CorruptFn,
+    remove: Option<RemoveFn>,
     secret_urls: Option<SecretUrlsFn>,
     finish: Option<FinishFn>,
     many_leases_ttl: Option<Duration>,
@@ -84,6 +87,7 @@ impl ServerBackend {
             upstream: upstream.into(),
             connect: Arc::new(connect),
             corrupt: Arc::new(corrupt),
+            remove: None,
             secret_urls: None,
             finish: None,
             many_leases_ttl: None,
@@ -95,6 +99,16 @@ impl ServerBackend {
     #[must_use]
     pub fn many_leases_ttl(mut self, ttl: Duration) -> Self {
         self.many_leases_ttl = Some(ttl);
+        self
+    }
+
+    /// How to remove a lease's record (see [`Backend::remove`]).
+    #[must_use]
+    pub fn remove_with(
+        mut self,
+        remove: impl Fn(LeaseName) -> BoxFuture<'static, Result<()>> + Send + Sync + 'static,
+    ) -> Self {
+        self.remove = Some(Arc::new(remove));
         self
     }
 
@@ -156,6 +170,13 @@ impl Backend for ServerBackend {
 
     async fn corrupt(&self, lease: &LeaseName) -> Result<()> {
         (self.corrupt)(lease.clone()).await
+    }
+
+    async fn remove(&self, lease: &LeaseName) -> Result<bool> {
+        match &self.remove {
+            Some(remove) => remove(lease.clone()).await.map(|()| true),
+            None => Ok(false),
+        }
     }
 
     fn many_leases_ttl(&self) -> Option<Duration> {

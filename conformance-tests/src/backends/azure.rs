@@ -51,7 +51,7 @@ pub fn azure() -> Option<Arc<dyn Backend>> {
     // clean-up uses an account SAS.
     let encoded_key: String = url::form_urlencoded::byte_serialize(key.as_bytes()).collect();
     let url = format!("{endpoint}/{container}?prefix={PREFIX}&max_requests={MAX_REQUESTS}&account_key={encoded_key}");
-    let (for_corrupt, for_finish) = (container_url.clone(), container_url);
+    let (for_corrupt, for_remove, for_finish) = (container_url.clone(), container_url.clone(), container_url);
     let store_url = url.clone();
     let backend = ServerBackend::new(
         "azure",
@@ -60,6 +60,7 @@ pub fn azure() -> Option<Arc<dyn Backend>> {
         |url| Box::pin(async move { Ok(Arc::new(AzureBlobStore::connect(&url).await?) as Arc<dyn LeaseStore>) }),
         move |lease| Box::pin(corrupt(store_url.clone(), for_corrupt.clone(), lease)),
     )
+    .remove_with(move |lease| Box::pin(remove(for_remove.clone(), lease)))
     // 1,000 leases renewed every TTL/3 are 3,000/TTL renewals a second, 50 at 60 s, a small share
     // of what Azurite serves next to everything else the suite runs at the same time.
     .many_leases_ttl(Duration::from_secs(60))
@@ -142,6 +143,16 @@ async fn corrupt(store_url: String, container_url: Arc<String>, lease: LeaseName
         Err(e) if e.http_status().is_some_and(|s| u16::from(s) == 409) => Ok(()),
         Err(e) => Err(Error::store("azure", e.to_string())),
     }
+}
+
+/// Deletes the blob of `lease` (`corrupt` broke its lease).
+async fn remove(container_url: Arc<String>, lease: LeaseName) -> Result<()> {
+    container_client(&container_url)?
+        .blob_client(&format!("{PREFIX}{lease}"))
+        .delete(None)
+        .await
+        .map(drop)
+        .map_err(|e| Error::store("azure", e.to_string()))
 }
 
 fn container_client(container_url: &str) -> Result<azure_storage_blob::BlobContainerClient> {

@@ -27,7 +27,7 @@ pub fn dynamodb() -> Option<Arc<dyn Backend>> {
         "dynamodb://{TABLE}?endpoint={endpoint}&region=us-east-1&access_key_id=local\
          &secret_access_key=local-secret&create_table=true"
     );
-    let raw = endpoint.clone();
+    let (raw, for_remove) = (endpoint.clone(), endpoint.clone());
     let backend = ServerBackend::new(
         "dynamodb",
         url.clone(),
@@ -38,19 +38,13 @@ pub fn dynamodb() -> Option<Arc<dyn Backend>> {
         move |lease| {
             let endpoint = raw.clone();
             Box::pin(async move {
-                let config = aws_sdk_dynamodb::Config::builder()
-                    .behavior_version(BehaviorVersion::latest())
-                    .endpoint_url(endpoint)
-                    .region(Region::new("us-east-1"))
-                    .credentials_provider(Credentials::new("local", "local-secret", None, None, "conformance"))
-                    .build();
                 let item = HashMap::from([
                     ("lease".to_string(), AttributeValue::S(lease.to_string())),
                     ("sk".to_string(), AttributeValue::S("lease".into())),
                     ("holder".to_string(), AttributeValue::S("vandal".into())),
                     ("term".to_string(), AttributeValue::S("garbage".into())),
                 ]);
-                aws_sdk_dynamodb::Client::from_conf(config)
+                raw_client(endpoint)
                     .put_item()
                     .table_name(TABLE)
                     .set_item(Some(item))
@@ -61,6 +55,20 @@ pub fn dynamodb() -> Option<Arc<dyn Backend>> {
             })
         },
     )
+    .remove_with(move |lease| {
+        let endpoint = for_remove.clone();
+        Box::pin(async move {
+            raw_client(endpoint)
+                .delete_item()
+                .table_name(TABLE)
+                .key("lease", AttributeValue::S(lease.to_string()))
+                .key("sk", AttributeValue::S("lease".into()))
+                .send()
+                .await
+                .map(drop)
+                .map_err(|e| Error::store("dynamodb", e))
+        })
+    })
     // dynalite (one single-threaded Node.js process, about 0.5 ms of CPU per request) and the SDK
     // (about 0.7 ms of client CPU per request with the AWS crates optimised in dev builds) serve
     // 1,000-1,600 requests a second on two idle cores, and a third of that or less while other
@@ -82,4 +90,15 @@ pub fn dynamodb() -> Option<Arc<dyn Backend>> {
         }
     });
     Some(Arc::new(backend))
+}
+
+/// A client of the local server with the dummy keys it accepts.
+fn raw_client(endpoint: String) -> aws_sdk_dynamodb::Client {
+    let config = aws_sdk_dynamodb::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .endpoint_url(endpoint)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("local", "local-secret", None, None, "conformance"))
+        .build();
+    aws_sdk_dynamodb::Client::from_conf(config)
 }

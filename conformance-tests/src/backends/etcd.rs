@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Client, GetOptions, SortOrder, SortTarget};
+use etcd_client::{Client, DeleteOptions, GetOptions, SortOrder, SortTarget};
 use leasehold_core::{Error, LeaseStore};
 use leasehold_etcd::EtcdStore;
 
@@ -20,7 +20,7 @@ pub fn etcd() -> Option<Arc<dyn Backend>> {
     let server = require_server("etcd", "LEASEHOLD_ETCD_URL")?;
     let upstream = host_port(&server)?;
     let url = format!("{}/{PREFIX}", server.trim_end_matches('/'));
-    let endpoint = upstream.clone();
+    let (endpoint, for_remove) = (upstream.clone(), upstream.clone());
     let backend = ServerBackend::new(
         "etcd",
         url.clone(),
@@ -52,6 +52,20 @@ pub fn etcd() -> Option<Arc<dyn Backend>> {
             })
         },
     )
+    // Every key of the lease: candidates, history, garbage.
+    .remove_with(move |lease| {
+        let endpoint = for_remove.clone();
+        Box::pin(async move {
+            let err = |e: etcd_client::Error| Error::store("etcd", e);
+            let mut client = Client::connect([endpoint.as_str()], None).await.map_err(err)?;
+            let keys = format!("{PREFIX}/{lease}/");
+            client
+                .delete(keys, Some(DeleteOptions::new().with_prefix()))
+                .await
+                .map_err(err)?;
+            Ok(())
+        })
+    })
     // A debug-built client on a shared 2-core machine grants about 500 leases a second; with the
     // engine's request timeout at a quarter of the TTL, a burst of 1,000 first acquires needs a
     // few seconds of timeout to settle. Renewals are coalesced per session and cost little.

@@ -17,7 +17,7 @@ use crate::server::ServerBackend;
 pub fn postgres() -> Option<Arc<dyn Backend>> {
     let url = require_server("postgres", "LEASEHOLD_POSTGRES_URL")?;
     let upstream = host_port(&url)?;
-    let raw = url.clone();
+    let (raw, for_remove) = (url.clone(), url.clone());
     let backend = ServerBackend::new(
         "postgres",
         url.clone(),
@@ -44,6 +44,19 @@ pub fn postgres() -> Option<Arc<dyn Backend>> {
             })
         },
     )
+    .remove_with(move |lease| {
+        let raw = for_remove.clone();
+        Box::pin(async move {
+            let sql = |e: sqlx::Error| Error::store("postgres", e);
+            let mut conn = PgConnection::connect(&raw).await.map_err(sql)?;
+            sqlx::query("DELETE FROM leasehold.leases WHERE name = $1")
+                .bind(lease.as_str())
+                .execute(&mut conn)
+                .await
+                .map_err(sql)?;
+            conn.close().await.map_err(sql)
+        })
+    })
     .secret_urls(move |secret| {
         let mut with = url::Url::parse(&url).expect("LEASEHOLD_POSTGRES_URL is a URL");
         with.set_password(Some(secret)).expect("a URL with a host");

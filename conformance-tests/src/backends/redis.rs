@@ -45,7 +45,7 @@ fn backend(name: &'static str, db_offset: u32, expiry_events: &'static str) -> O
         &with_option(&base, &format!("prefix={PREFIX}")),
         &format!("expiry_events={expiry_events}"),
     );
-    let raw = base.clone();
+    let (raw, for_remove) = (base.clone(), base.clone());
     let backend = ServerBackend::new(
         name,
         url.clone(),
@@ -86,6 +86,20 @@ fn backend(name: &'static str, db_offset: u32, expiry_events: &'static str) -> O
             })
         },
     )
+    // The garbage goes; the term counter stays.
+    .remove_with(move |lease| {
+        let raw = for_remove.clone();
+        Box::pin(async move {
+            let fail = |e: redis::RedisError| Error::store("redis", e);
+            let client = redis::Client::open(raw.as_str()).map_err(fail)?;
+            let mut conn = client.get_multiplexed_async_connection().await.map_err(fail)?;
+            redis::cmd("DEL")
+                .arg(format!("{PREFIX}lease:{{{lease}}}"))
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(fail)
+        })
+    })
     .secret_urls(move |secret| {
         let mut with = url::Url::parse(&url).expect("a URL");
         // The default user of a server without `requirepass` accepts any password; a user

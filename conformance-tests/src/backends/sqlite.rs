@@ -56,4 +56,20 @@ impl Backend for Sqlite {
         .map_err(sql)?;
         conn.close().await.map_err(sql)
     }
+
+    async fn remove(&self, lease: &LeaseName) -> Result<bool> {
+        let sql = |e: sqlx::Error| Error::store("sqlite", e);
+        let mut conn = SqliteConnectOptions::new()
+            .filename(&self.path)
+            .connect()
+            .await
+            .map_err(sql)?;
+        sqlx::query("DELETE FROM leasehold_leases WHERE name = ?1")
+            .bind(lease.as_str())
+            .execute(&mut conn)
+            .await
+            .map_err(sql)?;
+        conn.close().await.map_err(sql)?;
+        Ok(true)
+    }
 }

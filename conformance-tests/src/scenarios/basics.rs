@@ -301,6 +301,20 @@ pub async fn corrupt_record_is_typed_error(backend: Arc<dyn Backend>) {
     campaign_a.abort();
     campaign_b.abort();
     scene.finish().await;
+
+    // The garbage goes, so that a listing of the whole store (`list_by_prefix`) reads again.
+    let removed = scene
+        .backend
+        .remove(&lease)
+        .await
+        .unwrap_or_else(|e| panic!("{p}: cannot remove the garbage: {e}"));
+    if removed {
+        raw.inspect(&lease)
+            .await
+            .unwrap_or_else(|e| panic!("{p}: inspect after the garbage was removed: {e}"));
+    } else {
+        scene.log("the backend cannot remove the garbage: it stays");
+    }
 }
 
 /// Invalid lease names, TTLs outside the store's range and inconsistent timings give typed
