@@ -4,7 +4,9 @@
 //! again, see `guard.rs`) as the leader of a new process group, and the guard starts the command.
 //! Both `run` and the guard are child subreapers, and the command runs in a cgroup v2 leaf where
 //! one can be made (see `tree.rs`), so every process the command starts stays within reach: the
-//! tree is everything below `run`, plus everything in the leaf.
+//! tree is everything below `run`, plus everything in the leaf. `shards run` runs one command per
+//! owned shard the same way; each command's tree is then its guard's subtree (and its leaf),
+//! see [`Tree`].
 
 use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt;
@@ -16,7 +18,7 @@ use nix::sys::signal::Signal;
 use tokio_util::sync::CancellationToken;
 
 use crate::exit::{Failure, NOT_EXECUTABLE, NOT_FOUND};
-use crate::tree::{Cgroup, Process, Tree};
+use crate::tree::{Cgroup, Process, Tree, guard_gone, guard_started};
 
 /// How long SIGKILL is sent again and again before the processes still there are reported (they
 /// are most likely in uninterruptible sleep); the killing goes on after that.
@@ -93,11 +95,13 @@ impl CommandGroup {
             .id()
             .and_then(|id| i32::try_from(id).ok())
             .ok_or_else(|| Failure::runtime("the child guard exited at once"))?;
+        // Before any await: no other command's tree may take the new guard for an orphan.
+        guard_started(guard_pid);
         Ok(CommandGroup {
             guard,
             guard_pid,
             status: None,
-            tree: Tree::below_me(cgroup),
+            tree: Tree::of_guard(guard_pid, cgroup),
             emptied: false,
         })
     }
@@ -124,6 +128,7 @@ impl CommandGroup {
             Err(_) => ExitStatus::from_raw(Signal::SIGKILL as i32),
         };
         self.status = Some(status);
+        guard_gone(self.guard_pid);
         status
     }
 
@@ -212,6 +217,8 @@ impl Drop for CommandGroup {
             // The engine's Deposed event (`aborted`) is logged instead.
             self.tree.signal(Signal::SIGKILL, &[]);
         }
+        // Reaped or not (tokio reaps a dropped child), what is left is nobody's now.
+        guard_gone(self.guard_pid);
         if let Some(cgroup) = self.tree.cgroup() {
             cgroup.remove(); // refused while a process is still in it
         }

@@ -78,6 +78,12 @@ impl Failure {
     }
 }
 
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
 /// Whether an error's text (with its sources) says that the store refused the credentials or
 /// the permissions, as each backend's client words it: Postgres SQLSTATE 28xxx and 42501,
 /// Redis `WRONGPASS`/`NOAUTH`/`NOPERM`, etcd and gRPC `Unauthenticated`/`PermissionDenied`,

@@ -73,7 +73,7 @@ fn list_failure(prefix: &str, error: &leasehold::Error) -> Failure {
     }
 }
 
-fn status_row(o: &Observation) -> Vec<String> {
+pub(crate) fn status_row(o: &Observation) -> Vec<String> {
     match &o.holder {
         Some(h) => vec![
             o.lease.to_string(),
@@ -102,7 +102,7 @@ fn status_row(o: &Observation) -> Vec<String> {
     }
 }
 
-fn status_json(o: &Observation) -> Value {
+pub(crate) fn status_json(o: &Observation) -> Value {
     let holder = o.holder.as_ref();
     json!({
         "lease": o.lease.as_str(),

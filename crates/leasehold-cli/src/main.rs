@@ -8,6 +8,8 @@
 //! leasehold watch nightly-report
 //! leasehold break nightly-report
 //! leasehold run --store postgres://db/leases --lease api-writer --http 0.0.0.0:9090   # a sidecar
+//! leasehold shards run --group partitions --shards 64 -- ./worker.sh   # once per owned shard
+//! leasehold shards status partitions
 //! ```
 //!
 //! See `docs/cli.md` in the repository for every option, the exit codes, and how the command is
@@ -17,12 +19,14 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 mod child;
+mod contain;
 mod exit;
 mod guard;
 mod http;
 mod inspect;
 mod output;
 mod run;
+mod shards;
 mod tree;
 
 use std::ffi::OsString;
@@ -141,6 +145,10 @@ enum Command {
         lease: String,
     },
 
+    /// Lease groups: N shards, each run by exactly one live member, balanced over the members.
+    #[command(subcommand)]
+    Shards(ShardsCommand),
+
     /// Internal: the small supervisor `run` puts at the head of the command's process group.
     #[command(name = "__child-guard", hide = true)]
     ChildGuard(guard::GuardArgs),
@@ -148,6 +156,85 @@ enum Command {
     /// Internal: moves itself into a cgroup v2 leaf, then executes the command.
     #[command(name = "__enter-cgroup", hide = true)]
     EnterCgroup(guard::EnterArgs),
+}
+
+/// `leasehold shards ...`.
+#[derive(Debug, Subcommand)]
+enum ShardsCommand {
+    /// Join a lease group and run a command once per shard this process owns.
+    ///
+    /// The group's N shards (0..N-1) are shared among the live members (every `shards run` of
+    /// GROUP on the store), in proportion to their --weight, and each shard is owned by at most
+    /// one member at any instant, with its own fencing term. For each shard it owns, this member
+    /// starts CMD with LEASEHOLD_GROUP, LEASEHOLD_SHARD (the shard number), LEASEHOLD_SHARDS (N),
+    /// LEASEHOLD_LEASE (the shard's lease), LEASEHOLD_HOLDER (this member's id) and
+    /// LEASEHOLD_TERM (the shard's fencing token) in its environment, contained as `run`
+    /// contains its command: its own process group, every process it starts within reach, SIGTERM
+    /// then SIGKILL after --kill-grace when the shard moves away or its lease ends, gone before
+    /// the shard can be granted to another member.
+    ///
+    /// When a shard's CMD exits, the shard is released and runs again (at a higher term) when the
+    /// group next gives it to a member. SIGINT, SIGTERM or SIGHUP stop every shard's CMD the same
+    /// way, release the shards and the membership, and exit with 128 + the signal number; a
+    /// second signal kills them at once. If this process dies, even by SIGKILL, every CMD is
+    /// killed, and the other members take its shards over once their leases expire.
+    Run(ShardsRunArgs),
+
+    /// Show a lease group's members and the owner and term of each shard.
+    Status {
+        /// The group.
+        group: String,
+    },
+}
+
+/// The arguments of `leasehold shards run`.
+#[derive(Debug, Args)]
+struct ShardsRunArgs {
+    /// The group's name (letters, digits, '-', '_', '.'); its leases are GROUP.m.* (members) and
+    /// GROUP.s.* (shards).
+    #[arg(long, value_name = "NAME")]
+    group: String,
+
+    /// How many shards the group has (1 to 100000); every member must say the same.
+    #[arg(long, value_name = "N")]
+    shards: u32,
+
+    /// This member's id, the holder of its shards [default: HOST-PID-RANDOM].
+    #[arg(long, value_name = "ID")]
+    id: Option<String>,
+
+    /// How long the store keeps a shard (and the membership) after each renewal: also bounds how
+    /// long a crashed member's shards stay unowned.
+    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    ttl: Duration,
+
+    /// This member's share of the shards relative to the others' (1 to 1000).
+    #[arg(long, default_value_t = 1, value_name = "W")]
+    weight: u32,
+
+    /// How long CMD gets between SIGTERM and SIGKILL when a shard's ownership ends [default: 2s,
+    /// or ttl / 5 when smaller]. Must fit in the lease, as for `run`.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    kill_grace: Option<Duration>,
+
+    /// Contain each CMD's tree with child subreapers only, even where a cgroup v2 leaf could be
+    /// made.
+    #[arg(long)]
+    no_cgroup: bool,
+
+    /// Do not print what happens to the shards on stderr (failures that end leasehold are
+    /// printed all the same).
+    #[arg(long, short)]
+    quiet: bool,
+
+    /// Start each line on stderr with the time (RFC 3339, UTC, milliseconds).
+    #[arg(long, value_enum, value_name = "WHEN", default_value = "auto", num_args = 0..=1,
+          default_missing_value = "always", require_equals = true)]
+    timestamps: Timestamps,
+
+    /// The command to run for each owned shard, and its arguments (after `--`).
+    #[arg(required = true, last = true, value_name = "CMD", value_parser = clap::value_parser!(OsString))]
+    command: Vec<OsString>,
 }
 
 /// When `run` starts its log lines with the time.
@@ -246,8 +333,13 @@ fn main() -> ExitCode {
 }
 
 fn dispatch(store: Option<String>, json: bool, command: Command) -> Result<i32, Failure> {
-    if let Command::Run(args) = &command {
-        output::set_timestamps(match args.timestamps {
+    let timestamps = match &command {
+        Command::Run(args) => Some(args.timestamps),
+        Command::Shards(ShardsCommand::Run(args)) => Some(args.timestamps),
+        _ => None,
+    };
+    if let Some(timestamps) = timestamps {
+        output::set_timestamps(match timestamps {
             Timestamps::Auto => output::timestamps_by_default(),
             Timestamps::Always => true,
             Timestamps::Never => false,
@@ -267,6 +359,8 @@ fn dispatch(store: Option<String>, json: bool, command: Command) -> Result<i32, 
             Command::History { lease, limit } => inspect::history(&store, &lease, limit, json).await,
             Command::Watch { lease, interval } => inspect::watch(&store, &lease, interval, json).await,
             Command::Break { lease } => inspect::break_lease(&store, &lease, json).await,
+            Command::Shards(ShardsCommand::Run(args)) => shards::run(&store, args).await,
+            Command::Shards(ShardsCommand::Status { group }) => shards::status(&store, &group, json).await,
             Command::ChildGuard(_) | Command::EnterCgroup(_) => unreachable!("handled before the runtime starts"),
         }
     })

@@ -1,17 +1,6 @@
-//! `leasehold run`: campaign, run the command while leader, stop it before the lease can pass on.
-//!
-//! The timing, for a leader whose renewals stop succeeding (see docs/cli.md):
-//!
-//! ```text
-//! sent ─ renew ─ ... ─ cancel ─────────── SIGKILL ── slack ── valid_until ... store may re-grant
-//!                      SIGTERM  kill_grace                     (sent + ttl × (1 − drift))
-//!                      └──────── step_down_margin ───────────┘
-//! ```
-//!
-//! The engine cancels the leader's work at `valid_until - step_down_margin` at the latest; the
-//! margin is set to `kill_grace + slack`, so SIGKILL goes out `slack` before `valid_until`.
+//! `leasehold run`: campaign, run the command while leader, stop it before the lease can pass on
+//! (the command's containment and its timing: `contain.rs`).
 
-use std::ffi::OsString;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -24,61 +13,12 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
 use crate::RunArgs;
-use crate::child::{CommandGroup, STUCK_AFTER, Stopped, check_program, describe, exit_code};
+use crate::child::{CommandGroup, STUCK_AFTER, check_program, describe, exit_code};
+use crate::contain::{Containment, KillTiming};
 use crate::exit::{AUTH, Failure, NOT_ELECTED, is_auth_failure};
 use crate::http;
 use crate::inspect::{connect, lease_name};
 use crate::output::{self, short};
-use crate::tree::{Cgroup, Process, Tree, list};
-
-/// The longest kill grace used when none is given.
-const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(2);
-/// The longest safety slack between SIGKILL and `valid_until`.
-const MAX_SLACK: Duration = Duration::from_millis(200);
-
-/// When the command is stopped, relative to the lease.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct KillTiming {
-    /// Between SIGTERM and SIGKILL.
-    pub(crate) grace: Duration,
-    /// Between SIGKILL and `valid_until`: the time for the kernel to end the group, and for
-    /// this process to be scheduled at all on a busy machine.
-    pub(crate) slack: Duration,
-}
-
-impl KillTiming {
-    /// The kill timing for a `ttl`, with the grace asked for (or the default).
-    pub(crate) fn new(ttl: Duration, grace: Option<Duration>) -> Self {
-        KillTiming {
-            grace: grace.unwrap_or(DEFAULT_KILL_GRACE.min(ttl / 5)),
-            slack: MAX_SLACK.min(ttl / 10),
-        }
-    }
-
-    /// The engine's `step_down_margin`: leadership that is not renewed ends this long before
-    /// `valid_until`, so the command is gone `slack` before it.
-    pub(crate) fn step_down_margin(&self) -> Duration {
-        self.grace + self.slack
-    }
-
-    /// Checks that a stop fits in the lease after the last renewal that can be attempted:
-    /// `kill_grace + slack < ttl × (1 − drift) − renew_every`.
-    pub(crate) fn check(&self, timing: &leasehold::Timing) -> Result<(), Failure> {
-        let room = timing.believed_ttl().saturating_sub(timing.renew_every);
-        if self.step_down_margin() < room {
-            return Ok(());
-        }
-        Err(Failure::usage(format!(
-            "--kill-grace {} does not fit in --ttl {}: the command must be gone before the lease can \
-             expire, which needs kill_grace + {} slack < ttl × (1 − drift) − renew_every = {}; \
-             lower --kill-grace or raise --ttl",
-            short(self.grace),
-            short(timing.ttl),
-            short(self.slack),
-            short(room),
-        )))
-    }
-}
 
 /// The first restart delay of `--keep-running` after a failed run; it doubles with every failure
 /// in a row, up to [`BACKOFF_CAP`].
@@ -136,23 +76,14 @@ pub(crate) async fn run(url: &str, args: RunArgs) -> Result<i32, Failure> {
     }
 
     let ctx = Arc::new(Supervisor {
-        name: args
-            .command
-            .first()
-            .map_or_else(|| "leasehold".into(), |c| c.to_string_lossy().into_owned()),
-        command: args.command,
-        kill,
-        quiet: args.quiet,
-        no_cgroup: args.no_cgroup,
+        contain: Containment::new(args.command, kill, args.quiet, args.no_cgroup, stop.hurry.clone()),
         stop_requested: stop.requested.clone(),
         stop_signal: stop.signal.clone(),
-        hurry: stop.hurry.clone(),
         exited: Mutex::new(None),
         finished: Mutex::new(CancellationToken::new()),
         keep_running: args.keep_running,
         give_up: CancellationToken::new(),
         elected: AtomicBool::new(false),
-        containment_said: AtomicBool::new(false),
         explained: Mutex::new(None),
         auth: Arc::new(AuthWatch::new(args.auth_retry, args.wait.is_some())),
         serving,
@@ -229,7 +160,7 @@ pub(crate) async fn run(url: &str, args: RunArgs) -> Result<i32, Failure> {
             let delay = backoff(failures);
             ctx.log(format_args!(
                 "{} failed {failures} time{} in a row; restarting it in {}",
-                ctx.name,
+                ctx.contain.program(),
                 if failures == 1 { "" } else { "s" },
                 short(delay),
             ));
@@ -258,18 +189,12 @@ struct Exited {
 /// What the leader's task needs; shared by every term.
 #[derive(Debug)]
 struct Supervisor {
-    command: Vec<OsString>,
-    /// The command's name, for log lines.
-    name: String,
-    kill: KillTiming,
-    quiet: bool,
-    no_cgroup: bool,
+    /// The command (none for a sidecar), how it is contained and stopped.
+    contain: Containment,
     /// Cancelled by the first SIGINT, SIGTERM or SIGHUP.
     stop_requested: CancellationToken,
     /// Which signal that was.
     stop_signal: Arc<AtomicI32>,
-    /// Cancelled by a second signal: kill the command now.
-    hurry: CancellationToken,
     /// The command's exit, when it exited on its own.
     exited: Mutex<Option<Exited>>,
     /// This round of `run_until`'s: cancelled to end it (stop campaigning; release once the
@@ -280,8 +205,6 @@ struct Supervisor {
     give_up: CancellationToken,
     /// Whether the command was ever started.
     elected: AtomicBool,
-    /// Whether the containment (cgroup or subreaper only) was said.
-    containment_said: AtomicBool,
     /// The last term whose end was already explained in the log (the engine's Deposed event
     /// then says nothing more).
     explained: Mutex<Option<Term>>,
@@ -293,12 +216,11 @@ struct Supervisor {
 impl Supervisor {
     /// The leader's task: run the command until it exits, or until leadership ends.
     async fn supervise(&self, leader: Leader) -> Result<(), Failure> {
-        if self.command.is_empty() {
+        if self.contain.command.is_empty() {
             return self.hold(leader).await;
         }
-        // The last check before the side effect of starting the command.
-        if leader.ensure_valid(self.kill.step_down_margin()).is_err() {
-            leader.cancelled().await;
+        let name = self.contain.program();
+        if !self.contain.lease_fits(&leader).await {
             return Ok(());
         }
         if self.give_up.is_cancelled() {
@@ -306,21 +228,11 @@ impl Supervisor {
         }
         // Processes of an earlier term that could not be killed then (uninterruptible sleep):
         // the command never runs next to them.
-        let earlier = Tree::below_me(None);
-        let left = earlier.members();
-        if !left.is_empty() {
-            self.log(format_args!(
-                "{} of an earlier term still alive; killing them before starting {}",
-                list(&left),
-                self.name
-            ));
-            tokio::select! {
-                _ = earlier.kill_until_empty(None, &[]) => {}
-                () = leader.cancelled() => return Ok(()),
-            }
-            if self.give_up.is_cancelled() {
-                return Ok(()); // --wait ran out meanwhile
-            }
+        if !self.contain.clear_earlier(&leader, name).await {
+            return Ok(());
+        }
+        if self.give_up.is_cancelled() {
+            return Ok(()); // --wait ran out meanwhile
         }
         self.elected.store(true, Ordering::SeqCst);
         let term = leader.term();
@@ -329,15 +241,9 @@ impl Supervisor {
             ("LEASEHOLD_HOLDER", leader.holder().to_string()),
             ("LEASEHOLD_TERM", term.to_string()),
         ];
-        let name = &self.name;
-        let cgroup = self.leaf(term);
-        let mut group = CommandGroup::spawn(&self.command, &env, self.kill.grace, cgroup, self.quiet)?;
+        let leaf = format!("leasehold-{}-{term}", std::process::id());
+        let mut group = self.contain.start(&leader, name, &env, &leaf)?;
         let started = Instant::now();
-        let place = match group.cgroup() {
-            Some(dir) => format!("process group {}, cgroup {}", group.pgid(), dir.display()),
-            None => format!("process group {}", group.pgid()),
-        };
-        self.log(format_args!("started {name} ({place}) at term {term}"));
         let leading = self.serving.leading(&leader);
         tokio::select! {
             status = group.wait() => {
@@ -350,46 +256,7 @@ impl Supervisor {
         // Leadership is ending: say why first, once.
         *self.explained.lock().expect("explained lock") = Some(term);
         let why = self.why_ending(&leader);
-        // `valid_until` is the last confirmed deadline; SIGKILL goes out no later than `slack`
-        // before it, at once if that has passed.
-        let kill_by = leader.valid_until().checked_sub(self.kill.slack);
-        let now = Instant::now();
-        let plan = match kill_by {
-            Some(by) if by > now && !self.hurry.is_cancelled() => format!(
-                "stopping {name}: SIGTERM now, SIGKILL in {}",
-                short(self.kill.grace.min(by - now))
-            ),
-            _ => format!("killing {name} with SIGKILL now: no time is left for a graceful stop"),
-        };
-        self.log(format_args!("{why}; {plan}"));
-        let stopping = Instant::now();
-        let deadline = |leader: &Leader| {
-            leader.valid_until().checked_duration_since(Instant::now()).map_or_else(
-                || "after the lease's deadline".to_string(),
-                |d| format!("{} before the lease's deadline", short(d)),
-            )
-        };
-        match group.stop(self.kill.grace, kill_by, &self.hurry).await {
-            Ok(stop) => {
-                let took = short(stopping.elapsed());
-                let processes = match stop.processes {
-                    0 | 1 => String::new(),
-                    n => format!(" ({n} processes)"),
-                };
-                let what = match stop.how {
-                    Stopped::Terminated => format!("{name}{processes} ended after SIGTERM in {took}"),
-                    Stopped::Killed => {
-                        format!("killed {name}{processes} with SIGKILL: gone {took} after the stop began")
-                    }
-                };
-                self.log(format_args!("{what}, {}", deadline(&leader)));
-            }
-            Err((_, left)) => {
-                self.say_stuck(&left, leader.lease());
-                let _ = group.clear(None).await; // until empty, or aborted at `valid_until`
-                self.log(format_args!("{name}'s tree is empty now, {}", deadline(&leader)));
-            }
-        }
+        self.contain.stop(&leader, name, &mut group, &why).await;
         Ok(())
     }
 
@@ -403,7 +270,7 @@ impl Supervisor {
         status: std::process::ExitStatus,
         started: Instant,
     ) -> Result<(), Failure> {
-        let name = &self.name;
+        let name = self.contain.program();
         let ran = started.elapsed();
         let guard_died = status.signal().is_some();
         let left = group.clear(Some(Instant::now() + STUCK_AFTER)).await;
@@ -447,7 +314,7 @@ impl Supervisor {
         if let Err(left) = left {
             // Not released early: stop renewing and let the lease run out, killing meanwhile.
             *self.explained.lock().expect("explained lock") = Some(leader.term());
-            self.say_stuck(&left, leader.lease());
+            self.contain.say_stuck(&left, leader.lease());
             self.finish();
             let _ = group.clear(None).await;
             return Ok(());
@@ -487,17 +354,6 @@ impl Supervisor {
         Ok(())
     }
 
-    /// Logs processes that SIGKILL does not end, and what that means for the lease.
-    fn say_stuck(&self, left: &[Process], lease: &leasehold::LeaseName) {
-        self.log(format_args!(
-            "{} still alive {} into SIGKILL (a process in uninterruptible sleep dies only when its \
-             system call returns); lease {lease} is not released: it runs out at its deadline, and \
-             leasehold keeps killing",
-            list(left),
-            short(STUCK_AFTER),
-        ));
-    }
-
     /// Why leadership is ending, for the first line about it.
     fn why_ending(&self, leader: &Leader) -> String {
         let lease = leader.lease();
@@ -520,51 +376,6 @@ impl Supervisor {
         }
     }
 
-    /// The cgroup v2 leaf for this term's command, if one can be made; says once which
-    /// containment is in use.
-    fn leaf(&self, term: Term) -> Option<Cgroup> {
-        let first = !self.containment_said.swap(true, Ordering::SeqCst);
-        if self.no_cgroup {
-            if first {
-                self.log(format_args!(
-                    "containing {}'s tree with child subreapers only (--no-cgroup)",
-                    self.name
-                ));
-            }
-            return None;
-        }
-        if first {
-            Cgroup::sweep_stale();
-        }
-        match Cgroup::create(&format!("leasehold-{}-{term}", std::process::id())) {
-            Ok(cgroup) => {
-                if first {
-                    let how = if cgroup.can_kill() {
-                        "cgroup.kill"
-                    } else {
-                        "no cgroup.kill: killed one by one"
-                    };
-                    self.log(format_args!(
-                        "containing {}'s tree in a cgroup v2 leaf per run, under {} ({how})",
-                        self.name,
-                        cgroup.path().parent().unwrap_or(cgroup.path()).display()
-                    ));
-                }
-                Some(cgroup)
-            }
-            Err(why) => {
-                if first {
-                    self.log(format_args!(
-                        "no cgroup v2 leaf for {} ({why}): containing its tree with child subreapers \
-                         (orphans come back to leasehold, which kills every descendant)",
-                        self.name
-                    ));
-                }
-                None
-            }
-        }
-    }
-
     /// Ends this round of `run_until`: no more renewals; the lease is released once the task
     /// returns before its deadline.
     fn finish(&self) {
@@ -572,9 +383,7 @@ impl Supervisor {
     }
 
     fn log(&self, message: std::fmt::Arguments<'_>) {
-        if !self.quiet {
-            output::log(message);
-        }
+        self.contain.log(message);
     }
 }
 
@@ -692,7 +501,7 @@ async fn log_events(mut events: tokio::sync::broadcast::Receiver<Event>, elector
                 term, reason, aborted, ..
             } => {
                 let explained = *ctx.explained.lock().expect("explained lock") == Some(term);
-                let name = &ctx.name;
+                let name = ctx.contain.program();
                 match reason {
                     DeposedReason::WorkFinished | DeposedReason::Resigned if aborted => say(format_args!(
                         "lease {lease} (term {term}) was not released: {name}'s tree was not empty by \
@@ -731,14 +540,18 @@ async fn log_events(mut events: tokio::sync::broadcast::Receiver<Event>, elector
 
 /// SIGINT, SIGTERM and SIGHUP: the first asks for a graceful stop, the second for a quick one.
 #[derive(Debug)]
-struct Shutdown {
-    requested: CancellationToken,
-    hurry: CancellationToken,
-    signal: Arc<AtomicI32>,
+pub(crate) struct Shutdown {
+    /// Cancelled by the first signal.
+    pub(crate) requested: CancellationToken,
+    /// Cancelled by a second signal.
+    pub(crate) hurry: CancellationToken,
+    /// The first signal's number.
+    pub(crate) signal: Arc<AtomicI32>,
 }
 
 impl Shutdown {
-    fn listen() -> Result<Self, Failure> {
+    /// Starts listening for the signals.
+    pub(crate) fn listen() -> Result<Self, Failure> {
         let kinds = [SignalKind::interrupt(), SignalKind::terminate(), SignalKind::hangup()];
         let mut streams = Vec::new();
         for kind in kinds {
@@ -778,7 +591,7 @@ impl Shutdown {
     }
 
     /// The first signal received, if any.
-    fn signal(&self) -> Option<i32> {
+    pub(crate) fn signal(&self) -> Option<i32> {
         self.requested
             .is_cancelled()
             .then(|| self.signal.load(Ordering::SeqCst))
@@ -789,37 +602,9 @@ impl Shutdown {
 mod tests {
     use super::*;
 
-    fn timing(ttl: Duration) -> leasehold::Timing {
-        leasehold::Timing::new(ttl)
-    }
-
     #[test]
-    fn default_grace_fits_every_ttl() {
-        for ms in [600, 1_000, 2_000, 10_000, 60_000] {
-            let ttl = Duration::from_millis(ms);
-            let kill = KillTiming::new(ttl, None);
-            kill.check(&timing(ttl)).unwrap_or_else(|f| panic!("{ms}ms: {f:?}"));
-        }
-        assert_eq!(
-            KillTiming::new(Duration::from_secs(10), None).grace,
-            Duration::from_secs(2)
-        );
-        assert_eq!(
-            KillTiming::new(Duration::from_secs(2), None).grace,
-            Duration::from_millis(400)
-        );
-    }
-
-    #[test]
-    fn a_grace_that_does_not_fit_is_refused() {
-        let ttl = Duration::from_secs(3);
-        // believed 2.97s - renew 1s = 1.97s of room: 1.8s + 200ms slack does not fit.
-        let failure = KillTiming::new(ttl, Some(Duration::from_millis(1800)))
-            .check(&timing(ttl))
-            .unwrap_err();
-        assert_eq!(failure.code, crate::exit::USAGE);
-        KillTiming::new(ttl, Some(Duration::from_millis(1700)))
-            .check(&timing(ttl))
-            .unwrap();
+    fn restarts_back_off_up_to_a_minute() {
+        let delays: Vec<u64> = [1, 2, 3, 6, 7, 40].map(|n| backoff(n).as_secs()).to_vec();
+        assert_eq!(delays, [1, 2, 4, 32, 60, 60]);
     }
 }

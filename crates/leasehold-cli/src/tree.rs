@@ -17,9 +17,10 @@
 //! Signals go through a pidfd opened after the process was found, and only once its start time
 //! is seen unchanged: a pid that was reused in between is never signalled.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
@@ -93,8 +94,9 @@ fn all_processes() -> Vec<Process> {
         .collect()
 }
 
-/// The descendants of `root` among `processes` (not `root` itself), zombies included.
-fn descendants(root: i32, processes: &[Process]) -> Vec<Process> {
+/// The descendants of `root` among `processes` (not `root` itself), zombies included, except the
+/// processes in `prune` and everything below them.
+fn descendants(root: i32, processes: &[Process], prune: &HashSet<i32>) -> Vec<Process> {
     let mut children: HashMap<i32, Vec<&Process>> = HashMap::new();
     for process in processes {
         children.entry(process.ppid).or_default().push(process);
@@ -104,7 +106,7 @@ fn descendants(root: i32, processes: &[Process]) -> Vec<Process> {
     let mut seen = HashSet::from([root]);
     while let Some(parent) = queue.pop() {
         for child in children.get(&parent).into_iter().flatten() {
-            if seen.insert(child.pid) {
+            if !prune.contains(&child.pid) && seen.insert(child.pid) {
                 queue.push(child.pid);
                 found.push((*child).clone());
             }
@@ -270,20 +272,61 @@ fn unescape(field: &str) -> String {
         .replace("\\134", "\\")
 }
 
+/// The child guards of the commands this process runs now, by pid: one for `run`, one per owned
+/// shard for `shards run`. Each guard is a child subreaper, so everything its command starts
+/// stays below it while it lives: its subtree is its own command's, and no other command's
+/// tree includes it. A guard is listed from its spawn until it is reaped (or its command tree
+/// abandoned), and only tokio reaps it.
+static GUARDS: Mutex<BTreeSet<i32>> = Mutex::new(BTreeSet::new());
+
+/// Lists a child guard just started (before anything else can scan `/proc`: the runtime has one
+/// thread and this is called right after the spawn).
+pub(crate) fn guard_started(pid: i32) {
+    GUARDS.lock().expect("guards lock").insert(pid);
+}
+
+/// Unlists a child guard: reaped, or its tree abandoned (what is left of it is then nobody's:
+/// every tree includes it, see [`Tree`]).
+pub(crate) fn guard_gone(pid: i32) {
+    GUARDS.lock().expect("guards lock").remove(&pid);
+}
+
+fn guards() -> BTreeSet<i32> {
+    GUARDS.lock().expect("guards lock").clone()
+}
+
 /// The processes of one run of the command: the live descendants of `root` (this process, a
-/// child subreaper) and everything in the cgroup leaf, if there is one.
+/// child subreaper), except the subtrees of the *other* commands' guards (`shards run` runs one
+/// command per shard), and everything in the cgroup leaf, if there is one.
+///
+/// A process below `root` but under no listed guard is an orphan of a guard that died (its
+/// children were reparented to this process): which command it came from cannot be told without
+/// a cgroup, so it belongs to every tree, and whichever command stops or exits next kills it.
+/// With one command (`run`) the tree is exactly everything below this process.
 #[derive(Debug)]
 pub(crate) struct Tree {
     root: i32,
     cgroup: Option<Cgroup>,
+    /// This tree's own guard, which is not pruned.
+    guard: Option<i32>,
 }
 
 impl Tree {
-    /// The tree below this process (which must be a child subreaper), with the command's leaf.
+    /// The tree below this process (which must be a child subreaper), with the command's leaf:
+    /// without a guard of its own, what no listed guard holds (the leftovers of earlier runs).
     pub(crate) fn below_me(cgroup: Option<Cgroup>) -> Tree {
         Tree {
             root: getpid().as_raw(),
             cgroup,
+            guard: None,
+        }
+    }
+
+    /// The tree of the command whose child guard is `guard` (listed with [`guard_started`]).
+    pub(crate) fn of_guard(guard: i32, cgroup: Option<Cgroup>) -> Tree {
+        Tree {
+            guard: Some(guard),
+            ..Tree::below_me(cgroup)
         }
     }
 
@@ -294,7 +337,11 @@ impl Tree {
     /// The live processes of the tree, this process excluded.
     pub(crate) fn members(&self) -> Vec<Process> {
         let processes = all_processes();
-        let mut members = descendants(self.root, &processes);
+        let mut others = guards();
+        if let Some(own) = self.guard {
+            others.remove(&own);
+        }
+        let mut members = descendants(self.root, &processes, &others.into_iter().collect());
         if let Some(cgroup) = &self.cgroup {
             let known: HashSet<i32> = members.iter().map(|p| p.pid).collect();
             for pid in cgroup.pids() {
@@ -337,11 +384,17 @@ impl Tree {
     }
 
     /// Reaps the zombies among this process's own children (orphans reparented to it), except
-    /// `except` (a child that tokio waits for).
+    /// `except` (a child that tokio waits for) and every listed child guard (tokio waits for
+    /// them).
     pub(crate) fn reap(&self, except: &[i32]) {
         let me = getpid().as_raw();
+        let guards = guards();
         for process in all_processes() {
-            if process.ppid == me && process.state == 'Z' && !except.contains(&process.pid) {
+            if process.ppid == me
+                && process.state == 'Z'
+                && !except.contains(&process.pid)
+                && !guards.contains(&process.pid)
+            {
                 let _ = waitpid(Pid::from_raw(process.pid), Some(WaitPidFlag::WNOHANG));
             }
         }
@@ -442,9 +495,15 @@ mod tests {
             comm: "x".into(),
         };
         let all = [p(10, 1), p(11, 10), p(12, 11), p(13, 1), p(14, 12)];
-        let mut found: Vec<i32> = descendants(10, &all).iter().map(|p| p.pid).collect();
+        let mut found: Vec<i32> = descendants(10, &all, &HashSet::new()).iter().map(|p| p.pid).collect();
         found.sort_unstable();
         assert_eq!(found, [11, 12, 14]);
+        // Another command's guard (12) and what is below it are not this tree's.
+        let found: Vec<i32> = descendants(10, &all, &HashSet::from([12]))
+            .iter()
+            .map(|p| p.pid)
+            .collect();
+        assert_eq!(found, [11]);
     }
 
     #[test]

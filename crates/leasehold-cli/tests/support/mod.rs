@@ -56,11 +56,18 @@ impl Store {
     /// Starts `leasehold --store URL run ARGS...` as the leader of its own process group, with
     /// stderr in `NAME.log`.
     pub fn spawn_run(&self, name: &str, args: &[&str]) -> Candidate {
+        let mut all = vec!["run"];
+        all.extend_from_slice(args);
+        self.spawn(name, &all)
+    }
+
+    /// Starts `leasehold --store URL ARGS...` as the leader of its own process group, with
+    /// stderr in `NAME.log`.
+    pub fn spawn(&self, name: &str, args: &[&str]) -> Candidate {
         let log = self.path(&format!("{name}.log"));
         let child = Command::new(bin())
             .arg("--store")
             .arg(&self.url)
-            .arg("run")
             .args(args)
             .stdin(Stdio::null())
             .stdout(File::create(self.path(&format!("{name}.out"))).unwrap())
@@ -417,4 +424,103 @@ pub fn starts(path: &Path) -> Vec<Start> {
             })
         })
         .collect()
+}
+
+/// A command process of a lease group's shard (`shards run`), from `/proc/PID/environ`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardProcess {
+    pub pid: i32,
+    pub shard: u32,
+    pub term: u64,
+    /// The member running it (`LEASEHOLD_HOLDER`).
+    pub member: String,
+}
+
+fn shard_process(pid: i32, want: &[u8]) -> Option<ShardProcess> {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let (mut group, mut shard, mut term, mut member) = (false, None, None, None);
+    for var in environ.split(|&b| b == 0) {
+        if var == want {
+            group = true;
+        } else if let Some(value) = var.strip_prefix(b"LEASEHOLD_SHARD=") {
+            shard = std::str::from_utf8(value).ok()?.parse().ok();
+        } else if let Some(value) = var.strip_prefix(b"LEASEHOLD_TERM=") {
+            term = std::str::from_utf8(value).ok()?.parse().ok();
+        } else if let Some(value) = var.strip_prefix(b"LEASEHOLD_HOLDER=") {
+            member = Some(String::from_utf8_lossy(value).into_owned());
+        }
+    }
+    if !group || !alive(pid) {
+        return None;
+    }
+    // The child guard (and the step into the cgroup) are `leasehold` itself.
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    if comm.trim_end() == "leasehold" {
+        return None;
+    }
+    Some(ShardProcess {
+        pid,
+        shard: shard?,
+        term: term?,
+        member: member?,
+    })
+}
+
+/// The live command processes of `group`'s shards.
+pub fn shard_processes(group: &str) -> Vec<ShardProcess> {
+    let want = format!("LEASEHOLD_GROUP={group}");
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| shard_process(pid, want.as_bytes()))
+        .collect()
+}
+
+/// Watches `/proc` from a thread, as often as it can, for the command processes of `group`: for
+/// each (shard, term), when one was first and last seen alive, and by which member.
+pub struct GroupWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<GroupSeen>>,
+}
+
+/// What a [`GroupWatch`] saw: `(shard, term)` -> (member, first and last sighting).
+pub type GroupSeen = std::collections::BTreeMap<(u32, u64), (String, Seen)>;
+
+impl GroupWatch {
+    pub fn start(group: &str) -> Self {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let group = group.to_string();
+        let thread = std::thread::spawn(move || {
+            let mut seen = GroupSeen::new();
+            while !flag.load(Ordering::SeqCst) {
+                for process in shard_processes(&group) {
+                    let now = Instant::now();
+                    seen.entry((process.shard, process.term))
+                        .and_modify(|(_, s)| s.last = now)
+                        .or_insert((process.member, Seen { first: now, last: now }));
+                }
+            }
+            seen
+        });
+        GroupWatch {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn finish(mut self) -> GroupSeen {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for GroupWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
 }

@@ -1,0 +1,342 @@
+//! `leasehold shards run` and `shards status` on SQLite, with real processes: members split the
+//! shards, a SIGKILLed member's shards are taken over at higher terms, no shard's command ever
+//! runs in two processes at once, and SIGTERM stops every shard gracefully.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use serde_json::Value;
+use support::{
+    Candidate, GroupWatch, Store, alive, bin, one_error_line, shard_processes, start_check, starts, stdout, wait_for,
+};
+
+/// Each shard's command: checks first that no command process of its shard's lease and another
+/// term is alive (a `start` line in `ledger`), then leaves a `setsid` grandchild that ignores
+/// SIGTERM (out of the process group: only the containment reaches it) and sleeps.
+fn worker(ledger: &std::path::Path) -> String {
+    format!(
+        "{}setsid sh -c \"trap '' TERM; exec sleep 1000\" &\nexec sleep 1000\n",
+        start_check(ledger)
+    )
+}
+
+fn member(store: &Store, group: &str, id: &str, script: &str) -> Candidate {
+    store.spawn(
+        id,
+        &[
+            "shards", "run", "--group", group, "--shards", "4", "--id", id, "--ttl", "2s", "--", "sh", "-c", script,
+        ],
+    )
+}
+
+/// `shards status --json`: shard -> (owner, term).
+fn owners(store: &Store, group: &str) -> BTreeMap<u64, (String, u64)> {
+    let output = store.leasehold(&["--json", "shards", "status", group]);
+    assert!(output.status.success(), "{output:?}");
+    let status: Value = serde_json::from_slice(&output.stdout).unwrap();
+    status["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["state"] == "held")
+        .map(|s| {
+            let owner = s["holder"].as_str().unwrap().to_string();
+            (s["shard"].as_u64().unwrap(), (owner, s["term"].as_u64().unwrap()))
+        })
+        .collect()
+}
+
+/// Shard -> (member, term) of the live command processes that are `sleep` or `sh` directly under
+/// a guard, one per shard and member.
+fn running(group: &str) -> BTreeMap<u32, Vec<(String, u64)>> {
+    let mut by_shard: BTreeMap<u32, Vec<(String, u64)>> = BTreeMap::new();
+    for p in shard_processes(group) {
+        let entry = by_shard.entry(p.shard).or_default();
+        if !entry.contains(&(p.member.clone(), p.term)) {
+            entry.push((p.member, p.term));
+        }
+    }
+    by_shard
+}
+
+fn count_running(group: &str, member: &str) -> usize {
+    running(group)
+        .values()
+        .filter(|runs| runs.len() == 1 && runs[0].0 == member)
+        .count()
+}
+
+#[test]
+fn two_members_split_four_shards_and_a_sigkilled_members_shards_move_to_the_other() {
+    let store = Store::sqlite();
+    let group = format!("split{}", std::process::id());
+    let ledger = store.path("ledger");
+    let script = worker(&ledger);
+    let watch = GroupWatch::start(&group);
+
+    let a = member(&store, &group, "member-a", &script);
+    wait_for(Duration::from_secs(20), || count_running(&group, "member-a") == 4).unwrap_or_else(|| {
+        panic!(
+            "member-a runs all 4 shards alone: {:?}\n{}",
+            running(&group),
+            a.log_text()
+        )
+    });
+
+    let mut b = member(&store, &group, "member-b", &script);
+    let split = wait_for(Duration::from_secs(30), || {
+        count_running(&group, "member-a") == 2 && count_running(&group, "member-b") == 2
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the shards are split 2/2: {:?}\n{}\n{}",
+            running(&group),
+            a.log_text(),
+            b.log_text()
+        )
+    });
+    let before = owners(&store, &group);
+    let count = |who: &str| before.values().filter(|(o, _)| o == who).count();
+    assert_eq!((count("member-a"), count("member-b")), (2, 2), "{before:?}");
+    let status = stdout(&store.leasehold(&["shards", "status", &group]));
+    assert!(
+        status
+            .lines()
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .eq(["MEMBER", "WEIGHT", "SHARDS", "OWNS"]),
+        "{status}"
+    );
+    assert!(
+        status
+            .lines()
+            .any(|l| l.split_whitespace().take(3).eq(["member-a", "1", "2"])),
+        "{status}"
+    );
+
+    // member-a's processes: every command process it runs (the commands and their grandchildren).
+    let a_processes: Vec<i32> = shard_processes(&group)
+        .into_iter()
+        .filter(|p| p.member == "member-a")
+        .map(|p| p.pid)
+        .collect();
+    assert!(
+        a_processes.len() >= 4,
+        "two shards, a command and a grandchild each: {a_processes:?}"
+    );
+    a.signal(Signal::SIGKILL);
+    let gone = wait_for(Duration::from_secs(2), || !a_processes.iter().any(|&p| alive(p)))
+        .expect("the guards kill member-a's commands when it dies");
+    // 4 starts by member-a, 2 by member-b at the split, 2 by member-b now (each written before
+    // the command's processes settle).
+    let took_over = wait_for(Duration::from_secs(30), || {
+        count_running(&group, "member-b") == 4 && starts(&ledger).len() >= 8
+    })
+    .unwrap_or_else(|| panic!("member-b runs all 4 shards: {:?}\n{}", running(&group), b.log_text()));
+    let after = owners(&store, &group);
+    for (shard, (owner, term)) in &before {
+        let (new_owner, new_term) = &after[shard];
+        assert_eq!(new_owner, "member-b", "shard {shard}: {after:?}");
+        if owner == "member-a" {
+            assert!(
+                new_term > term,
+                "shard {shard} moved at a higher term: {before:?} -> {after:?}"
+            );
+        } else {
+            assert_eq!(
+                new_term, term,
+                "shard {shard} stayed with member-b: {before:?} -> {after:?}"
+            );
+        }
+    }
+    eprintln!(
+        "split 2/2 {:.1}s after member-b started; member-a's commands gone {} ms after its SIGKILL; \
+         member-b ran all 4 shards {:.1}s after it",
+        split.as_secs_f64(),
+        gone.as_millis(),
+        took_over.as_secs_f64(),
+    );
+
+    // SIGTERM: every shard's command is stopped (the grandchild ignores SIGTERM: SIGKILL after
+    // the grace), the shards and the membership are released.
+    let b_processes: Vec<i32> = shard_processes(&group).into_iter().map(|p| p.pid).collect();
+    b.signal(Signal::SIGTERM);
+    assert_eq!(b.wait_exit(Duration::from_secs(10)), Some(143), "{}", b.log_text());
+    assert!(
+        !b_processes.iter().any(|&p| alive(p)),
+        "nothing of member-b's commands is left"
+    );
+    let output = store.leasehold(&["--json", "shards", "status", &group]);
+    let status: Value = serde_json::from_slice(&output.stdout).unwrap();
+    for shard in status["shards"].as_array().unwrap() {
+        assert_eq!(shard["state"], "free", "{status}");
+        assert_eq!(shard["previous_end"], "released", "{status}");
+    }
+    // member-b left; member-a's member lease outlives it on SQLite (nobody takes it over), so a
+    // listing still shows it.
+    let members: Vec<&str> = status["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert!(!members.contains(&"member-b"), "{status}\n{}", b.log_text());
+    let log = b.log_text();
+    assert!(log.contains("received SIGTERM: giving up shard 0"), "{log}");
+
+    // No shard's command ran in two processes at once: per shard, each term's last sighting
+    // comes before the next term's first, and no command started next to another term's.
+    let seen = watch.finish();
+    let mut by_shard: BTreeMap<u32, Vec<(u64, String, support::Seen)>> = BTreeMap::new();
+    for ((shard, term), (member, s)) in seen {
+        by_shard.entry(shard).or_default().push((term, member, s));
+    }
+    assert_eq!(by_shard.len(), 4, "{by_shard:?}");
+    for (shard, terms) in &by_shard {
+        assert!(terms.len() >= 2, "shard {shard} ran at one term only: {terms:?}");
+        for pair in terms.windows(2) {
+            let ((t1, m1, s1), (t2, m2, s2)) = (&pair[0], &pair[1]);
+            assert!(
+                s1.last < s2.first,
+                "shard {shard}: term {t1} ({m1}) was still seen {:?} after term {t2} ({m2}) started",
+                s1.last - s2.first
+            );
+        }
+    }
+    let starts = starts(&ledger);
+    assert!(starts.len() >= 8, "{starts:?}");
+    for start in &starts {
+        assert!(start.others.is_empty(), "started next to another term: {start:?}");
+    }
+}
+
+#[test]
+fn a_shards_command_that_exits_runs_again_at_a_higher_term() {
+    let store = Store::sqlite();
+    let group = format!("again{}", std::process::id());
+    let ledger = store.path("ledger");
+    let script = format!(
+        "echo \"$LEASEHOLD_SHARD $LEASEHOLD_TERM $LEASEHOLD_SHARDS $LEASEHOLD_GROUP\" >> '{}'; sleep 0.2",
+        ledger.display()
+    );
+    let mut member = store.spawn(
+        "member",
+        &[
+            "shards", "run", "--group", &group, "--shards", "2", "--id", "only", "--ttl", "1s", "--", "sh", "-c",
+            &script,
+        ],
+    );
+    let lines = || {
+        std::fs::read_to_string(&ledger)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| l.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+            .collect::<Vec<_>>()
+    };
+    let terms_of = |shard: &str| -> Vec<u64> {
+        lines()
+            .iter()
+            .filter(|l| l[0] == shard)
+            .map(|l| l[1].parse().unwrap())
+            .collect()
+    };
+    wait_for(Duration::from_secs(20), || {
+        terms_of("0").len() >= 2 && terms_of("1").len() >= 2
+    })
+    .unwrap_or_else(|| panic!("each shard runs twice: {:?}\n{}", lines(), member.log_text()));
+    for shard in ["0", "1"] {
+        let terms = terms_of(shard);
+        assert!(terms.windows(2).all(|w| w[0] < w[1]), "shard {shard}: {terms:?}");
+    }
+    for line in lines() {
+        assert_eq!(line[2..], ["2".to_string(), group.clone()], "{line:?}");
+    }
+    assert!(
+        member
+            .log_text()
+            .contains("sh for shard 0 exited with status 0; releasing shard 0")
+    );
+    member.signal(Signal::SIGINT);
+    assert_eq!(
+        member.wait_exit(Duration::from_secs(10)),
+        Some(130),
+        "{}",
+        member.log_text()
+    );
+}
+
+#[test]
+fn shards_usage_errors_and_an_empty_group() {
+    let store = Store::sqlite();
+    let fails = |args: &[&str], code: i32| {
+        let output = store.leasehold(args);
+        assert_eq!(output.status.code(), Some(code), "{args:?}: {output:?}");
+        output
+    };
+    let output = fails(&["shards", "run", "--group", "g", "--shards", "0", "--", "true"], 2);
+    assert!(one_error_line(&output).contains("shards"), "{output:?}");
+    let output = fails(
+        &["shards", "run", "--group", "no/slash", "--shards", "2", "--", "true"],
+        2,
+    );
+    assert!(one_error_line(&output).contains("invalid lease name"), "{output:?}");
+    fails(&["shards", "run", "--group", "g", "--shards", "2"], 2);
+    let output = fails(
+        &[
+            "shards",
+            "run",
+            "--group",
+            "g",
+            "--shards",
+            "2",
+            "--",
+            "no-such-command-xyz",
+        ],
+        127,
+    );
+    assert!(one_error_line(&output).contains("command not found"), "{output:?}");
+    let output = fails(
+        &[
+            "shards",
+            "run",
+            "--group",
+            "g",
+            "--shards",
+            "2",
+            "--ttl",
+            "1s",
+            "--kill-grace",
+            "1s",
+            "--",
+            "true",
+        ],
+        2,
+    );
+    assert!(
+        one_error_line(&output).contains("--kill-grace 1s does not fit"),
+        "{output:?}"
+    );
+
+    let output = store.leasehold(&["shards", "status", "g"]);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(stdout(&output).trim(), "group g: no members and no shards in the store");
+    let output = store.leasehold(&["--json", "shards", "status", "g"]);
+    let status: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(status, serde_json::json!({"group": "g", "members": [], "shards": []}));
+
+    for sub in [&["shards", "run", "--help"][..], &["shards", "status", "--help"]] {
+        let output = Command::new(bin())
+            .args(sub)
+            .env_remove("LEASEHOLD_STORE")
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{sub:?}: {output:?}");
+        let text = stdout(&output);
+        assert!(text.contains(&format!("Usage: leasehold shards {}", sub[1])), "{text}");
+    }
+}
