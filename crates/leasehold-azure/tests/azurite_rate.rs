@@ -8,6 +8,9 @@
 //! show what a burst of new connections costs on a busy emulator.
 
 mod common;
+// One copy of the measurement for every backend's tests.
+#[path = "../../leasehold-dynamodb/tests/common/holding.rs"]
+mod holding;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -90,4 +93,18 @@ async fn azurite_request_rate() {
     for grant in grants.iter() {
         store.release(grant).await.unwrap();
     }
+}
+
+/// Requests a second one store makes while 1,000 Electors on it each try to hold a lease (TTL 15
+/// s, the least Azure allows), by operation, with the leases held and lost: `cargo test -p
+/// leasehold-azure --test azurite_rate -- --ignored --nocapture holding_1000_leases`
+/// (`RATE_TTL_MS`, `RATE_LEASES`, `RATE_WINDOW_SECS` as in `holding.rs`). Prints; asserts
+/// nothing timed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement against Azurite"]
+async fn requests_per_second_holding_1000_leases() {
+    let Some(config) = common::azurite() else { return };
+    let store = AzureBlobStore::from_config(config).await.unwrap();
+    let least = u64::try_from(leasehold_azure::TTL_RANGE.start().as_millis()).unwrap();
+    holding::holding_many_leases(Arc::new(store), least).await;
 }

@@ -802,3 +802,19 @@ async fn list_by_prefix() {
 
     store.client().delete_table().table_name(&table).send().await.unwrap();
 }
+
+/// Requests a second one store makes while 1,000 Electors on it each try to hold a lease, by
+/// operation (counted by core's `CountingStore`), and how many leases are held and were lost
+/// meanwhile. Each elector campaigns again when its leadership ends. Run by hand:
+/// `cargo test -p leasehold-dynamodb --test store -- --ignored --nocapture holding_1000_leases`;
+/// `RATE_TTL_MS` (default: the least the store allows), `RATE_LEASES` (1000) and
+/// `RATE_WINDOW_SECS` (10) choose what to measure. Prints; asserts nothing timed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, not a check"]
+async fn requests_per_second_holding_1000_leases() {
+    let Some(endpoint) = common::endpoint() else { return };
+    let backend = DynamoBackend::with_table(endpoint, TABLE);
+    let store = backend.store().await.unwrap();
+    let least = u64::try_from(leasehold_dynamodb::TTL_RANGE.start().as_millis()).unwrap();
+    common::holding_many_leases(Arc::new(store), least).await;
+}

@@ -12,6 +12,10 @@ use leasehold_core::{Error, LeaseName, Result};
 use leasehold_dynamodb::aws_sdk_dynamodb::types::AttributeValue;
 use leasehold_dynamodb::{DynamoDbConfig, DynamoDbStore};
 
+mod holding;
+
+pub use holding::holding_many_leases;
+
 /// The table every test uses (tests use fresh lease names).
 pub const TABLE: &str = "leasehold-tests";
 
