@@ -20,4 +20,4 @@ pub use config::{
 };
 pub use error::RedisStoreError;
 pub use record::TTL_RANGE;
-pub use store::RedisStore;
+pub use store::{RENEW_BATCH, RedisStore};

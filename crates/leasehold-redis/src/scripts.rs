@@ -1,19 +1,21 @@
 //! The Lua scripts: every operation is one script, so every compare-and-set is atomic on the
 //! server.
 //!
-//! Every script takes `KEYS = [lease, state, history]` and `ARGV[1]` = a nonce, and answers an
-//! array whose first element is that nonce (so that a reply is never taken for the answer to
-//! another request) and whose second is a status word:
+//! Every script takes `KEYS = [lease, state, history]` (the renewal: once per grant) and
+//! `ARGV[1]` = a nonce, and answers an array whose first element is that nonce (so that a reply
+//! is never taken for the answer to another request) and whose second is a status word:
 //!
 //! - `held holder term ttl_ms version pttl_ms last_term`
 //! - `free last_term previous_end` (`previous_end`: `released`, `expired`, `broken` or empty)
-//! - `granted term`, `renewed`, `ok`, `broken term`, `none` (nothing to break)
+//! - `granted term`, `ok`, `broken term`, `none` (nothing to break)
+//! - `renewed_each` and per grant `renewed`, an observation or `corrupt detail`
 //! - `corrupt detail`: a key of another type or shape; nothing was written
 //! - `starting uptime_s needed_s`: the restart guard refused a grant
 //! - `scan next_cursor keys`: one step of the key scan of `list` (takes no keys)
 //!
-//! Types and shapes are checked before the first write, so a script that refuses has changed
-//! nothing (Redis does not roll back a script that fails half-way).
+//! Types and shapes are checked before the first write (of each grant, for the renewal), so a
+//! script that refuses has changed nothing (Redis does not roll back a script that fails
+//! half-way).
 
 use std::sync::LazyLock;
 
@@ -171,19 +173,33 @@ if takeover then redis.call('PUBLISH', channel, 'granted ' .. term) end
 return {nonce, 'granted', term}
 "#;
 
-/// `ARGV = [nonce, holder, term, version]`.
+/// `KEYS = [lease, state, history]` once per grant, `ARGV = [nonce]` then `holder, term, version`
+/// once per grant: renews every grant whose record still names it. Answers `renewed_each` and one
+/// array per grant, in order: `renewed`, an observation (without the nonce) when the record names
+/// another holder or none, or `corrupt detail` (that grant's keys are left alone, the others are
+/// renewed).
 const RENEW: &str = r#"
-local lease, state, bad = load()
-if bad then return {nonce, 'corrupt', bad} end
-if lease and lease.holder == ARGV[2] and lease.term == ARGV[3] then
-  redis.call('HSET', lease_key, 'version', ARGV[4])
-  redis.call('PEXPIRE', lease_key, lease.ttl)
-  if state.term == lease.term then
-    redis.call('HSET', state_key, 'deadline', fmt(now_ms() + tonumber(lease.ttl)))
+local out = {nonce, 'renewed_each'}
+for i = 0, #KEYS / 3 - 1 do
+  lease_key, state_key, history_key = KEYS[3 * i + 1], KEYS[3 * i + 2], KEYS[3 * i + 3]
+  local holder, term, version = ARGV[3 * i + 2], ARGV[3 * i + 3], ARGV[3 * i + 4]
+  local lease, state, bad = load()
+  if bad then
+    out[#out + 1] = {'corrupt', bad}
+  elseif lease and lease.holder == holder and lease.term == term then
+    redis.call('HSET', lease_key, 'version', version)
+    redis.call('PEXPIRE', lease_key, lease.ttl)
+    if state.term == lease.term then
+      redis.call('HSET', state_key, 'deadline', fmt(now_ms() + tonumber(lease.ttl)))
+    end
+    out[#out + 1] = {'renewed'}
+  else
+    local seen = observation(lease, state)
+    table.remove(seen, 1)
+    out[#out + 1] = seen
   end
-  return {nonce, 'renewed'}
 end
-return observation(lease, state)
+return out
 "#;
 
 /// `ARGV = [nonce, holder, term, maxlen, channel]`.

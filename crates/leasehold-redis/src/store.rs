@@ -11,6 +11,8 @@ use leasehold_core::{
     Notifications, Observation, RecordVersion, Renewed, Result, Term, Transition,
 };
 
+use redis::Value;
+
 use crate::changes::Hub;
 use crate::config::{LeaseKeys, RedisConfig};
 use crate::conn::{Commands, Reply};
@@ -162,6 +164,75 @@ impl RedisStore {
         self.inner.config.keys(lease)
     }
 
+    /// Renews every grant of `grants` with one script per [`RENEW_BATCH`] grants (the batches
+    /// sent together on the one connection): what a member holding many leases needs to renew
+    /// them all with one request per renew interval. Each grant is renewed (with a new record
+    /// version) if its record still names it, exactly as [`LeaseStore::renew`] does; the answers
+    /// are in the order of `grants`.
+    ///
+    /// The grants share one server: a Redis Cluster would refuse a script whose keys lie in
+    /// several slots (leasehold supports one server).
+    ///
+    /// # Errors
+    ///
+    /// The outer error when a script failed as a whole (timeout, connection, refusal): the
+    /// outcome of every grant of it is then unknown, as after a timeout. Per grant,
+    /// [`Error::CorruptRecord`] for a record leasehold cannot read (that grant's keys are left
+    /// alone).
+    ///
+    /// # Cancel safety
+    ///
+    /// Each script runs whole on the server or not at all, as for [`LeaseStore::renew`].
+    pub async fn renew_many(&self, grants: &[Grant]) -> Result<Vec<Result<Renewed>>> {
+        let batches = grants.chunks(RENEW_BATCH).map(|batch| self.renew_batch(batch));
+        let answers = futures::future::try_join_all(batches).await?;
+        Ok(answers.into_iter().flatten().collect())
+    }
+
+    async fn renew_batch(&self, grants: &[Grant]) -> Result<Vec<Result<Renewed>>> {
+        let mut keys = Vec::with_capacity(grants.len() * 3);
+        let mut args = Vec::with_capacity(grants.len() * 3);
+        let mut versions = Vec::with_capacity(grants.len());
+        for grant in grants {
+            let LeaseKeys {
+                lease, state, history, ..
+            } = self.keys(&grant.lease);
+            keys.extend([lease, state, history]);
+            let version = String::from(RecordVersion::random());
+            args.extend([
+                grant.holder.as_str().to_string(),
+                grant.term.0.to_string(),
+                version.clone(),
+            ]);
+            versions.push(version);
+        }
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let reply = self.inner.commands.eval("renew", &RENEW_SCRIPT, &keys, args).await?;
+        if reply.status()? != "renewed_each" || reply.values.len() != grants.len() + 1 {
+            return Err(error::unexpected("renew", format!("{:?}", reply.values)));
+        }
+        let answers = grants.iter().zip(versions).zip(&reply.values[1..]);
+        Ok(answers
+            .map(|((grant, version), value)| {
+                let Value::Array(values) = value else {
+                    return Err(error::unexpected("renew", format!("{value:?}")));
+                };
+                let one = Reply {
+                    operation: "renew",
+                    values: values.clone(),
+                };
+                match answer(&grant.lease, &one)? {
+                    Answer::Renewed => Ok(Renewed::Renewed(Grant {
+                        token: version,
+                        ..grant.clone()
+                    })),
+                    Answer::Seen(observation) => Ok(Renewed::Lost(observation)),
+                    _ => Err(error::unexpected("renew", format!("{values:?}"))),
+                }
+            })
+            .collect())
+    }
+
     /// `MAXLEN ~` of the history stream: two entries per term (grant and end); `0` keeps all.
     fn maxlen(&self) -> String {
         (u64::from(self.inner.config.history_limit) * 2).to_string()
@@ -203,6 +274,11 @@ fn connection_info(config: &RedisConfig) -> redis::ConnectionInfo {
         .expect("an address is a valid connection info");
     info.set_redis_settings(redis)
 }
+
+/// Grants renewed by one script of [`RedisStore::renew_many`] at most. A script blocks the server
+/// while it runs (about a dozen commands per grant, some 20 µs): 250 grants keep that to a few
+/// milliseconds; more grants go in several scripts, sent together.
+pub const RENEW_BATCH: usize = 250;
 
 /// Milliseconds, rounded up, as Redis wants them.
 fn millis(ttl: Duration) -> u64 {
@@ -265,22 +341,10 @@ impl LeaseStore for RedisStore {
     }
 
     async fn renew(&self, grant: &Grant) -> Result<Renewed> {
-        let keys = self.keys(&grant.lease);
-        let version = String::from(RecordVersion::random());
-        let args = vec![
-            grant.holder.as_str().to_string(),
-            grant.term.0.to_string(),
-            version.clone(),
-        ];
-        let reply = self.eval("renew", &RENEW_SCRIPT, &keys, args).await?;
-        match answer(&grant.lease, &reply)? {
-            Answer::Renewed => Ok(Renewed::Renewed(Grant {
-                token: version,
-                ..grant.clone()
-            })),
-            Answer::Seen(observation) => Ok(Renewed::Lost(observation)),
-            _ => Err(error::unexpected("renew", format!("{:?}", reply.values))),
-        }
+        let mut answers = self.renew_many(std::slice::from_ref(grant)).await?;
+        answers
+            .pop()
+            .unwrap_or_else(|| Err(error::unexpected("renew", "no answer for the grant")))
     }
 
     async fn release(&self, grant: &Grant) -> Result<()> {

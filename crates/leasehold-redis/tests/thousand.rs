@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use leasehold_core::{CountingStore, Elector, Operation, random_u64};
+use leasehold_core::{CountingStore, Elector, LeaseStore, Operation, random_u64};
 use leasehold_redis::RedisStore;
 
 const LEASES: usize = 1000;
@@ -92,5 +92,55 @@ async fn requests_per_second_with_a_thousand_leases() {
     let keys: Vec<String> = redis::cmd("KEYS").arg(pattern).query_async(&mut raw).await.unwrap();
     for chunk in keys.chunks(500) {
         let _: redis::Value = redis::cmd("DEL").arg(chunk).query_async(&mut raw).await.unwrap();
+    }
+}
+
+/// The same 1,000 leases held by one member that renews them all at once every TTL/3 with
+/// `RedisStore::renew_many`: one call per renew interval (1,000 / `RENEW_BATCH` scripts) instead
+/// of one script per lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+async fn renew_many_renews_a_thousand_leases() {
+    let Some(url) = leasehold_conformance::require_server("redis", "LEASEHOLD_REDIS_URL") else {
+        return;
+    };
+    let mut config = common::config(&url);
+    config.prefix = format!("lh-bench-{:x}:", random_u64());
+    let backend = common::RedisBackend::with_config(config.clone());
+    let store = RedisStore::from_config(config).await.unwrap();
+    let names: Vec<leasehold_core::LeaseName> = (0..LEASES).map(|i| format!("bench-{i:04}").parse().unwrap()).collect();
+    let mut grants: Vec<leasehold_core::Grant> =
+        futures::future::join_all(names.iter().map(|lease| common::grant(&store, lease, "member", TTL))).await;
+    let (all_before, scripts_before) = commands(&backend).await;
+    let started = Instant::now();
+    let mut rounds = Vec::new();
+    while started.elapsed() < WINDOW {
+        let sent = Instant::now();
+        let answers = store.renew_many(&grants).await.unwrap();
+        rounds.push(sent.elapsed());
+        grants = answers
+            .into_iter()
+            .map(|answer| match answer {
+                Ok(leasehold_core::Renewed::Renewed(grant)) => grant,
+                other => panic!("a lease was lost: {other:?}"),
+            })
+            .collect();
+        tokio::time::sleep((TTL / 3).saturating_sub(sent.elapsed())).await;
+    }
+    let (all, scripts) = commands(&backend).await;
+    let seconds = started.elapsed().as_secs_f64();
+    rounds.sort();
+    println!(
+        "redis, {LEASES} leases renewed by one member with renew_many every ttl/3: {} rounds in {seconds:.1} s \
+         (one renew_many each), round time p50 {:?} max {:?}; the server ran {:.1} scripts/s and {:.0} commands/s \
+         in all (other clients included)",
+        rounds.len(),
+        rounds[rounds.len() / 2],
+        rounds[rounds.len() - 1],
+        (scripts - scripts_before) as f64 / seconds,
+        (all - all_before) as f64 / seconds,
+    );
+    for grant in &grants {
+        store.release(grant).await.unwrap();
     }
 }

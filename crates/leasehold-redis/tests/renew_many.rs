@@ -1,0 +1,112 @@
+//! `RedisStore::renew_many`: one script renews many grants, each exactly as `renew` would (a
+//! grant whose record names another holder or none is lost, a corrupt record fails only its own
+//! grant), with answers in the order asked.
+
+mod common;
+
+use std::time::Duration;
+
+use leasehold_core::{Error, Grant, LeaseName, LeaseStore, Renewed, random_u64};
+use leasehold_redis::{RENEW_BATCH, RedisStore};
+
+use common::{RedisBackend, grant};
+
+const TTL: Duration = Duration::from_secs(2);
+
+fn fresh_backend() -> Option<RedisBackend> {
+    let url = leasehold_conformance::require_server("redis", "LEASEHOLD_REDIS_URL")?;
+    let mut config = common::config(&url);
+    config.restart_guard = false;
+    config.prefix = format!("lh-many-{:x}:", random_u64());
+    Some(RedisBackend::with_config(config))
+}
+
+fn name(i: usize) -> LeaseName {
+    LeaseName::new(format!("many-{i:05}")).unwrap()
+}
+
+async fn clean(backend: &RedisBackend) {
+    let mut raw = backend.raw().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}*", backend.config.prefix))
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    for chunk in keys.chunks(500) {
+        let _: redis::Value = redis::cmd("DEL").arg(chunk).query_async(&mut raw).await.unwrap();
+    }
+}
+
+fn renewed(answer: &Result<Renewed, Error>) -> &Grant {
+    match answer {
+        Ok(Renewed::Renewed(grant)) => grant,
+        other => panic!("expected a renewal, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_grant_is_renewed_or_answered_as_renew_would() {
+    let Some(backend) = fresh_backend() else { return };
+    let store = RedisStore::from_config(backend.config.clone()).await.unwrap();
+    let mut grants = Vec::new();
+    for i in 0..5 {
+        grants.push(grant(&store, &name(i), "member", TTL).await);
+    }
+    // 1: broken by an operator; 3: its state key overwritten by another program.
+    store.break_lease(&name(1)).await.unwrap();
+    let corrupt = backend.config.keys(&name(3)).state;
+    let mut raw = backend.raw().await;
+    let _: redis::Value = redis::cmd("SET")
+        .arg(&corrupt)
+        .arg("7")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    tokio::time::sleep(TTL / 2).await;
+
+    let answers = store.renew_many(&grants).await.unwrap();
+    assert_eq!(answers.len(), grants.len());
+    for i in [0, 2, 4] {
+        let renewed = renewed(&answers[i]);
+        assert_eq!((&renewed.lease, renewed.term), (&grants[i].lease, grants[i].term));
+        assert_ne!(renewed.token, grants[i].token, "a new record version");
+        let seen = store.inspect(&grants[i].lease).await.unwrap();
+        let holder = seen.holder.expect("still held");
+        assert_eq!(holder.version, renewed.token);
+        let remaining = holder.store_remaining.unwrap();
+        assert!(
+            remaining > TTL * 9 / 10,
+            "the server's expiry was pushed out: {remaining:?}"
+        );
+    }
+    match &answers[1] {
+        Ok(Renewed::Lost(observation)) => assert!(observation.holder.is_none(), "{observation:?}"),
+        other => panic!("a broken grant is lost, got {other:?}"),
+    }
+    match &answers[3] {
+        Err(Error::CorruptRecord { lease, detail, .. }) => {
+            assert_eq!(lease, name(3).as_str());
+            assert!(detail.contains(&corrupt), "{detail}");
+        }
+        other => panic!("expected CorruptRecord, got {other:?}"),
+    }
+    // An empty list asks nothing.
+    assert!(store.renew_many(&[]).await.unwrap().is_empty());
+    clean(&backend).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_grants_than_one_script_takes_are_all_renewed_in_order() {
+    let Some(backend) = fresh_backend() else { return };
+    let store = RedisStore::from_config(backend.config.clone()).await.unwrap();
+    let count = RENEW_BATCH * 2 + 7;
+    let names: Vec<LeaseName> = (0..count).map(name).collect();
+    let grants: Vec<Grant> =
+        futures::future::join_all(names.iter().map(|lease| grant(&store, lease, "member", TTL))).await;
+    let answers = store.renew_many(&grants).await.unwrap();
+    assert_eq!(answers.len(), count);
+    for (grant, answer) in grants.iter().zip(&answers) {
+        assert_eq!(&renewed(answer).lease, &grant.lease);
+    }
+    clean(&backend).await;
+}
