@@ -382,20 +382,21 @@ impl LeaseGroup {
             let mut member_state = Rounds::default();
             // The first round waits a whole interval: members that start together see each
             // other before anyone plans, instead of the first taking every shard.
-            let mut ticker = tokio::time::interval_at(
-                tokio::time::Instant::now() + self.inner.rebalance_every,
-                self.inner.rebalance_every,
-            );
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let every = self.inner.rebalance_every;
+            let mut next = tokio::time::Instant::now() + every;
             let stop = loop {
                 tokio::select! {
-                    _ = ticker.tick() => {}
+                    () = tokio::time::sleep_until(next) => {}
                     () = member.cancelled() => break false,
                     () = &mut shutdown => break true,
                 }
+                let began = tokio::time::Instant::now();
                 if let Err(error) = self.round(&mut member_state, &task).instrument(span.clone()).await {
                     warn!(parent: &span, %error, "could not list the group; keeping the current shards");
                 }
+                // A slow listing (a scan of a big table) spaces the rounds out, so that listing
+                // takes at most a fifth of this member's time with the store.
+                next = began + every.max(member_state.listed_in * 5);
             };
             self.stop_all(member_state).await;
             member.resign().await;
@@ -428,7 +429,10 @@ impl LeaseGroup {
         E: fmt::Display + Send + 'static,
     {
         let inner = &self.inner;
-        let timeout = inner.member.timing().request_timeout;
+        // A listing is on no lease's critical path and can be long (a scan of many pages): a
+        // slow one still gives a plan, a little late.
+        let timeout = inner.ttl * 3;
+        let began = tokio::time::Instant::now();
         let listing = tokio::time::timeout(timeout, inner.store.list(&format!("{}.", inner.group)))
             .await
             .map_err(|_| Error::Timeout {
@@ -436,6 +440,7 @@ impl LeaseGroup {
                 operation: "list",
                 after: timeout,
             })??;
+        rounds.listed_in = began.elapsed();
         let status = parse(&inner.group, listing);
         let at = now();
         let observed = inner.store.capabilities().expiry == Expiry::ObservedByContenders;
@@ -632,6 +637,8 @@ struct Rounds {
     versions: HashMap<LeaseName, (String, Instant)>,
     /// Since when each shard has been seen without a live owner.
     unowned_since: HashMap<u32, Instant>,
+    /// How long the last listing took.
+    listed_in: Duration,
 }
 
 impl Rounds {
