@@ -13,8 +13,6 @@ mod telemetry;
 pub mod time;
 mod timing;
 mod types;
-#[doc(hidden)]
-pub mod url_options;
 mod wrap;
 
 pub use elector::{Elector, ElectorBuilder, Event, Leader, LeaderInfo, RunError};
