@@ -12,7 +12,8 @@ use leasehold_core::{CountingStore, Elector, LeaseStore, Operation};
 /// Measures the requests a second `store` makes while `RATE_LEASES` (1,000) Electors on it each
 /// try to hold a lease of TTL `RATE_TTL_MS` (default `least_ttl_ms`) for `RATE_WINDOW_SECS` (10),
 /// once every elector has been elected or a minute has passed; prints them by operation, with
-/// the leases held and the leaderships lost. Each elector campaigns again when it loses.
+/// the leases held and the leaderships lost. Each elector campaigns again when it loses. With
+/// `RATE_TRACE` set, prints the events of the first elector as they come.
 pub async fn holding_many_leases(store: Arc<dyn LeaseStore>, least_ttl_ms: u64) {
     let number = |key: &str, default: u64| std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
     let ttl = Duration::from_millis(number("RATE_TTL_MS", least_ttl_ms));
@@ -44,6 +45,16 @@ pub async fn holding_many_leases(store: Arc<dyn LeaseStore>, least_ttl_ms: u64) 
             })
         })
         .collect();
+    if std::env::var_os("RATE_TRACE").is_some() {
+        // What the first elector goes through, for a store that cannot keep up.
+        let mut events = electors[0].events();
+        let since = Instant::now();
+        tokio::spawn(async move {
+            while let Ok(event) = events.recv().await {
+                println!("{:>8.3?} elector 0: {event:?}", since.elapsed());
+            }
+        });
+    }
     let holding = || electors.iter().filter(|e| e.is_leader()).count();
     let started = Instant::now();
     while holding() < electors.len() && started.elapsed() < Duration::from_secs(60) {
