@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use leasehold_core::{CountingStore, Elector, Operation};
+use leasehold_core::{AcquireRequest, Acquired, CountingStore, Elector, Grant, LeaseStore, Operation, Renewed};
 use leasehold_postgres::PostgresStore;
 use sqlx::{Connection, PgConnection};
 
@@ -31,18 +31,31 @@ async fn transactions(raw: &mut PgConnection, database: &str) -> i64 {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a measurement: run with --ignored --nocapture"]
-async fn requests_per_second_with_a_thousand_leases() {
-    let Some(pg) = common::server() else { return };
+/// A database of its own (so that its transaction count is this test's), its name and URL.
+async fn fresh_database(pg: &common::PostgresBackend, admin: &mut PgConnection) -> (String, url::Url) {
     let database = common::schema("bench");
-    let mut admin = pg.raw().await;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
-        .execute(&mut admin)
+        .execute(admin)
         .await
         .unwrap();
     let mut url = url::Url::parse(&pg.url).unwrap();
     url.set_path(&database);
+    (database, url)
+}
+
+async fn drop_database(admin: &mut PgConnection, database: &str) {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE {database} WITH (FORCE)")))
+        .execute(admin)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+async fn requests_per_second_with_a_thousand_leases() {
+    let Some(pg) = common::server() else { return };
+    let mut admin = pg.raw().await;
+    let (database, url) = fresh_database(&pg, &mut admin).await;
     let store = Arc::new(CountingStore::new(PostgresStore::connect(url.as_str()).await.unwrap()));
     let electors: Vec<Elector> = (0..LEASES)
         .map(|i| {
@@ -89,8 +102,70 @@ async fn requests_per_second_with_a_thousand_leases() {
     drop(electors);
     drop(store);
     raw.close().await.unwrap();
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE {database} WITH (FORCE)")))
-        .execute(&mut admin)
+    drop_database(&mut admin, &database).await;
+}
+
+/// The same 1,000 leases held by one member that renews them all at the same instant every
+/// TTL/3 (what a lease group could do): the lock session sends renewals queued together in one
+/// statement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+async fn renewals_sent_together_share_a_statement() {
+    let Some(pg) = common::server() else { return };
+    let mut admin = pg.raw().await;
+    let (database, url) = fresh_database(&pg, &mut admin).await;
+    let store = PostgresStore::connect(url.as_str()).await.unwrap();
+    let requests: Vec<AcquireRequest> = (0..LEASES)
+        .map(|i| AcquireRequest {
+            lease: format!("bench-{i:04}").parse().unwrap(),
+            candidate: "member".parse().unwrap(),
+            ttl: TTL,
+            takeover: None,
+        })
+        .collect();
+    let mut grants: Vec<Grant> = futures::future::join_all(requests.iter().map(|r| store.acquire(r)))
         .await
-        .unwrap();
+        .into_iter()
+        .map(|acquired| match acquired.unwrap() {
+            Acquired::Granted(grant) => grant,
+            held => panic!("{held:?}"),
+        })
+        .collect();
+    let mut raw = PgConnection::connect(url.as_str()).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = transactions(&mut raw, &database).await;
+    let started = Instant::now();
+    let mut rounds = Vec::new();
+    while started.elapsed() < WINDOW {
+        let sent = Instant::now();
+        grants = futures::future::join_all(grants.iter().map(|g| store.renew(g)))
+            .await
+            .into_iter()
+            .map(|renewed| match renewed.unwrap() {
+                Renewed::Renewed(grant) => grant,
+                lost => panic!("a lease was lost: {lost:?}"),
+            })
+            .collect();
+        rounds.push(sent.elapsed());
+        tokio::time::sleep((TTL / 3).saturating_sub(sent.elapsed())).await;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    // Let every backend report its statistics.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let statements = transactions(&mut raw, &database).await - before;
+    rounds.sort();
+    println!(
+        "postgres, {LEASES} leases renewed together every ttl/3: {} rounds in {seconds:.1} s, {statements} server \
+         transactions ({:.1}/s), round time p50 {:?} max {:?}",
+        rounds.len(),
+        statements as f64 / seconds,
+        rounds[rounds.len() / 2],
+        rounds[rounds.len() - 1],
+    );
+    for grant in &grants {
+        store.release(grant).await.unwrap();
+    }
+    drop(store);
+    raw.close().await.unwrap();
+    drop_database(&mut admin, &database).await;
 }
