@@ -482,6 +482,7 @@ impl LeaseGroup {
         }
         let plan = plan(&members, &owners, inner.max_moves);
         let mut pending = HashMap::new();
+        let mut stopping = Vec::new();
         for shard in 0..inner.shards {
             let mine = plan.targets[shard as usize].as_ref() == Some(&inner.id);
             let running = rounds.shards.contains_key(&shard);
@@ -496,15 +497,16 @@ impl LeaseGroup {
                     if rounds.pending.get(&shard) == Some(&to) {
                         info!(shard, to = ?to, "handing the shard over (planned move)");
                         metrics::counter!(MOVES, "group" => inner.group.to_string(), "kind" => "planned").increment(1);
-                        self.stop(rounds, shard).await;
+                        stopping.push(shard);
                     } else {
                         pending.insert(shard, to);
                     }
                 } else {
-                    self.stop(rounds, shard).await;
+                    stopping.push(shard);
                 }
             }
         }
+        self.stop(rounds, &stopping).await;
         rounds.pending = pending;
         rounds.reap(&inner.running);
         self.record(&status, &members, &owners, rounds, at);
@@ -551,24 +553,26 @@ impl LeaseGroup {
         Ok(Running { stop, handle })
     }
 
-    /// Stops campaigning for `shard`: cancels its task, waits for it, releases the lease.
-    async fn stop(&self, rounds: &mut Rounds, shard: u32) {
-        if let Some(running) = rounds.shards.remove(&shard) {
+    /// Stops campaigning for `shards`, all at once: cancels their tasks, waits for them, and
+    /// releases the leases.
+    async fn stop(&self, rounds: &mut Rounds, shards: &[u32]) {
+        let stopped: Vec<Running> = shards.iter().filter_map(|s| rounds.shards.remove(s)).collect();
+        for running in &stopped {
             running.stop.cancel();
+        }
+        for running in stopped {
             let _ = running.handle.await;
         }
-        self.inner.running.lock().expect("group lock").remove(&shard);
+        let mut electors = self.inner.running.lock().expect("group lock");
+        for shard in shards {
+            electors.remove(shard);
+        }
     }
 
     /// Stops every shard at once and waits for all of them.
-    async fn stop_all(&self, rounds: Rounds) {
-        for running in rounds.shards.values() {
-            running.stop.cancel();
-        }
-        for (_, running) in rounds.shards {
-            let _ = running.handle.await;
-        }
-        self.inner.running.lock().expect("group lock").clear();
+    async fn stop_all(&self, mut rounds: Rounds) {
+        let shards: Vec<u32> = rounds.shards.keys().copied().collect();
+        self.stop(&mut rounds, &shards).await;
     }
 
     /// Records the group's gauges as this member sees them.
