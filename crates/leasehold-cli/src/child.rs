@@ -129,6 +129,7 @@ impl CommandGroup {
         };
         self.status = Some(status);
         guard_gone(self.guard_pid);
+        self.tree.guard_reaped();
         status
     }
 
@@ -217,8 +218,11 @@ impl Drop for CommandGroup {
             // The engine's Deposed event (`aborted`) is logged instead.
             self.tree.signal(Signal::SIGKILL, &[]);
         }
-        // Reaped or not (tokio reaps a dropped child), what is left is nobody's now.
-        guard_gone(self.guard_pid);
+        // Not reaped (tokio reaps a dropped child): what is left is nobody's now. (A reaped
+        // guard was unlisted then, and its pid may be another command's guard's by now.)
+        if self.status.is_none() {
+            guard_gone(self.guard_pid);
+        }
         if let Some(cgroup) = self.tree.cgroup() {
             cgroup.remove(); // refused while a process is still in it
         }

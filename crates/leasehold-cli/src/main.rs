@@ -44,17 +44,18 @@ Exit codes:
   1        runtime error: the store failed during the operation, a corrupt record, ...
   2        usage or configuration error (bad arguments, URL, lease name, timing)
   3        the store is unreachable or cannot be opened, or did not answer
-  4        the store does not support the operation (`break`)
+  4        the store does not support the operation (`break`; listing: `status` without a
+           lease name, `shards`)
   5        `run --wait`: not elected in time; the command was not run
   6        the store refused the credentials or permissions, or is another service, or
            its table is missing (`run`: after retrying for --auth-retry, or --wait
            when shorter)
   7        `run --http`: the address cannot be listened on (in use, not permitted, not
            local)
-  126, 127 `run`: the command is not executable, or not found
+  126, 127 `run`, `shards run`: the command is not executable, or not found
   129, 130, 143
-           `run`: stopped by SIGHUP, SIGINT or SIGTERM (the command was stopped, the lease
-           released)
+           `run`, `shards run`: stopped by SIGHUP, SIGINT or SIGTERM (the command, or every
+           shard's, was stopped, the leases released)
   N        `run`: the command's exit status; 128 + N when it was killed by signal N";
 
 /// Leader election from the shell: run a command on exactly one of many hosts or processes.

@@ -334,6 +334,12 @@ impl Tree {
         self.cgroup.as_ref()
     }
 
+    /// This tree's guard was reaped: its pid may name another command's guard from now on, which
+    /// is not this tree's.
+    pub(crate) fn guard_reaped(&mut self) {
+        self.guard = None;
+    }
+
     /// The live processes of the tree, this process excluded.
     pub(crate) fn members(&self) -> Vec<Process> {
         let processes = all_processes();
@@ -516,6 +522,31 @@ mod tests {
             Some(("/".to_string(), "/sys/fs/cgroup/unified".to_string()))
         );
         assert_eq!(cgroup2_mount("30 25 0:26 / /x rw - ext4 /dev/sda rw"), None);
+    }
+
+    #[test]
+    fn a_listed_guards_subtree_belongs_to_its_own_tree_only() {
+        let spawn = || std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let (mut guard, mut stray) = (spawn(), spawn());
+        let (g, s) = (guard.id() as i32, stray.id() as i32);
+        guard_started(g);
+        let pids = |tree: &Tree| tree.members().iter().map(|p| p.pid).collect::<Vec<_>>();
+        let others = pids(&Tree::below_me(None));
+        assert!(!others.contains(&g) && others.contains(&s), "{others:?}");
+        let own = pids(&Tree::of_guard(g, None));
+        assert!(own.contains(&g) && own.contains(&s), "{own:?}");
+        let mut reaped = Tree::of_guard(g, None);
+        reaped.guard_reaped();
+        assert!(
+            !pids(&reaped).contains(&g),
+            "a reaped guard's pid is no longer the tree's"
+        );
+        guard_gone(g);
+        assert!(pids(&Tree::below_me(None)).contains(&g));
+        for child in [&mut guard, &mut stray] {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
     }
 
     #[test]

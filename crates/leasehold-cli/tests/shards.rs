@@ -221,8 +221,10 @@ fn a_shards_command_that_exits_runs_again_at_a_higher_term() {
     let group = format!("again{}", std::process::id());
     let ledger = store.path("ledger");
     let script = format!(
-        "echo \"$LEASEHOLD_SHARD $LEASEHOLD_TERM $LEASEHOLD_SHARDS $LEASEHOLD_GROUP\" >> '{}'; sleep 0.2",
-        ledger.display()
+        "echo \"$LEASEHOLD_SHARD $LEASEHOLD_TERM $LEASEHOLD_SHARDS $LEASEHOLD_GROUP\" >> '{}'; \
+         env | grep '^LEASEHOLD_' >> '{}'; sleep 0.2",
+        ledger.display(),
+        store.path("environ").display(),
     );
     let mut member = store.spawn(
         "member",
@@ -256,6 +258,10 @@ fn a_shards_command_that_exits_runs_again_at_a_higher_term() {
     for line in lines() {
         assert_eq!(line[2..], ["2".to_string(), group.clone()], "{line:?}");
     }
+    // LEASEHOLD_LEASE and LEASEHOLD_HOLDER: the shard's lease and this member.
+    let environ = std::fs::read_to_string(store.path("environ")).unwrap_or_default();
+    assert!(environ.contains(&format!("LEASEHOLD_LEASE={group}.s.")), "{environ}");
+    assert!(environ.contains("LEASEHOLD_HOLDER=only"), "{environ}");
     assert!(
         member
             .log_text()
@@ -338,5 +344,55 @@ fn shards_usage_errors_and_an_empty_group() {
         assert!(output.status.success(), "{sub:?}: {output:?}");
         let text = stdout(&output);
         assert!(text.contains(&format!("Usage: leasehold shards {}", sub[1])), "{text}");
+    }
+}
+
+/// Every option that `--help` shows for `shards run`, `shards status` and `status` is in that
+/// command's section of docs/cli.md, and the environment the docs promise is the one the command
+/// gets (checked above, in `a_shards_command_that_exits_runs_again_at_a_higher_term`).
+#[test]
+fn help_and_docs_name_the_same_options() {
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/cli.md")).unwrap();
+    let section = |title: &str| -> String {
+        let start = docs.find(title).unwrap_or_else(|| panic!("docs/cli.md has no {title}"));
+        let rest = &docs[start + title.len()..];
+        let end = rest.find("\n## ").unwrap_or(rest.len());
+        rest[..end].to_string()
+    };
+    for (args, title) in [
+        (&["shards", "run", "--help"][..], "## `leasehold shards run`"),
+        (&["shards", "status", "--help"], "### `leasehold shards status GROUP`"),
+        (&["status", "--help"], "## `leasehold status [LEASE...] [--prefix P]`"),
+    ] {
+        let help = stdout(
+            &Command::new(bin())
+                .args(args)
+                .env_remove("LEASEHOLD_STORE")
+                .output()
+                .unwrap(),
+        );
+        let text = section(title);
+        let options: Vec<&str> = help
+            .split(|c: char| c.is_whitespace() || c == ',' || c == '[' || c == '=')
+            .filter(|w| w.starts_with("--") && w.len() > 2)
+            .map(|w| w.trim_end_matches(|c: char| !c.is_ascii_alphanumeric()))
+            .collect();
+        assert!(!options.is_empty(), "{help}");
+        for option in options {
+            if ["--help", "--version", "--store", "--json"].contains(&option) {
+                continue; // global, documented once at the top
+            }
+            assert!(text.contains(option), "{title} does not document {option}");
+        }
+    }
+    for variable in [
+        "LEASEHOLD_GROUP",
+        "LEASEHOLD_SHARD`",
+        "LEASEHOLD_SHARDS",
+        "LEASEHOLD_TERM",
+        "LEASEHOLD_LEASE",
+        "LEASEHOLD_HOLDER",
+    ] {
+        assert!(section("## `leasehold shards run`").contains(variable), "{variable}");
     }
 }
