@@ -487,8 +487,17 @@ impl LeaseGroup {
             let mine = plan.targets[shard as usize].as_ref() == Some(&inner.id);
             let running = rounds.shards.contains_key(&shard);
             if mine && !running {
-                let taken_from = owners[shard as usize].clone().filter(|o| *o != inner.id);
-                debug!(shard, ?taken_from, "campaigning for the shard");
+                // Held by someone who is no live member: a forced move once this member gets it.
+                let stranded = status
+                    .shards
+                    .binary_search_by_key(&shard, |s| s.shard)
+                    .ok()
+                    .and_then(|i| status.shards[i].lease.holder.as_ref())
+                    .is_some_and(|h| h.id != inner.id && owners[shard as usize].is_none());
+                if stranded {
+                    metrics::counter!(MOVES, "group" => inner.group.to_string(), "kind" => "forced").increment(1);
+                }
+                debug!(shard, stranded, "campaigning for the shard");
                 let started = self.start(shard, task)?;
                 rounds.shards.insert(shard, started);
             } else if !mine && running {
@@ -621,7 +630,8 @@ const UNOWNED: &str = "leasehold_group_unowned_shards";
 const UNOWNED_SECONDS: &str = "leasehold_group_unowned_seconds";
 /// The most shards one member owns, over the mean.
 const IMBALANCE: &str = "leasehold_group_imbalance";
-/// Shards this member handed over (`kind="planned"`).
+/// Shards this member handed over (`kind="planned"`), and shards it went after whose holder is no
+/// live member any more (`kind="forced"`).
 const MOVES: &str = "leasehold_group_moves_total";
 
 /// A running shard campaign.
