@@ -19,6 +19,7 @@ use super::*;
 /// | `B-a-held` | held by A; B asked too (Held, queued where the store queues) |
 /// | `B-a-free` | granted to A, released |
 /// | `B-a-again` | granted to A, released, granted to B |
+/// | `B-a-broken` | granted to A, broken (where the store can break leases) |
 /// | `B-a-never` | only inspected |
 /// | `B-b-held` | held by A |
 /// | `B-m.1`, `B-m_1`, `B-mx1`, `B-Mx1` | held by A (names that differ at a metacharacter or in case) |
@@ -59,7 +60,7 @@ pub async fn list_by_prefix(backend: Arc<dyn Backend>) {
         .release(&grant)
         .await
         .unwrap_or_else(|e| panic!("{p}: release of {free}: {e}"));
-    expected.push(Expected::free(&grant));
+    expected.push(Expected::free(&grant, EndReason::Released));
 
     // Released by A, then granted to B at a higher term.
     let again = name("a-again");
@@ -77,6 +78,18 @@ pub async fn list_by_prefix(backend: Arc<dyn Backend>) {
     );
     expected.push(Expected::held(&grant));
     grants.push((store_b.clone(), grant));
+
+    // Broken by an operator, where the store can: free, with its last term.
+    if scene.can_break {
+        let broken = name("a-broken");
+        let grant = scene.grant(&*store, &request(&broken, &a, hold)).await;
+        let term = store
+            .break_lease(&broken)
+            .await
+            .unwrap_or_else(|e| panic!("{p}: break_lease of {broken}: {e}"));
+        assert_eq!(term, Some(grant.term), "{p}: break_lease of {broken}");
+        expected.push(Expected::free(&grant, EndReason::Broken));
+    }
 
     // Only inspected: the store keeps no record of it.
     let never = name("a-never");
@@ -180,6 +193,8 @@ struct Expected {
     holder: Option<(CandidateId, Term)>,
     /// The highest term granted.
     last_term: Term,
+    /// How the last term ended, for a free lease (a store may not know: `None` is accepted).
+    end: Option<EndReason>,
 }
 
 impl Expected {
@@ -188,14 +203,16 @@ impl Expected {
             lease: grant.lease.clone(),
             holder: Some((grant.holder.clone(), grant.term)),
             last_term: grant.term,
+            end: None,
         }
     }
 
-    fn free(released: &Grant) -> Self {
+    fn free(ended: &Grant, how: EndReason) -> Self {
         Expected {
-            lease: released.lease.clone(),
+            lease: ended.lease.clone(),
             holder: None,
-            last_term: released.term,
+            last_term: ended.term,
+            end: Some(how),
         }
     }
 }
@@ -248,8 +265,9 @@ async fn check_listing(
         );
         if seen.holder.is_none() {
             assert!(
-                matches!(seen.previous_end, None | Some(EndReason::Released)),
-                "{p}: list({prefix:?}): {lease} was released, not {:?}",
+                seen.previous_end.is_none() || seen.previous_end == want.end,
+                "{p}: list({prefix:?}): {lease} ended {:?}, not {:?}",
+                want.end,
                 seen.previous_end
             );
         }
