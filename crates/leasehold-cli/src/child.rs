@@ -157,9 +157,14 @@ impl CommandGroup {
         let now = Instant::now();
         let kill_at = kill_by.map_or(now, |by| by.min(now + grace));
         let guard = [self.guard_pid];
-        let processes = self.tree.members().iter().filter(|p| p.pid != self.guard_pid).count();
-        if kill_at > now && !hurry.is_cancelled() {
-            self.tree.signal(Signal::SIGTERM, &guard);
+        let graceful = kill_at > now && !hurry.is_cancelled();
+        // One scan for both: the count, and the processes that get SIGTERM.
+        let processes = if graceful {
+            self.tree.signal(Signal::SIGTERM, &guard).len()
+        } else {
+            self.tree.members().iter().filter(|p| p.pid != self.guard_pid).count()
+        };
+        if graceful {
             let reap = self.tokio_reaps();
             let emptied = tokio::select! {
                 emptied = self.tree.wait_empty(kill_at, &guard, &reap) => emptied,

@@ -20,7 +20,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
@@ -92,6 +92,55 @@ fn all_processes() -> Vec<Process> {
         .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
         .filter_map(Process::read)
         .collect()
+}
+
+/// One scan of `/proc`.
+#[derive(Clone, Debug)]
+struct Scan {
+    started: Instant,
+    ended: Instant,
+    processes: Arc<Vec<Process>>,
+}
+
+/// The last two scans of `/proc`, oldest first. The trees of this process share them: when the
+/// commands of many shards are stopped at once (`shards run`), each round of their polling reads
+/// `/proc` once or twice between them, not twice each (32 commands stopping at once, each scanning
+/// on its own, kept the one thread so busy that SIGKILL and the renewals came seconds late).
+static SCANS: Mutex<(Option<Scan>, Option<Scan>)> = Mutex::new((None, None));
+
+/// A new scan of `/proc`, remembered as the last one.
+fn scan() -> Scan {
+    let started = Instant::now();
+    let processes = Arc::new(all_processes());
+    let scan = Scan {
+        started,
+        ended: Instant::now(),
+        processes,
+    };
+    let mut scans = SCANS.lock().expect("scans lock");
+    *scans = (scans.1.take(), Some(scan.clone()));
+    scan
+}
+
+/// A scan that began at `since` or later: the last one if it did, else a new one.
+fn scan_since(since: Instant) -> Scan {
+    let last = SCANS.lock().expect("scans lock").1.clone();
+    match last {
+        Some(last) if last.started >= since => last,
+        _ => scan(),
+    }
+}
+
+/// Two scans that began at `since` or later, the second after the first ended: a scan is not
+/// atomic (a process forked while it reads `/proc` may be missed), the next one sees it. The last
+/// two scans when they qualify, else new ones.
+fn two_scans_since(since: Instant) -> (Scan, Scan) {
+    let (previous, last) = SCANS.lock().expect("scans lock").clone();
+    match (previous, last) {
+        (Some(previous), Some(last)) if previous.started >= since && last.started >= previous.ended => (previous, last),
+        (_, Some(last)) if last.started >= since => (last, scan()),
+        _ => (scan(), scan()),
+    }
 }
 
 /// The descendants of `root` among `processes` (not `root` itself), zombies included, except the
@@ -340,14 +389,18 @@ impl Tree {
         self.guard = None;
     }
 
-    /// The live processes of the tree, this process excluded.
+    /// The live processes of the tree, this process excluded, from a new scan of `/proc`.
     pub(crate) fn members(&self) -> Vec<Process> {
-        let processes = all_processes();
+        self.members_in(&scan_since(Instant::now()).processes)
+    }
+
+    /// The live processes of the tree among `processes` (a scan of `/proc`).
+    fn members_in(&self, processes: &[Process]) -> Vec<Process> {
         let mut others = guards();
         if let Some(own) = self.guard {
             others.remove(&own);
         }
-        let mut members = descendants(self.root, &processes, &others.into_iter().collect());
+        let mut members = descendants(self.root, processes, &others.into_iter().collect());
         if let Some(cgroup) = &self.cgroup {
             let known: HashSet<i32> = members.iter().map(|p| p.pid).collect();
             for pid in cgroup.pids() {
@@ -363,15 +416,25 @@ impl Tree {
         members
     }
 
-    /// Whether the tree is empty: no live member, and the leaf (if any) unpopulated.
-    fn is_empty(&self, except: &[i32]) -> bool {
-        let populated = self.cgroup.as_ref().and_then(Cgroup::populated).unwrap_or(false);
-        !populated && self.members().iter().all(|p| except.contains(&p.pid))
+    /// Whether the tree is empty in two scans that began at `since` or later, one after the
+    /// other: no live member but `except`, and the leaf (if any) unpopulated.
+    fn is_empty_since(&self, since: Instant, except: &[i32]) -> (bool, Scan) {
+        let (first, second) = two_scans_since(since);
+        let empty = |scan: &Scan| {
+            let populated = self.cgroup.as_ref().and_then(Cgroup::populated).unwrap_or(false);
+            !populated && self.members_in(&scan.processes).iter().all(|p| except.contains(&p.pid))
+        };
+        (empty(&first) && empty(&second), second)
     }
 
     /// Sends `signal` to every member but those in `except`; SIGKILL also through
     /// `cgroup.kill`. Returns the members found.
     pub(crate) fn signal(&self, signal: Signal, except: &[i32]) -> Vec<Process> {
+        self.signal_in(&scan_since(Instant::now()).processes, signal, except)
+    }
+
+    /// [`Tree::signal`] to the members found in `processes` (a scan of `/proc`).
+    fn signal_in(&self, processes: &[Process], signal: Signal, except: &[i32]) -> Vec<Process> {
         if signal == Signal::SIGKILL
             && except.is_empty()
             && let Some(cgroup) = &self.cgroup
@@ -379,7 +442,7 @@ impl Tree {
             cgroup.kill();
         }
         let members: Vec<Process> = self
-            .members()
+            .members_in(processes)
             .into_iter()
             .filter(|p| !except.contains(&p.pid))
             .collect();
@@ -393,9 +456,15 @@ impl Tree {
     /// `except` (a child that tokio waits for) and every listed child guard (tokio waits for
     /// them).
     pub(crate) fn reap(&self, except: &[i32]) {
+        Tree::reap_in(&scan_since(Instant::now()).processes, except);
+    }
+
+    /// [`Tree::reap`], for the zombies in `processes` (a scan of `/proc`; a zombie stays one
+    /// until it is reaped, so an older scan is as good).
+    fn reap_in(processes: &[Process], except: &[i32]) {
         let me = getpid().as_raw();
         let guards = guards();
-        for process in all_processes() {
+        for process in processes {
             if process.ppid == me
                 && process.state == 'Z'
                 && !except.contains(&process.pid)
@@ -409,12 +478,21 @@ impl Tree {
     /// Waits up to `until` for every member but `except` to be gone; reaps meanwhile. Whether it
     /// emptied.
     pub(crate) async fn wait_empty(&self, until: Instant, except: &[i32], reap_except: &[i32]) -> bool {
+        // Scans that began after the last look are news, whichever tree made them.
+        let mut since = Instant::now();
+        if until > since {
+            // Nothing ends at once; meanwhile the trees stopped at the same moment scan once
+            // between them, not once each.
+            tokio::time::sleep(POLL.min(until - since)).await;
+        }
         loop {
-            self.reap(reap_except);
-            if self.is_empty(except) && self.is_empty(except) {
+            Tree::reap_in(&scan_since(since).processes, reap_except);
+            let (empty, _) = self.is_empty_since(since, except);
+            if empty {
                 return true;
             }
-            if Instant::now() >= until {
+            since = Instant::now();
+            if since >= until {
                 return false;
             }
             tokio::time::sleep(POLL).await;
@@ -429,14 +507,18 @@ impl Tree {
         until: Option<Instant>,
         reap_except: &[i32],
     ) -> Result<(), Vec<Process>> {
+        let mut since = Instant::now();
         loop {
-            self.reap(reap_except);
-            // Twice: a scan of /proc is not atomic, and the cgroup says "populated" at once.
-            if self.is_empty(&[]) && self.is_empty(&[]) {
+            Tree::reap_in(&scan_since(since).processes, reap_except);
+            // Two scans: one is not atomic. Both began after the last SIGKILL round, by this tree
+            // or another: what they show alive outlived it.
+            let (empty, last) = self.is_empty_since(since, &[]);
+            if empty {
                 return Ok(());
             }
-            let found = self.signal(Signal::SIGKILL, &[]);
-            if until.is_some_and(|until| Instant::now() >= until) {
+            let found = self.signal_in(&last.processes, Signal::SIGKILL, &[]);
+            since = Instant::now();
+            if until.is_some_and(|until| since >= until) {
                 return Err(found);
             }
             tokio::time::sleep(KILL_POLL).await;
