@@ -517,8 +517,16 @@ impl Tree {
                 return Ok(());
             }
             let found = self.signal_in(&last.processes, Signal::SIGKILL, &[]);
+            if found.is_empty() {
+                // Only the leaf is still populated: by zombies, reparented to this process after
+                // that scan when their guard died. Reap them now.
+                self.reap(reap_except);
+            }
             since = Instant::now();
-            if until.is_some_and(|until| since >= until) {
+            // Stuck: a live process outlived the SIGKILLs (or the leaf stays populated with
+            // nothing alive in it for a second more).
+            let stuck = |until: Instant| since >= until && (!found.is_empty() || since >= until + ZOMBIE_WAIT);
+            if until.is_some_and(stuck) {
                 return Err(found);
             }
             tokio::time::sleep(KILL_POLL).await;
@@ -528,6 +536,9 @@ impl Tree {
 
 /// How often a wait for the tree to empty looks again.
 const POLL: Duration = Duration::from_millis(10);
+/// How long the kill loop waits, past its limit, for a leaf that holds nothing alive to be
+/// reported unpopulated (its zombies reaped) before it gives up.
+const ZOMBIE_WAIT: Duration = Duration::from_secs(1);
 /// How often the kill loop looks again.
 const KILL_POLL: Duration = Duration::from_millis(2);
 

@@ -395,7 +395,7 @@ fn help_and_docs_name_the_same_options() {
 /// once, each SIGKILLed after the grace and gone before its shard's lease could pass on. (When
 /// every stop scanned `/proc` on its own, on a machine with a load average of 12 they were gone
 /// 3.5-4 s after the stop began, after their leases' deadlines; on a quieter one this passes
-/// without the shared scans too, 1.1-1.3 s against 0.75-0.9 s with them.)
+/// without the shared scans too, 1.1-1.3 s against 0.7-1.1 s with them.)
 #[test]
 fn thirty_two_shards_stopped_at_once_are_gone_before_their_leases_end() {
     let store = Store::sqlite();
@@ -432,14 +432,18 @@ fn thirty_two_shards_stopped_at_once_are_gone_before_their_leases_end() {
     );
     assert!(shard_processes(&group).is_empty(), "{:?}", shard_processes(&group));
     let log = member.log_text();
-    let stops: Vec<&str> = log.lines().filter(|l| l.contains("after the stop began")).collect();
-    assert_eq!(stops.len(), 32, "{log}");
-    for line in &stops {
-        assert!(
-            line.contains("with SIGKILL") && line.contains("before the lease's deadline"),
-            "{line}\n{log}"
-        );
+    // Each shard's stop ends with a line saying how long before its lease's deadline its tree was
+    // empty: "killed sh for shard N ...", or, when processes were still seen 100 ms into SIGKILL
+    // (dying slowly on a loaded machine), "sh for shard N's tree is empty now, ...".
+    assert!(!log.contains("after the lease's deadline"), "{log}");
+    for shard in 0..32 {
+        let ended = log.lines().any(|l| {
+            (l.contains(&format!("sh for shard {shard} ")) || l.contains(&format!("sh for shard {shard}'s")))
+                && l.contains("before the lease's deadline")
+        });
+        assert!(ended, "shard {shard}:\n{log}");
     }
+    let stops: Vec<&str> = log.lines().filter(|l| l.contains("after the stop began")).collect();
     let mut took: Vec<f64> = stops
         .iter()
         .filter_map(|l| {
@@ -452,8 +456,9 @@ fn thirty_two_shards_stopped_at_once_are_gone_before_their_leases_end() {
         .collect();
     took.sort_by(f64::total_cmp);
     eprintln!(
-        "32 stops at once (grace 500ms): gone {:.2}-{:.2} s after each stop began",
-        took[0],
-        took[took.len() - 1]
+        "32 stops at once (grace 500ms): {} gone {:.2}-{:.2} s after their stop began",
+        took.len(),
+        took.first().copied().unwrap_or_default(),
+        took.last().copied().unwrap_or_default(),
     );
 }
