@@ -103,8 +103,12 @@ async fn azurite_request_rate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement against Azurite"]
 async fn requests_per_second_holding_1000_leases() {
-    let Some(config) = common::azurite() else { return };
-    let store = AzureBlobStore::from_config(config).await.unwrap();
+    let Some(mut config) = common::azurite() else { return };
+    // A container of its own, deleted at the end: thousands of blobs left behind slow the
+    // emulator down for everyone.
+    config.container = format!("leasehold-rate-{:x}", random_u64());
+    let store = AzureBlobStore::from_config(config.clone()).await.unwrap();
     let least = u64::try_from(leasehold_azure::TTL_RANGE.start().as_millis()).unwrap();
     holding::holding_many_leases(Arc::new(store), least).await;
+    common::raw_delete_container(&config).await.unwrap();
 }

@@ -139,3 +139,13 @@ pub async fn raw_upload(config: &AzureConfig, blob: &str, metadata: &[(&str, &st
         .map(drop)
         .map_err(|e| Error::store("azure", e.to_string()))
 }
+
+/// Deletes the container of `config` and every blob in it, bypassing the store.
+pub async fn raw_delete_container(config: &AzureConfig) -> Result<()> {
+    azure_storage_blob::BlobContainerClient::new(container_url(config), None, None)
+        .map_err(|e| Error::store("azure", e.to_string()))?
+        .delete(None)
+        .await
+        .map(drop)
+        .map_err(|e| Error::store("azure", e.to_string()))
+}
