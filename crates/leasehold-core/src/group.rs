@@ -73,7 +73,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use crate::elector::{Elector, ElectorBuilder, Leader, RunError, now};
 use crate::error::{Error, Result};
 use crate::store::LeaseStore;
-use crate::types::{CandidateId, Expiry, LeaseName, Observation, Term};
+use crate::types::{AcquireRequest, Acquired, CandidateId, Expiry, LeaseName, Observation, Term};
 use plan::{Member, plan};
 
 /// Shards in a group at most.
@@ -170,8 +170,9 @@ impl LeaseGroupBuilder {
         self
     }
 
-    /// Adjusts every elector of the group (member and shards) beyond the TTL, e.g.
-    /// `.electors(|b| b.lock_delay(Duration::from_secs(1)))`.
+    /// Adjusts the electors of the shards beyond the TTL, e.g.
+    /// `.electors(|b| b.lock_delay(Duration::from_secs(1)))` (the member's own lease keeps the
+    /// defaults for its TTL).
     pub fn electors(mut self, configure: impl Fn(ElectorBuilder) -> ElectorBuilder + Send + Sync + 'static) -> Self {
         self.configure = Arc::new(configure);
         self
@@ -204,7 +205,8 @@ impl LeaseGroupBuilder {
             return Err(Error::config("rebalance_every", "0s", "more than zero"));
         }
         let member_lease = format!("{group}.m.{:016x}-w{}", fnv1a(id.as_str()), self.weight);
-        let member = (self.configure)(Elector::builder(self.store.clone(), member_lease))
+        // The member lease keeps the engine's default timing: `electors` tunes the shards.
+        let member = Elector::builder(self.store.clone(), member_lease)
             .ttl(self.ttl)
             .candidate_id(id.as_str())
             .build()?;
@@ -459,6 +461,9 @@ impl LeaseGroup {
         });
         members.sort_by(|a, b| a.id.cmp(&b.id));
         members.dedup_by(|a, b| a.id == b.id);
+        if members.first().is_some_and(|m| m.id == inner.id) {
+            self.clear_dead_members(&status, &members, rounds, observed, at).await;
+        }
         let mut owners: Vec<Option<CandidateId>> = vec![None; inner.shards as usize];
         for shard in status.shards.iter().filter(|s| s.shard < inner.shards) {
             if let Some(h) = &shard.lease.holder
@@ -520,6 +525,49 @@ impl LeaseGroup {
         rounds.reap(&inner.running);
         self.record(&status, &members, &owners, rounds, at);
         Ok(())
+    }
+
+    /// On stores where only contenders end a record (no clock, or an orphaned row), nobody would
+    /// ever replace a dead member's lease: the first live member by id takes each one over by
+    /// its version once it has been seen unchanged for its TTL (the engine's rule), and releases
+    /// it, so that listings stop showing the member.
+    async fn clear_dead_members(
+        &self,
+        status: &GroupStatus,
+        live: &[Member],
+        rounds: &mut Rounds,
+        observed: bool,
+        at: Instant,
+    ) {
+        let inner = &self.inner;
+        for dead in &status.members {
+            let Some(holder) = &dead.lease.holder else { continue };
+            if live.iter().any(|m| m.id == dead.id)
+                || !(observed || holder.orphaned)
+                || rounds.alive(&dead.lease, observed, at)
+            {
+                continue;
+            }
+            let request = AcquireRequest {
+                lease: dead.lease.lease.clone(),
+                candidate: inner.id.clone(),
+                ttl: holder.ttl,
+                takeover: Some(holder.version.clone()),
+            };
+            let bound = inner.ttl;
+            let cleared = async {
+                if let Acquired::Granted(grant) = inner.store.acquire(&request).await? {
+                    inner.store.release(&grant).await?;
+                    info!(member = %dead.id, "cleared the lease of a member that stopped renewing it");
+                }
+                Ok::<(), Error>(())
+            };
+            match tokio::time::timeout(bound, cleared).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => debug!(member = %dead.id, %error, "could not clear a dead member's lease"),
+                Err(_) => debug!(member = %dead.id, "clearing a dead member's lease timed out"),
+            }
+        }
     }
 
     /// Starts campaigning for `shard`, running `task` whenever this member leads it.

@@ -232,3 +232,36 @@ async fn groups_balance_stay_put_spread_a_crash_and_move_few_shards_on_a_join() 
         m.stop.cancel();
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn on_a_store_without_a_clock_a_dead_members_shards_move_and_its_lease_is_cleared() {
+    let store = MemoryStore::observed_expiry();
+    let book = Arc::new(Book::default());
+    let a = join(&store, &book, "a");
+    let b = join(&store, &book, "b");
+    balanced(&book, &[32, 32], TTL * 10).await;
+    let status = LeaseGroup::status(&store, "orders").await.unwrap();
+    assert_eq!(status.members.len(), 2);
+
+    // b is cut off: a sees b's member record unchanged for a TTL, then each shard's for another.
+    b.link.dead.store(true, Ordering::SeqCst);
+    let took = balanced(&book, &[64], TTL * 6).await;
+    println!("observed expiry: b's shards owned by a after {took:?}");
+    // Nothing but a contender ends a record here: a clears b's member lease, so listings stop
+    // showing b.
+    let cleared = tokio::time::timeout(TTL * 4, async {
+        loop {
+            let status = LeaseGroup::status(&store, "orders").await.unwrap();
+            if status.members.iter().map(|m| m.id.as_str()).eq(["a"]) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(cleared.is_ok(), "b's member lease is still listed");
+    let violations = book.violations.lock().unwrap().clone();
+    assert!(violations.is_empty(), "{violations:#?}");
+    a.stop.cancel();
+    b.stop.cancel();
+}
