@@ -81,7 +81,7 @@ pub(crate) fn lease_gone(error: &ClientError) -> bool {
 
 fn describe(operation: &str, endpoints: &str, error: &ClientError) -> (Meaning, String) {
     if let Some(found) = transport_cause(error) {
-        return found.describe(endpoints);
+        return found.describe(operation, endpoints);
     }
     match error {
         ClientError::GRpcStatus(status) => {
@@ -150,7 +150,7 @@ enum Cause {
 }
 
 impl Cause {
-    fn describe(&self, endpoints: &str) -> (Meaning, String) {
+    fn describe(&self, operation: &str, endpoints: &str) -> (Meaning, String) {
         match self {
             Cause::Io(io::ErrorKind::ConnectionRefused) => (
                 Meaning::Transient,
@@ -163,6 +163,13 @@ impl Cause {
             Cause::Io(kind) => (
                 Meaning::Transient,
                 format!("the connection to {endpoints} failed ({kind}); check that etcd runs there"),
+            ),
+            // `connect` has checked that the port speaks gRPC over HTTP/2: garbage on a
+            // connection that worked is a connection that broke (bytes lost in between), and a
+            // request under way may or may not have been applied.
+            Cause::NotHttp2 if operation != CONNECT => (
+                Meaning::Transient,
+                format!("the connection to {endpoints} broke (an HTTP/2 protocol error); check the network in between"),
             ),
             Cause::NotHttp2 => (
                 Meaning::Permanent,
@@ -270,6 +277,17 @@ mod tests {
             &ClientError::GRpcStatus(tonic::Status::out_of_range("x")),
         );
         assert!(!e.is_transient(), "{e}");
+    }
+
+    #[test]
+    fn a_protocol_error_is_permanent_only_when_connecting() {
+        let not_http2 = Cause::NotHttp2;
+        let (meaning, text) = not_http2.describe(CONNECT, "h:2379");
+        assert_eq!(meaning, Meaning::Permanent, "{text}");
+        assert!(text.contains("2379"), "{text}");
+        let (meaning, text) = not_http2.describe("acquire (grant)", "h:2379");
+        assert_eq!(meaning, Meaning::Transient, "{text}");
+        assert!(text.contains("broke"), "{text}");
     }
 
     #[test]

@@ -5,6 +5,7 @@
 mod changes;
 mod config;
 mod error;
+mod list;
 mod record;
 mod session;
 mod store;

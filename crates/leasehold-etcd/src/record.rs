@@ -290,6 +290,24 @@ impl Snapshot {
         })
     }
 
+    /// The snapshot of a lease from every key of it (as a range over its keys returns them):
+    /// what [`Snapshot::reads`] would pick (the candidate key created first, the last history
+    /// key, the last end key), parsed as [`Snapshot::parse`] does. `None` when the lease has no
+    /// history key: it was never granted, and the store keeps no record of it.
+    pub(crate) fn of_keys(keys: &Keys, kvs: &[KeyValue]) -> Result<Option<Snapshot>> {
+        let under = |prefix: String| kvs.iter().filter(move |kv| kv.key().starts_with(prefix.as_bytes()));
+        let Some(started) = under(keys.history()).max_by(|x, y| x.key().cmp(y.key())) else {
+            return Ok(None);
+        };
+        let first = under(keys.candidates()).min_by_key(|kv| kv.create_revision());
+        let ended = under(keys.ends()).max_by(|x, y| x.key().cmp(y.key()));
+        Ok(Some(Snapshot {
+            first: first.map(|kv| keys.parse_candidate(kv)).transpose()?,
+            started: Some(keys.parse_started(started)?),
+            ended: ended.map(|kv| keys.parse_ended(kv)).transpose()?,
+        }))
+    }
+
     pub(crate) fn last_term(&self) -> Term {
         Term(self.started.as_ref().map_or(0, |s| u64::try_from(s.term).unwrap_or(0)))
     }
@@ -325,6 +343,12 @@ impl Snapshot {
                 Observation::free(lease.clone(), self.last_term(), previous_end)
             }
         }
+    }
+
+    /// As [`Snapshot::observation`], for a read whose holder's session is known to be gone: its
+    /// key goes with it (etcd deletes it), so the lease is free and the latest term expired.
+    pub(crate) fn expired_observation(&self, lease: &LeaseName) -> Observation {
+        Observation::free(lease.clone(), self.last_term(), Some(EndReason::Expired))
     }
 
     /// For a candidate queued behind `first`: the first candidate counts as the holder (it is

@@ -1,0 +1,114 @@
+//! `list(prefix)`: every lease whose name starts with a prefix, read with range requests over
+//! the lease keys (one per [`PAGE`] keys, all at the revision of the first) and decoded as
+//! `inspect` decodes one lease.
+
+use std::collections::BTreeMap;
+
+use etcd_client::{GetOptions, KeyValue};
+use leasehold_core::{LeaseName, Observation, Result};
+use tokio::time::Instant;
+
+use crate::record::{Keys, Snapshot};
+use crate::store::EtcdStore;
+
+/// Keys read per range request.
+const PAGE: i64 = 1024;
+
+impl EtcdStore {
+    /// Every lease under `prefix` that was ever granted (it has a history key), in name order,
+    /// as [`inspect`](leasehold_core::LeaseStore::inspect) shows it.
+    pub(crate) async fn list_leases(&self, prefix: &str) -> Result<Vec<Observation>> {
+        let since = Instant::now();
+        let inner = &self.inner;
+        let root = format!("{}/", inner.config.prefix);
+        let start = format!("{root}{prefix}").into_bytes();
+        let end = range_end(&start);
+        let mut leases: BTreeMap<LeaseName, Vec<KeyValue>> = BTreeMap::new();
+        let mut from = start;
+        let mut revision = 0;
+        loop {
+            let mut options = GetOptions::new().with_range(end.clone()).with_limit(PAGE);
+            if revision > 0 {
+                // One snapshot: every page at the first page's revision.
+                options = options.with_revision(revision);
+            }
+            let mut client = inner.client();
+            let key = from.clone();
+            let page = inner
+                .call("list", async move { client.get(key, Some(options)).await })
+                .await?;
+            if revision == 0 {
+                revision = page.header().map_or(0, etcd_client::ResponseHeader::revision);
+            }
+            for kv in page.kvs() {
+                if let Some(lease) = lease_of(&root, kv.key()).filter(|l| l.as_str().starts_with(prefix)) {
+                    leases.entry(lease).or_default().push(kv.clone());
+                }
+            }
+            match page.kvs().last() {
+                Some(last) if page.more() => from = [last.key(), &[0]].concat(),
+                _ => break,
+            }
+        }
+        let mut listed = Vec::with_capacity(leases.len());
+        for (lease, kvs) in leases {
+            let keys = Keys::new(&inner.config.prefix, &lease);
+            // A lease never granted (only queued candidates) keeps no record: not listed.
+            let Some(snapshot) = Snapshot::of_keys(&keys, &kvs)? else {
+                continue;
+            };
+            listed.push(Box::pin(self.vouched(&keys, &snapshot, since)).await?);
+        }
+        Ok(listed)
+    }
+}
+
+/// The lease a key of the store belongs to: `{root}{lease}/{c|h|e}/...` with a valid lease
+/// name; `None` for any other key under the root (not leasehold's, or not a lease's).
+fn lease_of(root: &str, key: &[u8]) -> Option<LeaseName> {
+    let rest = key.strip_prefix(root.as_bytes())?;
+    let slash = rest.iter().position(|b| *b == b'/')?;
+    let (name, kind) = rest.split_at(slash);
+    if !(kind.starts_with(b"/c/") || kind.starts_with(b"/h/") || kind.starts_with(b"/e/")) {
+        return None;
+    }
+    LeaseName::new(std::str::from_utf8(name).ok()?).ok()
+}
+
+/// The end of the range of keys starting with `start` (etcd's prefix range end: the prefix with
+/// its last byte below 0xff incremented; `\0` for all keys).
+fn range_end(start: &[u8]) -> Vec<u8> {
+    let mut end = start.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_belong_to_their_lease() {
+        let lease = |key: &str| lease_of("app/", key.as_bytes()).map(|l| l.as_str().to_string());
+        assert_eq!(lease("app/jobs/c/a").as_deref(), Some("jobs"));
+        assert_eq!(lease("app/jobs.v2/h/00000000000000000042").as_deref(), Some("jobs.v2"));
+        assert_eq!(lease("app/jobs/e/00000000000000000042").as_deref(), Some("jobs"));
+        assert_eq!(lease("app/jobs/x/1"), None, "not a key of leasehold's layout");
+        assert_eq!(lease("app/jobs"), None);
+        assert_eq!(lease("app/-bad/c/a"), None, "not a lease name");
+        assert_eq!(lease("other/jobs/c/a"), None);
+        assert!(lease_of("app/", b"app/\xff/c/a").is_none());
+    }
+
+    #[test]
+    fn range_ends_after_every_key_with_the_prefix() {
+        assert_eq!(range_end(b"app/a-"), b"app/a.".to_vec());
+        assert_eq!(range_end(b"a\xff"), b"b".to_vec());
+        assert_eq!(range_end(b""), vec![0]);
+    }
+}

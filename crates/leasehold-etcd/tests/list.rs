@@ -1,0 +1,239 @@
+//! `list(prefix)` against the etcd test server (`scripts/services up etcd`), each test under a
+//! store prefix of its own (so `list("")` sees only its leases), removed at the end.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use etcd_client::{Client, DeleteOptions, Txn, TxnOp};
+use leasehold_conformance::require_server;
+use leasehold_core::{AcquireRequest, Acquired, CandidateId, EndReason, Error, Grant, LeaseName, LeaseStore, Term};
+use leasehold_etcd::EtcdStore;
+
+const TTL: Duration = Duration::from_secs(30);
+
+/// A store under a fresh prefix, a raw client, and the prefix.
+struct Setup {
+    store: EtcdStore,
+    raw: Client,
+    prefix: String,
+}
+
+impl Setup {
+    async fn new(name: &str) -> Option<Setup> {
+        let server = require_server("etcd", "LEASEHOLD_ETCD_URL")?;
+        let address = server.trim_start_matches("etcd://").trim_end_matches('/').to_string();
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_nanos();
+        let prefix = format!("leasehold-list-tests/{name}-{nanos}");
+        let store = EtcdStore::connect(&format!("etcd://{address}/{prefix}"))
+            .await
+            .expect("store connects");
+        let raw = Client::connect([address.as_str()], None)
+            .await
+            .expect("raw client connects");
+        Some(Setup { store, raw, prefix })
+    }
+
+    async fn grant(&self, store: &EtcdStore, lease: &str, id: &str) -> Grant {
+        match store.acquire(&request(lease, id)).await.expect("acquire") {
+            Acquired::Granted(grant) => grant,
+            held => panic!("{id} must be granted {lease}: {held:?}"),
+        }
+    }
+
+    /// Writes raw keys under the store's prefix, 100 per transaction.
+    async fn put_raw(&mut self, kvs: Vec<(String, String)>) {
+        for chunk in kvs.chunks(100) {
+            let ops: Vec<TxnOp> = chunk
+                .iter()
+                .map(|(k, v)| TxnOp::put(format!("{}/{k}", self.prefix), v.clone(), None))
+                .collect();
+            self.raw.txn(Txn::new().and_then(ops)).await.expect("raw write");
+        }
+    }
+
+    async fn finish(mut self) {
+        let prefix = format!("{}/", self.prefix);
+        self.raw
+            .delete(prefix, Some(DeleteOptions::new().with_prefix()))
+            .await
+            .expect("clean up");
+    }
+}
+
+fn lease(name: &str) -> LeaseName {
+    LeaseName::new(name).expect("valid lease name")
+}
+
+fn request(name: &str, id: &str) -> AcquireRequest {
+    AcquireRequest {
+        lease: lease(name),
+        candidate: CandidateId::new(id).expect("valid id"),
+        ttl: TTL,
+        takeover: None,
+    }
+}
+
+fn names(listed: &[leasehold_core::Observation]) -> Vec<&str> {
+    listed.iter().map(|o| o.lease.as_str()).collect()
+}
+
+#[tokio::test]
+async fn list_by_prefix_shows_each_lease_as_inspect_does() {
+    let Some(mut setup) = Setup::new("prefix").await else {
+        return;
+    };
+    let other = EtcdStore::connect(&format!(
+        "etcd://{}/{}",
+        require_server("etcd", "LEASEHOLD_ETCD_URL")
+            .expect("server")
+            .trim_start_matches("etcd://")
+            .trim_end_matches('/'),
+        setup.prefix
+    ))
+    .await
+    .expect("second store connects");
+    let store = setup.store.clone();
+
+    // a-held: held by A, B queued behind it (a candidate key that is no lease of its own).
+    let held = setup.grant(&store, "a-held", "A").await;
+    let queued = other.acquire(&request("a-held", "B")).await.expect("B asks");
+    assert!(matches!(queued, Acquired::Held(_)), "{queued:?}");
+    // a-free: granted, released.
+    let free = setup.grant(&store, "a-free", "A").await;
+    store.release(&free).await.expect("release");
+    // a-broken: granted to B, broken.
+    let broken = setup.grant(&other, "a-broken", "B").await;
+    assert_eq!(
+        store.break_lease(&lease("a-broken")).await.expect("break"),
+        Some(broken.term)
+    );
+    // a_x: underscore, b-held: the other prefix; a-never: only inspected.
+    let underscore = setup.grant(&store, "a_x", "A").await;
+    let b_held = setup.grant(&other, "b-held", "B").await;
+    assert!(
+        store
+            .inspect(&lease("a-never"))
+            .await
+            .expect("inspect")
+            .holder
+            .is_none()
+    );
+    // Keys under the store's prefix that are no lease's: never listed.
+    setup
+        .put_raw(vec![
+            ("a-foreign".into(), "not ours".into()),
+            ("a-stray/x/1".into(), "not ours".into()),
+        ])
+        .await;
+
+    let listed = store.list("a-").await.expect("list a-");
+    assert_eq!(
+        names(&listed),
+        ["a-broken", "a-free", "a-held"],
+        "sorted, only a- leases"
+    );
+    let by = |name: &str| listed.iter().find(|o| o.lease.as_str() == name).expect("listed");
+    assert_eq!(
+        by("a-held").holder.as_ref().map(|h| (h.id.as_str(), h.term)),
+        Some(("A", held.term))
+    );
+    assert_eq!(
+        (by("a-free").holder.is_none(), by("a-free").last_term),
+        (true, free.term)
+    );
+    assert_eq!(by("a-free").previous_end, Some(EndReason::Released));
+    assert_eq!(
+        (by("a-broken").holder.is_none(), by("a-broken").last_term),
+        (true, broken.term)
+    );
+    assert_eq!(by("a-broken").previous_end, Some(EndReason::Broken));
+    for seen in &listed {
+        let inspected = store.inspect(&seen.lease).await.expect("inspect");
+        assert_eq!(&inspected, seen, "list and inspect agree on {}", seen.lease);
+    }
+
+    // Another store of the same prefix lists the same (A's grant is foreign to it).
+    let from_other = other.list("a-").await.expect("list from the other store");
+    assert_eq!(from_other, listed);
+
+    let everything = store.list("").await.expect("list everything");
+    assert_eq!(
+        names(&everything),
+        ["a-broken", "a-free", "a-held", "a_x", "b-held"],
+        "both prefixes, in name order, no internal or foreign keys"
+    );
+    let terms: Vec<Term> = everything.iter().map(|o| o.last_term).collect();
+    assert_eq!(terms, [broken.term, free.term, held.term, underscore.term, b_held.term]);
+
+    // Prefixes are literal bytes.
+    assert_eq!(names(&store.list("a_").await.expect("list a_")), ["a_x"]);
+    assert_eq!(names(&store.list("b").await.expect("list b")), ["b-held"]);
+    for pattern in ["a%", "%", "a*", "a?", "a[-_]", "a.", "A-", "a-held/", "a-held/c/"] {
+        let listed = store.list(pattern).await.expect("list a pattern");
+        assert!(listed.is_empty(), "{pattern:?} is literal: {:?}", names(&listed));
+    }
+    assert_eq!(names(&store.list("a-held").await.expect("list a-held")), ["a-held"]);
+
+    store.release(&held).await.expect("release");
+    store.release(&underscore).await.expect("release");
+    other.release(&b_held).await.expect("release");
+    other
+        .withdraw(&lease("a-held"), &CandidateId::new("B").expect("id"))
+        .await
+        .expect("withdraw");
+    setup.finish().await;
+}
+
+#[tokio::test]
+async fn list_reads_past_one_page_of_keys() {
+    let Some(mut setup) = Setup::new("pages").await else {
+        return;
+    };
+    // 1,500 terms of one lease (3,000 history keys: three pages), then a lease held.
+    let at = "1700000000000";
+    let mut kvs = Vec::new();
+    for term in 1..=1500u64 {
+        kvs.push((format!("paged/h/{term:020}"), format!("leasehold1 h {at} A")));
+        kvs.push((format!("paged/e/{term:020}"), format!("leasehold1 e {at} released")));
+    }
+    setup.put_raw(kvs).await;
+    let store = setup.store.clone();
+    let held = setup.grant(&store, "pz", "A").await;
+    let listed = store.list("").await.expect("list");
+    assert_eq!(names(&listed), ["paged", "pz"]);
+    assert_eq!(listed[0].last_term, Term(1500), "the last history key of the last page");
+    assert_eq!(listed[0].previous_end, Some(EndReason::Released));
+    assert!(listed[0].holder.is_none());
+    assert_eq!(listed[1].holder.as_ref().map(|h| h.term), Some(held.term));
+    assert_eq!(store.inspect(&lease("paged")).await.expect("inspect"), listed[0]);
+    store.release(&held).await.expect("release");
+    setup.finish().await;
+}
+
+#[tokio::test]
+async fn a_corrupt_lease_is_named() {
+    let Some(mut setup) = Setup::new("corrupt").await else {
+        return;
+    };
+    let store = setup.store.clone();
+    let fine = setup.grant(&store, "fine", "A").await;
+    setup
+        .put_raw(vec![("bad/h/00000000000000000007".into(), "garbage".into())])
+        .await;
+    let err = store.list("").await.expect_err("a corrupt record fails the listing");
+    let Error::CorruptRecord { lease: named, .. } = &err else {
+        panic!("CorruptRecord expected: {err}");
+    };
+    assert_eq!(named, "bad", "{err}");
+    assert!(matches!(
+        store.inspect(&lease("bad")).await,
+        Err(Error::CorruptRecord { .. })
+    ));
+    // A prefix that leaves it out lists fine.
+    let listed = store.list("f").await.expect("list f");
+    assert_eq!(names(&listed), ["fine"]);
+    store.release(&fine).await.expect("release");
+    setup.finish().await;
+}
