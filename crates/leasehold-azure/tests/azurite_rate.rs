@@ -99,7 +99,9 @@ async fn azurite_request_rate() {
 /// s, the least Azure allows), by operation, with the leases held and lost: `cargo test -p
 /// leasehold-azure --test azurite_rate -- --ignored --nocapture holding_1000_leases`
 /// (`RATE_TTL_MS`, `RATE_LEASES`, `RATE_WINDOW_SECS` as in `holding.rs`). Prints; asserts
-/// nothing timed.
+/// nothing timed. A run writes thousands of extents (one per Put Blob, refused ones included),
+/// and deleting its container sets up a long freeze of the emulator's extent GC at its next
+/// sweep (see docs.md, "Known limit"): run it on an emulator nothing else uses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement against Azurite"]
 async fn requests_per_second_holding_1000_leases() {
