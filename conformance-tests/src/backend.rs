@@ -8,7 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_core::{LeaseName, LeaseStore, MemoryStore, Result};
 
-use crate::faults::{Faults, FaultyStore};
+use crate::faults::Faults;
+use crate::faulty::FaultyStore;
 
 /// A backend under test: makes independent clients of one store and can vandalise its records.
 ///

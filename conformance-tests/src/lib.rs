@@ -24,6 +24,7 @@ mod backend;
 pub mod backends;
 mod checker;
 mod faults;
+mod faulty;
 mod macros;
 mod proxy;
 mod runner;
@@ -32,7 +33,8 @@ mod server;
 
 pub use backend::{Backend, IntoBackend, MemoryBackend, SecretUrls, require_server};
 pub use checker::{Interval, Record, SafetyChecker};
-pub use faults::{Direction, Fault, FaultState, Faults, FaultyStore, RequestCounts};
+pub use faults::{Direction, Fault, FaultState, Faults, RequestCounts};
+pub use faulty::FaultyStore;
 pub use proxy::FaultProxy;
 pub use runner::Concurrent;
 pub use server::{ConnectFn, CorruptFn, FinishFn, RemoveFn, SecretUrlsFn, ServerBackend};

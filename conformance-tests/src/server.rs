@@ -11,7 +11,8 @@ use futures::future::BoxFuture;
 use leasehold_core::{Error, LeaseName, LeaseStore, Result};
 
 use crate::backend::{Backend, SecretUrls};
-use crate::faults::{Faults, FaultyStore};
+use crate::faults::Faults;
+use crate::faulty::FaultyStore;
 use crate::proxy::FaultProxy;
 
 /// Makes a client from a store URL.

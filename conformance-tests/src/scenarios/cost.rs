@@ -5,7 +5,8 @@ use futures::future::join_all;
 use leasehold_core::Notifications;
 
 use super::*;
-use crate::faults::{Direction, Fault, FaultyStore};
+use crate::faults::{Direction, Fault};
+use crate::faulty::FaultyStore;
 
 /// One process (one client) holds 1,000 leases at once, renews them for 3 TTLs and loses none.
 ///
