@@ -1,61 +1,4 @@
-//! Lease groups: `N` shards, each led by at most one live member at any instant, balanced over
-//! the members, with a fencing term per shard.
-//!
-//! A group is plain leases in one store, so it works on every backend:
-//!
-//! - each member holds a *member lease*, `{group}.m.{hash of its id}-w{weight}`, for as long as it
-//!   runs: the group's membership is the list of held member leases;
-//! - each shard is a lease `{group}.s.{shard}` (zero-padded), campaigned for by an [`Elector`]
-//!   with the member's id: a shard's owner is its leader, with everything a single lease
-//!   guarantees (believed leadership counted from the request's send time, a term that strictly
-//!   increases on every change of owner, [`Leader::ensure_valid`] before side effects, the task
-//!   cancelled and aborted when leadership ends).
-//!
-//! Every `rebalance_every` each member lists the group ([`LeaseStore::list`], one request) and
-//! plans who should own each shard, a pure function of what it saw (see the `plan` module):
-//! quotas of floor or ceil of `N × weight / total weight`; owners keep their shards up to their
-//! quota; shards of members that left (or whose member lease expired) go to the members furthest
-//! below their quota, spread; shards above an owner's quota move to the members below theirs, at
-//! most `max_moves_per_round` per round. A member campaigns only for the shards planned for it,
-//! so a shard released for a planned move is taken by its planned successor (already waiting on
-//! it, notified of the release) and not by whoever races first. The owner releases a planned
-//! move only when two of its consecutive rounds planned it, so the successor, whose own round
-//! planned the same, is already waiting: no expiry gap on planned moves.
-//!
-//! Bounds (with the default `rebalance_every = ttl / 4`): after a join, `ceil(moves /
-//! max_moves_per_round)` rounds of about two `rebalance_every` each, plus the tasks' own stop
-//! time; after a crash, the dead member's shards are owned again within one TTL (its member and
-//! shard leases expire) plus one round plus the store's retry interval.
-//!
-//! # Examples
-//!
-//! ```
-//! use std::{sync::Arc, time::Duration};
-//! use leasehold_core::{LeaseGroup, MemoryStore, ShardLeader};
-//!
-//! # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold_core::Result<()> {
-//! let store = Arc::new(MemoryStore::new());
-//! let group = LeaseGroup::builder(store.clone(), "partitions", 8)
-//!     .member_id("worker-1")
-//!     .ttl(Duration::from_secs(1))
-//!     .build()?;
-//! let stop = tokio::time::sleep(Duration::from_millis(600));
-//! group
-//!     .run_until(
-//!         |shard: ShardLeader| async move {
-//!             // One task per owned shard: fence every write with the shard's own term.
-//!             shard.ensure_valid(Duration::from_millis(100))?;
-//!             println!("shard {} term {}", shard.shard(), shard.term());
-//!             shard.cancelled().await;
-//!             Ok::<(), leasehold_core::Error>(())
-//!         },
-//!         stop,
-//!     )
-//!     .await?;
-//! let status = LeaseGroup::status(store.as_ref(), "partitions").await?;
-//! assert_eq!(status.shards.len(), 8); // every shard was led (and released at the end)
-//! # Ok(()) }
-//! ```
+//! Lease groups: [`LeaseGroup`] (the algorithm, its guarantees and bounds are documented there).
 
 mod plan;
 
@@ -83,7 +26,67 @@ pub const MAX_SHARDS: u32 = 100_000;
 type Configure = Arc<dyn Fn(ElectorBuilder) -> ElectorBuilder + Send + Sync>;
 
 /// A member of a lease group: it joins, owns its share of the shards, and runs a task per owned
-/// shard. See the [module documentation](self) for the algorithm and its bounds.
+/// shard. More in docs/groups.md (tuning, comparison with KCL, Event Hubs and Kafka).
+///
+/// A lease group is `N` shards, each led by at most one live member at any instant, balanced over
+/// the members, with a fencing term per shard.
+///
+/// A group is plain leases in one store, so it works on every backend:
+///
+/// - each member holds a *member lease*, `{group}.m.{hash of its id}-w{weight}`, for as long as it
+///   runs: the group's membership is the list of held member leases;
+/// - each shard is a lease `{group}.s.{shard}` (zero-padded), campaigned for by an [`Elector`]
+///   with the member's id: a shard's owner is its leader, with everything a single lease
+///   guarantees (believed leadership counted from the request's send time, a term that strictly
+///   increases on every change of owner, [`Leader::ensure_valid`] before side effects, the task
+///   cancelled and aborted when leadership ends).
+///
+/// Every `rebalance_every` each member lists the group ([`LeaseStore::list`], one request) and
+/// plans who should own each shard, a pure function of what it saw, so members that see the
+/// same plan the same: quotas of floor or ceil of `N × weight / total weight`; owners keep their shards up to their
+/// quota; shards of members that left (or whose member lease expired) go to the members furthest
+/// below their quota, spread; shards above an owner's quota move to the members below theirs, at
+/// most `max_moves_per_round` per round. A member campaigns only for the shards planned for it,
+/// so a shard released for a planned move is taken by its planned successor (already waiting on
+/// it, notified of the release) and not by whoever races first. The owner releases a planned
+/// move only when two of its consecutive rounds planned it, so the successor, whose own round
+/// planned the same, is already waiting: no expiry gap on planned moves.
+///
+/// Bounds (with the default `rebalance_every = ttl / 4`; rounds are spaced further when a listing
+/// is slow): after a join, `ceil(moves / max_moves_per_round)` rounds of about two
+/// `rebalance_every` each, plus the tasks' own stop time; after a crash, the dead member's shards
+/// are owned again within one TTL (its member and shard leases expire) plus one round plus the
+/// store's retry interval, or about two TTLs plus rounds on stores without a clock.
+///
+/// # Examples
+///
+/// ```
+/// use std::{sync::Arc, time::Duration};
+/// use leasehold_core::{LeaseGroup, MemoryStore, ShardLeader};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold_core::Result<()> {
+/// let store = Arc::new(MemoryStore::new());
+/// let group = LeaseGroup::builder(store.clone(), "partitions", 8)
+///     .member_id("worker-1")
+///     .ttl(Duration::from_secs(1))
+///     .build()?;
+/// let stop = tokio::time::sleep(Duration::from_millis(600));
+/// group
+///     .run_until(
+///         |shard: ShardLeader| async move {
+///             // One task per owned shard: fence every write with the shard's own term.
+///             shard.ensure_valid(Duration::from_millis(100))?;
+///             println!("shard {} term {}", shard.shard(), shard.term());
+///             shard.cancelled().await;
+///             Ok::<(), leasehold_core::Error>(())
+///         },
+///         stop,
+///     )
+///     .await?;
+/// let status = LeaseGroup::status(store.as_ref(), "partitions").await?;
+/// assert_eq!(status.shards.len(), 8); // every shard was led (and released at the end)
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct LeaseGroup {
     inner: Arc<Inner>,
