@@ -376,7 +376,6 @@ impl Driver {
                 let now = now();
                 info!(term = %grant.term, "elected");
                 *self.inner.leading.lock().expect("leading lock") = Some(valid_until);
-                metrics::gauge!(telemetry::IS_LEADER, "lease" => lease.clone()).set(1.0);
                 metrics::gauge!(telemetry::TERM, "lease" => lease.clone()).set(grant.term.0 as f64);
                 metrics::counter!(telemetry::TRANSITIONS, "lease" => lease.clone(), "to" => "leader").increment(1);
                 metrics::histogram!(telemetry::CAMPAIGN_SECONDS, "lease" => lease.clone())
@@ -390,8 +389,10 @@ impl Driver {
                             .record(now.saturating_duration_since(alive_at).as_secs_f64()),
                     }
                 }
-                metrics::gauge!(telemetry::REMAINING, "lease" => lease)
+                metrics::gauge!(telemetry::REMAINING, "lease" => lease.clone())
                     .set(valid_until.saturating_duration_since(now).as_secs_f64());
+                // Last: a scrape that shows this candidate leading shows the rest of its election.
+                metrics::gauge!(telemetry::IS_LEADER, "lease" => lease).set(1.0);
                 let (status_tx, status) = watch::channel(Status {
                     valid_until,
                     deposed: None,
