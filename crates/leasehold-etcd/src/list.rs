@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 
 use etcd_client::{GetOptions, KeyValue};
 use leasehold_core::{LeaseName, Observation, Result};
-use tokio::time::Instant;
 
 use crate::record::{Keys, Snapshot};
 use crate::store::EtcdStore;
@@ -18,7 +17,6 @@ impl EtcdStore {
     /// Every lease under `prefix` that was ever granted (it has a history key), in name order,
     /// as [`inspect`](leasehold_core::LeaseStore::inspect) shows it.
     pub(crate) async fn list_leases(&self, prefix: &str) -> Result<Vec<Observation>> {
-        let since = Instant::now();
         let inner = &self.inner;
         let root = format!("{}/", inner.config.prefix);
         let start = format!("{root}{prefix}").into_bytes();
@@ -57,7 +55,7 @@ impl EtcdStore {
             let Some(snapshot) = Snapshot::of_keys(&keys, &kvs)? else {
                 continue;
             };
-            listed.push(Box::pin(self.vouched(&keys, &snapshot, since)).await?);
+            listed.push(snapshot.observation(&lease));
         }
         Ok(listed)
     }

@@ -345,12 +345,6 @@ impl Snapshot {
         }
     }
 
-    /// As [`Snapshot::observation`], for a read whose holder's session is known to be gone: its
-    /// key goes with it (etcd deletes it), so the lease is free and the latest term expired.
-    pub(crate) fn expired_observation(&self, lease: &LeaseName) -> Observation {
-        Observation::free(lease.clone(), self.last_term(), Some(EndReason::Expired))
-    }
-
     /// For a candidate queued behind `first`: the first candidate counts as the holder (it is
     /// granted, or will be as soon as it asks).
     pub(crate) fn queued_observation(&self, lease: &LeaseName) -> Observation {

@@ -28,16 +28,6 @@ pub(crate) struct Session {
     keys: Option<(Instant, Arc<HashSet<Vec<u8>>>)>,
 }
 
-/// Whose an etcd lease is, as [`Inner::ownership`] tells.
-pub(crate) enum Ownership {
-    /// Another process's (or another store's).
-    Foreign,
-    /// This store's session of this TTL (whole seconds).
-    Current(i64),
-    /// A session of this store that etcd has dropped.
-    Retired,
-}
-
 /// The keys bound to a live session, and its id.
 pub(crate) type SessionKeys = (i64, Arc<HashSet<Vec<u8>>>);
 
@@ -222,24 +212,21 @@ impl Inner {
     }
 
     fn expired(&self, session: &mut Option<Session>, ttl_secs: i64) {
-        if let Some(gone) = session.take() {
-            self.retired.lock().expect("retired lock").insert(gone.id);
-        }
+        *session = None;
         self.current.lock().expect("current lock").remove(&ttl_secs);
     }
 
-    /// Whether an etcd lease is a session of this store.
-    pub(crate) fn ownership(&self, lease: i64) -> Ownership {
-        let current = self.current.lock().expect("current lock");
-        if let Some((ttl_secs, _)) = current.iter().find(|(_, id)| **id == lease) {
-            return Ownership::Current(*ttl_secs);
+    /// Refreshes a lease of one grant (see `EtcdStore::grant_in_one_shot`); `false` when it is
+    /// gone. Its keepalive is sent after the caller began.
+    pub(crate) async fn keep_private_alive(&self, id: i64) -> Result<bool> {
+        let mut client = self.client();
+        let kept = self
+            .call_unless_lease_gone("lease keepalive", async move { client.lease_keep_alive(id).await })
+            .await?;
+        if kept.is_none() {
+            self.private.lock().expect("private lock").remove(&id);
         }
-        drop(current);
-        if self.retired.lock().expect("retired lock").contains(&lease) {
-            Ownership::Retired
-        } else {
-            Ownership::Foreign
-        }
+        Ok(kept.is_some())
     }
 
     /// Forgets a session that etcd no longer knows.

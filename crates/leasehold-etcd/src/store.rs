@@ -21,7 +21,7 @@ use crate::record::{
     Keys, Snapshot, TTL_RANGE, candidate_value, end_term, ended_value, first_of, kvs_of, last_of, revision,
     session_ttl_secs, started_value,
 };
-use crate::session::{self, Ownership, Session};
+use crate::session::{self, Session};
 
 /// A lease store on an etcd cluster.
 ///
@@ -72,13 +72,10 @@ pub(crate) struct Inner {
     pub(crate) sessions: Mutex<HashMap<i64, Arc<AsyncMutex<Option<Session>>>>>,
     /// The current session id per TTL, readable without waiting for a keepalive in flight.
     pub(crate) current: Mutex<HashMap<i64, i64>>,
-    /// Sessions this store had and etcd has since dropped (their keys are gone or going).
-    pub(crate) retired: Mutex<HashSet<i64>>,
     /// Where each candidate key of this process stands, for its change stream.
     positions: Mutex<HashMap<String, watch::Sender<Option<Position>>>>,
-    /// Grants this store has sent and not seen confirmed (the answer of the transaction or of
-    /// its keepalive was lost), by candidate key.
-    unconfirmed: Mutex<HashMap<String, Unconfirmed>>,
+    /// etcd leases granted for one grant each (see `EtcdStore::grant_in_one_shot`).
+    pub(crate) private: Mutex<HashSet<i64>>,
 }
 
 impl fmt::Debug for EtcdStore {
@@ -146,9 +143,8 @@ impl EtcdStore {
                 client,
                 sessions: Mutex::default(),
                 current: Mutex::default(),
-                retired: Mutex::default(),
                 positions: Mutex::default(),
-                unconfirmed: Mutex::default(),
+                private: Mutex::default(),
             }),
         })
     }
@@ -158,131 +154,77 @@ impl EtcdStore {
         &self.inner.config
     }
 
-    /// Grants term `at.rev` to the candidate's key, which is bound to session `at.lease`.
+    /// Grants a queued candidate that has become first in one transaction, needing no answer
+    /// to any earlier request: so that it works even when replies are lost (the engine then
+    /// settles the outcome by reading back).
     ///
-    /// The grant is answered only when the transaction succeeded and a keepalive of the session,
-    /// sent after `started` (when this `acquire` began), found it alive: the key, present when
-    /// the transaction applied, lives a TTL from a moment after the request began, whichever of
-    /// the two etcd applied first.
-    ///
-    /// [`Send::Together`] sends both at once, neither waiting for the other's answer, so that
-    /// the write goes out even when no reply comes back (the engine then settles the outcome by
-    /// reading back, and [`EtcdStore::vouched`] checks what the read shows).
-    /// [`Send::KeepaliveFirst`] sends the transaction once the keepalive is confirmed: under a
-    /// burst (1,000 elections at once) the shared keepalive round is not queued behind every
-    /// transaction. `previous` is a term whose holder vanished without an end record: it is
-    /// recorded as expired in the same transaction.
-    #[allow(clippy::too_many_arguments)]
-    async fn grant(
+    /// The promise needs the key to live a TTL from a moment after the request began. Instead of
+    /// a confirmed keepalive of the shared session, the transaction binds the key to a fresh etcd
+    /// lease, granted (with an id chosen here) just before it, without waiting for its answer:
+    /// if the transaction applies, that lease exists, and it was granted after this request
+    /// began. `None`: not first, or the fresh lease was not there yet; the caller takes the
+    /// ordinary path.
+    async fn grant_in_one_shot(
         &self,
         keys: &Keys,
         own: &str,
         request: &AcquireRequest,
-        at: Position,
-        previous: Option<i64>,
-        started: Instant,
-        send: Send,
-    ) -> Result<Granting> {
+        position: Position,
+    ) -> Result<Option<Grant>> {
         let inner = &self.inner;
-        let rev = at.rev;
-        let mut compares = vec![
-            Compare::create_revision(own.to_string(), CompareOp::Equal, rev),
-            Compare::lease(own.to_string(), CompareOp::Equal, at.lease),
-            // Every candidate key was created at or after ours: we are first.
-            Compare::create_revision(keys.candidates(), CompareOp::Greater, rev - 1).with_prefix(),
-            Compare::create_revision(keys.started(rev), CompareOp::Equal, 0),
-        ];
-        let mut ops = vec![TxnOp::put(keys.started(rev), started_value(&request.candidate), None)];
-        if let Some(previous) = previous {
-            compares.push(Compare::create_revision(keys.ended(previous), CompareOp::Equal, 0));
-            ops.push(TxnOp::put(keys.ended(previous), ended_value(EndReason::Expired), None));
+        let private = i64::try_from(leasehold_core::random_u64() >> 2).unwrap_or(1).max(1);
+        inner.private.lock().expect("private lock").insert(private);
+        let ttl_secs = position.ttl_secs;
+        {
+            // Its answer is not needed (it may be lost): the transaction below checks the lease.
+            let inner = inner.clone();
+            tokio::spawn(async move {
+                let mut client = inner.client();
+                let options = etcd_client::LeaseGrantOptions::new().with_id(private);
+                let limit = inner.config.timeout;
+                inner
+                    .call_shared("lease grant", limit, async move {
+                        client.lease_grant(ttl_secs, Some(options)).await
+                    })
+                    .await
+            });
         }
-        let txn = Txn::new().when(compares).and_then(ops);
-        let (written, alive) = match send {
-            Send::Together => {
-                // Until its answers say otherwise, this grant may be written and unconfirmed.
-                let sent = Unconfirmed {
-                    rev,
-                    lease: at.lease,
-                    kept_alive: false,
-                };
-                inner.set_unconfirmed(own, Some(sent));
-                let written = inner.txn("acquire (grant)", txn);
-                let alive = inner.refreshed_since(at.ttl_secs, started);
-                futures::join!(written, alive)
-            }
-            Send::KeepaliveFirst => {
-                let alive = inner.refreshed_since(at.ttl_secs, started).await?;
-                if alive != Some(at.lease) {
-                    return Ok(Granting::SessionGone);
-                }
-                let sent = Unconfirmed {
-                    rev,
-                    lease: at.lease,
-                    kept_alive: true,
-                };
-                inner.set_unconfirmed(own, Some(sent));
-                (inner.txn("acquire (grant)", txn).await, Ok(alive))
-            }
+        let rev = position.rev;
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(own.to_string(), CompareOp::Equal, rev),
+                // Every candidate key was created at or after ours: we are first.
+                Compare::create_revision(keys.candidates(), CompareOp::Greater, rev - 1).with_prefix(),
+                Compare::create_revision(keys.started(rev), CompareOp::Equal, 0),
+            ])
+            .and_then([
+                TxnOp::put(
+                    own.to_string(),
+                    candidate_value(request.ttl),
+                    Some(PutOptions::new().with_lease(private)),
+                ),
+                TxnOp::put(keys.started(rev), started_value(&request.candidate), None),
+            ]);
+        let granted = inner
+            .txn_unless_lease_gone("acquire (grant)", txn)
+            .await?
+            .is_some_and(|resp| resp.succeeded());
+        if !granted {
+            return Ok(None);
+        }
+        let position = Position {
+            lease: private,
+            granted: true,
+            ..position
         };
-        if !written?.succeeded() {
-            // Not cleared: the conditions may fail because an earlier grant of ours applied.
-            return Ok(Granting::NotFirst);
-        }
-        if alive? != Some(at.lease) {
-            inner.confirmed(own, rev);
-            return Ok(Granting::SessionGone);
-        }
-        inner.confirmed(own, rev);
-        inner.publish(own, Some(Position { granted: true, ..at }));
-        Ok(Granting::Granted(Grant {
+        inner.publish(own, Some(position));
+        Ok(Some(Grant {
             lease: request.lease.clone(),
             holder: request.candidate.clone(),
             term: Term(u64::try_from(rev).unwrap_or(0)),
             ttl: request.ttl,
             token: rev.to_string(),
         }))
-    }
-
-    /// What `inspect` shows of a read. A read-back is safe to adopt only if the holder's key
-    /// lives a TTL from a moment after the engine's oldest acquire whose outcome is unknown (the
-    /// engine believes the grant from that acquire's send time). A grant answered by `acquire`,
-    /// or sent after a keepalive confirmed, has that; one that this store sent together with its
-    /// keepalive and never saw confirmed (answers lost) is shown only once a keepalive of its
-    /// session, sent after `since` (when the read began), is confirmed. A grant of this store
-    /// that no answer confirmed counts as reported once shown: the candidate's next `acquire`
-    /// does not hand it out again. A holder on a session of this store that etcd has dropped is
-    /// gone with it: the lease shows free. Every other read costs no request more (an `inspect`
-    /// does not keep anything alive).
-    pub(crate) async fn vouched(&self, keys: &Keys, snapshot: &Snapshot, since: Instant) -> Result<Observation> {
-        let inner = &self.inner;
-        let Some(holder) = snapshot.holder() else {
-            return Ok(snapshot.observation(&keys.lease));
-        };
-        let ttl_secs = match inner.ownership(holder.lease) {
-            Ownership::Foreign => return Ok(snapshot.observation(&keys.lease)),
-            Ownership::Retired => return Ok(snapshot.expired_observation(&keys.lease)),
-            Ownership::Current(ttl_secs) => ttl_secs,
-        };
-        let own = keys.candidate(&holder.id);
-        let Some(sent) = inner
-            .unconfirmed(&own)
-            .filter(|u| u.rev == holder.rev && u.lease == holder.lease)
-        else {
-            return Ok(snapshot.observation(&keys.lease));
-        };
-        if !sent.kept_alive && inner.refreshed_since(ttl_secs, since).await? != Some(holder.lease) {
-            return Ok(snapshot.expired_observation(&keys.lease));
-        }
-        inner.confirmed(&own, holder.rev);
-        let position = Position {
-            rev: holder.rev,
-            lease: holder.lease,
-            ttl_secs,
-            granted: true,
-        };
-        inner.publish(&own, Some(position));
-        Ok(snapshot.observation(&keys.lease))
     }
 
     /// Takes the candidate's place in the queue (a key already there stays, with its place) and
@@ -327,12 +269,39 @@ impl EtcdStore {
             let me = keys.parse_candidate(kv)?;
             (me.rev, me.lease)
         };
+        let private = inner.private.lock().expect("private lock").contains(&lease);
         Ok(Queued {
             session,
             snapshot,
             rev,
             lease,
+            private,
         })
+    }
+
+    /// Renews a grant whose key is bound to its own etcd lease: a keepalive of that lease (sent
+    /// after the renewal began), then the key is checked.
+    async fn renew_private(&self, grant: &Grant, keys: &Keys, lease: i64) -> Result<Renewed> {
+        let inner = &self.inner;
+        if inner.keep_private_alive(lease).await? {
+            let own_key = keys.candidate(&grant.holder);
+            let own = inner.get("renew", own_key.clone(), None).await?;
+            if let Some(kv) = own.kvs().first() {
+                let me = keys.parse_candidate(kv)?;
+                if me.lease == lease && me.term() == grant.term {
+                    let ttl_secs = session_ttl_secs(grant.ttl);
+                    let position = Position {
+                        rev: me.rev,
+                        lease,
+                        ttl_secs,
+                        granted: true,
+                    };
+                    inner.publish(&own_key, Some(position));
+                    return Ok(Renewed::Renewed(grant.clone()));
+                }
+            }
+        }
+        Ok(Renewed::Lost(self.inspect(&grant.lease).await?))
     }
 
     fn keys(&self, lease: &LeaseName) -> Keys {
@@ -347,27 +316,6 @@ impl Inner {
             .entry(own.to_string())
             .or_insert_with(|| watch::channel(None).0)
             .clone()
-    }
-
-    /// The unconfirmed grant of a candidate key, if any.
-    fn unconfirmed(&self, own: &str) -> Option<Unconfirmed> {
-        self.unconfirmed.lock().expect("unconfirmed lock").get(own).copied()
-    }
-
-    /// The grant of `rev` to a candidate key has been answered (or its key is gone).
-    fn confirmed(&self, own: &str, rev: i64) {
-        let mut unconfirmed = self.unconfirmed.lock().expect("unconfirmed lock");
-        if unconfirmed.get(own).is_some_and(|u| u.rev == rev) {
-            unconfirmed.remove(own);
-        }
-    }
-
-    fn set_unconfirmed(&self, own: &str, grant: Option<Unconfirmed>) {
-        let mut unconfirmed = self.unconfirmed.lock().expect("unconfirmed lock");
-        match grant {
-            Some(grant) => unconfirmed.insert(own.to_string(), grant),
-            None => unconfirmed.remove(own),
-        };
     }
 
     /// Tells the candidate's change stream where its key stands.
@@ -394,56 +342,19 @@ struct Queued {
     rev: i64,
     /// The etcd lease the key is bound to.
     lease: i64,
-}
-
-/// A grant sent and not seen confirmed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Unconfirmed {
-    /// The key's create_revision: the term.
-    rev: i64,
-    /// The session the key is bound to.
-    lease: i64,
-    /// Whether a keepalive of the session, sent after the `acquire` began, was confirmed before
-    /// the transaction was sent: then the key lives a TTL from a moment after the request began.
-    kept_alive: bool,
-}
-
-/// How [`EtcdStore::grant`] sends its transaction and its keepalive.
-#[derive(Clone, Copy, Debug)]
-enum Send {
-    Together,
-    KeepaliveFirst,
-}
-
-/// What [`EtcdStore::grant`] came to.
-enum Granting {
-    Granted(Grant),
-    /// The transaction's conditions did not hold: the key is not first, or it changed.
-    NotFirst,
-    /// The key's session has expired, and the key with it (whether or not the grant was
-    /// written: if it was, the term ended at once and the next grant records it as expired).
-    SessionGone,
+    /// Whether that lease is one of a one-shot grant.
+    private: bool,
 }
 
 impl Queued {
-    /// A key that may be granted: bound to this store's session and not granted before. A key
-    /// of another session is an earlier incarnation of this candidate (its leadership has
-    /// ended) or another process using the same id; a key granted before whose grant was
-    /// reported (see [`Queued::unreported`]) means that leadership ended (the engine asks again
-    /// only then). Either must go, and the candidate queue afresh with a new term.
+    /// A key that may be granted: bound to this store's session (or a one-shot lease of it) and
+    /// not granted before. A key of another session is an earlier incarnation of this
+    /// candidate (its leadership has ended) or another process using the same id; a key
+    /// granted before means that leadership ended (the engine asks again only then). Either
+    /// must go, and the candidate queue afresh with a new term.
     fn is_stale(&self) -> bool {
-        self.lease != self.session || self.granted_before()
-    }
-
-    /// A grant of this key, on this store's session, that no answer of this store has reported:
-    /// an `acquire` sent it and never saw it confirmed (`unconfirmed` is this very key), and no
-    /// `inspect` has shown it since. The engine cannot have led with it, so it may have it now,
-    /// at the same term.
-    fn unreported(&self, unconfirmed: Option<Unconfirmed>) -> bool {
-        unconfirmed.is_some_and(|u| u.rev == self.rev && u.lease == self.lease)
-            && self.lease == self.session
-            && self.granted_before()
-            && !self.snapshot.latest_ended()
+        let foreign = self.lease != self.session && !self.private;
+        foreign || self.granted_before()
     }
 
     fn granted_before(&self) -> bool {
@@ -456,16 +367,6 @@ impl Queued {
             lease: self.lease,
             ttl_secs,
             granted,
-        }
-    }
-
-    fn grant(&self, request: &AcquireRequest) -> Grant {
-        Grant {
-            lease: request.lease.clone(),
-            holder: request.candidate.clone(),
-            term: Term(u64::try_from(self.rev).unwrap_or(0)),
-            ttl: request.ttl,
-            token: self.rev.to_string(),
         }
     }
 }
@@ -489,11 +390,9 @@ impl LeaseStore for EtcdStore {
         true
     }
 
-    /// A straight sequence, never a loop. A candidate this store has queued (and not seen
-    /// granted) asks for the grant at once, in one transaction that needs no earlier answer, so
-    /// it works even when replies are lost. Otherwise: queue (once; a stale key of this
-    /// candidate is cleared first), and if first, grant. Anything that changes in between is an
-    /// answer ([`Acquired::Held`]) and the engine asks again.
+    /// A straight sequence, never a loop: queue (once; a stale key of this candidate is cleared
+    /// first), and if first, confirm the session and grant. Anything that changes in between
+    /// is an answer ([`Acquired::Held`]) and the engine asks again.
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
         self.capabilities().check_ttl(STORE, request.ttl)?;
         let started = Instant::now();
@@ -502,26 +401,13 @@ impl LeaseStore for EtcdStore {
         let own = keys.candidate(&request.candidate);
         let ttl_secs = session_ttl_secs(request.ttl);
         let queued = (*inner.position(&own).borrow()).filter(|p| !p.granted && p.ttl_secs == ttl_secs);
-        if let Some(at) = queued {
-            match Box::pin(self.grant(&keys, &own, request, at, None, started, Send::Together)).await? {
-                Granting::Granted(grant) => return Ok(Acquired::Granted(grant)),
-                Granting::SessionGone => inner.publish(&own, None),
-                Granting::NotFirst => {}
-            }
+        if let Some(position) = queued
+            && let Some(grant) = self.grant_in_one_shot(&keys, &own, request, position).await?
+        {
+            return Ok(Acquired::Granted(grant));
         }
         let mut queued = self.enqueue(&keys, &own, request).await?;
-        if queued.unreported(inner.unconfirmed(&own)) {
-            // Granted by an earlier call whose answer was lost: the same term, once the key is
-            // known to live a TTL from a moment after this request began.
-            if inner.refreshed_since(ttl_secs, started).await? == Some(queued.lease) {
-                inner.confirmed(&own, queued.rev);
-                inner.publish(&own, Some(queued.position(ttl_secs, true)));
-                return Ok(Acquired::Granted(queued.grant(request)));
-            }
-            // Its session expired, and the key with it: queue afresh.
-        }
         if queued.is_stale() {
-            inner.set_unconfirmed(&own, None);
             inner.publish(&own, None);
             let clear = end_term(&keys, &own, queued.rev, &queued.snapshot, EndReason::Expired);
             inner.txn("acquire (requeue)", clear).await?;
@@ -538,28 +424,51 @@ impl LeaseStore for EtcdStore {
             inner.publish(&own, Some(queued.position(ttl_secs, false)));
             return Ok(Acquired::Held(queued.snapshot.queued_observation(&request.lease)));
         }
-        let snapshot = &queued.snapshot;
-        // The previous holder's key is gone without an end record: it expired.
-        let previous = snapshot
-            .started
-            .as_ref()
-            .filter(|_| !snapshot.latest_ended())
-            .map(|s| s.term);
-        let at = queued.position(ttl_secs, false);
-        let send = Send::KeepaliveFirst;
-        match Box::pin(self.grant(&keys, &own, request, at, previous, started, send)).await? {
-            Granting::Granted(grant) => Ok(Acquired::Granted(grant)),
-            Granting::SessionGone => {
-                // The session expired with our key: the engine asks again, and queues afresh.
-                inner.publish(&own, None);
-                Ok(Acquired::Held(snapshot.observation(&request.lease)))
-            }
-            Granting::NotFirst => {
-                // Our key, or the previous term's end, changed since the read: look again.
-                inner.publish(&own, Some(at));
-                Ok(Acquired::Held(self.inspect(&request.lease).await?))
-            }
+        let grant = Grant {
+            lease: request.lease.clone(),
+            holder: request.candidate.clone(),
+            term: Term(u64::try_from(queued.rev).unwrap_or(0)),
+            ttl: request.ttl,
+            token: queued.rev.to_string(),
+        };
+        // The promise: the key lives a TTL from a moment after this request began, so a
+        // keepalive sent after `started` must be confirmed.
+        let alive = if queued.private {
+            inner.keep_private_alive(queued.lease).await?
+        } else {
+            inner.refreshed_since(ttl_secs, started).await? == Some(queued.session)
+        };
+        if !alive {
+            // The session expired with our key: the engine asks again, and queues afresh.
+            inner.publish(&own, None);
+            return Ok(Acquired::Held(queued.snapshot.observation(&request.lease)));
         }
+        let rev = queued.rev;
+        let mut compares = vec![
+            Compare::create_revision(own.clone(), CompareOp::Equal, rev),
+            Compare::create_revision(keys.started(rev), CompareOp::Equal, 0),
+        ];
+        let mut ops = vec![TxnOp::put(keys.started(rev), started_value(&request.candidate), None)];
+        let snapshot = &queued.snapshot;
+        if let Some(previous) = snapshot.started.as_ref().filter(|_| !snapshot.latest_ended()) {
+            // The previous holder's key is gone without an end record: it expired.
+            compares.push(Compare::create_revision(keys.ended(previous.term), CompareOp::Equal, 0));
+            ops.push(TxnOp::put(
+                keys.ended(previous.term),
+                ended_value(EndReason::Expired),
+                None,
+            ));
+        }
+        let granted = inner
+            .txn("acquire (grant)", Txn::new().when(compares).and_then(ops))
+            .await?;
+        if granted.succeeded() {
+            inner.publish(&own, Some(queued.position(ttl_secs, true)));
+            return Ok(Acquired::Granted(grant));
+        }
+        // Our key, or the previous term's end, changed since the read: look again.
+        inner.publish(&own, Some(queued.position(ttl_secs, false)));
+        Ok(Acquired::Held(self.inspect(&request.lease).await?))
     }
 
     async fn renew(&self, grant: &Grant) -> Result<Renewed> {
@@ -569,9 +478,15 @@ impl LeaseStore for EtcdStore {
         let ttl_secs = session_ttl_secs(grant.ttl);
         // The paths off the common one are boxed, so that 10,000 renewals in flight at once do
         // not each carry their large etcd futures. Keepalive first, then the check: a key seen
-        // after a confirmed keepalive lives a TTL from a moment after this request began. Both
-        // are shared by every renewal of the session that began before them.
+        // after a confirmed keepalive lives a TTL from a moment after this request began. Both are shared by every renewal of the
+        // session that began before them.
         let own_key = keys.candidate(&grant.holder);
+        let known = *inner.position(&own_key).borrow();
+        if let Some(p) = known.filter(|p| p.granted && p.rev == i64::try_from(grant.term.0).unwrap_or(0))
+            && inner.private.lock().expect("private lock").contains(&p.lease)
+        {
+            return Box::pin(self.renew_private(grant, &keys, p.lease)).await;
+        }
         let Some((session, bound)) = inner.session_keys(ttl_secs, started).await? else {
             return Ok(Renewed::Lost(Box::pin(self.inspect(&grant.lease)).await?));
         };
@@ -582,10 +497,15 @@ impl LeaseStore for EtcdStore {
             // Bound to our live session, and this process has not recreated it since the grant.
             return Ok(Renewed::Renewed(grant.clone()));
         }
+        let session = Some(session);
         let own = Box::pin(inner.get("renew", own_key.clone(), None)).await?;
         if let Some(kv) = own.kvs().first() {
             let me = keys.parse_candidate(kv)?;
-            if me.lease == session && me.term() == grant.term {
+            let private = inner.private.lock().expect("private lock").contains(&me.lease);
+            if private && me.term() == grant.term {
+                return Box::pin(self.renew_private(grant, &keys, me.lease)).await;
+            }
+            if Some(me.lease) == session && me.term() == grant.term {
                 let position = Position {
                     rev: me.rev,
                     lease: me.lease,
@@ -613,7 +533,6 @@ impl LeaseStore for EtcdStore {
             ]);
         let resp = self.inner.txn("release", txn).await?;
         if resp.succeeded() {
-            self.inner.set_unconfirmed(&own, None);
             self.inner.publish(&own, None);
         }
         Ok(())
@@ -622,7 +541,6 @@ impl LeaseStore for EtcdStore {
     async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
         let keys = self.keys(lease);
         let key = keys.candidate(candidate);
-        self.inner.set_unconfirmed(&key, None);
         self.inner.publish(&key, None);
         let own = self.inner.get("withdraw", key.clone(), None).await?;
         let Some(rev) = own.kvs().first().map(KeyValue::create_revision) else {
@@ -643,14 +561,10 @@ impl LeaseStore for EtcdStore {
     }
 
     async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
-        let since = Instant::now();
         let keys = self.keys(lease);
-        let snapshot = self.inner.snapshot(&keys, "inspect").await?;
-        self.vouched(&keys, &snapshot, since).await
+        Ok(self.inner.snapshot(&keys, "inspect").await?.observation(lease))
     }
 
-    /// One range request per 1,024 keys under the prefix (history keys included), all at the
-    /// revision of the first, decoded as `inspect` decodes one lease.
     async fn list(&self, prefix: &str) -> Result<Vec<Observation>> {
         self.list_leases(prefix).await
     }
