@@ -12,7 +12,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{RedisBackend, TTL, elector, grant, id};
+use common::{RedisBackend, TTL, elector, grant, id, try_raw_cmd};
 use futures::StreamExt;
 use leasehold_conformance::{Direction, Fault, Faults, FaultyStore, SafetyChecker, require_server};
 use leasehold_core::{LeaseName, LeaseStore, Notifications, random_u64};
@@ -30,17 +30,8 @@ fn lease(tag: &str) -> LeaseName {
     LeaseName::new(format!("expiry-{tag}-{:x}", random_u64())).unwrap()
 }
 
-async fn raw_cmd(backend: &RedisBackend, args: &[&str]) -> redis::RedisResult<redis::Value> {
-    let mut raw = backend.raw().await;
-    let mut cmd = redis::cmd(args[0]);
-    for arg in &args[1..] {
-        cmd.arg(*arg);
-    }
-    cmd.query_async(&mut raw).await
-}
-
 async fn flags(backend: &RedisBackend) -> String {
-    let value = raw_cmd(backend, &["CONFIG", "GET", "notify-keyspace-events"])
+    let value = try_raw_cmd(backend, &["CONFIG", "GET", "notify-keyspace-events"])
         .await
         .unwrap();
     let pairs: Vec<(String, String)> = redis::from_redis_value(value).unwrap();
@@ -257,7 +248,7 @@ impl<'b> AclUser<'b> {
         let pass = format!(">{password}");
         args.push(&pass);
         args.extend_from_slice(rules);
-        raw_cmd(backend, &args).await.unwrap();
+        try_raw_cmd(backend, &args).await.unwrap();
         let mut config = backend.config.clone();
         config.username = Some(name.clone());
         config.password = Some(password.into());
@@ -265,7 +256,9 @@ impl<'b> AclUser<'b> {
     }
 
     async fn delete(self) {
-        raw_cmd(self.backend, &["ACL", "DELUSER", &self.name]).await.unwrap();
+        try_raw_cmd(self.backend, &["ACL", "DELUSER", &self.name])
+            .await
+            .unwrap();
     }
 }
 
@@ -327,7 +320,7 @@ async fn expiry_events_that_vanish_make_followers_poll() {
     let lease = lease("vanish");
     let mut changes = store.changes(&lease, &id("watcher")).await.unwrap().unwrap();
 
-    raw_cmd(&backend, &["ACL", "SETUSER", &user.name, "resetchannels", &channels])
+    try_raw_cmd(&backend, &["ACL", "SETUSER", &user.name, "resetchannels", &channels])
         .await
         .unwrap();
     let end = tokio::time::timeout(Duration::from_secs(5), changes.next()).await;
@@ -341,10 +334,10 @@ async fn expiry_events_that_vanish_make_followers_poll() {
 
     // Back: a connection opened from now on finds them again (the one without them stays until
     // it breaks; here the server closes it).
-    raw_cmd(&backend, &["ACL", "SETUSER", &user.name, &keyevent])
+    try_raw_cmd(&backend, &["ACL", "SETUSER", &user.name, &keyevent])
         .await
         .unwrap();
-    raw_cmd(&backend, &["CLIENT", "KILL", "USER", &user.name])
+    try_raw_cmd(&backend, &["CLIENT", "KILL", "USER", &user.name])
         .await
         .unwrap();
     // The command connection went too: its next request fails (transient), the one after
@@ -410,7 +403,7 @@ async fn expiry_event_delay_with_many_volatile_keys() {
             delays.push((granted.elapsed() - ttl).as_millis());
         }
         delays.sort();
-        let hz = raw_cmd(&backend, &["CONFIG", "GET", "hz"]).await.unwrap();
+        let hz = try_raw_cmd(&backend, &["CONFIG", "GET", "hz"]).await.unwrap();
         println!("{others} other keys with a TTL ({hz:?}): expiry event {delays:?} ms after the TTL");
     }
     let mut pipe = redis::pipe();

@@ -10,7 +10,7 @@ use std::time::Duration;
 use leasehold_core::{EndReason, Error, LeaseName, LeaseStore, Observation, Term, random_u64};
 use leasehold_redis::RedisStore;
 
-use common::{RedisBackend, grant};
+use common::{RedisBackend, grant, raw_cmd};
 
 const TTL: Duration = Duration::from_secs(5);
 
@@ -37,17 +37,6 @@ fn timeless(mut observation: Observation) -> Observation {
         holder.store_remaining = None;
     }
     observation
-}
-
-async fn raw_cmd(backend: &RedisBackend, args: &[&str]) -> redis::Value {
-    let mut raw = backend.raw().await;
-    let mut cmd = redis::cmd(args[0]);
-    for arg in &args[1..] {
-        cmd.arg(*arg);
-    }
-    cmd.query_async(&mut raw)
-        .await
-        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
 }
 
 /// Deletes every key of the backend's prefix.

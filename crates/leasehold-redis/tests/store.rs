@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{RedisBackend, TTL, elector, grant, id, request};
+use common::{RedisBackend, TTL, elector, grant, id, raw_cmd, request};
 use futures::StreamExt;
 use leasehold_conformance::{Direction, Fault, SafetyChecker, require_server};
 use leasehold_core::{EndReason, Error, Grant, LeaseName, LeaseStore, Renewed, Term, random_u64};
@@ -24,17 +24,6 @@ fn backend() -> Option<RedisBackend> {
 
 fn lease(tag: &str) -> LeaseName {
     LeaseName::new(format!("store-{tag}-{:x}", random_u64())).unwrap()
-}
-
-async fn raw_cmd(backend: &RedisBackend, args: &[&str]) -> redis::Value {
-    let mut raw = backend.raw().await;
-    let mut cmd = redis::cmd(args[0]);
-    for arg in &args[1..] {
-        cmd.arg(*arg);
-    }
-    cmd.query_async(&mut raw)
-        .await
-        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
 }
 
 /// The next item of a changes stream, if it comes within 2 s.

@@ -138,3 +138,20 @@ pub fn elector(store: Arc<dyn LeaseStore>, lease: &LeaseName, who: &str) -> Elec
         .build()
         .unwrap()
 }
+
+/// Runs one raw command (`args[0]` and its arguments) on a connection of its own.
+pub async fn try_raw_cmd(backend: &RedisBackend, args: &[&str]) -> redis::RedisResult<redis::Value> {
+    let mut raw = backend.raw().await;
+    let mut cmd = redis::cmd(args[0]);
+    for arg in &args[1..] {
+        cmd.arg(*arg);
+    }
+    cmd.query_async(&mut raw).await
+}
+
+/// [`try_raw_cmd`], panicking with the command on an error.
+pub async fn raw_cmd(backend: &RedisBackend, args: &[&str]) -> redis::Value {
+    try_raw_cmd(backend, args)
+        .await
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+}
