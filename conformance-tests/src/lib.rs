@@ -39,6 +39,29 @@ pub use proxy::FaultProxy;
 pub use runner::Concurrent;
 pub use server::{ConnectFn, CorruptFn, FinishFn, RemoveFn, SecretUrlsFn, ServerBackend};
 
+/// Acquires `lease` for `candidate` on `store`, which must grant it: for a backend's own tests.
+///
+/// # Panics
+///
+/// When the store answers anything but a grant.
+pub async fn must_grant(
+    store: &dyn leasehold_core::LeaseStore,
+    lease: &str,
+    candidate: &str,
+    ttl: std::time::Duration,
+) -> leasehold_core::Grant {
+    let request = leasehold_core::AcquireRequest {
+        lease: lease.parse().unwrap_or_else(|e| panic!("{lease}: {e}")),
+        candidate: leasehold_core::CandidateId::new(candidate).unwrap_or_else(|e| panic!("{candidate}: {e}")),
+        ttl,
+        takeover: None,
+    };
+    match store.acquire(&request).await {
+        Ok(leasehold_core::Acquired::Granted(grant)) => grant,
+        other => panic!("{candidate} must be granted {lease}: {other:?}"),
+    }
+}
+
 /// Re-exports for the macros; not part of the API.
 #[doc(hidden)]
 pub mod __private {

@@ -7,9 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use leasehold_conformance::{Direction, Fault};
-use leasehold_core::{
-    AcquireRequest, Acquired, CandidateId, EndReason, Error, Grant, LeaseName, LeaseStore, Observation, Term,
-};
+use leasehold_core::{EndReason, Error, Grant, LeaseName, LeaseStore, Observation, Term};
 use leasehold_postgres::PostgresStore;
 
 use common::{PostgresBackend, lock_holder, server};
@@ -21,16 +19,7 @@ fn name(text: &str) -> LeaseName {
 }
 
 async fn grant(store: &PostgresStore, lease: &str, candidate: &str) -> Grant {
-    let request = AcquireRequest {
-        lease: name(lease),
-        candidate: CandidateId::new(candidate).unwrap(),
-        ttl: TTL,
-        takeover: None,
-    };
-    match store.acquire(&request).await.unwrap() {
-        Acquired::Granted(grant) => grant,
-        Acquired::Held(observation) => panic!("{lease}: expected a grant, saw {observation:?}"),
-    }
+    leasehold_conformance::must_grant(store, lease, candidate, TTL).await
 }
 
 fn names(listed: &[Observation]) -> Vec<&str> {

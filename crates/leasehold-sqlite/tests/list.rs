@@ -4,9 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use leasehold_core::{
-    AcquireRequest, Acquired, CandidateId, EndReason, Error, Grant, LeaseName, LeaseStore, Observation, Term,
-};
+use leasehold_core::{EndReason, Error, Grant, LeaseName, LeaseStore, Observation, Term};
 use leasehold_sqlite::SqliteStore;
 use sqlx::{Connection, SqliteConnection};
 
@@ -17,16 +15,7 @@ fn name(text: &str) -> LeaseName {
 }
 
 async fn grant(store: &SqliteStore, lease: &str, candidate: &str) -> Grant {
-    let request = AcquireRequest {
-        lease: name(lease),
-        candidate: CandidateId::new(candidate).unwrap(),
-        ttl: TTL,
-        takeover: None,
-    };
-    match store.acquire(&request).await.unwrap() {
-        Acquired::Granted(grant) => grant,
-        Acquired::Held(observation) => panic!("{lease}: expected a grant, saw {observation:?}"),
-    }
+    leasehold_conformance::must_grant(store, lease, candidate, TTL).await
 }
 
 fn names(listed: &[Observation]) -> Vec<&str> {

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold_conformance::{FaultProxy, Faults};
-use leasehold_core::{AcquireRequest, Acquired, CandidateId, Elector, Error, Grant, LeaseName, LeaseStore, Result};
+use leasehold_core::{AcquireRequest, CandidateId, Elector, Error, Grant, LeaseName, LeaseStore, Result};
 use leasehold_redis::{ExpiryEvents, RedisConfig, RedisStore};
 
 /// The server named by `LEASEHOLD_REDIS_URL`: every `connect` is a new `RedisStore`.
@@ -118,10 +118,7 @@ pub fn request(lease: &LeaseName, who: &str, ttl: Duration) -> AcquireRequest {
 
 /// Acquires `lease` for `who`, which must be granted.
 pub async fn grant(store: &RedisStore, lease: &LeaseName, who: &str, ttl: Duration) -> Grant {
-    match store.acquire(&request(lease, who, ttl)).await {
-        Ok(Acquired::Granted(grant)) => grant,
-        other => panic!("{who} must be granted {lease}: {other:?}"),
-    }
+    leasehold_conformance::must_grant(store, lease.as_str(), who, ttl).await
 }
 
 /// An elector with the conformance suite's timings.
