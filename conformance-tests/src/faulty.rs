@@ -97,6 +97,10 @@ impl LeaseStore for FaultyStore {
         self.counted.release(grant).await
     }
 
+    async fn hand_over(&self, grant: &Grant, to: &CandidateId) -> Result<()> {
+        self.counted.hand_over(grant, to).await
+    }
+
     async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
         self.counted.withdraw(lease, candidate).await
     }
@@ -194,6 +198,10 @@ impl LeaseStore for Injected {
 
     async fn release(&self, grant: &Grant) -> Result<()> {
         self.call(|| self.inner.release(grant)).await
+    }
+
+    async fn hand_over(&self, grant: &Grant, to: &CandidateId) -> Result<()> {
+        self.call(|| self.inner.hand_over(grant, to)).await
     }
 
     async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {

@@ -352,6 +352,7 @@ impl View {
                     }
                     .to_string(),
                     orphaned: false,
+                    reserved: false,
                     store_remaining: None,
                 }),
                 last_term: r.term,

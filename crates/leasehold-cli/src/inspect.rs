@@ -318,6 +318,7 @@ mod tests {
                 ttl: Duration::from_secs(10),
                 version: "v".into(),
                 orphaned: false,
+                reserved: false,
                 store_remaining: None,
             }),
             last_term: Term(term),

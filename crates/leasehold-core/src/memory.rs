@@ -65,6 +65,8 @@ struct Holding {
     ttl: Duration,
     version: String,
     expires_at: Instant,
+    /// Handed over to `id`, not taken yet.
+    reserved: bool,
 }
 
 impl Default for MemoryStore {
@@ -144,6 +146,7 @@ impl Entry {
                 ttl: h.ttl,
                 version: h.version.clone(),
                 orphaned: false,
+                reserved: h.reserved,
                 store_remaining: (expiry == Expiry::ServerClock).then(|| h.expires_at.saturating_duration_since(now)),
             }),
             last_term: self.last_term,
@@ -153,10 +156,11 @@ impl Entry {
 
     fn end(&mut self, reason: EndReason) {
         if let Some(h) = self.holder.take() {
-            if let Some(t) = self.history.iter_mut().rev().find(|t| t.term == h.term) {
+            // A reservation's term already ended, handed over.
+            if let Some(t) = self.history.iter_mut().rev().find(|t| t.term == h.term && !h.reserved) {
                 t.ended = Some((SystemTime::now(), reason));
             }
-            self.previous_end = Some(reason);
+            self.previous_end = Some(if h.reserved { EndReason::HandedOver } else { reason });
             self.changed.send_modify(|n| *n += 1);
         }
     }
@@ -169,6 +173,7 @@ impl Entry {
             ttl,
             version: RecordVersion::random().into(),
             expires_at: now + ttl,
+            reserved: false,
         };
         self.history.push(Transition {
             term: holding.term,
@@ -236,7 +241,7 @@ impl LeaseStore for MemoryStore {
     async fn renew(&self, grant: &Grant) -> Result<Renewed> {
         let expiry = self.expiry;
         self.with_live_entry(&grant.lease, |entry, now| match &mut entry.holder {
-            Some(h) if h.id == grant.holder && h.term == grant.term => {
+            Some(h) if h.id == grant.holder && h.term == grant.term && !h.reserved => {
                 h.refresh(now);
                 Renewed::Renewed(h.grant(&grant.lease))
             }
@@ -253,6 +258,25 @@ impl LeaseStore for MemoryStore {
             {
                 entry.end(EndReason::Released);
             }
+        })
+    }
+
+    async fn hand_over(&self, grant: &Grant, to: &CandidateId) -> Result<()> {
+        self.with_live_entry(&grant.lease, |entry, now| {
+            let Some(h) = entry
+                .holder
+                .as_mut()
+                .filter(|h| h.id == grant.holder && h.term == grant.term && !h.reserved)
+            else {
+                return;
+            };
+            if let Some(t) = entry.history.iter_mut().rev().find(|t| t.term == grant.term) {
+                t.ended = Some((SystemTime::now(), EndReason::HandedOver));
+            }
+            h.id = to.clone();
+            h.reserved = true;
+            h.refresh(now);
+            entry.changed.send_modify(|n| *n += 1);
         })
     }
 

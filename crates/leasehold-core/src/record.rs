@@ -198,6 +198,7 @@ impl HolderInfo {
             ttl,
             version: version.into(),
             orphaned: false,
+            reserved: false,
             store_remaining: fields.store_remaining,
         })
     }

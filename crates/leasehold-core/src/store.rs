@@ -142,6 +142,33 @@ pub trait LeaseStore: Debug + Send + Sync + 'static {
     /// A dropped release may or may not have freed the lease; if not, it expires after its TTL.
     async fn release(&self, grant: &Grant) -> Result<()>;
 
+    /// Ends `grant` and reserves the lease for `to` (a planned handover), if the store still
+    /// records this grant; otherwise does nothing, like [`release`](LeaseStore::release).
+    ///
+    /// Until the reservation ends, the lease shows `to` as its holder with
+    /// [`HolderInfo::reserved`] set and the handed-over term, only an acquire by `to` is
+    /// granted (with a term higher than `grant`'s), and everyone else is told
+    /// [`Acquired::Held`]. A reservation nobody takes ends like a holder that stopped renewing:
+    /// after `grant.ttl`, by the store's clock or session, or by a contender that saw its record
+    /// version unchanged for that long ([`AcquireRequest::takeover`]). The history records the
+    /// handed-over term as ended with [`EndReason::HandedOver`](crate::EndReason::HandedOver).
+    ///
+    /// # Errors
+    ///
+    /// A transient error when the outcome is unknown; [`Error::CorruptRecord`];
+    /// [`Error::Unsupported`] where the store cannot reserve (the default): the engine then
+    /// releases the lease to everyone.
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped handover may or may not have ended the grant; if not, it expires after its TTL.
+    async fn hand_over(&self, _grant: &Grant, _to: &CandidateId) -> Result<()> {
+        Err(Error::Unsupported {
+            store: self.name(),
+            operation: "hand_over",
+        })
+    }
+
     /// Withdraws a candidate that stopped campaigning without being granted (FIFO stores remove
     /// its place in the queue). The default does nothing.
     ///
@@ -279,6 +306,10 @@ impl<T: LeaseStore + ?Sized> LeaseStore for std::sync::Arc<T> {
         (**self).release(grant).await
     }
 
+    async fn hand_over(&self, grant: &Grant, to: &CandidateId) -> Result<()> {
+        (**self).hand_over(grant, to).await
+    }
+
     async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
         (**self).withdraw(lease, candidate).await
     }
@@ -319,6 +350,8 @@ pub enum Operation {
     Renew,
     /// [`LeaseStore::release`].
     Release,
+    /// [`LeaseStore::hand_over`].
+    HandOver,
     /// [`LeaseStore::withdraw`].
     Withdraw,
     /// [`LeaseStore::inspect`].
@@ -335,10 +368,11 @@ pub enum Operation {
 
 impl Operation {
     /// Every operation, in declaration order.
-    pub const ALL: [Operation; 9] = [
+    pub const ALL: [Operation; 10] = [
         Operation::Acquire,
         Operation::Renew,
         Operation::Release,
+        Operation::HandOver,
         Operation::Withdraw,
         Operation::Inspect,
         Operation::History,
@@ -361,6 +395,7 @@ impl Operation {
             Operation::Acquire => "acquire",
             Operation::Renew => "renew",
             Operation::Release => "release",
+            Operation::HandOver => "hand_over",
             Operation::Withdraw => "withdraw",
             Operation::Inspect => "inspect",
             Operation::History => "history",
@@ -370,11 +405,11 @@ impl Operation {
         }
     }
 
-    /// Whether the operation keeps a leader's lease alive or hands it on (renew, release): what
-    /// [`LimitStore`](crate::LimitStore) admits first.
+    /// Whether the operation keeps a leader's lease alive or hands it on (renew, release,
+    /// hand_over): what [`LimitStore`](crate::LimitStore) admits first.
     #[must_use]
     pub fn is_urgent(self) -> bool {
-        matches!(self, Operation::Renew | Operation::Release)
+        matches!(self, Operation::Renew | Operation::Release | Operation::HandOver)
     }
 }
 

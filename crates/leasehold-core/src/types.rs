@@ -276,6 +276,13 @@ pub struct HolderInfo {
     /// unchanged for its TTL on its own clock: the holder may still believe it until then.
     #[cfg_attr(feature = "serde", serde(default))]
     pub orphaned: bool,
+    /// The previous holder handed the lease to this candidate
+    /// ([`LeaseStore::hand_over`](crate::LeaseStore::hand_over)), which has not taken it yet:
+    /// only this candidate's acquire is granted (with a new, higher term); the term shown is the
+    /// previous holder's. If the candidate does not take it, the reservation ends like a holder
+    /// that stopped renewing, after its TTL.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub reserved: bool,
 }
 
 /// How the previous term of a lease ended.
@@ -293,6 +300,8 @@ pub enum EndReason {
     Expired,
     /// An operator broke the lease.
     Broken,
+    /// The holder handed it to a named successor.
+    HandedOver,
 }
 
 impl fmt::Display for EndReason {
@@ -301,6 +310,7 @@ impl fmt::Display for EndReason {
             EndReason::Released => "released",
             EndReason::Expired => "expired",
             EndReason::Broken => "broken",
+            EndReason::HandedOver => "handed_over",
         })
     }
 }
@@ -308,17 +318,19 @@ impl fmt::Display for EndReason {
 impl FromStr for EndReason {
     type Err = String;
 
-    /// Parses what [`Display`](fmt::Display) writes: `released`, `expired` or `broken`. The
+    /// Parses what [`Display`](fmt::Display) writes: `released`, `expired`, `broken` or
+    /// `handed_over`. The
     /// error quotes at most 40 characters of what was found.
     fn from_str(text: &str) -> std::result::Result<Self, String> {
         match text {
             "released" => Ok(EndReason::Released),
             "expired" => Ok(EndReason::Expired),
             "broken" => Ok(EndReason::Broken),
+            "handed_over" => Ok(EndReason::HandedOver),
             other => {
                 let shown: String = other.chars().take(40).collect();
                 Err(format!(
-                    "unknown end reason {shown:?} (expected released, expired or broken)"
+                    "unknown end reason {shown:?} (expected released, expired, broken or handed_over)"
                 ))
             }
         }

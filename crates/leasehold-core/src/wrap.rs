@@ -413,6 +413,11 @@ impl<S: LeaseStore> LeaseStore for LimitStore<S> {
         self.inner.release(grant).await
     }
 
+    async fn hand_over(&self, grant: &Grant, to: &CandidateId) -> Result<()> {
+        let _slot = self.limit.admit(Operation::HandOver).await;
+        self.inner.hand_over(grant, to).await
+    }
+
     async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
         let _slot = self.limit.admit(Operation::Withdraw).await;
         self.inner.withdraw(lease, candidate).await
@@ -584,6 +589,11 @@ impl<S: LeaseStore> LeaseStore for CountingStore<S> {
     async fn release(&self, grant: &Grant) -> Result<()> {
         self.start(Operation::Release);
         self.finish(self.inner.release(grant).await)
+    }
+
+    async fn hand_over(&self, grant: &Grant, to: &CandidateId) -> Result<()> {
+        self.start(Operation::HandOver);
+        self.finish(self.inner.hand_over(grant, to).await)
     }
 
     async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {

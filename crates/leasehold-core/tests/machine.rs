@@ -67,6 +67,7 @@ fn holder(id: CandidateId, term: u64, version: &str, store_remaining: Option<Dur
         ttl: TTL,
         version: version.to_string(),
         orphaned: false,
+        reserved: false,
         store_remaining,
     }
 }

@@ -175,6 +175,7 @@ impl Election {
                 ttl: self.timing.ttl,
                 version: r.version.to_string(),
                 orphaned: false,
+                reserved: false,
                 store_remaining: (self.expiry == Expiry::ServerClock)
                     .then(|| Duration::from_millis(r.expires_at.saturating_sub(s.now))),
             }),

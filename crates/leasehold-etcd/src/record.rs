@@ -367,6 +367,7 @@ fn holder_info(candidate: &Candidate) -> HolderInfo {
         ttl: candidate.ttl,
         version: candidate.rev.to_string(),
         orphaned: false,
+        reserved: false,
         store_remaining: None,
     }
 }

@@ -119,6 +119,7 @@ impl Record {
     pub(crate) fn observation(&self, lease: &LeaseName, lock_free: bool) -> Observation {
         let holder = self.holder.clone().map(|holder| HolderInfo {
             orphaned: lock_free,
+            reserved: false,
             ..holder
         });
         Observation {

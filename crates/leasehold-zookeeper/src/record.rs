@@ -194,6 +194,7 @@ pub(crate) fn holder_observation(
             ttl: record.ttl,
             version: name.to_string(),
             orphaned: false,
+            reserved: false,
             store_remaining: None,
         }),
         last_term: term,
