@@ -1,7 +1,7 @@
 //! From one leader to the next: a graceful handover, FIFO order, record-version takeover and
 //! `break_lease`.
 
-use leasehold_core::{DeposedReason, EndReason, Expiry, Renewed};
+use leasehold_core::{DeposedReason, EndReason, Error, Expiry, Renewed};
 
 use super::*;
 
@@ -276,5 +276,141 @@ pub async fn break_lease_ends_the_term(backend: Arc<dyn Backend>) {
         next.term()
     ));
     next.resign().await;
+    scene.finish().await;
+}
+
+/// A planned handover to a named successor ([`LeaseStore::hand_over`]), on the raw store API:
+/// A hands its grant to C. Until C takes it the lease shows C as reserved at A's term; B's
+/// acquire is `Held`; A's renewal is `Lost` and its late release frees nothing. C's acquire is
+/// granted with a higher term and the history says A's term was handed over. Handing over a
+/// grant that is no longer held changes nothing. A reservation nobody takes opens to everyone
+/// once its TTL has passed, and not before. Not applicable where `hand_over` is unsupported (the
+/// engine then releases to everyone).
+///
+/// # Panics
+///
+/// When anyone but the successor can take a reserved lease, the successor cannot, or a stale
+/// grant hands the lease over.
+pub async fn hand_over_reserves_the_lease(backend: Arc<dyn Backend>) {
+    let scene = Scene::new(backend, "hand_over_reserves_the_lease").await;
+    let p = &scene.prefix;
+    let (store_a, store_b, store_c) = (scene.connect().await, scene.connect().await, scene.connect().await);
+    let lease = scene.lease_name();
+    let (a, b, c) = (id("a"), id("b"), id("c"));
+    let first = scene.grant(&*store_a, &request(&lease, &a, scene.ttl)).await;
+    match store_a.hand_over(&first, &c).await {
+        Ok(()) => {}
+        Err(Error::Unsupported { .. }) => {
+            store_a
+                .release(&first)
+                .await
+                .unwrap_or_else(|e| panic!("{p}: release: {e}"));
+            return scene.not_applicable("the store cannot reserve a lease for a successor (hand_over unsupported)");
+        }
+        Err(e) => panic!("{p}: handing a held grant over must succeed: {e}"),
+    }
+
+    let reserved_for_c = |seen: &Observation, what: &str| {
+        let holder = seen
+            .holder
+            .as_ref()
+            .unwrap_or_else(|| panic!("{p}: {what}: the reserved lease must show a holder: {seen:?}"));
+        assert!(
+            holder.id == c && holder.reserved && holder.term == first.term,
+            "{p}: {what}: the lease must show C reserved at A's term {}: {seen:?}",
+            first.term
+        );
+    };
+    let seen = store_b
+        .inspect(&lease)
+        .await
+        .unwrap_or_else(|e| panic!("{p}: inspect: {e}"));
+    reserved_for_c(&seen, "inspect after the handover");
+    let seen = scene.held(&*store_b, &request(&lease, &b, scene.ttl)).await;
+    reserved_for_c(&seen, "B's acquire");
+    match store_a.renew(&first).await {
+        Ok(Renewed::Lost(_)) => {}
+        other => panic!("{p}: renewing a handed-over grant must answer Lost, got {other:?}"),
+    }
+    store_a
+        .release(&first)
+        .await
+        .unwrap_or_else(|e| panic!("{p}: a late release is no error: {e}"));
+    let seen = store_b
+        .inspect(&lease)
+        .await
+        .unwrap_or_else(|e| panic!("{p}: inspect: {e}"));
+    reserved_for_c(&seen, "inspect after A's late release");
+
+    let taken = scene.grant(&*store_c, &request(&lease, &c, scene.ttl)).await;
+    assert!(
+        taken.term > first.term,
+        "{p}: the successor's term {} must be above the handed-over {}",
+        taken.term,
+        first.term
+    );
+    let seen = store_b
+        .inspect(&lease)
+        .await
+        .unwrap_or_else(|e| panic!("{p}: inspect: {e}"));
+    assert_eq!(
+        seen.holder.as_ref().map(|h| (&h.id, h.term, h.reserved)),
+        Some((&c, taken.term, false)),
+        "{p}: once taken, the lease shows C holding its own term: {seen:?}"
+    );
+    match store_c.renew(&taken).await {
+        Ok(Renewed::Renewed(_)) => {}
+        other => panic!("{p}: the successor's renewal must succeed, got {other:?}"),
+    }
+    let history = store_b
+        .history(&lease, 10)
+        .await
+        .unwrap_or_else(|e| panic!("{p}: history: {e}"));
+    let ended = history.iter().find(|t| t.term == first.term).and_then(|t| t.ended);
+    assert_eq!(
+        ended.map(|(_, why)| why),
+        Some(EndReason::HandedOver),
+        "{p}: A's term ended handed over: {history:?}"
+    );
+
+    // A stale grant hands nothing over.
+    let _ = store_a.hand_over(&first, &b).await;
+    let seen = store_b
+        .inspect(&lease)
+        .await
+        .unwrap_or_else(|e| panic!("{p}: inspect: {e}"));
+    assert_eq!(
+        seen.holder.as_ref().map(|h| (&h.id, h.term, h.reserved)),
+        Some((&c, taken.term, false)),
+        "{p}: handing over a grant that is no longer held must change nothing: {seen:?}"
+    );
+
+    // A reservation nobody takes opens to everyone after its TTL.
+    let renewed = match store_c.renew(&taken).await {
+        Ok(Renewed::Renewed(grant)) => grant,
+        other => panic!("{p}: the successor's renewal must succeed, got {other:?}"),
+    };
+    let handed = Instant::now();
+    store_c
+        .hand_over(&renewed, &id("nobody"))
+        .await
+        .unwrap_or_else(|e| panic!("{p}: hand_over: {e}"));
+    let elector = scene.elector(store_b.clone(), "B");
+    let leader = scene.campaign(&elector, scene.ttl * 5).await;
+    let waited = leader.elected_at() - handed;
+    scene.log(format_args!("an untaken reservation opened after {}", secs(waited)));
+    assert!(
+        leader.term() > renewed.term,
+        "{p}: term {} after the reservation of {}",
+        leader.term(),
+        renewed.term
+    );
+    assert!(
+        waited >= scene.ttl.mul_f64(0.9),
+        "{p}: B took a lease reserved for someone else after {} (TTL {})",
+        secs(waited),
+        secs(scene.ttl)
+    );
+    leader.resign().await;
     scene.finish().await;
 }

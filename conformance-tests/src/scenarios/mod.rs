@@ -10,7 +10,7 @@
 //! |---|---|
 //! | [`basics`] | the raw store API, leading for 10 TTLs, corrupt records, invalid inputs |
 //! | [`safety`] | races, a crashed leader, a stalled task |
-//! | [`handover`] | graceful handover; FIFO order, record-version takeover, `break_lease` (gated) |
+//! | [`handover`] | graceful handover; FIFO order, record-version takeover, `break_lease` (gated); planned handover to a named successor |
 //! | [`faults`] | partition, outage, slow store, lost replies |
 //! | [`history`] | terms increase; how each term ended |
 //! | [`listing`] | leases listed by name prefix |
@@ -53,7 +53,9 @@ pub use faults::{
     store_outage_no_leader_then_one,
 };
 pub use groups::lease_group_balances_and_survives_a_crash;
-pub use handover::{break_lease_ends_the_term, fifo_order, graceful_release_fast_handover, version_takeover};
+pub use handover::{
+    break_lease_ends_the_term, fifo_order, graceful_release_fast_handover, hand_over_reserves_the_lease, version_takeover,
+};
 pub use history::{history_records_how_terms_end, terms_increase_and_history};
 pub use listing::list_by_prefix;
 pub use safety::{crash_successor_after_valid_until, race_has_one_winner, stalled_task_steps_down};
@@ -76,6 +78,7 @@ macro_rules! __every_scenario {
             fifo_order
             version_takeover
             break_lease_ends_the_term
+            hand_over_reserves_the_lease
             partitioned_leader_steps_down
             store_outage_no_leader_then_one
             slow_store_no_double_leadership
