@@ -414,3 +414,97 @@ pub async fn hand_over_reserves_the_lease(backend: Arc<dyn Backend>) {
     leader.resign().await;
     scene.finish().await;
 }
+
+/// A planned handover through the engine, both ways it is asked for: A leads with B and C
+/// campaigning; `Leader::hand_over(C)` makes C the leader (not B, who queued first) with a higher
+/// term within one notification or poll; then a request through the store (someone holds
+/// [`LeaseName::hand_over_requests`] as B, as `leasehold handover` does) makes C step down (its
+/// work is cancelled) and hand over to B. No two leaders at once. Not applicable where
+/// `hand_over` is unsupported.
+///
+/// # Panics
+///
+/// When the lease goes to anyone but the named successor, too slowly, or with overlap.
+pub async fn leader_hands_over_to_a_named_successor(backend: Arc<dyn Backend>) {
+    let scene = Scene::new(backend, "leader_hands_over_to_a_named_successor").await;
+    let p = &scene.prefix;
+    let probe_store = scene.connect().await;
+    let probe = LeaseName::new(scene.other_lease("probe")).expect("valid");
+    let probed = scene.grant(&*probe_store, &request(&probe, &id("a"), scene.ttl)).await;
+    match probe_store.hand_over(&probed, &id("b")).await {
+        Err(Error::Unsupported { .. }) => {
+            let _ = probe_store.release(&probed).await;
+            return scene.not_applicable("the store cannot reserve a lease for a successor (hand_over unsupported)");
+        }
+        other => other.unwrap_or_else(|e| panic!("{p}: hand_over: {e}")),
+    }
+
+    let a = scene.elector(scene.connect().await, "A");
+    let b = scene.elector(scene.connect().await, "B");
+    let c = scene.elector(scene.connect().await, "C");
+    let leader_a = scene.campaign(&a, scene.ttl * 3).await;
+    let (_campaign_b, elected_b) = spawn_campaign(&b);
+    tokio::time::sleep(scene.ttl / 4).await;
+    let (_campaign_c, elected_c) = spawn_campaign(&c);
+    tokio::time::sleep(scene.ttl / 2).await;
+
+    let bound = scene.retry_bound() + Duration::from_millis(250);
+    let first_term = leader_a.term();
+    let handed = Instant::now();
+    leader_a.hand_over(c.id()).await;
+    let leader_c = scene
+        .within("C taking over after A handed it over", scene.ttl * 3, elected_c)
+        .await
+        .expect("C campaigns");
+    let gap = leader_c.elected_at() - handed;
+    scene.log(format_args!(
+        "hand_over -> successor elected {} (notifications {:?}; bound {})",
+        secs(gap),
+        scene.caps.notifications,
+        secs(bound)
+    ));
+    assert!(
+        leader_c.term() > first_term,
+        "{p}: term {} after {first_term}",
+        leader_c.term()
+    );
+    assert!(
+        gap <= bound,
+        "{p}: the planned handover took {} > {}",
+        secs(gap),
+        secs(bound)
+    );
+
+    // Asked through the store: B holds the request lease; C's work is cancelled and C hands over.
+    let requests = scene.lease_name().hand_over_requests().expect("short lease names");
+    let requester = scene.connect().await;
+    let ask = scene
+        .grant(&*requester, &request(&requests, b.id(), scene.ttl * 3))
+        .await;
+    let asked = Instant::now();
+    scene
+        .within(
+            "C's work being cancelled after the request",
+            scene.ttl * 2,
+            leader_c.cancelled(),
+        )
+        .await;
+    let second_term = leader_c.term();
+    drop(leader_c); // the work returns
+    let leader_b = scene
+        .within("B taking over after the request", scene.ttl * 3, elected_b)
+        .await
+        .expect("B campaigns");
+    scene.log(format_args!(
+        "request -> successor elected {}",
+        secs(leader_b.elected_at() - asked)
+    ));
+    assert!(
+        leader_b.term() > second_term,
+        "{p}: term {} after {second_term}",
+        leader_b.term()
+    );
+    let _ = requester.release(&ask).await;
+    leader_b.resign().await;
+    scene.finish().await;
+}

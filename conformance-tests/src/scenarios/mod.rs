@@ -54,7 +54,8 @@ pub use faults::{
 };
 pub use groups::lease_group_balances_and_survives_a_crash;
 pub use handover::{
-    break_lease_ends_the_term, fifo_order, graceful_release_fast_handover, hand_over_reserves_the_lease, version_takeover,
+    break_lease_ends_the_term, fifo_order, graceful_release_fast_handover, hand_over_reserves_the_lease,
+    leader_hands_over_to_a_named_successor, version_takeover,
 };
 pub use history::{history_records_how_terms_end, terms_increase_and_history};
 pub use listing::list_by_prefix;
@@ -79,6 +80,7 @@ macro_rules! __every_scenario {
             version_takeover
             break_lease_ends_the_term
             hand_over_reserves_the_lease
+            leader_hands_over_to_a_named_successor
             partitioned_leader_steps_down
             store_outage_no_leader_then_one
             slow_store_no_double_leadership

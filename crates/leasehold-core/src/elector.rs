@@ -162,6 +162,8 @@ struct Inner {
     /// Held by the running driver: a new campaign starts only once the previous one has finished
     /// stepping down or withdrawing, so a store never sees two campaigns of one candidate.
     one_driver: Arc<tokio::sync::Mutex<()>>,
+    /// The lease whose holder names a successor to hand over to, if the leader watches it.
+    hand_over_requests: Option<LeaseName>,
 }
 
 /// Why [`Elector::run`] returned.

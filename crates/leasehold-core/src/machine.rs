@@ -55,6 +55,9 @@ pub enum Request {
     Renew(Grant),
     /// [`LeaseStore::release`](crate::LeaseStore::release).
     Release(Grant),
+    /// [`LeaseStore::hand_over`](crate::LeaseStore::hand_over) to this successor (answered
+    /// with [`Reply::Release`]; the driver releases where the store cannot hand over).
+    HandOver(Grant, CandidateId),
     /// [`LeaseStore::inspect`](crate::LeaseStore::inspect) of the machine's lease.
     Inspect,
     /// [`LeaseStore::withdraw`](crate::LeaseStore::withdraw) of this candidate.
@@ -91,6 +94,16 @@ pub enum Input {
     Heartbeat(Instant),
     /// The leader resigns (its work has stopped): release the lease now.
     Resign,
+    /// Hand the lease over to this successor
+    /// ([`LeaseStore::hand_over`](crate::LeaseStore::hand_over)): a leader steps down, and once
+    /// its work has stopped (`work_stopped`: it already has) hands the lease over instead of
+    /// releasing it.
+    HandOver {
+        /// The successor.
+        to: CandidateId,
+        /// The work has already returned (as for [`Input::Resign`]).
+        work_stopped: bool,
+    },
     /// The leader's handle ended the leadership for this reason (too little time left for the
     /// work's next side effect, or the step-down point passed while the driver was not
     /// scheduled): step down, release once the work has stopped, and campaign again.
@@ -141,6 +154,11 @@ pub enum DeposedReason {
     },
     /// The leader resigned.
     Resigned,
+    /// The leader handed the lease over to a named successor.
+    HandedOver {
+        /// The successor.
+        to: CandidateId,
+    },
     /// The work ended on its own.
     WorkFinished,
 }
@@ -164,6 +182,7 @@ impl fmt::Display for DeposedReason {
                 "only {remaining:?} of the lease was left and the work needed {required:?} (renewals were late)"
             ),
             DeposedReason::Resigned => f.write_str("resigned"),
+            DeposedReason::HandedOver { to } => write!(f, "handed over to {to}"),
             DeposedReason::WorkFinished => f.write_str("the leader's work finished"),
         }
     }
@@ -317,6 +336,8 @@ struct SteppingDown {
     work_stopped: Option<Instant>,
     aborted: bool,
     then: Then,
+    /// Hand the lease over to this candidate instead of releasing it.
+    successor: Option<CandidateId>,
 }
 
 /// Whether a leader that steps down still holds the lease in the store.
@@ -543,6 +564,7 @@ impl Machine {
                 }
             }
             Input::Resign => self.resign(now, Then::CampaignAgain, out),
+            Input::HandOver { to, work_stopped } => self.hand_over(now, to, work_stopped, out),
             Input::StepDown(reason) => self.step_down(now, reason, Lease::StillOurs, Then::CampaignAgain, out),
             Input::Shutdown => self.resign(now, Then::Stop, out),
             Input::WorkStopped => match &mut self.state {
@@ -588,6 +610,23 @@ impl Machine {
             // An acquire still in flight is waited for: a late grant is released before withdrawing.
             State::Following(_) if then == Then::Stop => self.state = State::Stopping,
             _ => {}
+        }
+    }
+
+    /// A leader steps down to hand the lease over to `to` once its work has stopped; a leader
+    /// already stepping down with the lease still to release hands it over instead.
+    fn hand_over(&mut self, now: Instant, to: CandidateId, work_stopped: bool, out: &mut Vec<Output>) {
+        if matches!(self.state, State::Leading(_)) {
+            let reason = DeposedReason::HandedOver { to: to.clone() };
+            self.step_down(now, reason, Lease::StillOurs, Then::CampaignAgain, out);
+        }
+        if let State::SteppingDown(s) = &mut self.state
+            && s.release_due
+        {
+            s.successor = Some(to);
+            if work_stopped && s.work_stopped.is_none() && !s.aborted {
+                s.work_stopped = Some(now);
+            }
         }
     }
 
@@ -693,7 +732,11 @@ impl Machine {
         if s.release_due && now < s.valid_until && self.pending.is_none() {
             s.release_due = false;
             let grant = s.grant.clone();
-            self.send(now, Purpose::Release, Request::Release(grant), out);
+            let request = match s.successor.clone() {
+                Some(to) => Request::HandOver(grant, to),
+                None => Request::Release(grant),
+            };
+            self.send(now, Purpose::Release, request, out);
             return;
         }
         if self.pending.is_some() {
@@ -760,8 +803,10 @@ impl Machine {
                     }
                     // Above the floor when the acquire was sent, and above anything learnt since
                     // (a stray grant of ours that came back late is never adopted).
+                    // A reservation for us is no grant: its term is the previous holder's.
                     Some(h)
                         if h.id == self.me
+                            && !h.reserved
                             && term_floor.is_some_and(|floor| h.term > floor.max(self.term_floor.unwrap_or(floor))) =>
                     {
                         let grant = self.our_grant(h);
@@ -973,6 +1018,7 @@ impl Machine {
             work_stopped: None,
             aborted: false,
             then,
+            successor: None,
         });
         self.set_leader_seen(reason_leader, out);
     }

@@ -36,17 +36,18 @@ pub(crate) const FAILOVER_SECONDS: &str = "leasehold_failover_seconds";
 pub(crate) const HANDOVER_SECONDS: &str = "leasehold_handover_seconds";
 
 /// Every operation label of [`REQUESTS`].
-pub(crate) const OPERATIONS: [&str; 5] = ["acquire", "renew", "release", "inspect", "withdraw"];
+pub(crate) const OPERATIONS: [&str; 6] = ["acquire", "renew", "release", "hand_over", "inspect", "withdraw"];
 /// Every outcome label of [`REQUESTS`].
 pub(crate) const OUTCOMES: [&str; 4] = ["ok", "lost_race", "transient", "permanent"];
 /// Every reason label of [`STEP_DOWNS`].
-pub(crate) const STEP_DOWN_REASONS: [&str; 7] = [
+pub(crate) const STEP_DOWN_REASONS: [&str; 8] = [
     "superseded",
     "renew_failed",
     "store_error",
     "stalled",
     "too_little_time",
     "resigned",
+    "handed_over",
     "work_finished",
 ];
 /// Every reason label of [`TROUBLE`].
@@ -152,6 +153,7 @@ pub(crate) fn operation(request: &Request) -> &'static str {
         Request::Acquire(_) => "acquire",
         Request::Renew(_) => "renew",
         Request::Release(_) => "release",
+        Request::HandOver(..) => "hand_over",
         Request::Inspect => "inspect",
         Request::Withdraw => "withdraw",
     }
@@ -184,6 +186,7 @@ pub(crate) fn step_down_reason(reason: &DeposedReason) -> &'static str {
         DeposedReason::Stalled => "stalled",
         DeposedReason::TooLittleTime { .. } => "too_little_time",
         DeposedReason::Resigned => "resigned",
+        DeposedReason::HandedOver { .. } => "handed_over",
         DeposedReason::WorkFinished => "work_finished",
     }
 }
@@ -281,6 +284,9 @@ mod tests {
                 required: std::time::Duration::ZERO,
             },
             DeposedReason::Resigned,
+            DeposedReason::HandedOver {
+                to: "b".parse().unwrap(),
+            },
             DeposedReason::WorkFinished,
         ];
         let labels: Vec<&str> = reasons.iter().map(step_down_reason).collect();

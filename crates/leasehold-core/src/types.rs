@@ -70,6 +70,26 @@ impl LeaseName {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The lease through which anyone asks this lease's holder to hand it over
+    /// (`{name}.handover`): whoever holds it names the successor by its own candidate id, and
+    /// the leader (see [`ElectorBuilder::hand_over_requests`](crate::ElectorBuilder::hand_over_requests))
+    /// steps down and hands the lease to it. `leasehold handover` holds it while it waits.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidLeaseName`] when the name is too long to add the suffix.
+    ///
+    /// ```
+    /// use leasehold_core::LeaseName;
+    ///
+    /// let lease: LeaseName = "jobs".parse()?;
+    /// assert_eq!(lease.hand_over_requests()?.as_str(), "jobs.handover");
+    /// # Ok::<(), leasehold_core::Error>(())
+    /// ```
+    pub fn hand_over_requests(&self) -> Result<LeaseName> {
+        LeaseName::new(format!("{}.handover", self.0))
+    }
 }
 
 impl FromStr for LeaseName {

@@ -1554,3 +1554,63 @@ fn a_grant_that_comes_back_after_the_machine_stopped_is_released() {
     assert_eq!(h.reply(3_500, OpId(3), Reply::Release(Ok(()))), vec![]);
     assert!(h.m.is_stopped() && h.m.pending().is_none());
 }
+
+/// A lease handed over to us and not taken yet shows us as holder at the previous holder's term
+/// (`reserved`). A read-back after an unknown acquire must not adopt it: that term was the
+/// previous holder's, and believing it would fence our writes with its token. The next acquire
+/// takes the reservation with a new term.
+#[test]
+fn acquire_read_back_of_a_reservation_for_us_is_not_adopted() {
+    let mut h = Harness::follower();
+    let op = h.send_at(0);
+    let _ = h.reply(
+        0,
+        op,
+        Reply::Acquire(Ok(Acquired::Held(held(holder(other(), 1, "v0", None))))),
+    );
+    let _ = h.tick(2_000); // acquire sent at 2 000
+    assert_eq!(
+        h.tick(5_000),
+        vec![Ev::Trouble("timeout"), Ev::Send(OpId(2), Request::Inspect)]
+    );
+    // Meanwhile the other holder led term 2 and handed it over to us.
+    let reservation = held(HolderInfo {
+        reserved: true,
+        ..holder(me(), 2, "v2", Some(ms(8_000)))
+    });
+    let out = h.reply(5_100, OpId(2), Reply::Inspect(Ok(reservation)));
+    assert!(!out.iter().any(|e| matches!(e, Ev::Elected { .. })), "{out:?}");
+    assert!(!h.believes(5_100));
+    assert_eq!(h.m.term(), None);
+}
+
+/// A leader asked to hand over steps down (its work is cancelled), and once the work has stopped
+/// hands the lease to the named successor instead of releasing it.
+#[test]
+fn hand_over_steps_down_and_hands_the_lease_over_once_the_work_stopped() {
+    let mut h = Harness::leader();
+    let out = h.step(
+        1_000,
+        Input::HandOver {
+            to: other(),
+            work_stopped: false,
+        },
+    );
+    assert!(
+        out.iter().any(|e| matches!(
+            e,
+            Ev::Deposed { reason: DeposedReason::HandedOver { to }, .. } if *to == other()
+        )),
+        "{out:?}"
+    );
+    assert!(
+        sends(&out).is_empty(),
+        "nothing is handed over while the work runs: {out:?}"
+    );
+    let out = h.step(1_200, Input::WorkStopped);
+    assert_eq!(
+        sends(&out),
+        vec![&Request::HandOver(grant(1, "v1"), other())],
+        "{out:?}"
+    );
+}

@@ -18,6 +18,7 @@ pub struct ElectorBuilder {
     request_timeout: Option<Duration>,
     stall_timeout: Option<Duration>,
     lock_delay: Option<Duration>,
+    hand_over_requests: bool,
 }
 
 impl ElectorBuilder {
@@ -35,6 +36,7 @@ impl ElectorBuilder {
             request_timeout: None,
             stall_timeout: None,
             lock_delay: None,
+            hand_over_requests: true,
         }
     }
 }
@@ -81,6 +83,16 @@ impl ElectorBuilder {
         lock_delay: Duration,
     }
 
+    /// Whether the leader watches for requests to hand the lease over
+    /// ([`LeaseName::hand_over_requests`], e.g. from `leasehold handover LEASE --to ID`). Default
+    /// on: the leader reads that lease once per `renew_every` (one more store read per renewal);
+    /// when someone holds it, the leader steps down, and once its work has returned hands the
+    /// lease to the candidate named there ([`LeaseStore::hand_over`]).
+    pub fn hand_over_requests(mut self, enabled: bool) -> Self {
+        self.hand_over_requests = enabled;
+        self
+    }
+
     /// The timing this builder describes, not yet validated.
     pub fn timing(&self) -> Timing {
         let mut t = Timing::new(self.ttl);
@@ -125,6 +137,11 @@ impl ElectorBuilder {
         timing.validate()?;
         telemetry::describe();
         telemetry::register(lease.as_str(), self.store.name());
+        // A lease name too long for the suffix has no requests to watch.
+        let hand_over_requests = self
+            .hand_over_requests
+            .then(|| lease.hand_over_requests().ok())
+            .flatten();
         Ok(Elector {
             inner: Arc::new(Inner {
                 store: self.store,
@@ -138,6 +155,7 @@ impl ElectorBuilder {
                 not_before: Mutex::new(None),
                 earlier: Mutex::new(None),
                 one_driver: Arc::new(tokio::sync::Mutex::new(())),
+                hand_over_requests,
             }),
         })
     }

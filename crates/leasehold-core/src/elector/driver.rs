@@ -219,6 +219,11 @@ impl Driver {
                     self.resign_acks.push(ack);
                     Input::Resign
                 }
+                Command::HandOver { to, ack } => {
+                    let work_stopped = ack.is_some();
+                    self.resign_acks.extend(ack);
+                    Input::HandOver { to, work_stopped }
+                }
                 Command::Shutdown => Input::Shutdown,
                 Command::StepDown(reason) => Input::StepDown(reason),
             },
@@ -333,7 +338,7 @@ impl Driver {
                 let failed: fn(Error) -> Reply = match &request {
                     Request::Acquire(_) => |e| Reply::Acquire(Err(e)),
                     Request::Renew(_) => |e| Reply::Renew(Err(e)),
-                    Request::Release(_) => |e| Reply::Release(Err(e)),
+                    Request::Release(_) | Request::HandOver(..) => |e| Reply::Release(Err(e)),
                     Request::Inspect => |e| Reply::Inspect(Err(e)),
                     Request::Withdraw => |e| Reply::Withdraw(Err(e)),
                 };
@@ -350,6 +355,11 @@ impl Driver {
                             Reply::Renew(reply)
                         }
                         Request::Release(g) => Reply::Release(store.release(&g).await),
+                        // Where the store cannot reserve the lease, it opens to everyone.
+                        Request::HandOver(g, to) => Reply::Release(match store.hand_over(&g, &to).await {
+                            Err(Error::Unsupported { .. }) => store.release(&g).await,
+                            other => other,
+                        }),
                         Request::Inspect => Reply::Inspect(store.inspect(&lease_name).await),
                         Request::Withdraw => Reply::Withdraw(store.withdraw(&lease_name, &me).await),
                     };
@@ -422,6 +432,14 @@ impl Driver {
                     at: now,
                     valid_until,
                 });
+                if let Some(requests) = &self.inner.hand_over_requests {
+                    tokio::spawn(watch_hand_over_requests(
+                        self.inner.clone(),
+                        requests.clone(),
+                        shared.token.clone(),
+                        self.commands_tx.clone(),
+                    ));
+                }
                 let alive = self.alive.take().expect("elected once per campaign");
                 Some(Leader { shared, _alive: alive })
             }
@@ -442,7 +460,9 @@ impl Driver {
                 believed_until,
             } => {
                 match reason {
-                    DeposedReason::Resigned | DeposedReason::WorkFinished => info!(%term, %reason, "stepped down"),
+                    DeposedReason::Resigned | DeposedReason::WorkFinished | DeposedReason::HandedOver { .. } => {
+                        info!(%term, %reason, "stepped down");
+                    }
                     _ => warn!(%term, %reason, "deposed"),
                 }
                 *self.inner.leading.lock().expect("leading lock") = None;
@@ -539,5 +559,39 @@ impl std::fmt::Debug for Driver {
         f.debug_struct("Driver")
             .field("machine", &self.machine)
             .finish_non_exhaustive()
+    }
+}
+
+/// While this candidate leads (until `leading` is cancelled): reads the lease of hand-over
+/// requests once per `renew_every`, and when another candidate holds it, asks the driver to hand
+/// the lease over to that candidate.
+async fn watch_hand_over_requests(
+    inner: Arc<Inner>,
+    requests: LeaseName,
+    leading: CancellationToken,
+    commands: mpsc::UnboundedSender<Command>,
+) {
+    let every = inner.timing.renew_every;
+    loop {
+        tokio::select! {
+            () = leading.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        let read = tokio::time::timeout(inner.timing.request_timeout, inner.store.inspect(&requests));
+        let to = match read.await {
+            Ok(Ok(observation)) => observation.holder.map(|h| h.id).filter(|to| *to != inner.id),
+            Ok(Err(e)) => {
+                debug!(error = %e, lease = %requests, "cannot read hand-over requests");
+                None
+            }
+            Err(_) => None,
+        };
+        if let Some(to) = to {
+            if !leading.is_cancelled() {
+                info!(%to, "handing the lease over, as asked through {requests}");
+                let _ = commands.send(Command::HandOver { to, ack: None });
+            }
+            return;
+        }
     }
 }

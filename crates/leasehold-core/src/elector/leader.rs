@@ -40,6 +40,11 @@ pub(super) struct Status {
 #[derive(Debug)]
 pub(super) enum Command {
     Resign(oneshot::Sender<()>),
+    /// Hand the lease over to `to`; with an `ack`, the work has stopped (as for `Resign`).
+    HandOver {
+        to: CandidateId,
+        ack: Option<oneshot::Sender<()>>,
+    },
     Shutdown,
     /// The leader's handle ended the leadership (see [`Input::StepDown`]).
     StepDown(DeposedReason),
@@ -221,6 +226,41 @@ impl Leader {
     pub async fn resign(self) {
         let (ack, done) = oneshot::channel();
         if self.shared.commands.send(Command::Resign(ack)).is_ok() {
+            let _ = done.await;
+        }
+    }
+
+    /// Gives up leadership to the candidate `to` (a planned handover: a rolling deploy, moving
+    /// leadership off a node): the work must have stopped. The store keeps the lease reserved
+    /// for `to` ([`LeaseStore::hand_over`]), so `to`, if it campaigns, takes over at once with a
+    /// higher term and nobody else can; if `to` does not take it, the lease opens to everyone
+    /// once its TTL has passed. Where the store cannot reserve, the lease is released to
+    /// everyone. Returns when the handover is done (or failed).
+    ///
+    /// ```
+    /// use std::{sync::Arc, time::Duration};
+    /// use leasehold_core::{CandidateId, Elector, MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold_core::Result<()> {
+    /// let store = Arc::new(MemoryStore::new());
+    /// let elector = |id: &str| Elector::builder(store.clone(), "jobs").candidate_id(id).build();
+    /// let (a, b) = (elector("a")?, elector("b")?);
+    /// let first = a.campaign().await?;
+    /// let handed_over = first.term();
+    /// let successor = tokio::spawn(async move { b.campaign().await });
+    /// tokio::time::sleep(Duration::from_millis(50)).await; // b is campaigning
+    /// first.hand_over(&"b".parse()?).await;
+    /// let second = successor.await.expect("b campaigns")?;
+    /// assert!(second.term() > handed_over);
+    /// # Ok(()) }
+    /// ```
+    pub async fn hand_over(self, to: &CandidateId) {
+        let (ack, done) = oneshot::channel();
+        let command = Command::HandOver {
+            to: to.clone(),
+            ack: Some(ack),
+        };
+        if self.shared.commands.send(command).is_ok() {
             let _ = done.await;
         }
     }
