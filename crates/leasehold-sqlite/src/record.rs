@@ -5,7 +5,8 @@ use std::ops::RangeInclusive;
 use std::time::{Duration, SystemTime};
 
 use leasehold_core::{
-    CandidateId, EndReason, Error, HolderFields, HolderInfo, LeaseName, Observation, Result, Term, Transition, time,
+    CandidateId, EndReason, Error, Grant, HolderFields, HolderInfo, LeaseName, Observation, Result, Term, Transition,
+    time,
 };
 use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, SqliteConnection, TypeInfo, ValueRef};
@@ -151,7 +152,11 @@ impl Record {
                     version: &version,
                     store_remaining: None,
                 };
-                Some(HolderInfo::from_record(STORE, lease, fields, &TTL_RANGE)?)
+                let mut holder = HolderInfo::from_record(STORE, lease, fields, &TTL_RANGE)?;
+                // A row that names a holder and says its term was handed over is a reservation:
+                // `term` ended, handed to `holder`, who has not taken it yet.
+                holder.reserved = previous_end == Some(EndReason::HandedOver);
+                Some(holder)
             }
             (Ok(holder), Ok(ttl_ms), Ok(version)) => {
                 let set = |is_set: bool| if is_set { "set" } else { "NULL" };
@@ -170,6 +175,19 @@ impl Record {
             last_term: term.max(history_term),
             previous_end,
         })
+    }
+
+    /// Whether the row is a reservation for a named successor (see
+    /// [`HolderInfo::reserved`]).
+    pub(crate) fn reserved(&self) -> bool {
+        self.holder.as_ref().is_some_and(|h| h.reserved)
+    }
+
+    /// Whether the row still records `grant`: its holder at its term, not handed over.
+    pub(crate) fn records(&self, grant: &Grant) -> bool {
+        self.holder
+            .as_ref()
+            .is_some_and(|h| h.id == grant.holder && self.term == grant.term && !h.reserved)
     }
 
     /// What a candidate is told about the lease.

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::{
-    AcquireRequest, Acquired, Capabilities, Error, Expiry, Grant, LeaseName, LeaseStore, Notifications, Observation,
-    Renewed, Result, Term, Transition,
+    AcquireRequest, Acquired, CandidateId, Capabilities, Error, Expiry, Grant, LeaseName, LeaseStore, Notifications,
+    Observation, Renewed, Result, Term, Transition,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection};
@@ -187,6 +187,19 @@ impl LeaseStore for SqliteStore {
     async fn release(&self, grant: &Grant) -> Result<()> {
         match self.writer.write(Op::Release(grant.clone())).await? {
             Outcome::Released => Ok(()),
+            other => Err(mismatch(other)),
+        }
+    }
+
+    /// One transaction: if the row still names the grant's holder at its term, the term ends
+    /// `handed_over` in the history and the row names `to` at the same term with `previous_end`
+    /// `handed_over` (a reservation: only `to`'s acquire is granted, with a new term) and a new
+    /// version, which contenders watch for a TTL before they take it over. No schema change: an
+    /// older leasehold-sqlite reading a reservation reports a corrupt record for that lease.
+    async fn hand_over(&self, grant: &Grant, to: &CandidateId) -> Result<()> {
+        self.capabilities().check_ttl(STORE, grant.ttl)?;
+        match self.writer.write(Op::HandOver(grant.clone(), to.clone())).await? {
+            Outcome::HandedOver => Ok(()),
             other => Err(mismatch(other)),
         }
     }

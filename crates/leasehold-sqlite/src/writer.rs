@@ -1,5 +1,5 @@
-//! Writes: every acquire, renew, release and break runs inside a `BEGIN IMMEDIATE` transaction,
-//! and the requests that queue up while one transaction commits share the next one.
+//! Writes: every acquire, renew, release, hand over and break runs inside a `BEGIN IMMEDIATE`
+//! transaction, and the requests that queue up while one transaction commits share the next one.
 //!
 //! `BEGIN IMMEDIATE` takes SQLite's write lock at once, so writers in all processes take turns
 //! and the row a request reads is the row it replaces: that is the compare-and-set. Sharing a
@@ -10,7 +10,7 @@
 use std::time::SystemTime;
 
 use leasehold_core::{
-    AcquireRequest, Acquired, EndReason, Error, Grant, LeaseName, RecordVersion, Renewed, Result, Term,
+    AcquireRequest, Acquired, CandidateId, EndReason, Error, Grant, LeaseName, RecordVersion, Renewed, Result, Term,
 };
 use sqlx::SqliteConnection;
 use sqlx::sqlite::SqlitePool;
@@ -30,6 +30,7 @@ pub(crate) enum Op {
     Acquire(AcquireRequest),
     Renew(Grant),
     Release(Grant),
+    HandOver(Grant, CandidateId),
     Break(LeaseName),
 }
 
@@ -39,6 +40,7 @@ pub(crate) enum Outcome {
     Acquired(Acquired),
     Renewed(Renewed),
     Released,
+    HandedOver,
     Broken(Option<Term>),
 }
 
@@ -48,6 +50,7 @@ impl Op {
             Op::Acquire(_) => "acquire",
             Op::Renew(_) => "renew",
             Op::Release(_) => "release",
+            Op::HandOver(..) => "hand_over",
             Op::Break(_) => "break_lease",
         }
     }
@@ -128,6 +131,7 @@ async fn transaction(
             Op::Acquire(request) => acquire(&mut tx, config, request).await.map(Outcome::Acquired),
             Op::Renew(grant) => renew(&mut tx, grant).await.map(Outcome::Renewed),
             Op::Release(grant) => release(&mut tx, grant).await.map(|()| Outcome::Released),
+            Op::HandOver(grant, to) => hand_over(&mut tx, grant, to).await.map(|()| Outcome::HandedOver),
             Op::Break(lease) => break_lease(&mut tx, lease).await.map(Outcome::Broken),
         };
         answers.push(match answer {
@@ -150,6 +154,9 @@ async fn acquire(
     let term = next_term(lease, &record)?;
     match &record.holder {
         None => {}
+        // The successor taking its reservation, or a reservation nobody took for its whole TTL:
+        // the handed-over term already ended in the history; the grant below replaces the row.
+        Some(h) if h.reserved && (h.id == request.candidate || request.takeover.as_ref() == Some(&h.version)) => {}
         // The candidate itself: its earlier leadership has ended, since it campaigns again. Or
         // the caller saw this very version unchanged for the holder's whole TTL.
         Some(h) if h.id == request.candidate || request.takeover.as_ref() == Some(&h.version) => {
@@ -213,7 +220,7 @@ async fn renew(conn: &mut SqliteConnection, grant: &Grant) -> Result<Renewed, Fa
     let lease = &grant.lease;
     let record = record::read(conn, lease).await?;
     match &record.holder {
-        Some(h) if h.id == grant.holder && record.term == grant.term => {
+        Some(h) if record.records(grant) => {
             let version = String::from(RecordVersion::random());
             sqlx::query("UPDATE leasehold_leases SET version = ?2 WHERE name = ?1")
                 .bind(lease.as_str())
@@ -232,13 +239,32 @@ async fn renew(conn: &mut SqliteConnection, grant: &Grant) -> Result<Renewed, Fa
 
 async fn release(conn: &mut SqliteConnection, grant: &Grant) -> Result<(), Failure> {
     let record = record::read(conn, &grant.lease).await?;
-    if record
-        .holder
-        .as_ref()
-        .is_some_and(|h| h.id == grant.holder && record.term == grant.term)
-    {
+    if record.records(grant) {
         end(conn, &grant.lease, record.term, EndReason::Released).await?;
     }
+    Ok(())
+}
+
+/// Ends the grant's term as handed over and leaves the row naming `to` as a reservation: the
+/// same term, `previous_end` `handed_over`, a new version (so contenders watch a full TTL from
+/// now before taking it over) and the grant's TTL.
+async fn hand_over(conn: &mut SqliteConnection, grant: &Grant, to: &CandidateId) -> Result<(), Failure> {
+    let lease = &grant.lease;
+    let record = record::read(conn, lease).await?;
+    if !record.records(grant) {
+        return Ok(());
+    }
+    sqlx::query(
+        "UPDATE leasehold_leases SET holder = ?2, ttl_ms = ?3, version = ?4, previous_end = ?5 WHERE name = ?1",
+    )
+    .bind(lease.as_str())
+    .bind(to.as_str())
+    .bind(ttl_value(grant.ttl))
+    .bind(String::from(RecordVersion::random()))
+    .bind(EndReason::HandedOver.to_string())
+    .execute(&mut *conn)
+    .await?;
+    end_term(conn, lease, record.term, EndReason::HandedOver).await?;
     Ok(())
 }
 
@@ -247,13 +273,24 @@ async fn break_lease(conn: &mut SqliteConnection, lease: &LeaseName) -> Result<O
     if record.holder.is_none() {
         return Ok(None);
     }
-    end(conn, lease, record.term, EndReason::Broken).await?;
+    if record.reserved() {
+        // The term already ended, handed over: free the row, keep the history.
+        free(conn, lease, EndReason::Broken).await?;
+    } else {
+        end(conn, lease, record.term, EndReason::Broken).await?;
+    }
     Ok(Some(record.term))
 }
 
 /// Ends the current term in the history and frees the lease; the row and its term stay, so the
 /// term never goes back.
 async fn end(conn: &mut SqliteConnection, lease: &LeaseName, term: Term, reason: EndReason) -> Result<(), sqlx::Error> {
+    free(conn, lease, reason).await?;
+    end_term(conn, lease, term, reason).await
+}
+
+/// Frees the lease's row, saying how its last term ended.
+async fn free(conn: &mut SqliteConnection, lease: &LeaseName, reason: EndReason) -> Result<(), sqlx::Error> {
     sqlx::query(
         "UPDATE leasehold_leases SET holder = NULL, ttl_ms = NULL, version = NULL, previous_end = ?2
          WHERE name = ?1",
@@ -262,6 +299,16 @@ async fn end(conn: &mut SqliteConnection, lease: &LeaseName, term: Term, reason:
     .bind(reason.to_string())
     .execute(&mut *conn)
     .await?;
+    Ok(())
+}
+
+/// Records in the history that `term` ended for `reason`.
+async fn end_term(
+    conn: &mut SqliteConnection,
+    lease: &LeaseName,
+    term: Term,
+    reason: EndReason,
+) -> Result<(), sqlx::Error> {
     sqlx::query("UPDATE leasehold_terms SET ended_at = ?3, end_reason = ?4 WHERE name = ?1 AND term = ?2")
         .bind(lease.as_str())
         .bind(term_value(term))

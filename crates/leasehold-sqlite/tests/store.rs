@@ -135,6 +135,61 @@ async fn the_holder_acquiring_again_gets_a_new_term() {
     assert_eq!(history[0].ended.map(|(_, reason)| reason), Some(EndReason::Expired));
 }
 
+/// A handover leaves the row naming the successor at the old term with `previous_end`
+/// `handed_over`, and nothing takes that row for a grant of the successor at the old term: a
+/// renewal or release of such a grant is `Lost` / a no-op. Breaking a reservation frees it and
+/// keeps the history's `handed_over`.
+#[tokio::test]
+async fn a_reservation_is_the_successor_named_with_previous_end_handed_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir).await;
+    let a = granted(&store, "a", None).await;
+    store.hand_over(&a, &id("c")).await.unwrap();
+    let (holder, term, version, previous_end): (String, i64, String, String) =
+        sqlx::query_as("SELECT holder, term, version, previous_end FROM leasehold_leases")
+            .fetch_one(&mut raw(&dir.path().join("leases.db")).await)
+            .await
+            .unwrap();
+    assert_eq!((holder.as_str(), term, previous_end.as_str()), ("c", 1, "handed_over"));
+    assert_ne!(version, a.token, "a reservation has a version of its own");
+    let seen = store.inspect(&lease()).await.unwrap();
+    let reserved = seen.holder.clone().unwrap();
+    assert!(
+        reserved.reserved && reserved.id == id("c") && reserved.term == Term(1),
+        "{seen:?}"
+    );
+    assert_eq!(reserved.version, version);
+
+    // A grant of the successor at the handed-over term is not what the row records.
+    let as_c = Grant {
+        holder: id("c"),
+        token: version,
+        ..a.clone()
+    };
+    let Renewed::Lost(lost) = store.renew(&as_c).await.unwrap() else {
+        panic!("a reservation renewed as a grant of the successor")
+    };
+    assert_eq!(lost, seen);
+    store.release(&as_c).await.unwrap();
+    store.hand_over(&as_c, &id("b")).await.unwrap();
+    assert_eq!(store.inspect(&lease()).await.unwrap(), seen);
+
+    assert_eq!(store.break_lease(&lease()).await.unwrap(), Some(Term(1)));
+    assert_eq!(
+        store.inspect(&lease()).await.unwrap(),
+        Observation::free(lease(), Term(1), Some(EndReason::Broken))
+    );
+    let history = store.history(&lease(), 10).await.unwrap();
+    assert_eq!(
+        history
+            .iter()
+            .map(|t| (t.term, t.ended.map(|(_, why)| why)))
+            .collect::<Vec<_>>(),
+        [(Term(1), Some(EndReason::HandedOver))]
+    );
+    assert_eq!(granted(&store, "b", None).await.term, Term(2));
+}
+
 #[tokio::test]
 async fn two_stores_on_one_file_see_each_others_leases() {
     let dir = tempfile::tempdir().unwrap();
