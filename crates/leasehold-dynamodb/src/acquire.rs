@@ -9,7 +9,7 @@ use leasehold_core::{
 };
 
 use crate::error::{self, STORE};
-use crate::record::{self, Item, KEY, LEASE_SK, Record, key, n, s};
+use crate::record::{self, HANDED_OVER_AT, Item, KEY, LEASE_SK, RESERVED_TERM, Record, key, n, s};
 use crate::store::Table;
 
 /// The answer to the one-request grant of an acquire.
@@ -33,7 +33,9 @@ pub(crate) fn grant(request: &AcquireRequest, term: Term, version: String) -> Gr
 impl Table {
     /// The common grant, sent without reading first: one `UpdateItem` on the condition that the
     /// item exists, is free, held by the candidate itself or held at exactly the `takeover`
-    /// version, and that its `prev_*` slot is empty (the term before has its history item). It
+    /// version, is not reserved (a reserved term ended handed over, which one expression cannot
+    /// copy into the slot beside the other ends: [`Table::take_read`] grants over it), and that
+    /// its `prev_*` slot is empty (the term before has its history item). It
     /// raises the term by one and moves the term it ends into the slot, all from the item's own
     /// attributes. [`Taken::Refused`] when the condition failed, with the item that failed it
     /// where the server returns it (DynamoDB does; emulators may not).
@@ -43,7 +45,7 @@ impl Table {
         let version = RecordVersion::random().to_string();
         let mut condition = String::from(
             "attribute_type(#t, :number) AND attribute_exists(#lh) AND attribute_not_exists(#pt) \
-             AND (attribute_not_exists(#h) OR #h = :me",
+             AND (attribute_not_exists(#rt) OR #rt <> #t) AND (attribute_not_exists(#h) OR #h = :me",
         );
         if request.takeover.is_some() {
             condition.push_str(" OR #v = :takeover");
@@ -58,7 +60,7 @@ impl Table {
                 "SET #h = :me, #lh = :me, #ttl = :ttl, #v = :version, #at = :now, \
                  #pt = #t, #ph = #lh, #pa = if_not_exists(#at, :zero), \
                  #pea = if_not_exists(#ea, :now), #pr = if_not_exists(#pe, :expired), #t = #t + :one \
-                 REMOVE #pe, #ea",
+                 REMOVE #pe, #ea, #rt, #hoa",
             )
             .condition_expression(condition)
             .return_values(ReturnValue::AllNew)
@@ -76,6 +78,8 @@ impl Table {
             .expression_attribute_names("#pa", "prev_acquired_at")
             .expression_attribute_names("#pea", "prev_ended_at")
             .expression_attribute_names("#pr", "prev_end")
+            .expression_attribute_names("#rt", RESERVED_TERM)
+            .expression_attribute_names("#hoa", HANDED_OVER_AT)
             .expression_attribute_values(":number", s("N"))
             .expression_attribute_values(":me", s(request.candidate.as_str()))
             .expression_attribute_values(":ttl", n(request.ttl.as_millis()))
@@ -117,9 +121,10 @@ impl Table {
     }
 
     /// Grants the lease over the item just read (`record`: present, and free, the candidate's,
-    /// or held at the `takeover` version), when [`Table::take_unread`] was refused: most
-    /// often because the `prev_*` slot still holds a term whose history item a previous grant
-    /// did not get to write (its caller gave up on it). That history item is written first,
+    /// or held at the `takeover` version), when [`Table::take_unread`] was refused: because the
+    /// item is reserved (its term ended handed over), or the `prev_*` slot still holds a term
+    /// whose history item a previous grant did not get to write (its caller gave up on it).
+    /// That history item is written first,
     /// then one `UpdateItem` on the condition that the item is still exactly as read replaces
     /// the slot with the term this grant ends.
     pub(crate) async fn take_read(&self, request: &AcquireRequest, record: &Record) -> Result<Acquired> {
@@ -154,6 +159,8 @@ impl Table {
             .expression_attribute_names("#pe", "previous_end")
             .expression_attribute_names("#ea", "ended_at")
             .expression_attribute_names("#pt", "prev_term")
+            .expression_attribute_names("#rt", RESERVED_TERM)
+            .expression_attribute_names("#hoa", HANDED_OVER_AT)
             .expression_attribute_values(":t", n(record.term.0))
             .expression_attribute_values(":term", n(term.0))
             .expression_attribute_values(":me", s(request.candidate.as_str()))
@@ -175,7 +182,7 @@ impl Table {
             }
         }
         let mut set = String::from("SET #t = :term, #h = :me, #lh = :me, #ttl = :ttl, #v = :version, #at = :now");
-        let mut remove = String::from(" REMOVE #pe, #ea");
+        let mut remove = String::from(" REMOVE #pe, #ea, #rt, #hoa");
         match &finished {
             Some(finished) => {
                 for (i, (name, value)) in record::previous_attributes(finished).into_iter().enumerate() {

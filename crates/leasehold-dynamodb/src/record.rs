@@ -5,7 +5,7 @@
 //!
 //! | item | `lease` | `sk` | attributes |
 //! |---|---|---|---|
-//! | the lease | name | `lease` | `term` N, `last_holder` S, `acquired_at` N; while held `holder` S, `ttl_ms` N, `version` S; once ended `previous_end` S, `ended_at` N; the term before: `prev_term` N, `prev_holder` S, `prev_acquired_at` N, `prev_ended_at` N, `prev_end` S |
+//! | the lease | name | `lease` | `term` N, `last_holder` S, `acquired_at` N; while held `holder` S, `ttl_ms` N, `version` S; once ended `previous_end` S, `ended_at` N; while reserved for `holder` by a handover `reserved_term` N (= `term`), `handed_over_at` N; the term before: `prev_term` N, `prev_holder` S, `prev_acquired_at` N, `prev_ended_at` N, `prev_end` S |
 //! | a finished term | name | `history#{term:020}` | `term` N, `holder` S, `acquired_at` N, `ended_at` N, `end_reason` S |
 
 use std::collections::HashMap;
@@ -31,6 +31,12 @@ pub(crate) const SORT: &str = "sk";
 pub(crate) const LEASE_SK: &str = "lease";
 /// The sort key prefix of history items.
 pub(crate) const HISTORY_PREFIX: &str = "history#";
+/// The attribute naming the term a reservation was handed over from: the item is reserved for
+/// its `holder` only while this equals `term`, so a grant by code that does not know it (which
+/// raises `term` and leaves it) ends the reservation.
+pub(crate) const RESERVED_TERM: &str = "reserved_term";
+/// When the reserved term was handed over (audit only).
+pub(crate) const HANDED_OVER_AT: &str = "handed_over_at";
 
 pub(crate) type Item = HashMap<String, AttributeValue>;
 
@@ -113,7 +119,20 @@ impl Record {
             None => None,
         };
         let acquired_at = fields.number("acquired_at").map_err(corrupt)?.map(from_unix_millis);
-        let holder = match (
+        let reservation = match (fields.number(RESERVED_TERM), fields.number(HANDED_OVER_AT)) {
+            (Err(e), _) | (_, Err(e)) => return Err(corrupt(e)),
+            (Ok(None), Ok(None)) => None,
+            (Ok(Some(reserved)), Ok(Some(_))) if reserved > term.0 => {
+                return Err(corrupt(format!("{RESERVED_TERM} {reserved} is above term {term}")));
+            }
+            (Ok(Some(reserved)), Ok(Some(at))) => Some((Term(reserved), from_unix_millis(at))),
+            _ => {
+                return Err(corrupt(format!(
+                    "{RESERVED_TERM} and {HANDED_OVER_AT} must be both set or both missing"
+                )));
+            }
+        };
+        let mut holder = match (
             fields.string("holder"),
             fields.number("ttl_ms"),
             fields.string("version"),
@@ -140,9 +159,17 @@ impl Record {
                 )));
             }
         };
+        // Reserved: the holder is the successor, and the item's term (its last holder's) ended
+        // handed over. A reservation left from an earlier term reserves nothing.
+        let handed_over = reservation
+            .filter(|(reserved, _)| *reserved == term && holder.is_some())
+            .map(|(_, at)| at);
+        if let (Some(holder), Some(_)) = (holder.as_mut(), handed_over) {
+            holder.reserved = true;
+        }
         let ended = match (fields.number("ended_at"), fields.string("previous_end")) {
             (Err(e), _) | (_, Err(e)) => return Err(corrupt(e)),
-            (Ok(None), Ok(None)) => None,
+            (Ok(None), Ok(None)) => handed_over.map(|at| (at, EndReason::HandedOver)),
             (Ok(Some(at)), Ok(Some(reason))) if holder.is_none() => {
                 let reason = reason
                     .parse::<EndReason>()
@@ -385,6 +412,34 @@ mod tests {
     }
 
     #[test]
+    fn decodes_a_reservation() {
+        let mut item = held();
+        item.insert(RESERVED_TERM.into(), n(7));
+        item.insert(HANDED_OVER_AT.into(), n(1_700_000_005_000u64));
+        let record = Record::decode(&lease(), &item).unwrap();
+        let holder = record.observation(&lease()).holder.unwrap();
+        assert!(holder.reserved && holder.term == Term(7), "{holder:?}");
+        assert_eq!(
+            record.transition().unwrap().ended,
+            Some((from_unix_millis(1_700_000_005_000), EndReason::HandedOver)),
+            "the reserved term ended handed over"
+        );
+        // Left from an earlier term, or on a free lease: no reservation.
+        item.insert(RESERVED_TERM.into(), n(6));
+        let record = Record::decode(&lease(), &item).unwrap();
+        assert!(!record.holder.unwrap().reserved);
+        assert_eq!(record.ended, None);
+        let mut free = held();
+        for k in ["holder", "ttl_ms", "version"] {
+            free.remove(k);
+        }
+        free.insert(RESERVED_TERM.into(), n(7));
+        free.insert(HANDED_OVER_AT.into(), n(1));
+        let record = Record::decode(&lease(), &free).unwrap();
+        assert!(record.holder.is_none() && record.ended.is_none());
+    }
+
+    #[test]
     fn garbage_names_the_lease_and_the_attribute() {
         let mut cases: Vec<(Item, &str)> = Vec::new();
         let with = |k: &str, v: Option<AttributeValue>| {
@@ -417,6 +472,17 @@ mod tests {
         cases.push((free_with_holder, "term 0 is not a term (1 or more)"));
         cases.push((with("last_holder", None), "no last_holder"));
         cases.push((with("previous_end", Some(s("released"))), "ended_at and previous_end"));
+        cases.push((
+            with("reserved_term", Some(s("7"))),
+            "reserved_term is the string \"7\", expected a number (N)",
+        ));
+        cases.push((
+            with("reserved_term", Some(n(7))),
+            "reserved_term and handed_over_at must be both set",
+        ));
+        let mut above = with("reserved_term", Some(n(8)));
+        above.insert(HANDED_OVER_AT.into(), n(1));
+        cases.push((above, "reserved_term 8 is above term 7"));
         cases.push((with("prev_term", Some(n(6))), "prev_term, prev_holder"));
         let mut slot = held();
         for (k, v) in [

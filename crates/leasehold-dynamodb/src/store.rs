@@ -18,7 +18,9 @@ use leasehold_core::{
 use crate::acquire::Taken;
 use crate::config::{DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT, DynamoDbConfig};
 use crate::error::{self, STORE};
-use crate::record::{self, HISTORY_PREFIX, Item, KEY, LEASE_SK, Record, SORT, TTL_RANGE, key, n, s};
+use crate::record::{
+    self, HANDED_OVER_AT, HISTORY_PREFIX, Item, KEY, LEASE_SK, RESERVED_TERM, Record, SORT, TTL_RANGE, key, n, s,
+};
 use crate::table;
 
 /// Where the wall-clock times of the audit trail come from.
@@ -271,6 +273,10 @@ impl LeaseStore for DynamoDbStore {
         self.requests.release(grant).await
     }
 
+    async fn hand_over(&self, grant: &Grant, to: &CandidateId) -> Result<()> {
+        self.requests.hand_over(grant, to).await
+    }
+
     async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
         self.requests.withdraw(lease, candidate).await
     }
@@ -375,37 +381,53 @@ impl Table {
         Ok(found)
     }
 
-    /// Ends the current term of `lease` if the item still has term `term` and a holder (and,
-    /// for a release, that holder). `false` when the condition failed.
+    /// Ends the current term of `lease` if the item still has term `term`, a holder (and, for
+    /// a release, that holder) and is reserved or not as `reserved` says. `false` when the
+    /// condition failed. A reservation's term already ended (`ended`: when it was handed over,
+    /// and [`EndReason::HandedOver`]); any other term ends now, for `reason`.
     async fn end(
         &self,
         lease: &LeaseName,
         term: Term,
         holder: Option<&str>,
+        reserved: Option<SystemTime>,
         reason: EndReason,
         operation: &'static str,
     ) -> Result<bool> {
+        let (at, reason) = match reserved {
+            Some(at) => (at, EndReason::HandedOver),
+            None => ((self.audit_clock)(), reason),
+        };
+        let mut condition = String::from(match holder {
+            Some(_) => "#h = :me AND #t = :t",
+            None => "attribute_exists(#h) AND #t = :t",
+        });
+        condition.push_str(if reserved.is_some() {
+            " AND #rt = :t"
+        } else {
+            " AND (attribute_not_exists(#rt) OR #rt <> :t)"
+        });
         let mut update = self
             .client
             .update_item()
             .table_name(self.table.as_ref())
             .set_key(Some(key(lease, LEASE_SK)))
-            .update_expression("REMOVE #h, #ttl, #v SET #pe = :reason, #ea = :now")
+            .update_expression("REMOVE #h, #ttl, #v, #rt, #hoa SET #pe = :reason, #ea = :at")
+            .condition_expression(condition)
             .expression_attribute_names("#h", "holder")
             .expression_attribute_names("#ttl", "ttl_ms")
             .expression_attribute_names("#v", "version")
+            .expression_attribute_names("#rt", RESERVED_TERM)
+            .expression_attribute_names("#hoa", HANDED_OVER_AT)
             .expression_attribute_names("#pe", "previous_end")
             .expression_attribute_names("#ea", "ended_at")
             .expression_attribute_names("#t", "term")
             .expression_attribute_values(":reason", s(reason.to_string()))
-            .expression_attribute_values(":now", n(unix_millis((self.audit_clock)())))
+            .expression_attribute_values(":at", n(unix_millis(at)))
             .expression_attribute_values(":t", n(term.0));
-        update = match holder {
-            Some(me) => update
-                .condition_expression("#h = :me AND #t = :t")
-                .expression_attribute_values(":me", s(me)),
-            None => update.condition_expression("attribute_exists(#h) AND #t = :t"),
-        };
+        if let Some(me) = holder {
+            update = update.expression_attribute_values(":me", s(me));
+        }
         match update.send().await {
             Ok(_) => Ok(true),
             Err(e) if error::is_condition_failed(&e) => Ok(false),
@@ -480,10 +502,12 @@ impl LeaseStore for Table {
             .table_name(self.table.as_ref())
             .set_key(Some(key(lease, LEASE_SK)))
             .update_expression("SET #v = :new")
-            .condition_expression("#h = :me AND #t = :t")
+            // A reservation for the holder at its old term is no grant of it.
+            .condition_expression("#h = :me AND #t = :t AND (attribute_not_exists(#rt) OR #rt <> :t)")
             .expression_attribute_names("#v", "version")
             .expression_attribute_names("#h", "holder")
             .expression_attribute_names("#t", "term")
+            .expression_attribute_names("#rt", RESERVED_TERM)
             .expression_attribute_values(":new", s(version.clone()))
             .expression_attribute_values(":me", s(grant.holder.as_str()))
             .expression_attribute_values(":t", n(grant.term.0))
@@ -498,10 +522,12 @@ impl LeaseStore for Table {
                 let record = self.read(lease, "renew").await?;
                 match &record.holder {
                     // Cannot happen (terms only grow), but the store's word is what counts.
-                    Some(h) if h.id == grant.holder && record.term == grant.term => Ok(Renewed::Renewed(Grant {
-                        token: h.version.clone(),
-                        ..grant.clone()
-                    })),
+                    Some(h) if h.id == grant.holder && record.term == grant.term && !h.reserved => {
+                        Ok(Renewed::Renewed(Grant {
+                            token: h.version.clone(),
+                            ..grant.clone()
+                        }))
+                    }
                     _ => Ok(Renewed::Lost(record.observation(lease))),
                 }
             }
@@ -516,6 +542,7 @@ impl LeaseStore for Table {
                 lease,
                 grant.term,
                 Some(grant.holder.as_str()),
+                None,
                 EndReason::Released,
                 "release",
             )
@@ -527,16 +554,60 @@ impl LeaseStore for Table {
         Ok(())
     }
 
+    /// One `UpdateItem` on the condition that the item still gives the grant's term to its
+    /// holder, unreserved: `holder` becomes `to`, `reserved_term` the grant's term (which
+    /// stays), with a new version and `handed_over_at`. The item then describes the grant's term
+    /// as ended handed over; `to`'s acquire ends the reservation with a new term (and writes that
+    /// history item as every grant does), anyone else's is `Held` until it has seen the version
+    /// unchanged for the TTL.
+    async fn hand_over(&self, grant: &Grant, to: &CandidateId) -> Result<()> {
+        let lease = &grant.lease;
+        let updated = self
+            .client
+            .update_item()
+            .table_name(self.table.as_ref())
+            .set_key(Some(key(lease, LEASE_SK)))
+            .update_expression("SET #h = :to, #v = :new, #ttl = :ttl, #rt = :t, #hoa = :now")
+            .condition_expression("#h = :me AND #t = :t AND (attribute_not_exists(#rt) OR #rt <> :t)")
+            .expression_attribute_names("#h", "holder")
+            .expression_attribute_names("#v", "version")
+            .expression_attribute_names("#ttl", "ttl_ms")
+            .expression_attribute_names("#t", "term")
+            .expression_attribute_names("#rt", RESERVED_TERM)
+            .expression_attribute_names("#hoa", HANDED_OVER_AT)
+            .expression_attribute_values(":to", s(to.as_str()))
+            .expression_attribute_values(":new", s(RecordVersion::random().to_string()))
+            .expression_attribute_values(":ttl", n(grant.ttl.as_millis()))
+            .expression_attribute_values(":t", n(grant.term.0))
+            .expression_attribute_values(":now", n(unix_millis((self.audit_clock)())))
+            .expression_attribute_values(":me", s(grant.holder.as_str()))
+            .send()
+            .await;
+        match updated {
+            Ok(_) => Ok(()),
+            Err(e) if error::is_condition_failed(&e) => {
+                // Not ours any more: nothing to hand over, but refuse to pass over a record that
+                // cannot be read.
+                self.read(lease, "hand_over").await?;
+                Ok(())
+            }
+            Err(e) => Err(error::map(e, "hand_over", self.timeout)),
+        }
+    }
+
     /// Ends a term the item gives to `candidate` although its engine holds no grant (an acquire
-    /// whose answer never arrived): released, so the lease is free at once rather than after a
-    /// contender has watched its version for a TTL.
+    /// whose answer never arrived), or a reservation for it: released, so the lease is free at
+    /// once rather than after a contender has watched its version for a TTL (a reserved term
+    /// stays ended handed over).
     async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
         let record = self.read(lease, "withdraw").await?;
-        if record.holder.as_ref().is_some_and(|h| h.id == *candidate) {
+        if let Some(holder) = record.holder.as_ref().filter(|h| h.id == *candidate) {
+            let reserved = record.ended.filter(|_| holder.reserved).map(|(at, _)| at);
             self.end(
                 lease,
                 record.term,
                 Some(candidate.as_str()),
+                reserved,
                 EndReason::Released,
                 "withdraw",
             )
@@ -581,13 +652,15 @@ impl LeaseStore for Table {
 
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
         let record = self.read(lease, "break_lease").await?;
-        if record.holder.is_none() {
+        let Some(holder) = &record.holder else {
             return Ok(None);
-        }
-        // The holder may renew (same term) between the read and the write; a new grant in
-        // between (a new term) is a lost race the caller can try again.
+        };
+        // A reservation is broken like a grant, but its term stays ended handed over.
+        let reserved = record.ended.filter(|_| holder.reserved).map(|(at, _)| at);
+        // The holder may renew (same term) between the read and the write; a new grant or a
+        // handover in between is a lost race the caller can try again.
         if self
-            .end(lease, record.term, None, EndReason::Broken, "break_lease")
+            .end(lease, record.term, None, reserved, EndReason::Broken, "break_lease")
             .await?
         {
             return Ok(Some(record.term));
@@ -596,7 +669,7 @@ impl LeaseStore for Table {
         Err(Error::store(
             STORE,
             format!(
-                "break_lease of {lease}: term {} was granted while term {} was being broken; break it again",
+                "break_lease of {lease}: the lease changed (now term {}) while term {} was being broken; break it again",
                 now.term, record.term
             ),
         ))

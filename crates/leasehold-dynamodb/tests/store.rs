@@ -243,6 +243,131 @@ async fn withdraw_releases_a_grant_the_engine_never_saw() {
     );
 }
 
+/// A reservation ([`LeaseStore::hand_over`]) is no grant: the successor's renewal or release at
+/// the handed-over term is refused and leaves it reserved; a takeover of an untaken reservation
+/// and a withdrawal by the successor keep the term ended handed over; a reservation left at an
+/// older term (by code that does not know it) reserves nothing, and the next grant removes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_is_no_grant() {
+    let Some(endpoint) = common::endpoint() else { return };
+    let backend = DynamoBackend::with_table(endpoint, TABLE);
+    let store = backend.store().await.unwrap();
+    let ttl = Duration::from_secs(2);
+    let c = CandidateId::new("c").unwrap();
+    let ends = |history: &[leasehold_core::Transition]| {
+        history
+            .iter()
+            .map(|t| (t.term, t.holder.to_string(), t.ended.map(|(_, r)| r)))
+            .collect::<Vec<_>>()
+    };
+
+    let lease = fresh_lease("reserved");
+    let a = granted(&store, &request(&lease, "a", ttl, None)).await;
+    store.hand_over(&a, &c).await.unwrap();
+    let reserved = store.inspect(&lease).await.unwrap().holder.unwrap();
+    assert!(
+        reserved.reserved && reserved.id == c && reserved.term == a.term,
+        "{reserved:?}"
+    );
+    // The successor holding a grant at the old term (it cannot, but a bug might think so).
+    let as_if_c = leasehold_core::Grant {
+        holder: c.clone(),
+        token: reserved.version.clone(),
+        ..a.clone()
+    };
+    match store.renew(&as_if_c).await.unwrap() {
+        Renewed::Lost(seen) => assert!(seen.holder.is_some_and(|h| h.reserved && h.version == reserved.version)),
+        other => panic!("a reservation must not renew as a grant: {other:?}"),
+    }
+    store.release(&as_if_c).await.unwrap();
+    store
+        .hand_over(&as_if_c, &CandidateId::new("d").unwrap())
+        .await
+        .unwrap();
+    let still = store.inspect(&lease).await.unwrap().holder.unwrap();
+    assert_eq!(still, reserved, "the reservation is unchanged");
+
+    // Untaken: a contender that watched its version takes over; A's term stays handed over.
+    let b = granted(&store, &request(&lease, "b", ttl, Some(reserved.version.clone()))).await;
+    assert!(b.term > a.term);
+    assert_eq!(
+        ends(&store.history(&lease, 10).await.unwrap()),
+        [
+            (a.term, "a".into(), Some(EndReason::HandedOver)),
+            (b.term, "b".into(), None)
+        ]
+    );
+    let item = backend.get_raw(&lease).await.unwrap();
+    assert!(
+        !item.contains_key("reserved_term") && !item.contains_key("handed_over_at"),
+        "a grant removes the reservation: {item:?}"
+    );
+
+    // The successor gives up: withdrawn, free at once, still handed over.
+    store.hand_over(&b, &c).await.unwrap();
+    store.withdraw(&lease, &c).await.unwrap();
+    let seen = store.inspect(&lease).await.unwrap();
+    assert_eq!((seen.holder, seen.previous_end), (None, Some(EndReason::HandedOver)));
+    assert_eq!(
+        ends(&store.history(&lease, 10).await.unwrap())[1],
+        (b.term, "b".into(), Some(EndReason::HandedOver))
+    );
+
+    // A reservation of an older term, left by code that does not know it: not reserved.
+    let lease = fresh_lease("stale-reservation");
+    let s = |v: &str| AttributeValue::S(v.into());
+    let n = |v: &str| AttributeValue::N(v.into());
+    backend
+        .put_raw(
+            &lease,
+            &[
+                ("term", n("4")),
+                ("last_holder", s("c")),
+                ("holder", s("c")),
+                ("ttl_ms", n("2000")),
+                ("version", s("0123456789abcdef")),
+                ("reserved_term", n("3")),
+                ("handed_over_at", n("1700000000000")),
+            ],
+        )
+        .await
+        .unwrap();
+    let holder = store.inspect(&lease).await.unwrap().holder.unwrap();
+    assert!(!holder.reserved && holder.term == Term(4), "{holder:?}");
+    let renewed = store
+        .renew(&leasehold_core::Grant {
+            lease: lease.clone(),
+            holder: c.clone(),
+            term: Term(4),
+            ttl,
+            token: holder.version.clone(),
+        })
+        .await
+        .unwrap();
+    assert!(matches!(renewed, Renewed::Renewed(_)), "{renewed:?}");
+    backend
+        .put_raw(
+            &lease,
+            &[
+                ("term", n("4")),
+                ("last_holder", s("c")),
+                ("holder", s("c")),
+                ("ttl_ms", n("2000")),
+                ("version", s("0123456789abcdef")),
+                ("reserved_term", n("5")),
+                ("handed_over_at", n("1700000000000")),
+            ],
+        )
+        .await
+        .unwrap();
+    expect_corrupt(
+        "a reservation above the term",
+        &lease,
+        store.inspect(&lease).await,
+        "reserved_term 5 is above term 4",
+    );
+}
+
 /// A grant whose caller gave up right after it (the engine drops an acquire at its request
 /// timeout): the history item of the term it ended is not written, and the `prev_*` slot of the
 /// lease item still holds that term. Nothing is lost: `history` reads the slot, and the next
@@ -408,6 +533,18 @@ async fn garbage_items_are_typed_errors() {
                 ("holder", AttributeValue::Bool(true)),
             ],
         ),
+        (
+            "reserved_term",
+            vec![
+                ("term", n("4")),
+                ("last_holder", s("x")),
+                ("holder", s("y")),
+                ("ttl_ms", n("1000")),
+                ("version", s("0123456789abcdef")),
+                ("reserved_term", AttributeValue::Bool(true)),
+                ("handed_over_at", n("1700000000000")),
+            ],
+        ),
     ];
     for (field, attributes) in cases {
         let lease = fresh_lease("garbage");
@@ -421,6 +558,12 @@ async fn garbage_items_are_typed_errors() {
             field,
         );
         expect_corrupt("renew", &lease, store.renew(&first).await, field);
+        expect_corrupt(
+            "hand_over",
+            &lease,
+            store.hand_over(&first, &CandidateId::new("heir").unwrap()).await,
+            field,
+        );
         expect_corrupt("history", &lease, store.history(&lease, 10).await, field);
         expect_corrupt("break", &lease, store.break_lease(&lease).await, field);
     }

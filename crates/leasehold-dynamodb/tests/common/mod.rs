@@ -79,6 +79,22 @@ impl DynamoBackend {
         ))
     }
 
+    /// The lease item as stored (empty when there is none), bypassing leasehold.
+    pub async fn get_raw(&self, lease: &LeaseName) -> Result<HashMap<String, AttributeValue>> {
+        let store = self.store().await?;
+        let out = store
+            .client()
+            .get_item()
+            .table_name(&self.table)
+            .key("lease", AttributeValue::S(lease.to_string()))
+            .key("sk", AttributeValue::S("lease".into()))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| Error::store("dynamodb", e))?;
+        Ok(out.item().cloned().unwrap_or_default())
+    }
+
     /// Writes an item with the lease's key, bypassing leasehold.
     pub async fn put_raw(&self, lease: &LeaseName, attributes: &[(&str, AttributeValue)]) -> Result<()> {
         let store = self.store().await?;
