@@ -63,7 +63,8 @@ pub(crate) fn answer(lease: &LeaseName, reply: &Reply) -> Result<Answer> {
                 version: reply.text(4)?,
                 store_remaining: Some(remaining),
             };
-            let info = HolderInfo::from_record(STORE, lease, fields, &TTL_RANGE)?;
+            let mut info = HolderInfo::from_record(STORE, lease, fields, &TTL_RANGE)?;
+            info.reserved = reply.text(7)? == "1";
             let last_term = term(6)?.max(info.term);
             Ok(Answer::Seen(Observation {
                 lease: lease.clone(),

@@ -5,8 +5,10 @@
 //! `ARGV[1]` = a nonce, and answers an array whose first element is that nonce (so that a reply
 //! is never taken for the answer to another request) and whose second is a status word:
 //!
-//! - `held holder term ttl_ms version pttl_ms last_term`
-//! - `free last_term previous_end` (`previous_end`: `released`, `expired`, `broken` or empty)
+//! - `held holder term ttl_ms version pttl_ms last_term reserved` (`reserved`: `1` for a lease
+//!   handed over to `holder` and not taken yet, else empty)
+//! - `free last_term previous_end` (`previous_end`: `released`, `expired`, `broken`,
+//!   `handed_over` or empty)
 //! - `granted term`, `ok`, `broken term`, `none` (nothing to break)
 //! - `renewed_each` and per grant `renewed`, an observation or `corrupt detail`
 //! - `corrupt detail`: a key of another type or shape; nothing was written
@@ -69,15 +71,21 @@ local function load()
   local lease = false
   local n = redis.call('HLEN', lease_key)
   if n > 0 then
-    local f = redis.call('HMGET', lease_key, 'holder', 'term', 'ttl', 'version')
-    if n ~= 4 or not f[1] or not uint(f[2]) or not uint(f[3]) or not f[4] then
+    -- `reserved` (optional, '1'): handed over to `holder`, who has not taken it yet.
+    local f = redis.call('HMGET', lease_key, 'holder', 'term', 'ttl', 'version', 'reserved')
+    local count = 4
+    if f[5] then count = 5 end
+    if n ~= count or not f[1] or not uint(f[2]) or not uint(f[3]) or not f[4] then
       return nil, nil, 'key ' .. lease_key .. ' is not a leasehold lease record (fields: ' .. fields(lease_key) .. ')'
+    end
+    if f[5] and f[5] ~= '1' then
+      return nil, nil, 'key ' .. lease_key .. ' field reserved is "' .. string.sub(f[5], 1, 40) .. '", expected 1'
     end
     local pttl = redis.call('PTTL', lease_key)
     if pttl < 0 then
       return nil, nil, 'key ' .. lease_key .. ' has no expiry'
     end
-    lease = {holder = f[1], term = f[2], ttl = f[3], version = f[4], pttl = pttl}
+    lease = {holder = f[1], term = f[2], ttl = f[3], version = f[4], pttl = pttl, reserved = f[5] == '1'}
   end
   local state = {}
   n = redis.call('HLEN', state_key)
@@ -85,7 +93,8 @@ local function load()
     local f = redis.call('HMGET', state_key, 'term', 'holder', 'deadline', 'ended', 'ended_at')
     local ended = f[4]
     if n ~= 5 or not uint(f[1]) or not f[2] or not uint(f[3])
-        or not (ended == '' or ended == 'released' or ended == 'expired' or ended == 'broken')
+        or not (ended == '' or ended == 'released' or ended == 'expired' or ended == 'broken'
+                or ended == 'handed_over')
         or not (f[5] == '' or uint(f[5])) then
       return nil, nil, 'key ' .. state_key .. ' is not a leasehold lease state (fields: ' .. fields(state_key) .. ')'
     end
@@ -96,7 +105,10 @@ end
 
 local function observation(lease, state)
   if lease then
-    return {nonce, 'held', lease.holder, lease.term, lease.ttl, lease.version, fmt(lease.pttl), state.term or lease.term}
+    local reserved = ''
+    if lease.reserved then reserved = '1' end
+    return {nonce, 'held', lease.holder, lease.term, lease.ttl, lease.version, fmt(lease.pttl), state.term or lease.term,
+            reserved}
   end
   local ended = ''
   if state.term then
@@ -138,7 +150,8 @@ local now = now_ms()
 local takeover = false
 if lease then
   if lease.holder ~= candidate then return observation(lease, state) end
-  -- The candidate's own earlier term: that leadership has ended, this grant is a new term.
+  -- The candidate's own earlier term: that leadership has ended, this grant is a new term. (A
+  -- reservation for the candidate: its term already ended, handed over.)
   if state.term == lease.term and state.ended == '' then finish(state, 'expired', fmt(now), maxlen) end
 else
   if guard == '1' then
@@ -186,7 +199,7 @@ for i = 0, #KEYS / 3 - 1 do
   local lease, state, bad = load()
   if bad then
     out[#out + 1] = {'corrupt', bad}
-  elseif lease and lease.holder == holder and lease.term == term then
+  elseif lease and not lease.reserved and lease.holder == holder and lease.term == term then
     redis.call('HSET', lease_key, 'version', version)
     redis.call('PEXPIRE', lease_key, lease.ttl)
     if state.term == lease.term then
@@ -206,10 +219,30 @@ return out
 const RELEASE: &str = r#"
 local lease, state, bad = load()
 if bad then return {nonce, 'corrupt', bad} end
-if lease and lease.holder == ARGV[2] and lease.term == ARGV[3] then
+if lease and not lease.reserved and lease.holder == ARGV[2] and lease.term == ARGV[3] then
   redis.call('DEL', lease_key)
   if state.term == lease.term then finish(state, 'released', fmt(now_ms()), ARGV[4]) end
   redis.call('PUBLISH', ARGV[5], 'released ' .. lease.term)
+end
+return {nonce, 'ok'}
+"#;
+
+/// `ARGV = [nonce, holder, term, successor, version, maxlen, channel]`. If the record still
+/// names the grant, ends its term `handed_over` and leaves the record naming the successor at the
+/// same term, `reserved`, with a new version and a full TTL; announced like a release, so the
+/// successor wakes.
+const HAND_OVER: &str = r#"
+local lease, state, bad = load()
+if bad then return {nonce, 'corrupt', bad} end
+if lease and not lease.reserved and lease.holder == ARGV[2] and lease.term == ARGV[3] then
+  local now = now_ms()
+  if state.term == lease.term then finish(state, 'handed_over', fmt(now), ARGV[6]) end
+  redis.call('DEL', lease_key)
+  redis.call('HSET', lease_key, 'holder', ARGV[4], 'term', lease.term, 'ttl', lease.ttl, 'version', ARGV[5],
+             'reserved', '1')
+  redis.call('PEXPIRE', lease_key, lease.ttl)
+  redis.call('HSET', state_key, 'deadline', fmt(now + tonumber(lease.ttl)))
+  redis.call('PUBLISH', ARGV[7], 'handed_over ' .. lease.term)
 end
 return {nonce, 'ok'}
 "#;
@@ -220,7 +253,12 @@ local lease, state, bad = load()
 if bad then return {nonce, 'corrupt', bad} end
 if not lease then return {nonce, 'none'} end
 redis.call('DEL', lease_key)
-if state.term == lease.term then finish(state, 'broken', fmt(now_ms()), ARGV[2]) end
+if lease.reserved then
+  -- The term already ended, handed over: the history keeps that.
+  redis.call('HSET', state_key, 'ended', 'broken', 'ended_at', fmt(now_ms()))
+elseif state.term == lease.term then
+  finish(state, 'broken', fmt(now_ms()), ARGV[2])
+end
 redis.call('PUBLISH', ARGV[3], 'broken ' .. lease.term)
 return {nonce, 'broken', lease.term}
 "#;
@@ -262,6 +300,7 @@ fn with_prelude(body: &str) -> Script {
 pub(crate) static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_prelude(ACQUIRE));
 pub(crate) static RENEW_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_prelude(RENEW));
 pub(crate) static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_prelude(RELEASE));
+pub(crate) static HAND_OVER_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_prelude(HAND_OVER));
 pub(crate) static BREAK_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_prelude(BREAK));
 pub(crate) static INSPECT_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_prelude(INSPECT));
 pub(crate) static HISTORY_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_prelude(HISTORY));

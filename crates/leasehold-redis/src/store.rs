@@ -21,8 +21,8 @@ use crate::record::{
     Answer, LIST_IN_FLIGHT, SCAN_COUNT, TTL_RANGE, answer, bulk, glob_escape, lease_of_key, transitions,
 };
 use crate::scripts::{
-    ACQUIRE_SCRIPT, BREAK_SCRIPT, HELLO_SCRIPT, HISTORY_SCRIPT, INSPECT_SCRIPT, RELEASE_SCRIPT, RENEW_SCRIPT,
-    SCAN_SCRIPT,
+    ACQUIRE_SCRIPT, BREAK_SCRIPT, HAND_OVER_SCRIPT, HELLO_SCRIPT, HISTORY_SCRIPT, INSPECT_SCRIPT, RELEASE_SCRIPT,
+    RENEW_SCRIPT, SCAN_SCRIPT,
 };
 
 /// A [`LeaseStore`] on one Redis server (5.0 or later).
@@ -359,6 +359,27 @@ impl LeaseStore for RedisStore {
         match answer(&grant.lease, &reply)? {
             Answer::Done => Ok(()),
             _ => Err(error::unexpected("release", format!("{:?}", reply.values))),
+        }
+    }
+
+    /// One script: if the record still names the grant, its term ends `handed_over` and the
+    /// record names `to` at the same term with `reserved` set, a new version and the grant's
+    /// TTL on the server's clock (`PEXPIRE`); the lease's channel announces it, as a release,
+    /// so `to` wakes at once.
+    async fn hand_over(&self, grant: &Grant, to: &CandidateId) -> Result<()> {
+        let keys = self.keys(&grant.lease);
+        let args = vec![
+            grant.holder.as_str().to_string(),
+            grant.term.0.to_string(),
+            to.as_str().to_string(),
+            String::from(RecordVersion::random()),
+            self.maxlen(),
+            keys.channel.clone(),
+        ];
+        let reply = self.eval("hand_over", &HAND_OVER_SCRIPT, &keys, args).await?;
+        match answer(&grant.lease, &reply)? {
+            Answer::Done => Ok(()),
+            _ => Err(error::unexpected("hand_over", format!("{:?}", reply.values))),
         }
     }
 

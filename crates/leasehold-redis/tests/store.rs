@@ -241,6 +241,16 @@ async fn corrupt_keys_are_typed_errors_and_left_alone() {
                 "HSET", "{key}", "holder", "h", "term", "1", "ttl", "1000", "version", "v",
             ]],
         ),
+        (
+            "a record with a garbled reserved field",
+            "lease",
+            &[
+                &[
+                    "HSET", "{key}", "holder", "h", "term", "1", "ttl", "1000", "version", "v", "reserved", "yes",
+                ],
+                &["PEXPIRE", "{key}", "60000"],
+            ],
+        ),
         ("a string state", "state", &[&["SET", "{key}", "7"]]),
         ("a foreign state hash", "state", &[&["HSET", "{key}", "term", "-3"]]),
         ("a string history", "history", &[&["SET", "{key}", "x"]]),
@@ -276,6 +286,10 @@ async fn corrupt_keys_are_typed_errors_and_left_alone() {
             ),
             ("renew", store.renew(&fake).await.map(|r| format!("{r:?}"))),
             ("release", store.release(&fake).await.map(|r| format!("{r:?}"))),
+            (
+                "hand_over",
+                store.hand_over(&fake, &id("c")).await.map(|r| format!("{r:?}")),
+            ),
             ("inspect", store.inspect(&lease).await.map(|o| format!("{o:?}"))),
             ("history", store.history(&lease, 10).await.map(|h| format!("{h:?}"))),
             ("break_lease", store.break_lease(&lease).await.map(|t| format!("{t:?}"))),
@@ -392,6 +406,101 @@ async fn history_records_how_every_term_ended() {
         (last.term, last.ended.map(|(_, r)| r)),
         (e.term, Some(EndReason::Expired))
     );
+}
+
+/// A handover rewrites the record to name the successor with `reserved` `1`, the same term, a
+/// new version and a full TTL on the server's clock, ends the term `handed_over` and announces
+/// it. Nothing takes the reservation for a grant of the successor at the old term (renew `Lost`,
+/// release and hand_over no-ops); breaking it keeps the history's `handed_over`; an untaken one
+/// expires like a silent holder, and the lease is free having been handed over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_over_writes_a_reserved_record() {
+    let Some(backend) = backend() else { return };
+    let store = RedisStore::from_config(backend.config.clone()).await.unwrap();
+    let lease = lease("handover");
+    let keys = backend.config.keys(&lease);
+    let mut changes = store.changes(&lease, &id("c")).await.unwrap().unwrap();
+    let ttl = Duration::from_millis(300);
+
+    let a = grant(&store, &lease, "a", ttl).await;
+    store.hand_over(&a, &id("c")).await.unwrap();
+    assert_eq!(next(&mut changes).await, Ok(Some(())), "a handover is announced");
+    let field = |name: &'static str| {
+        let key = keys.lease.clone();
+        let backend = &backend;
+        async move {
+            match raw_cmd(backend, &["HGET", &key, name]).await {
+                redis::Value::BulkString(bytes) => String::from_utf8(bytes).unwrap(),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+    };
+    assert_eq!(
+        (field("holder").await, field("term").await, field("reserved").await),
+        ("c".to_string(), a.term.to_string(), "1".to_string())
+    );
+    assert_ne!(field("version").await, a.token);
+    let seen = store.inspect(&lease).await.unwrap();
+    let reserved = seen.holder.clone().unwrap();
+    assert!(
+        reserved.reserved && reserved.id == id("c") && reserved.term == a.term,
+        "{seen:?}"
+    );
+    assert!(reserved.store_remaining.unwrap() > ttl / 2, "{reserved:?}");
+
+    let as_c = Grant {
+        holder: id("c"),
+        token: reserved.version.clone(),
+        ..a.clone()
+    };
+    match store.renew(&as_c).await.unwrap() {
+        Renewed::Lost(lost) => assert!(lost.holder.is_some_and(|h| h.reserved)),
+        other => panic!("a reservation renewed as a grant of the successor: {other:?}"),
+    }
+    store.release(&as_c).await.unwrap();
+    store.hand_over(&as_c, &id("b")).await.unwrap();
+    let again = store.inspect(&lease).await.unwrap().holder.unwrap();
+    assert_eq!(
+        (again.id, again.version, again.reserved),
+        (id("c"), reserved.version, true)
+    );
+
+    assert_eq!(store.break_lease(&lease).await.unwrap(), Some(a.term));
+    assert_eq!(
+        store.inspect(&lease).await.unwrap().previous_end,
+        Some(EndReason::Broken)
+    );
+    let ends = |history: Vec<leasehold_core::Transition>| {
+        history
+            .iter()
+            .map(|t| (t.term, t.ended.map(|(_, why)| why)))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        ends(store.history(&lease, 10).await.unwrap()),
+        [(a.term, Some(EndReason::HandedOver))]
+    );
+
+    // Untaken: it expires on the server's clock, and the lease was last handed over.
+    let b = grant(&store, &lease, "b", ttl).await;
+    store.hand_over(&b, &id("nobody")).await.unwrap();
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+    let seen = store.inspect(&lease).await.unwrap();
+    assert_eq!(
+        (seen.holder, seen.previous_end, seen.last_term),
+        (None, Some(EndReason::HandedOver), b.term)
+    );
+    let c = grant(&store, &lease, "c", ttl).await;
+    assert!(c.term > b.term);
+    assert_eq!(
+        ends(store.history(&lease, 10).await.unwrap()),
+        [
+            (a.term, Some(EndReason::HandedOver)),
+            (b.term, Some(EndReason::HandedOver)),
+            (c.term, None)
+        ]
+    );
+    store.release(&c).await.unwrap();
 }
 
 /// The history keeps about `history_limit` terms.
