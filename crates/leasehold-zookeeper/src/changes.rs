@@ -88,41 +88,77 @@ impl Watching {
                 self.announced = Some(own.name.clone());
                 return Some(());
             }
-            // Watch the predecessor (or, when first, our own znode) until it changes.
+            // Watch the predecessor (or, when first, our own znode) until it changes; also our
+            // own znode when not first (a handover's successor may delete it, going first), and
+            // our doorbell (a handover to us creates it).
             let target = &queue[position.saturating_sub(1)];
             let path = self.inner.candidate_path(&self.lease, &target.name);
-            let Ok(watched) = tokio::time::timeout(bound, client.check_and_watch_stat(&path)).await else {
+            let own_path = self.inner.candidate_path(&self.lease, &own.name);
+            let doorbell = self.inner.doorbell_path(&self.lease, &self.candidate);
+            let watches = async {
+                tokio::join!(
+                    client.check_and_watch_stat(&path),
+                    async {
+                        if position > 0 {
+                            Some(client.check_and_watch_stat(&own_path).await)
+                        } else {
+                            None
+                        }
+                    },
+                    client.check_and_watch_stat(&doorbell)
+                )
+            };
+            let Ok((watched, own_watched, rung)) = tokio::time::timeout(bound, watches).await else {
                 continue;
             };
-            match watched {
-                Ok((None, _)) => continue,
-                Ok((Some(_), watcher)) => {
-                    // The client panics in a watcher whose session is dropped: keep that panic in
-                    // a task of its own.
-                    let mut task = AbortOnDrop(tokio::spawn(async move {
+            let (watched, own_watched, rung) = match (watched, own_watched.transpose(), rung) {
+                (Ok(watched), Ok(own_watched), Ok(rung)) => (watched, own_watched, rung),
+                _ => {
+                    self.wait_state_or_local(&client).await?;
+                    continue;
+                }
+            };
+            let (Some(_), watcher) = watched else { continue };
+            if own_watched.as_ref().is_some_and(|(stat, _)| stat.is_none()) {
+                continue; // our znode is gone: the listing says so
+            }
+            // The client panics in a watcher whose session is dropped: keep that panic in a task
+            // of its own.
+            let mut task = AbortOnDrop(tokio::spawn(async move {
+                watcher.changed().await;
+            }));
+            let mut own_task = AbortOnDrop(tokio::spawn(async move {
+                match own_watched {
+                    Some((_, watcher)) => {
                         watcher.changed().await;
-                    }));
-                    // A notification lost on the way (a middlebox that drops bytes but keeps the
-                    // connection) would strand a follower: while waiting, it checks its
-                    // predecessor once every half session timeout.
-                    let recheck = bound;
-                    loop {
-                        tokio::select! {
-                            _ = task.wait() => break,
-                            changed = self.rx.changed() => {
-                                changed.ok()?;
-                                break;
-                            }
-                            () = tokio::time::sleep(recheck), if position > 0 => {
-                                let check = tokio::time::timeout(bound, client.check_stat(&path)).await;
-                                if !matches!(check, Ok(Ok(Some(_)))) {
-                                    break;
-                                }
-                            }
+                    }
+                    None => std::future::pending().await,
+                }
+            }));
+            let mut doorbell_task = AbortOnDrop(tokio::spawn(async move {
+                rung.1.changed().await;
+            }));
+            // A notification lost on the way (a middlebox that drops bytes but keeps the
+            // connection) would strand a follower: while waiting, it checks its predecessor once
+            // every half session timeout.
+            let recheck = bound;
+            loop {
+                tokio::select! {
+                    _ = task.wait() => break,
+                    _ = own_task.wait() => break,
+                    // The lease was handed over to us: acquire it now.
+                    _ = doorbell_task.wait() => return Some(()),
+                    changed = self.rx.changed() => {
+                        changed.ok()?;
+                        break;
+                    }
+                    () = tokio::time::sleep(recheck), if position > 0 => {
+                        let check = tokio::time::timeout(bound, client.check_stat(&path)).await;
+                        if !matches!(check, Ok(Ok(Some(_)))) {
+                            break;
                         }
                     }
                 }
-                Err(_) => self.wait_state_or_local(&client).await?,
             }
         }
     }

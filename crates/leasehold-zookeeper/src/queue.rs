@@ -14,7 +14,7 @@ use tracing::warn;
 use zookeeper_client as zk;
 
 use crate::error::{Failed, STORE, zk_error};
-use crate::record::{CandidateRecord, Child, HistoryRecord, history_name, holder_observation};
+use crate::record::{CandidateRecord, Child, HistoryRecord, ReservationRecord, history_name, holder_observation};
 use crate::store::{HISTORY_LIMIT, Inner, OwnNode, lock};
 
 impl Inner {
@@ -209,9 +209,13 @@ impl Inner {
 
     /// As [`Inner::observe`]; `None` when the lease has no znodes (it was never acquired here).
     pub(crate) async fn observe_existing(&self, client: &zk::Client, lease: &LeaseName) -> Result<Option<Observation>> {
-        let Some((queue, listed_at)) = self.queue_at(client, lease).await? else {
+        let (listed, reservation) = tokio::join!(self.queue_at(client, lease), self.read_reservation(client, lease));
+        let Some((queue, listed_at)) = listed? else {
             return Ok(None);
         };
+        if let Some(reservation) = reservation? {
+            return Ok(Some(reservation.observation(lease)));
+        }
         let Some((first, record, stat)) = self.head(client, lease, &queue).await? else {
             // Every listed znode is gone (none, or all left during the reads). A term newer than
             // the listing belongs to a znode queued after it, which may hold the lease now: this
@@ -310,10 +314,11 @@ impl Inner {
         }
     }
 
-    /// Grants the lease to `own` in one transaction: every znode that was ahead of it is gone
-    /// (each is created and deleted again, which fails if it still exists), our znode is
-    /// unchanged, and the term's history entry is created. That entry is what makes the head of
-    /// the queue the holder.
+    /// Grants the lease to `own` in one transaction: the lease is not reserved (the reservation
+    /// znode is created and deleted again, which fails if it exists), every znode that was ahead
+    /// of ours is gone (each is created and deleted again likewise: ZooKeeper has no "check
+    /// absent" op), our znode is unchanged, and the term's history entry is created. That entry
+    /// is what makes the head of the queue the holder.
     pub(crate) async fn grant(
         &self,
         client: &zk::Client,
@@ -322,24 +327,69 @@ impl Inner {
         candidate: &CandidateId,
         version: i32,
     ) -> Result<GrantOutcome> {
+        self.grant_with(client, lease, own, candidate, version, None, Ahead::MustBeGone)
+            .await
+    }
+
+    /// [`Inner::grant`], ending a reservation in the same transaction (`consume`: only if it is
+    /// still that very reservation, by its generation), and with the znodes ahead of ours
+    /// either required gone or deleted (the successor of a handover goes before them).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn grant_with(
+        &self,
+        client: &zk::Client,
+        lease: &LeaseName,
+        own: &OwnNode,
+        candidate: &CandidateId,
+        version: i32,
+        consume: Option<&ReservationRecord>,
+        ahead: Ahead,
+    ) -> Result<GrantOutcome> {
         let term = Term(own.czxid as u64);
         let history = format!("{}/{}", self.history_dir(lease), history_name(term));
         let record = HistoryRecord::new(candidate.clone()).encode();
         let options = zk::CreateMode::Persistent.with_acls(self.acls());
         let mut writer = client.new_multi_writer();
         let add = |r: std::result::Result<(), zk::Error>| r.map_err(zk_error);
+        let reserved = self.reserved_path(lease);
+        match consume {
+            None => {
+                add(writer.add_create(&reserved, &[], &options))?;
+                add(writer.add_delete(&reserved, None))?;
+            }
+            Some(reservation) => {
+                add(writer.add_set_data(&self.lease_dir(lease), &[], Some(reservation.generation)))?;
+                add(writer.add_delete(&reserved, None))?;
+            }
+        }
         for name in &own.ahead {
             let path = self.candidate_path(lease, name);
-            add(writer.add_create(&path, &[], &options))?;
-            add(writer.add_delete(&path, None))?;
+            match ahead {
+                Ahead::MustBeGone => {
+                    add(writer.add_create(&path, &[], &options))?;
+                    add(writer.add_delete(&path, None))?;
+                }
+                Ahead::Delete => add(writer.add_delete(&path, None))?,
+            }
         }
         add(writer.add_check_version(&self.candidate_path(lease, &own.name), version))?;
         add(writer.add_create(&history, &record, &options))?;
-        let checks = own.ahead.len() * 2;
+        let per_ahead = match ahead {
+            Ahead::MustBeGone => 2,
+            Ahead::Delete => 1,
+        };
+        let checks = RESERVATION_OPS + own.ahead.len() * per_ahead;
         match writer.commit().await {
             Ok(_) => Ok(GrantOutcome::Granted),
             Err(zk::MultiWriteError::OperationFailed { index, source }) => match source {
+                zk::Error::NodeExists if index == 0 && consume.is_none() => Ok(GrantOutcome::Reserved),
+                zk::Error::BadVersion | zk::Error::NoNode if index < RESERVATION_OPS && consume.is_some() => {
+                    Ok(GrantOutcome::Reserved)
+                }
                 zk::Error::NodeExists if index < checks => Ok(GrantOutcome::NotFirst),
+                zk::Error::NoNode if index < checks && ahead == Ahead::Delete => {
+                    Ok(GrantOutcome::AheadLeft((index - RESERVATION_OPS) / per_ahead))
+                }
                 // An earlier acquire of ours was applied but its reply was lost.
                 zk::Error::NodeExists if index == checks + 1 => Ok(GrantOutcome::Granted),
                 zk::Error::NoNode if index == checks => Ok(GrantOutcome::Gone),
@@ -352,6 +402,34 @@ impl Inner {
                 other => Err(zk_error(other)),
             },
             Err(zk::MultiWriteError::RequestFailed { source }) => Err(zk_error(source)),
+        }
+    }
+
+    /// The successor of a handover takes its reservation: granted at its own znode's term (above
+    /// the handed-over one: every znode still queued was created after the holder's grant), in
+    /// one transaction that ends the reservation and deletes the znodes queued ahead of ours,
+    /// so that no candidate queued before the new term's znode is ever granted after it. Their
+    /// candidates find their znodes gone and queue again. A znode that leaves meanwhile makes
+    /// the transaction fail; it is tried again without it (at most once per znode).
+    pub(crate) async fn take_reservation(
+        &self,
+        client: &zk::Client,
+        lease: &LeaseName,
+        own: &OwnNode,
+        candidate: &CandidateId,
+        reservation: &ReservationRecord,
+    ) -> Result<GrantOutcome> {
+        let mut own = own.clone();
+        loop {
+            match self
+                .grant_with(client, lease, &own, candidate, 0, Some(reservation), Ahead::Delete)
+                .await?
+            {
+                GrantOutcome::AheadLeft(i) if i < own.ahead.len() => {
+                    own.ahead.remove(i);
+                }
+                outcome => return Ok(outcome),
+            }
         }
     }
 
@@ -468,6 +546,9 @@ impl Inner {
                 ))?,
             }
             add(writer.add_delete(&self.candidate_path(lease, node), Some(node_version)))?;
+            // Never while reserved (a holder's lease never is: a reservation replaces its holder).
+            add(writer.add_create(&self.reserved_path(lease), &[], &options))?;
+            add(writer.add_delete(&self.reserved_path(lease), None))?;
             add(writer.add_check_version(&self.candidate_path(lease, next), stat.version))?;
             let next_history = format!("{}/{}", self.history_dir(lease), history_name(Term(stat.czxid as u64)));
             add(writer.add_create(&next_history, &HistoryRecord::new(candidate.clone()).encode(), &options))?;
@@ -531,11 +612,28 @@ pub(crate) struct Ending<'a> {
     pub(crate) holder: &'a CandidateId,
 }
 
+/// The ops of a grant's transaction about the reservation (its absence checked, or it ended).
+const RESERVATION_OPS: usize = 2;
+
+/// What a grant requires of the znodes queued ahead of ours.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ahead {
+    /// They are gone.
+    MustBeGone,
+    /// They are deleted (a handover's successor goes first).
+    Delete,
+}
+
 /// How a one-request grant went.
+#[derive(Debug)]
 pub(crate) enum GrantOutcome {
     Granted,
     /// A znode ahead of ours still exists.
     NotFirst,
     /// Our znode is gone.
     Gone,
+    /// The lease is reserved (a grant that was to end a reservation: not that one any more).
+    Reserved,
+    /// The znode at this index of those ahead of ours had left already (for [`Ahead::Delete`]).
+    AheadLeft(usize),
 }

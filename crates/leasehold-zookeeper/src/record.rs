@@ -12,6 +12,11 @@ use crate::store::Inner;
 
 const CANDIDATE_FORMAT: &str = "leasehold-candidate/1";
 const HISTORY_FORMAT: &str = "leasehold-term/1";
+const RESERVATION_FORMAT: &str = "leasehold-reserved/1";
+
+/// The prefix of the version a reserved lease shows ([`HolderInfo::version`]): the reservation's
+/// generation follows it. Candidate znode names, the versions of held leases, start with `c-`.
+const RESERVATION_VERSION: &str = "reserved-";
 
 /// The data of a candidate's ephemeral sequential znode.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -112,12 +117,7 @@ impl HistoryRecord {
                 Some(("acquired_ms", ms)) => acquired_at = ms.parse::<u64>().ok().map(from_millis),
                 Some(("ended_ms", rest)) => {
                     let (ms, reason) = rest.split_once(' ').ok_or("ended_ms without a reason")?;
-                    let reason = match reason {
-                        "released" => EndReason::Released,
-                        "expired" => EndReason::Expired,
-                        "broken" => EndReason::Broken,
-                        other => return Err(format!("unknown end reason {other:?}")),
-                    };
+                    let reason = reason.parse::<EndReason>()?;
                     let at = ms.parse::<u64>().map_err(|_| "ended_ms is not a number")?;
                     ended = Some((from_millis(at), reason));
                 }
@@ -142,6 +142,114 @@ impl HistoryRecord {
             ended: self.ended,
         }
     }
+}
+
+/// The data of the persistent `reserved` znode of a lease: the holder of term `term` handed the
+/// lease over to `to` ([`LeaseStore::hand_over`](leasehold_core::LeaseStore::hand_over)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ReservationRecord {
+    pub(crate) to: CandidateId,
+    /// The handed-over term.
+    pub(crate) term: Term,
+    /// The handed-over grant's TTL: how long contenders watch the reservation before taking over.
+    pub(crate) ttl: Duration,
+    /// The data version of the lease's znode that the handover set. Taking or ending the
+    /// reservation is conditional on it, so a later reservation at the same path is never taken
+    /// for this one; it is also the version the lease shows while reserved.
+    pub(crate) generation: i32,
+}
+
+impl ReservationRecord {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        format!(
+            "{RESERVATION_FORMAT}\nto {}\nterm {}\nttl_ms {}\ngeneration {}\n",
+            self.to,
+            self.term,
+            self.ttl.as_millis(),
+            self.generation
+        )
+        .into_bytes()
+    }
+
+    pub(crate) fn decode(data: &[u8]) -> Result<Self, String> {
+        let text = std::str::from_utf8(data).map_err(|_| "reserved znode data is not UTF-8".to_string())?;
+        let mut lines = text.lines();
+        if lines.next() != Some(RESERVATION_FORMAT) {
+            return Err(format!(
+                "reserved znode data is not a {RESERVATION_FORMAT} record: {}",
+                preview(data)
+            ));
+        }
+        let (mut to, mut term, mut ttl, mut generation) = (None, None, None, None);
+        for line in lines {
+            match line.split_once(' ') {
+                Some(("to", id)) => to = Some(CandidateId::new(id).map_err(|e| format!("reserved znode: to: {e}"))?),
+                Some(("term", n)) => {
+                    term = Some(
+                        n.parse::<u64>()
+                            .map(Term)
+                            .map_err(|_| format!("reserved znode: term {n:?} is not a number"))?,
+                    )
+                }
+                Some(("ttl_ms", ms)) => {
+                    ttl = Some(
+                        ms.parse::<u64>()
+                            .map(Duration::from_millis)
+                            .map_err(|_| format!("reserved znode: ttl_ms {ms:?} is not a number"))?,
+                    )
+                }
+                Some(("generation", n)) => {
+                    generation = Some(
+                        n.parse::<i32>()
+                            .map_err(|_| format!("reserved znode: generation {n:?} is not a number"))?,
+                    )
+                }
+                _ => return Err(format!("unexpected line in reserved znode: {line:?}")),
+            }
+        }
+        match (to, term, ttl, generation) {
+            (Some(to), Some(term), Some(ttl), Some(generation)) => Ok(ReservationRecord {
+                to,
+                term,
+                ttl,
+                generation,
+            }),
+            _ => Err("reserved znode lacks one of to, term, ttl_ms, generation".to_string()),
+        }
+    }
+
+    /// The version the reserved lease shows, which a takeover names.
+    pub(crate) fn version(&self) -> String {
+        format!("{RESERVATION_VERSION}{}", self.generation)
+    }
+
+    /// The lease as everyone sees it while reserved: held by `to` at the handed-over term, and
+    /// orphaned: nothing on the server ends a reservation by itself, so contenders take it over
+    /// once they have seen it unchanged for its TTL.
+    pub(crate) fn observation(&self, lease: &LeaseName) -> Observation {
+        Observation {
+            lease: lease.clone(),
+            holder: Some(HolderInfo {
+                id: self.to.clone(),
+                term: self.term,
+                ttl: self.ttl,
+                version: self.version(),
+                orphaned: true,
+                reserved: true,
+                store_remaining: None,
+            }),
+            last_term: self.term,
+            previous_end: None,
+        }
+    }
+}
+
+/// A stable 64-bit FNV-1a hash (the same in every process and Rust version): names the znode
+/// whose creation wakes a handover's successor.
+pub(crate) fn stable_hash(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// The znode name of a term's history entry: zero-padded so names sort like terms.
@@ -215,6 +323,17 @@ impl Inner {
         format!("{}/history", self.lease_dir(lease))
     }
 
+    /// The persistent znode that reserves the lease for a handover's successor (absent otherwise).
+    pub(crate) fn reserved_path(&self, lease: &LeaseName) -> String {
+        format!("{}/reserved", self.lease_dir(lease))
+    }
+
+    /// The znode a handover creates and deletes again at once, to wake its successor's change
+    /// stream (which watches for its creation): only the successor is woken.
+    pub(crate) fn doorbell_path(&self, lease: &LeaseName, to: &CandidateId) -> String {
+        format!("{}/wake-{:016x}", self.lease_dir(lease), stable_hash(to.as_str()))
+    }
+
     pub(crate) fn candidate_path(&self, lease: &LeaseName, name: &str) -> String {
         format!("{}/{name}", self.candidates_dir(lease))
     }
@@ -275,6 +394,21 @@ impl Inner {
                     .map_err(|detail| Error::corrupt(STORE, lease, format!("candidate znode {name}: {detail}")))?;
                 Ok(Some((record, stat)))
             }
+            Err(zk::Error::NoNode) => Ok(None),
+            Err(e) => Err(zk_error(e)),
+        }
+    }
+
+    /// The lease's reservation, if it has one.
+    pub(crate) async fn read_reservation(
+        &self,
+        client: &zk::Client,
+        lease: &LeaseName,
+    ) -> Result<Option<ReservationRecord>> {
+        match client.get_data(&self.reserved_path(lease)).await {
+            Ok((data, _)) => ReservationRecord::decode(&data)
+                .map(Some)
+                .map_err(|detail| Error::corrupt(STORE, lease, detail)),
             Err(zk::Error::NoNode) => Ok(None),
             Err(e) => Err(zk_error(e)),
         }

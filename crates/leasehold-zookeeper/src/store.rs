@@ -17,8 +17,8 @@ use zookeeper_client as zk;
 
 use crate::config::ZookeeperConfig;
 use crate::error::{Failed, STORE, disconnected, during, zk_error};
-use crate::queue::{Ending, GrantOutcome};
-use crate::record::holder_observation;
+use crate::queue::{Ahead, Ending, GrantOutcome};
+use crate::record::{HistoryRecord, ReservationRecord, history_name, holder_observation};
 
 /// How many terms of history are kept per lease; older `history/` znodes are deleted.
 pub const HISTORY_LIMIT: usize = 1000;
@@ -251,6 +251,12 @@ impl LeaseStore for ZookeeperStore {
             .map_err(|e| during(e, Operation::Release, &format_args!("lease {}", grant.lease)))
     }
 
+    async fn hand_over(&self, grant: &Grant, to: &CandidateId) -> Result<()> {
+        self.try_hand_over(grant, to)
+            .await
+            .map_err(|e| during(e, Operation::HandOver, &format_args!("lease {}", grant.lease)))
+    }
+
     async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
         self.try_withdraw(lease, candidate)
             .await
@@ -364,11 +370,22 @@ impl ZookeeperStore {
             }
         };
         // The head: the first of the znodes up to ours that still exists (a garbage record is an
-        // error, whoever's it is).
-        let Some((first, record, stat)) = inner.head(&client, lease, &queue[..=position]).await? else {
+        // error, whoever's it is); and whether the lease is reserved for a handover's successor.
+        let (head, reservation) = tokio::join!(
+            inner.head(&client, lease, &queue[..=position]),
+            inner.read_reservation(&client, lease)
+        );
+        let Some((first, record, stat)) = head? else {
             inner.set_own(lease, candidate, None);
             return Err(deleted_meanwhile(&own.name));
         };
+        if let Some(reservation) = reservation? {
+            let ahead = queue[first..position].iter().map(|c| c.name.clone()).collect();
+            let own = OwnNode { ahead, ..own };
+            return self
+                .acquire_reserved(request, &client, own, first == position, stat.version, &reservation)
+                .await;
+        }
         if first < position {
             let ahead = queue[first..position].iter().map(|c| c.name.clone()).collect();
             inner.set_own(lease, candidate, Some(OwnNode { ahead, ..own }));
@@ -385,13 +402,169 @@ impl ZookeeperStore {
             ahead: Vec::new(),
             ..own
         };
-        match inner.grant(&client, lease, &own, candidate, stat.version).await? {
-            GrantOutcome::Granted => Ok(inner.granted(lease, candidate, own, ttl, &client, false).await),
-            GrantOutcome::NotFirst | GrantOutcome::Gone => {
+        let outcome = inner.grant(&client, lease, &own, candidate, stat.version).await?;
+        self.answer(request, &client, own, outcome).await
+    }
+
+    /// An acquire of a reserved lease (`own.ahead`: the znodes still queued ahead of ours;
+    /// `head`: ours heads the queue, at data version `version`). The successor takes it, going
+    /// before them; the head of the queue takes it over when the contender names the
+    /// reservation's version (it saw it unchanged for its TTL); anyone else is told who it is
+    /// reserved for.
+    async fn acquire_reserved(
+        &self,
+        request: &AcquireRequest,
+        client: &zk::Client,
+        own: OwnNode,
+        head: bool,
+        version: i32,
+        reservation: &ReservationRecord,
+    ) -> Result<Acquired> {
+        let inner = &self.inner;
+        let (lease, candidate) = (&request.lease, &request.candidate);
+        if reservation.to == *candidate {
+            let outcome = inner
+                .take_reservation(client, lease, &own, candidate, reservation)
+                .await?;
+            return self.answer(request, client, own, outcome).await;
+        }
+        if head && request.takeover.as_deref() == Some(reservation.version().as_str()) {
+            let own = OwnNode {
+                ahead: Vec::new(),
+                ..own
+            };
+            let outcome = inner
+                .grant_with(
+                    client,
+                    lease,
+                    &own,
+                    candidate,
+                    version,
+                    Some(reservation),
+                    Ahead::MustBeGone,
+                )
+                .await?;
+            return self.answer(request, client, own, outcome).await;
+        }
+        inner.set_own(lease, candidate, Some(own));
+        Ok(Acquired::Held(reservation.observation(lease)))
+    }
+
+    /// The answer to an acquire whose grant transaction went as `outcome`.
+    async fn answer(
+        &self,
+        request: &AcquireRequest,
+        client: &zk::Client,
+        own: OwnNode,
+        outcome: GrantOutcome,
+    ) -> Result<Acquired> {
+        let inner = &self.inner;
+        let (lease, candidate) = (&request.lease, &request.candidate);
+        match outcome {
+            GrantOutcome::Granted => Ok(inner.granted(lease, candidate, own, request.ttl, client, false).await),
+            GrantOutcome::Reserved => {
+                // Reserved since it was read, or no longer the reservation read. If our own
+                // earlier acquire ended it (its reply was lost), our znode holds the lease now.
+                let seen = inner.observe(client, lease).await?;
+                if seen
+                    .holder
+                    .as_ref()
+                    .is_some_and(|h| h.version == own.name && !h.reserved)
+                {
+                    return Ok(inner.granted(lease, candidate, own, request.ttl, client, false).await);
+                }
+                inner.set_own(lease, candidate, Some(own));
+                Ok(Acquired::Held(seen))
+            }
+            GrantOutcome::NotFirst | GrantOutcome::Gone | GrantOutcome::AheadLeft(_) => {
                 inner.set_own(lease, candidate, None);
                 Err(deleted_meanwhile(&own.name))
             }
         }
+    }
+
+    async fn try_hand_over(&self, grant: &Grant, to: &CandidateId) -> Result<()> {
+        let inner = &self.inner;
+        let lease = &grant.lease;
+        let Some(client) = inner.existing_session(grant.ttl).await else {
+            return Ok(()); // the session is gone, and the znode with it
+        };
+        let path = inner.candidate_path(lease, &grant.token);
+        let history_path = format!("{}/{}", inner.history_dir(lease), history_name(grant.term));
+        let (stat, history, dir) = tokio::join!(
+            client.check_stat(&path),
+            client.get_data(&history_path),
+            client.check_stat(&inner.lease_dir(lease))
+        );
+        let Some(stat) = stat.map_err(zk_error)? else {
+            inner.set_own(lease, &grant.holder, None);
+            return Ok(());
+        };
+        if stat.czxid as u64 != grant.term.0 || stat.ephemeral_owner != client.session_id().0 {
+            return Ok(()); // not our znode any more
+        }
+        let history = match history {
+            Ok((data, stat)) => Some((HistoryRecord::decode(&data).ok(), stat.version)),
+            Err(zk::Error::NoNode) => None,
+            Err(e) => return Err(zk_error(e)),
+        };
+        let Some(dir) = dir.map_err(zk_error)? else {
+            return Ok(()); // the lease's znodes are gone, ours with them
+        };
+        let reservation = ReservationRecord {
+            to: to.clone(),
+            term: grant.term,
+            ttl: grant.ttl,
+            generation: dir.version.wrapping_add(1),
+        };
+        let options = zk::CreateMode::Persistent.with_acls(inner.acls());
+        let ended = match &history {
+            Some((Some(record), _)) => record.clone().ended(EndReason::HandedOver),
+            _ => HistoryRecord::new(grant.holder.clone()).ended(EndReason::HandedOver),
+        };
+        let doorbell = inner.doorbell_path(lease, to);
+        // One transaction: the reservation's generation, the term ended in the history, our
+        // znode deleted, the reservation created, and the successor's doorbell rung (created
+        // and deleted: its change stream watches for the creation).
+        let mut writer = client.new_multi_writer();
+        let add = |r: std::result::Result<(), zk::Error>| r.map_err(zk_error);
+        add(writer.add_set_data(&inner.lease_dir(lease), &[], Some(dir.version)))?;
+        add(writer.add_delete(&path, Some(stat.version)))?;
+        match &history {
+            Some((_, version)) => add(writer.add_set_data(&history_path, &ended.encode(), Some(*version)))?,
+            None => add(writer.add_create(&history_path, &ended.encode(), &options))?,
+        }
+        add(writer.add_create(&inner.reserved_path(lease), &reservation.encode(), &options))?;
+        add(writer.add_create(&doorbell, &[], &options))?;
+        add(writer.add_delete(&doorbell, None))?;
+        match writer.commit().await {
+            Ok(_) => {}
+            // Our znode went meanwhile (expired or broken): nothing to hand over.
+            Err(zk::MultiWriteError::OperationFailed {
+                index: 1,
+                source: zk::Error::NoNode,
+            }) => {}
+            Err(zk::MultiWriteError::OperationFailed { index, source }) => {
+                let what = match index {
+                    0 => "the lease's znode changed",
+                    1 => "this grant's znode was changed by someone else",
+                    2 => "the term's history entry changed",
+                    3 => "the lease is reserved already",
+                    _ => "the successor's wake-up znode exists",
+                };
+                return Err(Error::store(
+                    STORE,
+                    Failed::new(format!(
+                        "{what} while being handed over ({source}); nothing was handed over"
+                    )),
+                ));
+            }
+            Err(zk::MultiWriteError::RequestFailed { source }) => return Err(zk_error(source)),
+        }
+        if inner.own(lease, &grant.holder).is_none_or(|n| n.name == grant.token) {
+            inner.set_own(lease, &grant.holder, None);
+        }
+        Ok(())
     }
 
     async fn try_renew(&self, grant: &Grant) -> Result<Renewed> {
@@ -530,6 +703,24 @@ impl ZookeeperStore {
     async fn try_break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
         let inner = &self.inner;
         let client = inner.reader().await?;
+        if let Some(reservation) = inner.read_reservation(&client, lease).await? {
+            // Break the reservation: the lease opens to the queue (the handed-over term ended).
+            let mut writer = client.new_multi_writer();
+            let add = |r: std::result::Result<(), zk::Error>| r.map_err(zk_error);
+            add(writer.add_set_data(&inner.lease_dir(lease), &[], Some(reservation.generation)))?;
+            add(writer.add_delete(&inner.reserved_path(lease), None))?;
+            return match writer.commit().await {
+                Ok(_) => Ok(Some(reservation.term)),
+                Err(zk::MultiWriteError::OperationFailed { .. }) => Err(Error::store(
+                    STORE,
+                    Failed::new(format!(
+                        "the reservation of term {} ended while being broken, so nothing was broken; look at the lease again",
+                        reservation.term
+                    )),
+                )),
+                Err(zk::MultiWriteError::RequestFailed { source }) => Err(zk_error(source)),
+            };
+        }
         let queue = inner.queue(&client, lease).await?.unwrap_or_default();
         let Some((first, record, stat)) = inner.head(&client, lease, &queue).await? else {
             return Ok(None);
