@@ -353,17 +353,36 @@ impl Elector {
     /// # Errors
     ///
     /// As [`Elector::run`].
-    pub async fn run_until<F, Fut, E>(&self, mut task: F, shutdown: impl Future<Output = ()>) -> Result<(), RunError<E>>
+    pub async fn run_until<F, Fut, E>(&self, task: F, shutdown: impl Future<Output = ()>) -> Result<(), RunError<E>>
     where
         F: FnMut(Leader) -> Fut,
         Fut: Future<Output = Result<(), E>> + Send + 'static,
         E: Send + 'static,
     {
-        let mut shutdown = std::pin::pin!(shutdown);
+        self.run_until_handing_over(task, async {
+            shutdown.await;
+            None
+        })
+        .await
+    }
+
+    /// [`Elector::run_until`], where `shutdown` may name a successor: a leader then hands the
+    /// lease over to it ([`Leader::hand_over`]) once its task has returned, instead of releasing.
+    pub(crate) async fn run_until_handing_over<F, Fut, E>(
+        &self,
+        mut task: F,
+        shutdown: impl Future<Output = Option<CandidateId>>,
+    ) -> Result<(), RunError<E>>
+    where
+        F: FnMut(Leader) -> Fut,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: Send + 'static,
+    {
+        let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
         loop {
             let leader = tokio::select! {
                 leader = self.campaign() => leader?,
-                () = &mut shutdown => return Ok(()),
+                _ = shutdown.clone() => return Ok(()),
             };
             let control = leader.shared.clone();
             let span = info_span!("leader", lease = %leader.lease(), term = %leader.term(), holder = %leader.holder());
@@ -374,14 +393,20 @@ impl Elector {
             // released once it has: the driver carries that out on its own.
             let _stop_on_drop = StopOnDrop(&control);
             let outcome = tokio::select! {
-                outcome = &mut handle => Some(outcome),
-                () = &mut shutdown => None,
+                outcome = &mut handle => Ok(outcome),
+                successor = shutdown.clone() => Err(successor),
             };
-            let Some(outcome) = outcome else {
-                let _ = control.commands.send(Command::Shutdown);
-                let _ = handle.await;
-                control.stepped_down().await;
-                return Ok(());
+            let outcome = match outcome {
+                Ok(outcome) => outcome,
+                Err(successor) => {
+                    if let Some(to) = successor {
+                        let _ = control.commands.send(Command::HandOver { to, ack: None });
+                    }
+                    let _ = control.commands.send(Command::Shutdown);
+                    let _ = handle.await;
+                    control.stepped_down().await;
+                    return Ok(());
+                }
             };
             let reason = control.stepped_down().await;
             if reason == Some(DeposedReason::WorkFinished) {

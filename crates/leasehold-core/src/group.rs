@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::future::Future;
 use std::ops::Deref;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::task::JoinHandle;
@@ -106,7 +106,7 @@ struct Inner {
     max_moves: usize,
     configure: Configure,
     member: Elector,
-    running: std::sync::Mutex<BTreeMap<u32, Elector>>,
+    running: Mutex<BTreeMap<u32, Elector>>,
 }
 
 impl fmt::Debug for LeaseGroup {
@@ -215,6 +215,7 @@ impl LeaseGroupBuilder {
         let member = Elector::builder(self.store.clone(), member_lease)
             .ttl(self.ttl)
             .candidate_id(id.as_str())
+            .hand_over_requests(false)
             .build()?;
         let max_moves = self
             .max_moves
@@ -231,7 +232,7 @@ impl LeaseGroupBuilder {
                 max_moves,
                 configure: self.configure,
                 member,
-                running: std::sync::Mutex::default(),
+                running: Mutex::default(),
             }),
         })
     }
@@ -476,6 +477,9 @@ impl LeaseGroup {
                     if rounds.pending.get(&shard) == Some(&to) {
                         info!(shard, to = ?to, "handing the shard over (planned move)");
                         metrics::counter!(MOVES, "group" => inner.group.to_string(), "kind" => "planned").increment(1);
+                        if let Some(running) = rounds.shards.get(&shard) {
+                            *running.successor.lock().expect("group lock") = to;
+                        }
                         stopping.push(shard);
                     } else {
                         pending.insert(shard, to);
@@ -544,23 +548,30 @@ impl LeaseGroup {
     {
         let inner = &self.inner;
         let lease = shard_lease(&inner.group, shard, inner.shards)?;
+        // The group moves its shards itself: no member reads hand-over requests per shard.
         let elector = (inner.configure)(Elector::builder(inner.store.clone(), lease.as_str()))
             .ttl(inner.ttl)
             .candidate_id(inner.id.as_str())
+            .hand_over_requests(false)
             .build()?;
         let stop = CancellationToken::new();
+        let successor = Arc::new(Mutex::new(None));
         let task = task.clone();
         let run = {
             let elector = elector.clone();
             let stop = stop.clone();
+            let successor = successor.clone();
             async move {
                 let outcome = elector
-                    .run_until(
+                    .run_until_handing_over(
                         move |leader| {
                             let task = task.clone();
                             async move { task(ShardLeader { shard, leader }).await }
                         },
-                        stop.cancelled_owned(),
+                        async move {
+                            stop.cancelled().await;
+                            successor.lock().expect("group lock").take()
+                        },
                     )
                     .await;
                 match outcome {
@@ -572,7 +583,11 @@ impl LeaseGroup {
         };
         let handle = tokio::spawn(run.instrument(info_span!("shard", shard)));
         inner.running.lock().expect("group lock").insert(shard, elector);
-        Ok(Running { stop, handle })
+        Ok(Running {
+            stop,
+            successor,
+            handle,
+        })
     }
 
     /// Stops campaigning for `shards`, all at once: cancels their tasks, waits for them, and
@@ -650,6 +665,8 @@ const MOVES: &str = "leasehold_group_moves_total";
 /// A running shard campaign.
 struct Running {
     stop: CancellationToken,
+    /// Set before `stop` for a planned move: the lease is handed over to this member.
+    successor: Arc<Mutex<Option<CandidateId>>>,
     handle: JoinHandle<()>,
 }
 
@@ -687,7 +704,7 @@ impl Rounds {
     }
 
     /// Forgets campaigns whose task ended on its own (it gave the shard up).
-    fn reap(&mut self, running: &std::sync::Mutex<BTreeMap<u32, Elector>>) {
+    fn reap(&mut self, running: &Mutex<BTreeMap<u32, Elector>>) {
         let done: Vec<u32> = self
             .shards
             .iter()

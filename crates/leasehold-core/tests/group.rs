@@ -55,6 +55,10 @@ impl LeaseStore for Link {
         self.check()?;
         self.store.release(grant).await
     }
+    async fn hand_over(&self, grant: &Grant, to: &CandidateId) -> Result<()> {
+        self.check()?;
+        self.store.hand_over(grant, to).await
+    }
     async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
         self.check()?;
         self.store.inspect(lease).await

@@ -79,6 +79,8 @@ struct Record {
     version: u64,
     /// Real (store) time in ms at which the store lets go, for server-clock expiry.
     expires_at: u64,
+    /// Handed over to `holder`, not taken yet (`term` is the previous holder's).
+    reserved: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -114,6 +116,8 @@ enum Action {
     Deliver(usize),
     Lose(usize),
     Resign(usize),
+    /// The leader hands the lease over to the next candidate.
+    HandOver(usize),
     Pause(usize),
     Resume(usize),
     HoldBack(usize),
@@ -144,6 +148,9 @@ struct Election {
     rates: [u64; 3],
     /// Whether a new campaign continues from the earlier machine (the fix of finding 1).
     carry_over: bool,
+    /// Whether a leader may hand the lease over to the next candidate instead of resigning
+    /// (within the same `resigns` budget).
+    hand_overs: bool,
     /// A directed search: the one-shot faults (hold back, refuse, pause, new campaign) happen
     /// only to this candidate, only its acquires are held back or refused, it is paused only
     /// while it believes it leads, and only the others resign. `None`: faults hit anyone.
@@ -175,7 +182,7 @@ impl Election {
                 ttl: self.timing.ttl,
                 version: r.version.to_string(),
                 orphaned: false,
-                reserved: false,
+                reserved: r.reserved,
                 store_remaining: (self.expiry == Expiry::ServerClock)
                     .then(|| Duration::from_millis(r.expires_at.saturating_sub(s.now))),
             }),
@@ -223,13 +230,14 @@ impl Election {
                     term,
                     version,
                     expires_at: s.now + ttl,
+                    reserved: false,
                 };
                 let grant = self.grant(&record);
                 s.record = Some(record);
                 ModelReply::Acquire(Acquired::Granted(grant))
             }
             Request::Renew(g) => match &mut s.record {
-                Some(r) if r.holder == from && Term(r.term) == g.term => {
+                Some(r) if r.holder == from && Term(r.term) == g.term && !r.reserved => {
                     r.version = version;
                     r.expires_at = s.now + ttl;
                     let grant = self.grant(r);
@@ -240,10 +248,25 @@ impl Election {
             Request::Release(g) => {
                 if s.record
                     .as_ref()
-                    .is_some_and(|r| r.holder == from && Term(r.term) == g.term)
+                    .is_some_and(|r| r.holder == from && Term(r.term) == g.term && !r.reserved)
                 {
                     s.record = None;
                     s.previous_end = Some(EndReason::Released);
+                }
+                ModelReply::Release
+            }
+            Request::HandOver(g, to) => {
+                if let Some(r) = s
+                    .record
+                    .as_mut()
+                    .filter(|r| r.holder == from && Term(r.term) == g.term && !r.reserved)
+                {
+                    r.holder = (0..self.candidates)
+                        .find(|&c| candidate(c) == *to)
+                        .expect("a modelled candidate");
+                    r.reserved = true;
+                    r.version = version;
+                    r.expires_at = s.now + ttl;
                 }
                 ModelReply::Release
             }
@@ -381,6 +404,9 @@ impl Model for Election {
             }
             if s.resigns_left > 0 && m.believes_leader(now) && self.focus.is_none_or(|f| f != i) {
                 actions.push(Action::Resign(i));
+                if self.hand_overs {
+                    actions.push(Action::HandOver(i));
+                }
             }
             if s.stalls_left > 0 && !s.stalled[i] && m.believes_leader(now) {
                 actions.push(Action::Stall(i));
@@ -449,6 +475,11 @@ impl Model for Election {
                 s.resigns_left -= 1;
                 self.feed(&mut s, i, Input::Resign);
             }
+            Action::HandOver(i) => {
+                s.resigns_left -= 1;
+                let to = candidate((i + 1) % self.candidates);
+                self.feed(&mut s, i, Input::HandOver { to, work_stopped: true });
+            }
             Action::Pause(i) => {
                 s.pauses_left -= 1;
                 s.paused[i] = true;
@@ -504,7 +535,9 @@ impl Model for Election {
                         ModelReply::Withdraw => Reply::Withdraw(Ok(())),
                         ModelReply::Refused(Request::Acquire(_)) => Reply::Acquire(Err(refused())),
                         ModelReply::Refused(Request::Renew(_)) => Reply::Renew(Err(refused())),
-                        ModelReply::Refused(Request::Release(_)) => Reply::Release(Err(refused())),
+                        ModelReply::Refused(Request::Release(_) | Request::HandOver(..)) => {
+                            Reply::Release(Err(refused()))
+                        }
                         ModelReply::Refused(Request::Withdraw) => Reply::Withdraw(Err(refused())),
                         ModelReply::Refused(Request::Inspect) => Reply::Inspect(Err(refused())),
                     };
@@ -573,6 +606,7 @@ fn model(expiry: Expiry, drift: u32) -> Election {
         stalls: 0,
         rates: RATES,
         carry_over: true,
+        hand_overs: false,
         focus: None,
         prompt: false,
     }
@@ -644,6 +678,28 @@ fn late_requests_and_new_campaigns_are_safe() {
     for expiry in [Expiry::ServerClock, Expiry::ObservedByContenders] {
         let (states, found) = check(late_requests_model(expiry, true), 3_000_000);
         println!("late requests, {expiry:?}: {states} unique states explored; discoveries: {found:?}");
+        assert!(states >= 100_000, "explored only {states} states");
+        assert!(
+            !found.contains(&"at most one candidate believes it leads"),
+            "{expiry:?}"
+        );
+        assert!(!found.contains(&"terms strictly increase"), "{expiry:?}");
+        assert!(found.contains(&"leadership changes hands"), "{expiry:?}");
+    }
+}
+
+/// A leader hands the lease over to the other candidate (a reservation for it at the leader's
+/// term) while that candidate's acquires may be held back, applied late or refused: a read-back
+/// must never adopt the reservation as a grant (its term was the previous leader's).
+#[test]
+fn hand_overs_with_late_requests_are_safe() {
+    for expiry in [Expiry::ServerClock, Expiry::ObservedByContenders] {
+        let model = Election {
+            hand_overs: true,
+            ..late_requests_model(expiry, true)
+        };
+        let (states, found) = check(model, 3_000_000);
+        println!("hand-overs, {expiry:?}: {states} unique states explored; discoveries: {found:?}");
         assert!(states >= 100_000, "explored only {states} states");
         assert!(
             !found.contains(&"at most one candidate believes it leads"),
