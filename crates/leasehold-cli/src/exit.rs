@@ -22,6 +22,11 @@ pub(crate) const NOT_ELECTED: i32 = 5;
 pub(crate) const AUTH: i32 = 6;
 /// `run --http ADDR`: the address cannot be listened on (in use, not permitted, not local).
 pub(crate) const LISTEN: i32 = 7;
+/// `handover`: nobody holds the lease, so there is nothing to hand over.
+pub(crate) const NOBODY_HOLDS: i32 = 8;
+/// `handover`: the successor did not take the lease: not within `--within`, another candidate
+/// took it, or another handover is in progress.
+pub(crate) const NOT_HANDED_OVER: i32 = 9;
 /// `run`: the command cannot be executed (shell convention).
 pub(crate) const NOT_EXECUTABLE: i32 = 126;
 /// `run`: the command was not found (shell convention).

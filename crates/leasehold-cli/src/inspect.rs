@@ -77,7 +77,7 @@ pub(crate) fn status_row(o: &Observation) -> Vec<String> {
     match &o.holder {
         Some(h) => vec![
             o.lease.to_string(),
-            "held".into(),
+            if h.reserved { "reserved" } else { "held" }.into(),
             h.id.to_string(),
             h.term.to_string(),
             short(h.ttl),
@@ -106,7 +106,12 @@ pub(crate) fn status_json(o: &Observation) -> Value {
     let holder = o.holder.as_ref();
     json!({
         "lease": o.lease.as_str(),
-        "state": if holder.is_some() { "held" } else { "free" },
+        "state": match holder {
+            Some(h) if h.reserved => "reserved",
+            Some(_) => "held",
+            None => "free",
+        },
+        "reserved": holder.is_some_and(|h| h.reserved),
         "holder": holder.map(|h| h.id.as_str()),
         "term": holder.map(|h| h.term.0),
         "last_term": o.last_term.0.max(holder.map_or(0, |h| h.term.0)),
@@ -248,11 +253,12 @@ pub(crate) async fn watch(url: &str, lease: &str, interval: Option<Duration>, js
     }
 }
 
-/// What identifies a leadership: the holder and its term (the last term while free).
-fn key(o: &Observation) -> (Option<&CandidateId>, Term) {
+/// What identifies a leadership: the holder and its term (the last term while free), and
+/// whether it is only reserved for that holder.
+fn key(o: &Observation) -> (Option<&CandidateId>, Term, bool) {
     match &o.holder {
-        Some(h) => (Some(&h.id), h.term),
-        None => (None, o.last_term),
+        Some(h) => (Some(&h.id), h.term, h.reserved),
+        None => (None, o.last_term, false),
     }
 }
 
@@ -271,7 +277,8 @@ async fn how_it_ended(store: &dyn LeaseStore, before: &Observation, now: &Observ
 
 fn report_change(now: &Observation, before: Option<&Observation>, ended: Option<String>, json: bool) {
     let at = SystemTime::now();
-    let previous = before.and_then(|b| b.holder.as_ref());
+    // A reservation's term is the previous holder's, whose end the line about it already told.
+    let previous = before.and_then(|b| b.holder.as_ref()).filter(|p| !p.reserved);
     if json {
         line(
             &json!({
@@ -280,6 +287,7 @@ fn report_change(now: &Observation, before: Option<&Observation>, ended: Option<
                 "lease": now.lease.as_str(),
                 "holder": now.holder.as_ref().map(|h| h.id.as_str()),
                 "term": now.holder.as_ref().map(|h| h.term.0),
+                "reserved": now.holder.as_ref().is_some_and(|h| h.reserved),
                 "last_term": now.last_term.0.max(now.holder.as_ref().map_or(0, |h| h.term.0)),
                 "previous": previous.map(|p| json!({
                     "holder": p.id.as_str(),
@@ -292,6 +300,7 @@ fn report_change(now: &Observation, before: Option<&Observation>, ended: Option<
         return;
     }
     let state = match &now.holder {
+        Some(h) if h.reserved => format!("term {} handed over: reserved for {}", h.term, h.id),
         Some(h) => format!("term {} held by {}", h.term, h.id),
         None if now.last_term == Term(0) => "free (never held)".to_string(),
         None => "free".to_string(),
@@ -336,6 +345,22 @@ mod tests {
         assert_eq!(v["state"], "free");
         assert_eq!(v["holder"], Value::Null);
         assert_eq!(v["last_term"], 7);
+    }
+
+    #[test]
+    fn a_reserved_lease_says_so() {
+        let mut reserved = held(7);
+        if let Some(h) = reserved.holder.as_mut() {
+            h.reserved = true;
+        }
+        assert_eq!(status_row(&reserved)[1], "reserved");
+        let v = status_json(&reserved);
+        assert_eq!(
+            (v["state"].as_str(), v["reserved"].as_bool()),
+            (Some("reserved"), Some(true))
+        );
+        assert_eq!(status_json(&held(7))["reserved"], false);
+        assert_ne!(key(&held(7)), key(&reserved));
     }
 
     #[test]

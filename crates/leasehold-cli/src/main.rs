@@ -7,6 +7,7 @@
 //! leasehold history nightly-report --limit 5
 //! leasehold watch nightly-report
 //! leasehold break nightly-report
+//! leasehold handover nightly-report --to web-2  # the holder hands over to web-2
 //! leasehold run --store postgres://db/leases --lease api-writer --http 0.0.0.0:9090   # a sidecar
 //! leasehold shards run --group partitions --shards 64 -- ./worker.sh   # once per owned shard
 //! leasehold shards status partitions
@@ -22,6 +23,7 @@ mod child;
 mod contain;
 mod exit;
 mod guard;
+mod handover;
 mod http;
 mod inspect;
 mod output;
@@ -52,10 +54,13 @@ Exit codes:
            when shorter)
   7        `run --http`: the address cannot be listened on (in use, not permitted, not
            local)
+  8        `handover`: nobody holds the lease: nothing to hand over
+  9        `handover`: the successor did not take the lease (not within --within, another
+           candidate took it, or another handover is in progress)
   126, 127 `run`, `shards run`: the command is not executable, or not found
   129, 130, 143
-           `run`, `shards run`: stopped by SIGHUP, SIGINT or SIGTERM (the command, or every
-           shard's, was stopped, the leases released)
+           `run`, `shards run`, `handover`: stopped by SIGHUP, SIGINT or SIGTERM (the command,
+           or every shard's, was stopped, the leases released; the request given back)
   N        `run`: the command's exit status; 128 + N when it was killed by signal N";
 
 /// Leader election from the shell: run a command on exactly one of many hosts or processes.
@@ -144,6 +149,25 @@ enum Command {
     Break {
         /// The lease.
         lease: String,
+    },
+
+    /// Ask the holder of a lease to hand it over to the candidate ID, and wait until ID leads.
+    ///
+    /// The request goes through the store: this command holds the lease LEASE.handover as ID
+    /// until done. The holder (any `leasehold run`, and every Elector unless it turned requests
+    /// off) reads it once per renewal, stops its work (its command gets SIGTERM, then SIGKILL
+    /// after its kill grace), and hands the lease over: the store keeps it for ID, which takes it
+    /// at its next notification or poll with a higher term. Exits 0 once ID leads; if ID does not
+    /// take it within --within, the lease opens to everyone after its TTL.
+    Handover {
+        /// The lease.
+        lease: String,
+        /// The successor's candidate id (its `leasehold run --id`); it must be campaigning.
+        #[arg(long, value_name = "ID")]
+        to: String,
+        /// How long to wait for ID to lead [default: 3 x the holder's ttl].
+        #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+        within: Option<Duration>,
     },
 
     /// Lease groups: N shards, each run by exactly one live member, balanced over the members.
@@ -360,6 +384,7 @@ fn dispatch(store: Option<String>, json: bool, command: Command) -> Result<i32, 
             Command::History { lease, limit } => inspect::history(&store, &lease, limit, json).await,
             Command::Watch { lease, interval } => inspect::watch(&store, &lease, interval, json).await,
             Command::Break { lease } => inspect::break_lease(&store, &lease, json).await,
+            Command::Handover { lease, to, within } => handover::handover(&store, &lease, &to, within, json).await,
             Command::Shards(ShardsCommand::Run(args)) => shards::run(&store, args).await,
             Command::Shards(ShardsCommand::Status { group }) => shards::status(&store, &group, json).await,
             Command::ChildGuard(_) | Command::EnterCgroup(_) => unreachable!("handled before the runtime starts"),

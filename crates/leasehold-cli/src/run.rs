@@ -370,7 +370,11 @@ impl Supervisor {
         match leader.ensure_valid(Duration::ZERO) {
             Err(leasehold::Error::NotLeader { reason, .. }) => {
                 let reason = reason.strip_prefix("deposed: ").unwrap_or(&reason).to_string();
-                format!("lost {lease} (term {term}): {reason}")
+                match reason.strip_prefix("handed over to ") {
+                    // A planned handover (asked through the store, e.g. by `leasehold handover`).
+                    Some(to) => format!("handing {lease} (term {term}) over to {to}, as asked"),
+                    None => format!("lost {lease} (term {term}): {reason}"),
+                }
             }
             _ => format!("lost {lease} (term {term})"),
         }

@@ -13,7 +13,7 @@ use support::{Store, alive, bin, ledger, one_error_line, stdout, wait_for};
 
 #[test]
 fn every_subcommand_has_help() {
-    for sub in ["run", "status", "history", "watch", "break"] {
+    for sub in ["run", "status", "history", "watch", "break", "handover"] {
         let output = Command::new(bin())
             .args([sub, "--help"])
             .env_remove("LEASEHOLD_STORE")
@@ -348,6 +348,8 @@ fn exit_code_tables_agree() {
         ("5", "not elected"),
         ("6", "credentials or permissions"),
         ("7", "cannot be listened on"),
+        ("8", "nobody holds the lease"),
+        ("9", "the successor did not take the lease"),
         ("126", "not executable"),
         ("127", "not found"),
         ("129", "SIGHUP"),
