@@ -42,7 +42,7 @@ pub(crate) const RECORD_WIDTH: usize = 7;
 /// The same checks as [`Record::decode`], in SQL, over `l` (the row) and `history_term`: the
 /// acquire statement grants only on a row that passes them.
 pub(crate) const VALID_ROW_SQL: &str = "(l.term >= 0
-     AND (l.previous_end IS NULL OR l.previous_end IN ('released', 'expired', 'broken'))
+     AND (l.previous_end IS NULL OR l.previous_end IN ('released', 'expired', 'broken', 'handed_over'))
      AND ((l.holder IS NULL AND l.ttl_ms IS NULL AND l.version IS NULL)
           OR (l.holder IS NOT NULL AND l.ttl_ms IS NOT NULL AND l.version IS NOT NULL AND l.term > 0
               AND l.ttl_ms BETWEEN {min_ttl_ms} AND {max_ttl_ms}
@@ -92,7 +92,11 @@ impl Record {
                     version: &version,
                     store_remaining: None,
                 };
-                Some(HolderInfo::from_record(STORE, lease, fields, &TTL_RANGE)?)
+                let mut holder = HolderInfo::from_record(STORE, lease, fields, &TTL_RANGE)?;
+                // A row that names a holder and says its term was handed over is a reservation:
+                // `term` ended, handed to `holder`, who has not taken it yet.
+                holder.reserved = previous_end == Some(EndReason::HandedOver);
+                Some(holder)
             }
             (Ok(holder), Ok(ttl_ms), Ok(version)) => {
                 let set = |is_set: bool| if is_set { "set" } else { "NULL" };
@@ -115,11 +119,11 @@ impl Record {
 
     /// What a candidate is told about the lease. `lock_free`: the lease's advisory lock was
     /// free when the row was read, so a holder it names has no session any more
-    /// ([`HolderInfo::orphaned`]: the engine decides when it may be replaced).
+    /// ([`HolderInfo::orphaned`]: the engine decides when it may be replaced). A reservation
+    /// ([`HolderInfo::reserved`]) has no lock either: it is orphaned and reserved.
     pub(crate) fn observation(&self, lease: &LeaseName, lock_free: bool) -> Observation {
         let holder = self.holder.clone().map(|holder| HolderInfo {
             orphaned: lock_free,
-            reserved: false,
             ..holder
         });
         Observation {

@@ -5,7 +5,8 @@
 //! shares it, so its statements are serialised: it is owned by a task that takes requests from a
 //! queue and batches them (a statement on it is never cancelled half way, which keeps the
 //! bookkeeping of what the session holds exact).
-//! Requests that queue up are served releases first, then every renewal in one statement, then
+//! Requests that queue up are served releases (and handovers) first, then every renewal in one
+//! statement, then
 //! up to [`MAX_ACQUIRES`] acquires in one statement, so that a burst of campaigns never starves
 //! the renewals of held leases.
 //!
@@ -146,6 +147,11 @@ enum Command {
         grant: Grant,
         reply: oneshot::Sender<Result<()>>,
     },
+    HandOver {
+        grant: Grant,
+        to: CandidateId,
+        reply: oneshot::Sender<Result<()>>,
+    },
     Show {
         setting: String,
         reply: oneshot::Sender<Result<String>>,
@@ -173,6 +179,7 @@ impl LockSession {
                 last_used: Instant::now(),
             }),
             releases: VecDeque::new(),
+            handovers: VecDeque::new(),
             shows: VecDeque::new(),
             renewals: Vec::new(),
             acquires: VecDeque::new(),
@@ -198,6 +205,13 @@ impl LockSession {
     pub(crate) async fn release(&self, grant: Grant) -> Result<()> {
         let (reply, answer) = oneshot::channel();
         self.send(Command::Release { grant, reply }, answer).await
+    }
+
+    /// Ends a grant (if the row still names it) by reserving the lease for `to`, and gives its
+    /// lock back.
+    pub(crate) async fn hand_over(&self, grant: Grant, to: CandidateId) -> Result<()> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::HandOver { grant, to, reply }, answer).await
     }
 
     /// The value of a server setting on the lock session (connecting it if needed).
@@ -275,6 +289,7 @@ struct Actor {
     cx: Arc<Context>,
     session: Option<Session>,
     releases: VecDeque<(Grant, oneshot::Sender<Result<()>>)>,
+    handovers: VecDeque<(Grant, CandidateId, oneshot::Sender<Result<()>>)>,
     shows: VecDeque<(String, oneshot::Sender<Result<String>>)>,
     renewals: Vec<(Grant, Instant, oneshot::Sender<Result<Renewal>>)>,
     acquires: VecDeque<(AcquireRequest, Instant, oneshot::Sender<Result<Acquired>>)>,
@@ -298,7 +313,11 @@ fn setting(duration: Duration) -> String {
 impl Actor {
     async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
         loop {
-            if self.releases.is_empty() && self.shows.is_empty() && self.renewals.is_empty() && self.acquires.is_empty()
+            if self.releases.is_empty()
+                && self.handovers.is_empty()
+                && self.shows.is_empty()
+                && self.renewals.is_empty()
+                && self.acquires.is_empty()
             {
                 match commands.recv().await {
                     Some(command) => self.queue(command),
@@ -313,6 +332,11 @@ impl Actor {
             while let Some((grant, reply)) = self.releases.pop_front() {
                 // Always carried out, even when the caller gave up: it only frees the lease.
                 let result = self.release(&grant).await;
+                let _ = reply.send(result);
+            }
+            while let Some((grant, to, reply)) = self.handovers.pop_front() {
+                // Carried out like a release: it only ends the grant.
+                let result = self.hand_over(&grant, &to).await;
                 let _ = reply.send(result);
             }
             while let Some((setting, reply)) = self.shows.pop_front() {
@@ -337,6 +361,7 @@ impl Actor {
             Command::Acquire { request, at, reply } => self.acquires.push_back((request, at, reply)),
             Command::Renew { grant, at, reply } => self.renewals.push((grant, at, reply)),
             Command::Release { grant, reply } => self.releases.push_back((grant, reply)),
+            Command::HandOver { grant, to, reply } => self.handovers.push_back((grant, to, reply)),
             Command::Show { setting, reply } => self.shows.push_back((setting, reply)),
         }
     }

@@ -29,6 +29,7 @@ pub(crate) struct Sql {
     pub(crate) renew: Arc<str>,
     pub(crate) relock: Arc<str>,
     pub(crate) release: Arc<str>,
+    pub(crate) hand_over: Arc<str>,
     pub(crate) unlock: Arc<str>,
     pub(crate) break_lease: Arc<str>,
     pub(crate) history: Arc<str>,
@@ -202,7 +203,8 @@ impl Sql {
                  ORDER BY v.i",
             ),
             // $1 leases, $2 holders, $3 terms, $4 new versions, $5 lock keys → the renewed leases.
-            // A row is renewed only if it still names the grant, was written by this session
+            // A row is renewed only if it still names the grant (not as a reservation: see
+            // hand_over), was written by this session
             // (lock_pid) and pg_locks shows this session holding the lease's key.
             renew: fill(
                 "WITH mine AS MATERIALIZED (
@@ -217,7 +219,7 @@ impl Sql {
                  UPDATE {schema}.leases AS l SET version = r.version, renewed_at = now()
                  FROM r
                  WHERE l.name = r.name AND l.holder = r.holder AND l.term = r.term
-                   AND l.lock_pid = pg_backend_pid()
+                   AND l.previous_end IS NULL AND l.lock_pid = pg_backend_pid()
                    AND EXISTS (SELECT 1 FROM mine AS m
                                WHERE m.classid = ((r.key >> 32) & 4294967295)::oid
                                  AND m.objid = (r.key & 4294967295)::oid)
@@ -238,7 +240,7 @@ impl Sql {
                     SET version = $5::text, lock_key = $4::int8, lock_pid = pg_backend_pid(),
                         renewed_at = now()
                     WHERE name = $1::text AND holder = $2::text AND term = $3::int8
-                      AND EXISTS (SELECT 1 FROM lk)
+                      AND previous_end IS NULL AND EXISTS (SELECT 1 FROM lk)
                     RETURNING name
                  ),
                  unlocked AS (
@@ -262,6 +264,7 @@ impl Sql {
                     SET holder = NULL, ttl_ms = NULL, version = NULL, lock_pid = NULL,
                         previous_end = $4::text
                     WHERE name = $1::text AND holder = $2::text AND term = $3::int8
+                      AND previous_end IS NULL
                     RETURNING term
                  ),
                  ended AS (
@@ -275,6 +278,37 @@ impl Sql {
                  SELECT (SELECT count(*) FROM rel), (SELECT count(*) FROM ended),
                         (SELECT count(*) FROM notified), (SELECT count(*) FROM unlocked),
                         set_config('idle_session_timeout', $8::text, false)",
+            ),
+            // $1 lease, $2 holder, $3 term, $4 successor, $5 new version, $6 ttl_ms, $7
+            // notification payload, $8 lock key, $9 whether to unlock it, $10
+            // idle_session_timeout afterwards.
+            //
+            // If the row names the grant (not itself a reservation), ends its term as
+            // `handed_over` and leaves the row naming the successor at the same term with
+            // `previous_end = 'handed_over'`: a reservation. It has no lock (`lock_pid` NULL, the
+            // lock is given back), so contenders see it orphaned and take it over by its new
+            // version only after watching it for a TTL; the successor's acquire is granted at
+            // once (the row names it). The unlock happens before the commit, as for release.
+            hand_over: fill(
+                "WITH ho AS (
+                    UPDATE {schema}.leases
+                    SET holder = $4::text, version = $5::text, ttl_ms = $6::int8, lock_pid = NULL,
+                        previous_end = 'handed_over', renewed_at = now()
+                    WHERE name = $1::text AND holder = $2::text AND term = $3::int8
+                      AND previous_end IS NULL
+                    RETURNING term
+                 ),
+                 ended AS (
+                    UPDATE {schema}.history AS h SET ended_at = now(), end_reason = 'handed_over'
+                    FROM ho
+                    WHERE h.name = $1::text AND h.term = ho.term AND h.ended_at IS NULL
+                    RETURNING h.term
+                 ),
+                 notified AS (SELECT pg_notify('{channel}', $7::text) FROM ho),
+                 unlocked AS (SELECT pg_advisory_unlock($8::int8) WHERE $9::bool)
+                 SELECT (SELECT count(*) FROM ho), (SELECT count(*) FROM ended),
+                        (SELECT count(*) FROM notified), (SELECT count(*) FROM unlocked),
+                        set_config('idle_session_timeout', $10::text, false)",
             ),
             // $1 lock keys, $2 idle_session_timeout afterwards.
             unlock: "SELECT (SELECT count(*) FROM unnest($1::int8[]) AS k WHERE pg_advisory_unlock(k)),

@@ -249,7 +249,7 @@ impl LeaseStore for PostgresStore {
                 if observation
                     .holder
                     .as_ref()
-                    .is_some_and(|h| h.id == grant.holder && h.term == grant.term)
+                    .is_some_and(|h| h.id == grant.holder && h.term == grant.term && !h.reserved)
                 {
                     observation.holder = None;
                 }
@@ -260,6 +260,15 @@ impl LeaseStore for PostgresStore {
 
     async fn release(&self, grant: &Grant) -> Result<()> {
         self.inner.session.release(grant.clone()).await
+    }
+
+    /// One statement on the lock session: if the row still names the grant, its term ends
+    /// `handed_over` and the row names `to` at the same term with `previous_end` `handed_over`
+    /// and a new version (a reservation), the lock is given back and a notification wakes `to`.
+    /// The reservation has no lock, so others see it orphaned and reserved: only `to`'s acquire
+    /// is granted (a new term) until they have watched its version for a TTL.
+    async fn hand_over(&self, grant: &Grant, to: &CandidateId) -> Result<()> {
+        self.inner.session.hand_over(grant.clone(), to.clone()).await
     }
 
     async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {

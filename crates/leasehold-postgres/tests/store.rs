@@ -427,6 +427,122 @@ async fn break_lease_ends_the_term_and_the_holder_learns_at_its_next_renewal() {
     next.release(&taken).await.unwrap();
 }
 
+/// A handover leaves the row naming the successor at the old term with `previous_end`
+/// `handed_over`, `lock_pid` NULL and the lock given back (orphaned and reserved), and notifies.
+/// Only the successor's acquire is granted; anyone else is `Held` (and keeps no lock) unless it
+/// takes the reservation over by its version. Nothing takes the row for a grant of the successor
+/// at the old term: renewing one (which would take the free lock again) is `Lost`, releasing it
+/// changes nothing. The history keeps `handed_over` also when a reservation is taken over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_is_the_successor_named_without_a_lock() {
+    let Some(pg) = server() else { return };
+    let ttl = Duration::from_secs(5);
+    let lease = common::lease("handover");
+    let (store_a, store_b, store_c) = (
+        PostgresStore::connect(&pg.url).await.unwrap(),
+        PostgresStore::connect(&pg.url).await.unwrap(),
+        PostgresStore::connect(&pg.url).await.unwrap(),
+    );
+    let key = store_a.lock_key(&lease);
+    let mut raw = pg.raw().await;
+    let mut changes = store_c.changes(&lease, &candidate("c")).await.unwrap().unwrap();
+    // The listener connects in the background: wait until a probe gets through.
+    let started = Instant::now();
+    loop {
+        sqlx::query("SELECT pg_notify('leasehold', $1)")
+            .bind(format!("leasehold/{lease}/probe"))
+            .execute(&mut raw)
+            .await
+            .unwrap();
+        if tokio::time::timeout(Duration::from_millis(50), changes.next())
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the listener never connected"
+        );
+    }
+
+    let a = granted(acquire(&store_a, &lease, "a", ttl).await);
+    store_a.hand_over(&a, &candidate("c")).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(2), changes.next())
+        .await
+        .expect("a handover is notified")
+        .expect("the stream lives");
+    assert_eq!(lock_holder(&mut raw, key).await, None, "the reservation holds no lock");
+    let row: (Option<String>, i64, Option<String>, Option<i32>, Option<String>) =
+        sqlx::query_as("SELECT holder, term, previous_end, lock_pid, version FROM leasehold.leases WHERE name = $1")
+            .bind(lease.as_str())
+            .fetch_one(&mut raw)
+            .await
+            .unwrap();
+    let version = row.4.clone().unwrap();
+    assert_eq!(
+        (row.0.as_deref(), row.1, row.2.as_deref(), row.3),
+        (Some("c"), i64::try_from(a.term.0).unwrap(), Some("handed_over"), None)
+    );
+    assert_ne!(version, a.token, "a reservation has a version of its own");
+    let seen = store_b.inspect(&lease).await.unwrap();
+    let reserved = seen.holder.clone().unwrap();
+    assert!(
+        reserved.reserved && reserved.orphaned && reserved.id == candidate("c") && reserved.term == a.term,
+        "{seen:?}"
+    );
+    match acquire(&store_b, &lease, "b", ttl).await {
+        Acquired::Held(o) => assert!(o.holder.is_some_and(|h| h.reserved && h.orphaned)),
+        granted => panic!("B took a lease reserved for C: {granted:?}"),
+    }
+    assert_eq!(lock_holder(&mut raw, key).await, None, "B keeps no lock");
+
+    let as_c = leasehold_core::Grant {
+        holder: candidate("c"),
+        token: version.clone(),
+        ..a.clone()
+    };
+    match store_c.renew(&as_c).await.unwrap() {
+        Renewed::Lost(o) => assert!(o.holder.is_some_and(|h| h.reserved), "Lost shows the reservation"),
+        renewed => panic!("a reservation renewed as a grant of the successor: {renewed:?}"),
+    }
+    store_c.release(&as_c).await.unwrap();
+    store_a.release(&a).await.unwrap();
+    assert_eq!(
+        store_b.inspect(&lease).await.unwrap(),
+        seen,
+        "late releases change nothing"
+    );
+    assert_eq!(lock_holder(&mut raw, key).await, None);
+
+    let c = granted(acquire(&store_c, &lease, "c", ttl).await);
+    assert!(c.term > a.term);
+    // A reservation nobody takes: taken over by its version, its term still handed over.
+    store_c.hand_over(&c, &candidate("nobody")).await.unwrap();
+    let version = store_b.inspect(&lease).await.unwrap().holder.unwrap().version;
+    let b = granted(
+        store_b
+            .acquire(&AcquireRequest {
+                takeover: Some(version),
+                ..request(&lease, "b", ttl)
+            })
+            .await
+            .unwrap(),
+    );
+    assert!(b.term > c.term);
+    let history = store_b.history(&lease, 10).await.unwrap();
+    let ended: Vec<_> = history.iter().map(|t| (t.term, t.ended.map(|(_, why)| why))).collect();
+    assert_eq!(
+        ended,
+        vec![
+            (a.term, Some(EndReason::HandedOver)),
+            (c.term, Some(EndReason::HandedOver)),
+            (b.term, None)
+        ]
+    );
+    store_b.release(&b).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn releases_and_breaks_are_notified() {
     let Some(pg) = server() else { return };
@@ -638,6 +754,8 @@ async fn garbage_rows_are_typed_errors() {
             "holder = NULL, term = 3, ttl_ms = NULL, version = NULL, previous_end = 'exploded'",
             "end reason",
         ),
+        // A held row's previous_end says whether it is a reservation: only `handed_over` does.
+        ("previous_end = 'reserved'", "end reason"),
     ] {
         let lease = common::lease("garbage");
         let grant = granted(acquire(&store, &lease, "a", Duration::from_secs(5)).await);

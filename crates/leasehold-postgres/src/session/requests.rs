@@ -4,7 +4,7 @@
 
 use std::collections::{HashSet, VecDeque};
 
-use leasehold_core::{AcquireRequest, Acquired, Error, Grant, LeaseName, RecordVersion, Result, Term};
+use leasehold_core::{AcquireRequest, Acquired, CandidateId, Error, Grant, LeaseName, RecordVersion, Result, Term};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 use tokio::sync::oneshot;
@@ -361,6 +361,51 @@ impl Actor {
         // Also when this session no longer holds the lock (it was lost): the row may still name
         // the grant, and clearing it lets the next candidate in without waiting a TTL.
         self.end_term(grant, key, "released").await
+    }
+
+    /// Hands `grant` over to `to` (see the `hand_over` statement), notifies, and gives back its
+    /// lock if this session holds it: the reservation has no lock.
+    pub(super) async fn hand_over(&mut self, grant: &Grant, to: &CandidateId) -> Result<()> {
+        let limit = self.statement_limit(None);
+        self.connect(limit).await.map_err(|f| f.to_error("hand_over"))?;
+        let Some(session) = self.session.as_mut() else {
+            return Err(Error::unreachable(STORE, "the lock session is not connected"));
+        };
+        let key = session
+            .held
+            .get(&grant.lease)
+            .filter(|h| h.holder == grant.holder && h.term == grant.term)
+            .map(|h| h.key);
+        if key.is_some() {
+            session.held.remove(&grant.lease);
+        }
+        let after = idle_timeout(&session.held, None, None);
+        let cx = self.cx.clone();
+        let query = sql::query(&cx.sql.hand_over)
+            .bind(grant.lease.as_str())
+            .bind(grant.holder.as_str())
+            .bind(term_value(grant.term))
+            .bind(to.as_str())
+            .bind(String::from(RecordVersion::random()))
+            .bind(millis(grant.ttl))
+            .bind(cx.payload(&grant.lease, grant.holder.as_str()))
+            .bind(key.unwrap_or_default())
+            .bind(key.is_some())
+            .bind(setting(after));
+        match self.fetch_one(query, limit).await {
+            Ok(_) => {
+                if let Some(session) = self.session.as_mut() {
+                    session.idle_timeout = after;
+                }
+                Ok(())
+            }
+            Err(failure) => {
+                if let Some(key) = key {
+                    self.give_back(vec![key], limit).await;
+                }
+                Err(failure.to_error("hand_over"))
+            }
+        }
     }
 
     /// Ends the term of `grant` in the row and the history as `reason`, notifies, and gives back
