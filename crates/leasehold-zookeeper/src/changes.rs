@@ -88,55 +88,47 @@ impl Watching {
                 self.announced = Some(own.name.clone());
                 return Some(());
             }
-            // Watch the predecessor (or, when first, our own znode) until it changes; also our
-            // own znode when not first (a handover's successor may delete it, going first), and
-            // our doorbell (a handover to us creates it).
+            // Watch the predecessor (or, when first, our own znode) until it changes, and our
+            // doorbell, which a handover to us rings. (A handover's successor deletes the znodes
+            // queued ahead of its own: each of their candidates sees its predecessor, or when
+            // first its own znode, go.)
             let target = &queue[position.saturating_sub(1)];
             let path = self.inner.candidate_path(&self.lease, &target.name);
-            let own_path = self.inner.candidate_path(&self.lease, &own.name);
             let doorbell = self.inner.doorbell_path(&self.lease, &self.candidate);
+            // The reservation is read after the doorbell's watch is set (a session's requests
+            // are served in order): a handover to us is seen by the one or the other.
             let watches = async {
                 tokio::join!(
                     client.check_and_watch_stat(&path),
-                    async {
-                        if position > 0 {
-                            Some(client.check_and_watch_stat(&own_path).await)
-                        } else {
-                            None
-                        }
-                    },
-                    client.check_and_watch_stat(&doorbell)
+                    client.check_and_watch_stat(&doorbell),
+                    self.inner.read_reservation(&client, &self.lease)
                 )
             };
-            let Ok((watched, own_watched, rung)) = tokio::time::timeout(bound, watches).await else {
+            let Ok((watched, rung, reservation)) = tokio::time::timeout(bound, watches).await else {
                 continue;
             };
-            let (watched, own_watched, rung) = match (watched, own_watched.transpose(), rung) {
-                (Ok(watched), Ok(own_watched), Ok(rung)) => (watched, own_watched, rung),
-                _ => {
-                    self.wait_state_or_local(&client).await?;
-                    continue;
-                }
+            let (Ok(watched), Ok((_, rung))) = (watched, rung) else {
+                self.wait_state_or_local(&client).await?;
+                continue;
             };
-            let (Some(_), watcher) = watched else { continue };
-            if own_watched.as_ref().is_some_and(|(stat, _)| stat.is_none()) {
-                continue; // our znode is gone: the listing says so
+            if let Ok(Some(reservation)) = reservation
+                .as_ref()
+                .map(|r| r.as_ref().filter(|r| r.to == self.candidate))
+            {
+                let reserved = format!("reserved:{}", reservation.generation);
+                if self.announced.as_deref() != Some(reserved.as_str()) {
+                    self.announced = Some(reserved);
+                    return Some(());
+                }
             }
+            let (Some(_), watcher) = watched else { continue };
             // The client panics in a watcher whose session is dropped: keep that panic in a task
             // of its own.
             let mut task = AbortOnDrop(tokio::spawn(async move {
                 watcher.changed().await;
             }));
-            let mut own_task = AbortOnDrop(tokio::spawn(async move {
-                match own_watched {
-                    Some((_, watcher)) => {
-                        watcher.changed().await;
-                    }
-                    None => std::future::pending().await,
-                }
-            }));
             let mut doorbell_task = AbortOnDrop(tokio::spawn(async move {
-                rung.1.changed().await;
+                rung.changed().await;
             }));
             // A notification lost on the way (a middlebox that drops bytes but keeps the
             // connection) would strand a follower: while waiting, it checks its predecessor once
@@ -145,7 +137,6 @@ impl Watching {
             loop {
                 tokio::select! {
                     _ = task.wait() => break,
-                    _ = own_task.wait() => break,
                     // The lease was handed over to us: acquire it now.
                     _ = doorbell_task.wait() => return Some(()),
                     changed = self.rx.changed() => {

@@ -482,6 +482,61 @@ mod tests {
     }
 
     #[test]
+    fn handed_over_terms_and_reservations_round_trip() {
+        let h = HistoryRecord::new(CandidateId::new("a").unwrap()).ended(EndReason::HandedOver);
+        let back = HistoryRecord::decode(&h.encode()).unwrap();
+        assert_eq!(back.ended.map(|e| e.1), Some(EndReason::HandedOver));
+        let r = ReservationRecord {
+            to: CandidateId::new("host-2 (eu)").unwrap(),
+            term: Term(17_179_869_193),
+            ttl: Duration::from_millis(2500),
+            generation: 7,
+        };
+        assert_eq!(ReservationRecord::decode(&r.encode()).unwrap(), r);
+        let seen = r.observation(&LeaseName::new("jobs").unwrap());
+        let holder = seen.holder.unwrap();
+        assert!(holder.reserved && holder.orphaned);
+        assert_eq!(
+            (holder.id, holder.term, holder.version.as_str()),
+            (r.to.clone(), r.term, "reserved-7")
+        );
+        assert_eq!(seen.last_term, r.term);
+    }
+
+    /// Each broken field of a reservation is named.
+    #[test]
+    fn a_garbled_reservation_names_what_is_wrong() {
+        let cases: [(&[u8], &str); 6] = [
+            (b"garbage", "not a leasehold-reserved/1 record"),
+            (
+                b"leasehold-reserved/1\nto c\nterm x\nttl_ms 1\ngeneration 1\n",
+                "term \"x\"",
+            ),
+            (
+                b"leasehold-reserved/1\nto c\nterm 1\nttl_ms -1\ngeneration 1\n",
+                "ttl_ms \"-1\"",
+            ),
+            (
+                b"leasehold-reserved/1\nto c\nterm 1\nttl_ms 1\ngeneration z\n",
+                "generation \"z\"",
+            ),
+            (b"leasehold-reserved/1\nto c\nterm 1\nttl_ms 1\n", "lacks one of"),
+            (b"leasehold-reserved/1\nto c\nwho 1\n", "unexpected line"),
+        ];
+        for (data, named) in cases {
+            let error = ReservationRecord::decode(data).unwrap_err();
+            assert!(error.contains(named), "{error:?} should say {named:?}");
+        }
+    }
+
+    #[test]
+    fn the_doorbell_hash_is_stable() {
+        // FNV-1a 64 test vectors: the same in every process, so a handover rings the right bell.
+        assert_eq!(stable_hash(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(stable_hash("a"), 0xaf63_dc4c_8601_ec8c);
+    }
+
+    #[test]
     pub(crate) fn garbage_is_an_error() {
         for bad in [&b"garbage"[..], b"\xff\xfe", b"", b"leasehold-candidate/1\nttl_ms x\n"] {
             assert!(CandidateRecord::decode(bad).is_err());
