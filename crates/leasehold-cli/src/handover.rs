@@ -43,7 +43,6 @@ pub(crate) async fn handover(
         ))
     })?;
     let to = CandidateId::new(to).map_err(Failure::usage)?;
-    let mut signals = Signals::listen()?;
     let store = connect(url).await?;
     let started = Instant::now();
     let seen = store
@@ -74,6 +73,8 @@ pub(crate) async fn handover(
     }
     let within = within.unwrap_or(holder.ttl.saturating_mul(3));
     let deadline = started + within;
+    // From here on there is a request to give back: a signal ends the wait, not the process.
+    let mut signals = Signals::listen()?;
     let request = if holder.reserved {
         None
     } else {

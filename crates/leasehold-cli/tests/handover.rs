@@ -329,3 +329,39 @@ fn handover_to_a_candidate_that_is_not_running_times_out_and_the_lease_opens() {
         asked.elapsed()
     );
 }
+
+/// SIGTERM while waiting: exit 143, one line, and the request lease is given back first (a
+/// leader that leads again must not find it and hand over once more).
+#[test]
+fn an_interrupted_handover_gives_the_request_back() {
+    let _serial = serial();
+    let store = Store::sqlite();
+    let _a = candidate(&store, "jobs", "A", "3s");
+    first_line_of(&store, "A", Duration::from_secs(15)).expect("A's command never started");
+    let handover = Command::new(bin())
+        .args([
+            "--store", &store.url, "handover", "jobs", "--to", "B", "--within", "30s",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(Duration::from_secs(5), || {
+        status(&store, "jobs.handover")["holder"] == "B"
+    })
+    .expect("the request lease was never taken");
+    let pid = nix::unistd::Pid::from_raw(handover.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let output = handover.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(143), "{output:?}");
+    let stderr = one_error_line(&output);
+    assert!(
+        stderr.starts_with("leasehold: received SIGTERM: stopped waiting for lease jobs"),
+        "{stderr}"
+    );
+    assert_eq!(
+        status(&store, "jobs.handover")["state"],
+        "free",
+        "the request was not given back"
+    );
+}
