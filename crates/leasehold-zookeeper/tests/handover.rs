@@ -270,3 +270,25 @@ async fn a_garbled_reservation_is_a_corrupt_record() {
         }
     }
 }
+
+/// `break_lease` of a reserved lease ends the reservation and returns the handed-over term: the
+/// lease is free at once (its last term handed over), and the next candidate is granted with a
+/// higher term. The successor, arriving late, is then told who holds it.
+#[tokio::test]
+async fn breaking_a_reservation_opens_the_lease() {
+    let Some(s) = setup().await else { return };
+    let (a, b, c) = (s.store().await, s.store().await, s.store().await);
+    let first = granted(a.acquire(&request("a")).await.expect("acquire"));
+    a.hand_over(&first, &id("c")).await.expect("hand over");
+    assert_eq!(b.break_lease(&lease()).await.expect("break"), Some(first.term));
+    let seen = b.inspect(&lease()).await.expect("inspect");
+    assert!(
+        seen.holder.is_none() && seen.last_term == first.term && seen.previous_end == Some(EndReason::HandedOver),
+        "{seen:?}"
+    );
+    assert_eq!(b.break_lease(&lease()).await.expect("second break"), None);
+    let next = granted(b.acquire(&request("b")).await.expect("b's acquire"));
+    assert!(next.term > first.term);
+    let seen = held(c.acquire(&request("c")).await.expect("c's acquire"));
+    assert_eq!(shows(&seen), Some(("b".into(), next.term.0, false)));
+}
