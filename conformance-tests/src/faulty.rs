@@ -97,6 +97,10 @@ impl LeaseStore for FaultyStore {
         self.counted.release(grant).await
     }
 
+    async fn renew_many(&self, grants: &[Grant]) -> Result<Vec<Result<Renewed>>> {
+        self.counted.renew_many(grants).await
+    }
+
     async fn hand_over(&self, grant: &Grant, to: &CandidateId) -> Result<()> {
         self.counted.hand_over(grant, to).await
     }
@@ -198,6 +202,10 @@ impl LeaseStore for Injected {
 
     async fn release(&self, grant: &Grant) -> Result<()> {
         self.call(|| self.inner.release(grant)).await
+    }
+
+    async fn renew_many(&self, grants: &[Grant]) -> Result<Vec<Result<Renewed>>> {
+        self.call(|| self.inner.renew_many(grants)).await
     }
 
     async fn hand_over(&self, grant: &Grant, to: &CandidateId) -> Result<()> {

@@ -14,6 +14,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use crate::batch::RenewBatcher;
 use crate::elector::{Elector, ElectorBuilder, Leader, RunError, now};
 use crate::error::{Error, Result};
 use crate::store::LeaseStore;
@@ -97,6 +98,9 @@ pub struct LeaseGroup {
 
 struct Inner {
     store: Arc<dyn LeaseStore>,
+    /// The store for the shards' electors: their renewals go out together
+    /// ([`RenewBatcher`], one [`LeaseStore::renew_many`] per window).
+    shard_store: Arc<dyn LeaseStore>,
     group: LeaseName,
     shards: u32,
     id: CandidateId,
@@ -220,8 +224,13 @@ impl LeaseGroupBuilder {
         let max_moves = self
             .max_moves
             .unwrap_or_else(|| (self.shards as usize / 4).clamp(1, 32));
+        // A renewal may wait this long for the others of its batch: 1/20 of the default
+        // renew_every (ttl / 3), at most 100 ms.
+        let window = (self.ttl / 60).min(Duration::from_millis(100));
+        let shard_store = Arc::new(RenewBatcher::new(self.store.clone(), window));
         Ok(LeaseGroup {
             inner: Arc::new(Inner {
+                shard_store,
                 store: self.store,
                 group,
                 shards: self.shards,
@@ -549,7 +558,7 @@ impl LeaseGroup {
         let inner = &self.inner;
         let lease = shard_lease(&inner.group, shard, inner.shards)?;
         // The group moves its shards itself: no member reads hand-over requests per shard.
-        let elector = (inner.configure)(Elector::builder(inner.store.clone(), lease.as_str()))
+        let elector = (inner.configure)(Elector::builder(inner.shard_store.clone(), lease.as_str()))
             .ttl(inner.ttl)
             .candidate_id(inner.id.as_str())
             .hand_over_requests(false)

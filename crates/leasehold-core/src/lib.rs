@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+mod batch;
 pub mod config;
 mod elector;
 mod error;
@@ -15,6 +16,7 @@ mod timing;
 mod types;
 mod wrap;
 
+pub use batch::RenewBatcher;
 pub use elector::{Elector, ElectorBuilder, Event, Leader, LeaderInfo, RunError};
 pub use error::{BoxError, Error, Result};
 pub use group::{GroupMember, GroupStatus, LeaseGroup, LeaseGroupBuilder, MAX_SHARDS, ShardLeader, ShardStatus};

@@ -130,6 +130,24 @@ pub trait LeaseStore: Debug + Send + Sync + 'static {
     /// from its last confirmed renewal, so either way it only loses time, never safety.
     async fn renew(&self, grant: &Grant) -> Result<Renewed>;
 
+    /// Renews several grants at once, in as few requests as the store allows (one statement,
+    /// script, transaction or keepalive where it can), answering each in order as
+    /// [`renew`](LeaseStore::renew) would. The default renews each on its own, all at once.
+    /// [`RenewBatcher`](crate::RenewBatcher) gathers the renewals of many electors into calls of
+    /// this.
+    ///
+    /// # Errors
+    ///
+    /// The outer error when no grant's outcome is known (the request failed as a whole); an
+    /// inner one for a grant whose renewal failed on its own.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`renew`](LeaseStore::renew), for each grant.
+    async fn renew_many(&self, grants: &[Grant]) -> Result<Vec<Result<Renewed>>> {
+        Ok(futures::future::join_all(grants.iter().map(|grant| self.renew(grant))).await)
+    }
+
     /// Frees the lease at once for the next candidate, if it is still held by this grant.
     /// Releasing a grant that is no longer held is not an error.
     ///
@@ -306,6 +324,10 @@ impl<T: LeaseStore + ?Sized> LeaseStore for std::sync::Arc<T> {
         (**self).release(grant).await
     }
 
+    async fn renew_many(&self, grants: &[Grant]) -> Result<Vec<Result<Renewed>>> {
+        (**self).renew_many(grants).await
+    }
+
     async fn hand_over(&self, grant: &Grant, to: &CandidateId) -> Result<()> {
         (**self).hand_over(grant, to).await
     }
@@ -348,6 +370,8 @@ pub enum Operation {
     Acquire,
     /// [`LeaseStore::renew`].
     Renew,
+    /// [`LeaseStore::renew_many`] (one call, however many grants).
+    RenewMany,
     /// [`LeaseStore::release`].
     Release,
     /// [`LeaseStore::hand_over`].
@@ -368,9 +392,10 @@ pub enum Operation {
 
 impl Operation {
     /// Every operation, in declaration order.
-    pub const ALL: [Operation; 10] = [
+    pub const ALL: [Operation; 11] = [
         Operation::Acquire,
         Operation::Renew,
+        Operation::RenewMany,
         Operation::Release,
         Operation::HandOver,
         Operation::Withdraw,
@@ -394,6 +419,7 @@ impl Operation {
         match self {
             Operation::Acquire => "acquire",
             Operation::Renew => "renew",
+            Operation::RenewMany => "renew_many",
             Operation::Release => "release",
             Operation::HandOver => "hand_over",
             Operation::Withdraw => "withdraw",
@@ -409,7 +435,10 @@ impl Operation {
     /// hand_over): what [`LimitStore`](crate::LimitStore) admits first.
     #[must_use]
     pub fn is_urgent(self) -> bool {
-        matches!(self, Operation::Renew | Operation::Release | Operation::HandOver)
+        matches!(
+            self,
+            Operation::Renew | Operation::RenewMany | Operation::Release | Operation::HandOver
+        )
     }
 }
 

@@ -413,6 +413,11 @@ impl<S: LeaseStore> LeaseStore for LimitStore<S> {
         self.inner.release(grant).await
     }
 
+    async fn renew_many(&self, grants: &[Grant]) -> Result<Vec<Result<Renewed>>> {
+        let _slot = self.limit.admit(Operation::RenewMany).await;
+        self.inner.renew_many(grants).await
+    }
+
     async fn hand_over(&self, grant: &Grant, to: &CandidateId) -> Result<()> {
         let _slot = self.limit.admit(Operation::HandOver).await;
         self.inner.hand_over(grant, to).await
@@ -589,6 +594,11 @@ impl<S: LeaseStore> LeaseStore for CountingStore<S> {
     async fn release(&self, grant: &Grant) -> Result<()> {
         self.start(Operation::Release);
         self.finish(self.inner.release(grant).await)
+    }
+
+    async fn renew_many(&self, grants: &[Grant]) -> Result<Vec<Result<Renewed>>> {
+        self.start(Operation::RenewMany);
+        self.finish(self.inner.renew_many(grants).await)
     }
 
     async fn hand_over(&self, grant: &Grant, to: &CandidateId) -> Result<()> {
