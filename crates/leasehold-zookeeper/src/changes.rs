@@ -18,6 +18,7 @@ pub(crate) fn changes(inner: Arc<Inner>, lease: &LeaseName, candidate: &Candidat
         lease: lease.clone(),
         candidate: candidate.clone(),
         announced: None,
+        doorbell: None,
     };
     Box::pin(futures::stream::unfold(watching, |mut w| async move {
         w.next().await.map(|()| ((), w))
@@ -31,8 +32,17 @@ struct Watching {
     lease: LeaseName,
     candidate: CandidateId,
     rx: watch::Receiver<u64>,
-    /// The own znode (or lost znode) last announced, so each is announced once.
+    /// The own znode (or lost znode, or reservation) last announced, so each is announced once.
     announced: Option<String>,
+    /// The watch for a handover to this candidate, kept across waits.
+    doorbell: Option<Doorbell>,
+}
+
+/// A waiting exists-watch on the candidate's `wake-{hash}` znode, which a handover to it creates
+/// (and deletes again in the same transaction).
+struct Doorbell {
+    session: i64,
+    rung: AbortOnDrop,
 }
 
 impl Watching {
@@ -88,48 +98,62 @@ impl Watching {
                 self.announced = Some(own.name.clone());
                 return Some(());
             }
-            // Watch the predecessor (or, when first, our own znode) until it changes, and our
-            // doorbell, which a handover to us rings. (A handover's successor deletes the znodes
-            // queued ahead of its own: each of their candidates sees its predecessor, or when
-            // first its own znode, go.)
-            let target = &queue[position.saturating_sub(1)];
-            let path = self.inner.candidate_path(&self.lease, &target.name);
-            let doorbell = self.inner.doorbell_path(&self.lease, &self.candidate);
-            // The reservation is read after the doorbell's watch is set (a session's requests
-            // are served in order): a handover to us is seen by the one or the other.
-            let watches = async {
-                tokio::join!(
-                    client.check_and_watch_stat(&path),
-                    client.check_and_watch_stat(&doorbell),
-                    self.inner.read_reservation(&client, &self.lease)
-                )
-            };
-            let Ok((watched, rung, reservation)) = tokio::time::timeout(bound, watches).await else {
-                continue;
-            };
-            let (Ok(watched), Ok((_, rung))) = (watched, rung) else {
-                self.wait_state_or_local(&client).await?;
-                continue;
-            };
-            if let Ok(Some(reservation)) = reservation
-                .as_ref()
-                .map(|r| r.as_ref().filter(|r| r.to == self.candidate))
-            {
-                let reserved = format!("reserved:{}", reservation.generation);
-                if self.announced.as_deref() != Some(reserved.as_str()) {
-                    self.announced = Some(reserved);
-                    return Some(());
+            // The doorbell, set once per session; the reservation is read after the watch is set
+            // (a session's requests are served in order): a handover to us is seen by the one or
+            // the other, though we wait behind other candidates.
+            let session = client.session_id().0;
+            if self.doorbell.as_ref().is_none_or(|d| d.session != session) {
+                let path = self.inner.doorbell_path(&self.lease, &self.candidate);
+                let arm = async {
+                    tokio::join!(
+                        client.check_and_watch_stat(&path),
+                        self.inner.read_reservation(&client, &self.lease)
+                    )
+                };
+                let Ok((watched, reservation)) = tokio::time::timeout(bound, arm).await else {
+                    continue;
+                };
+                let Ok((_, watcher)) = watched else {
+                    self.wait_state_or_local(&client).await?;
+                    continue;
+                };
+                // The client panics in a watcher whose session is dropped: keep that panic in
+                // a task of its own.
+                let rung = AbortOnDrop(tokio::spawn(async move {
+                    watcher.changed().await;
+                }));
+                self.doorbell = Some(Doorbell { session, rung });
+                if let Ok(Some(reservation)) = reservation {
+                    let reserved = format!("reserved:{}", reservation.generation);
+                    if reservation.to == self.candidate && self.announced.as_deref() != Some(reserved.as_str()) {
+                        self.announced = Some(reserved);
+                        return Some(());
+                    }
                 }
             }
-            let (Some(_), watcher) = watched else { continue };
-            // The client panics in a watcher whose session is dropped: keep that panic in a task
-            // of its own.
+            // Watch the predecessor (or, when first, our own znode) until it changes. (A
+            // handover's successor deletes the znodes queued ahead of its own: each of their
+            // candidates sees its predecessor, or when first its own znode, go.)
+            let target = &queue[position.saturating_sub(1)];
+            let path = self.inner.candidate_path(&self.lease, &target.name);
+            let Ok(watched) = tokio::time::timeout(bound, client.check_and_watch_stat(&path)).await else {
+                continue;
+            };
+            let (Some(_), watcher) = (match watched {
+                Ok(watched) => watched,
+                Err(_) => {
+                    self.wait_state_or_local(&client).await?;
+                    continue;
+                }
+            }) else {
+                continue;
+            };
             let mut task = AbortOnDrop(tokio::spawn(async move {
                 watcher.changed().await;
             }));
-            let mut doorbell_task = AbortOnDrop(tokio::spawn(async move {
-                rung.changed().await;
-            }));
+            let Some(doorbell) = self.doorbell.as_mut() else {
+                continue;
+            };
             // A notification lost on the way (a middlebox that drops bytes but keeps the
             // connection) would strand a follower: while waiting, it checks its predecessor once
             // every half session timeout.
@@ -138,7 +162,10 @@ impl Watching {
                 tokio::select! {
                     _ = task.wait() => break,
                     // The lease was handed over to us: acquire it now.
-                    _ = doorbell_task.wait() => return Some(()),
+                    _ = doorbell.rung.wait() => {
+                        self.doorbell = None;
+                        return Some(());
+                    }
                     changed = self.rx.changed() => {
                         changed.ok()?;
                         break;
