@@ -7,6 +7,7 @@
 
 mod backends;
 mod etcdctl;
+mod groups;
 mod measures;
 mod report;
 

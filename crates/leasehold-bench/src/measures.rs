@@ -29,6 +29,8 @@ pub(crate) struct Plan {
     transition_reps: usize,
     idle_followers: usize,
     pub(crate) scale_sizes: Vec<usize>,
+    /// Shards of the 3-member group.
+    pub(crate) group_shards: u32,
 }
 
 impl Plan {
@@ -44,6 +46,7 @@ impl Plan {
                 transition_reps: 2,
                 idle_followers: 2,
                 scale_sizes: vec![10],
+                group_shards: 16,
             }
         } else {
             Plan {
@@ -56,6 +59,7 @@ impl Plan {
                 transition_reps: 5,
                 idle_followers: 3,
                 scale_sizes: vec![1_000, 10_000],
+                group_shards: 64,
             }
         }
     }
@@ -88,6 +92,8 @@ pub(crate) struct BackendReport {
     pub(crate) handover: Outcome<Stats>,
     /// From `resign()` being called to the successor's Elected event.
     pub(crate) handover_from_call: Outcome<Stats>,
+    /// From `hand_over(C)` being called to C's election, with B queued before C.
+    pub(crate) planned: Outcome<Planned>,
     /// From the leader's last renew to the successor's Elected event.
     pub(crate) failover: Outcome<Stats>,
     pub(crate) failover_method: &'static str,
@@ -95,6 +101,19 @@ pub(crate) struct BackendReport {
     pub(crate) idle: Outcome<Idle>,
     pub(crate) scale_ttl: Duration,
     pub(crate) scale: Vec<(usize, Outcome<Scale>)>,
+    pub(crate) group: Outcome<crate::groups::GroupReport>,
+    pub(crate) group_cost: Outcome<crate::groups::Cost>,
+}
+
+/// A planned handover to a named successor.
+#[derive(Clone, Debug)]
+pub(crate) enum Planned {
+    /// The store's `hand_over` answered `Unsupported`: the engine releases to everyone instead,
+    /// so there is no handover to a named successor to time.
+    Unsupported,
+    /// From `leader.hand_over(C)` being called to C's `elected_at`; every sample had C (not B,
+    /// queued before it) win.
+    Measured(Stats),
 }
 
 /// Store requests per leadership transition.
@@ -147,12 +166,15 @@ pub(crate) async fn measure_backend(backend: &Backend, plan: &Plan) -> BackendRe
         renew: na(),
         handover: na(),
         handover_from_call: na(),
+        planned: Err("n/a".into()),
         failover: na(),
         failover_method: "",
         transitions: Vec::new(),
         idle: Err("n/a".into()),
         scale_ttl: Duration::ZERO,
         scale: Vec::new(),
+        group: Err("n/a".into()),
+        group_cost: Err("n/a".into()),
     };
     let av = match &backend.available {
         Ok(av) => av,
@@ -200,6 +222,11 @@ pub(crate) async fn measure_backend(backend: &Backend, plan: &Plan) -> BackendRe
             report.handover_from_call = Err(e);
         }
     }
+    eprintln!("   planned handover");
+    report.planned = planned_handover(av, run, plan.reps(plan.handover_reps, ttl)).await;
+    if let Err(e) = &report.planned {
+        eprintln!("      {e}");
+    }
     eprintln!("   crash failover");
     report.failover_method = if av.url().is_some() && plan.child_processes {
         "kill -9 of a leader process"
@@ -235,14 +262,17 @@ pub(crate) async fn measure_backend(backend: &Backend, plan: &Plan) -> BackendRe
         }
         report.scale.push((n, s));
     }
+    let (group, cost) = crate::groups::measure(backend.name, av, run, plan).await;
+    report.group = group;
+    report.group_cost = cost;
     report
 }
 
-fn lease(run: u64, what: &str, i: usize) -> Outcome<LeaseName> {
+pub(crate) fn lease(run: u64, what: &str, i: usize) -> Outcome<LeaseName> {
     LeaseName::new(format!("bench-{run}-{what}-{i}")).map_err(|e| e.to_string())
 }
 
-fn elector(store: Arc<dyn LeaseStore>, lease: &LeaseName, id: &str, ttl: Duration) -> Outcome<Elector> {
+pub(crate) fn elector(store: Arc<dyn LeaseStore>, lease: &LeaseName, id: &str, ttl: Duration) -> Outcome<Elector> {
     Elector::builder(store, lease.as_str())
         .ttl(ttl)
         .candidate_id(id)
@@ -250,14 +280,14 @@ fn elector(store: Arc<dyn LeaseStore>, lease: &LeaseName, id: &str, ttl: Duratio
         .map_err(|e| e.to_string())
 }
 
-async fn connect(av: &Available) -> Outcome<Arc<dyn LeaseStore>> {
+pub(crate) async fn connect(av: &Available) -> Outcome<Arc<dyn LeaseStore>> {
     match tokio::time::timeout(Duration::from_secs(20), av.connect()).await {
         Ok(r) => r.map_err(|e| format!("connect: {e}")),
         Err(_) => Err("connect: no answer in 20 s".into()),
     }
 }
 
-async fn connect_many(av: &Available, n: usize) -> Outcome<Vec<Arc<dyn LeaseStore>>> {
+pub(crate) async fn connect_many(av: &Available, n: usize) -> Outcome<Vec<Arc<dyn LeaseStore>>> {
     let clients: Vec<Outcome<Arc<dyn LeaseStore>>> = futures::stream::iter(0..n)
         .map(|_| connect(av))
         .buffer_unordered(16)
@@ -266,13 +296,13 @@ async fn connect_many(av: &Available, n: usize) -> Outcome<Vec<Arc<dyn LeaseStor
     clients.into_iter().collect()
 }
 
-async fn within<T>(limit: Duration, what: &str, fut: impl Future<Output = T>) -> Outcome<T> {
+pub(crate) async fn within<T>(limit: Duration, what: &str, fut: impl Future<Output = T>) -> Outcome<T> {
     tokio::time::timeout(limit, fut)
         .await
         .map_err(|_| format!("{what}: nothing within {limit:?}"))
 }
 
-async fn campaign(e: &Elector, limit: Duration) -> Outcome<Leader> {
+pub(crate) async fn campaign(e: &Elector, limit: Duration) -> Outcome<Leader> {
     within(limit, "campaign", e.campaign())
         .await?
         .map_err(|e| e.to_string())
@@ -290,7 +320,7 @@ async fn elected(rx: &mut broadcast::Receiver<Event>) -> Option<Instant> {
 }
 
 /// Until the candidate has seen someone lead (its first acquire answered Held).
-async fn sees_holder(rx: &mut broadcast::Receiver<Event>) {
+pub(crate) async fn sees_holder(rx: &mut broadcast::Receiver<Event>) {
     loop {
         match rx.recv().await {
             Ok(Event::LeaderChanged(Some(_))) | Err(broadcast::error::RecvError::Closed) => return,
@@ -368,6 +398,92 @@ async fn handover(av: &Available, run: u64, reps: usize) -> Outcome<(Stats, Stat
         Stats::of(&from_return).expect("reps > 0"),
         Stats::of(&from_call).expect("reps > 0"),
     ))
+}
+
+/// Planned handover: A leads, B then C campaign (B queued first, each on its own client), and
+/// A calls `hand_over(C)`; the sample is from that call to C's `elected_at`. B winning instead
+/// of C is an error. A raw `hand_over` on a lease of our own first tells whether the store can
+/// reserve at all (`Unsupported`: the engine would release to everyone, nothing to time).
+async fn planned_handover(av: &Available, run: u64, reps: usize) -> Outcome<Planned> {
+    let clients = connect_many(av, 3).await?;
+    let ttl = av.ttl;
+    let c_id = CandidateId::new("c").map_err(|e| e.to_string())?;
+    let limit = Duration::from_secs(10);
+    let probe = AcquireRequest {
+        lease: lease(run, "planned-probe", 0)?,
+        candidate: CandidateId::new("a").map_err(|e| e.to_string())?,
+        ttl,
+        takeover: None,
+    };
+    let grant = match within(limit, "probe acquire", clients[0].acquire(&probe)).await? {
+        Ok(Acquired::Granted(g)) => g,
+        Ok(Acquired::Held(o)) => return Err(format!("probe acquire of a fresh lease answered Held: {o:?}")),
+        Err(e) => return Err(format!("probe acquire: {e}")),
+    };
+    match within(limit, "probe hand_over", clients[0].hand_over(&grant, &c_id)).await? {
+        Ok(()) => {}
+        Err(leasehold::Error::Unsupported { .. }) => {
+            let _ = within(limit, "probe release", clients[0].release(&grant)).await;
+            return Ok(Planned::Unsupported);
+        }
+        Err(e) => return Err(format!("probe hand_over: {e}")),
+    }
+    let mut samples = Vec::new();
+    for i in 0..reps {
+        let lease = lease(run, "planned", i)?;
+        let a = elector(clients[0].clone(), &lease, "a", ttl)?;
+        let b = elector(clients[1].clone(), &lease, "b", ttl)?;
+        let c = elector(clients[2].clone(), &lease, "c", ttl)?;
+        let la = campaign(&a, ttl * 5).await?;
+        let handed_over = la.term();
+        let (mut b_events, mut c_events) = (b.events(), c.events());
+        let mut b_wait = tokio::spawn(async move { b.campaign().await });
+        let _ = tokio::time::timeout(ttl, sees_holder(&mut b_events)).await;
+        let mut c_wait = tokio::spawn(async move { c.campaign().await });
+        let _ = tokio::time::timeout(ttl, sees_holder(&mut c_events)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let called = Instant::now();
+        la.hand_over(&c_id).await;
+        let first = within(ttl * 3, "a successor elected", async {
+            tokio::select! {
+                r = &mut c_wait => ("c", r),
+                r = &mut b_wait => ("b", r),
+            }
+        })
+        .await;
+        let (who, joined) = match first {
+            Ok(first) => first,
+            Err(e) => {
+                b_wait.abort();
+                c_wait.abort();
+                return Err(format!("rep {i}: {e}"));
+            }
+        };
+        let leader = joined.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+        if who != "c" {
+            leader.resign().await;
+            c_wait.abort();
+            return Err(format!(
+                "rep {i}: b (queued first) was elected instead of c, the named successor"
+            ));
+        }
+        if leader.term() <= handed_over {
+            return Err(format!(
+                "rep {i}: c's term {} is not above the handed-over {handed_over}",
+                leader.term()
+            ));
+        }
+        samples.push(leader.elected_at().saturating_duration_since(called));
+        leader.resign().await;
+        // B takes over from C's release; then it leaves too.
+        match within(ttl * 3, "b after c", b_wait).await {
+            Ok(Ok(Ok(lb))) => lb.resign().await,
+            Ok(Ok(Err(e))) => return Err(format!("rep {i}: b: {e}")),
+            Ok(Err(e)) => return Err(format!("rep {i}: b: {e}")),
+            Err(e) => return Err(format!("rep {i}: {e}")),
+        }
+    }
+    Ok(Planned::Measured(Stats::of(&samples).expect("reps > 0")))
 }
 
 /// Crash failover, from the leader's last confirmed renew (the instant its request was sent) to

@@ -5,7 +5,10 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use crate::etcdctl::{ETCDCTL_SESSION_TTL, EtcdctlReport};
-use crate::measures::{BackendReport, Outcome};
+use leasehold::Operation;
+
+use crate::groups::{Cost, GroupReport};
+use crate::measures::{BackendReport, Outcome, Planned};
 use crate::{Options, Stats, ms};
 
 /// The heading of this runner's section; everything up to the next `## ` heading is ours.
@@ -172,6 +175,8 @@ pub(crate) fn render(
             },
         );
     }
+
+    planned_handover(w, reports);
 
     let _ = writeln!(w, "\n### Crash failover\n");
     let _ = writeln!(
@@ -364,6 +369,9 @@ pub(crate) fn render(
         }
     }
 
+    groups(w, reports, smoke);
+    group_cost(w, reports, smoke);
+
     if let Some(e) = etcdctl {
         let ours = reports.iter().find(|r| r.name == "etcd" && r.unavailable.is_none());
         let _ = writeln!(w, "\n### etcdctl elect on the same etcd\n");
@@ -412,6 +420,183 @@ pub(crate) fn render(
         );
     }
     o
+}
+
+fn planned_handover(w: &mut String, reports: &[BackendReport]) {
+    let _ = writeln!(w, "\n### Planned handover to a named successor\n");
+    let _ = writeln!(
+        w,
+        "A leads; B, then C campaign (B is queued first), each on its own client; A calls \
+         `leader.hand_over(C)`. From that call to C's `elected_at`, and C (not B) must win with a higher term \
+         (a rep where B wins fails the row). Same repetitions as the graceful handover. Where a raw \
+         `LeaseStore::hand_over` answers `Unsupported` at the time of the run, the engine releases to \
+         everyone instead (whoever is first takes it): no figure.\n"
+    );
+    let _ = writeln!(w, "| backend | p50 | p99 | max | samples |");
+    let _ = writeln!(w, "|---|---|---|---|---|");
+    for r in reports {
+        match (&r.unavailable, &r.planned) {
+            (Some(why), _) => {
+                let _ = writeln!(w, "| {} | {} | | | |", r.name, short(why));
+            }
+            (None, Ok(Planned::Unsupported)) => {
+                let _ = writeln!(w, "| {} | unsupported (released to everyone) | | | |", r.name);
+            }
+            (None, Ok(Planned::Measured(s))) => {
+                let _ = writeln!(
+                    w,
+                    "| {} | {} | {} | {} | {} |",
+                    r.name,
+                    ms(s.p50),
+                    ms(s.p99),
+                    ms(s.max),
+                    s.n
+                );
+            }
+            (None, Err(e)) => {
+                let _ = writeln!(w, "| {} | {} | | | |", r.name, short(e));
+            }
+        }
+    }
+}
+
+fn counts(c: &[usize]) -> String {
+    c.iter().map(ToString::to_string).collect::<Vec<_>>().join("/")
+}
+
+fn groups(w: &mut String, reports: &[BackendReport], smoke: bool) {
+    let shards = reports
+        .iter()
+        .find_map(|r| r.group.as_ref().ok().map(|g| g.shards))
+        .unwrap_or(if smoke { 16 } else { 64 });
+    let three = shards.div_ceil(3);
+    let _ = writeln!(w, "\n### Lease groups: 3 members, {shards} shards\n");
+    let _ = writeln!(
+        w,
+        "`LeaseGroup` members a, b and c (each on its own client, the TTL of the table above, default \
+         `rebalance_every` = TTL/4) start together; \"balanced\" is every shard led by exactly one member \
+         (`LeaseGroup::owned`) with counts floor/ceil of {shards}/members. Then c is cut off (a fault-injecting \
+         store blackholes its requests and replies): time from the cut until every shard is led by a or b \
+         again, and their counts then. Then d joins: time to balanced again, and the moves (shard tasks \
+         started meanwhile: each is one shard changing owner; target at most ceil({shards}/3) = {three}). Then \
+         {} of stable membership: moves (target 0). Overlaps: a shard task started while another member's \
+         still ran on that shard (in one process, so it is visible; must be 0).\n",
+        if smoke { "2 TTLs (smoke)" } else { "10 TTLs" }
+    );
+    let _ = writeln!(
+        w,
+        "| backend | TTL | balanced from cold | c cut off: its shards | led again after | counts | d joins: balanced after | moves | counts | stable: moves | overlaps | verdict |"
+    );
+    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for r in reports {
+        if let Some(why) = &r.unavailable {
+            let _ = writeln!(w, "| {} | | {} | | | | | | | | | n/a |", r.name, short(why));
+            continue;
+        }
+        let g: &GroupReport = match &r.group {
+            Ok(g) => g,
+            Err(e) => {
+                let skipped = e.starts_with("skipped");
+                let _ = writeln!(
+                    w,
+                    "| {} | {} | {} | | | | | | | | | {} |",
+                    r.name,
+                    secs(r.ttl),
+                    short(e),
+                    if skipped { "n/a" } else { verdict(smoke, false) }
+                );
+                continue;
+            }
+        };
+        let met = g
+            .crash
+            .as_ref()
+            .is_ok_and(|c| c.counts.first().copied().unwrap_or(0) - c.counts.last().copied().unwrap_or(0) <= 1)
+            && g.join.as_ref().is_ok_and(|j| j.moves <= three as usize)
+            && g.stable.as_ref().is_ok_and(|s| s.moves == 0)
+            && g.overlaps == 0;
+        let _ = writeln!(
+            w,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r.name,
+            secs(g.ttl),
+            cell(&g.cold, |d| ms(*d)),
+            cell(&g.crash, |c| c.lost.to_string()),
+            cell(&g.crash, |c| ms(c.took)),
+            cell(&g.crash, |c| counts(&c.counts)),
+            cell(&g.join, |j| ms(j.took)),
+            cell(&g.join, |j| j.moves.to_string()),
+            cell(&g.join, |j| counts(&j.counts)),
+            cell(&g.stable, |s| format!("{} in {:.0} s", s.moves, s.window.as_secs_f64())),
+            g.overlaps,
+            verdict(smoke, met),
+        );
+    }
+}
+
+fn group_cost(w: &mut String, reports: &[BackendReport], smoke: bool) {
+    let shards = reports
+        .iter()
+        .find_map(|r| r.group_cost.as_ref().ok().map(|c| c.shards))
+        .unwrap_or(if smoke { 16 } else { 1_000 });
+    let _ = writeln!(w, "\n### Lease groups: store requests per member, {shards} shards\n");
+    let _ = writeln!(
+        w,
+        "One member alone in a group of {shards} shards, TTL as in \"Many leases in one process\" (renew_every = \
+         TTL/3, `rebalance_every` = TTL/4); its store is wrapped in core's `CountingStore`. Once it leads every \
+         shard and one more renewal round has passed, its calls are counted over {} (per second). The \
+         shard electors renew through the group's `RenewBatcher` (one `renew_many` per batch window); the member \
+         lease renews on its own (`renew`); each round lists the group (`list`). \"Requests\" counts a \
+         `renew_many` call as one request where the backend implements it in one request ({}), and as one \
+         `renew` per grant elsewhere (the trait's default).\n",
+        if smoke {
+            "one renewal round"
+        } else {
+            "three renewal rounds"
+        },
+        crate::groups::NATIVE_RENEW_MANY.join(", ")
+    );
+    let _ = writeln!(
+        w,
+        "| backend | TTL | all led after | renew_many /s | grants renewed /s | renew /s | list /s | inspect /s | other /s | calls /s | requests /s |"
+    );
+    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|---|");
+    for r in reports {
+        if let Some(why) = &r.unavailable {
+            let _ = writeln!(w, "| {} | | {} | | | | | | | | |", r.name, short(why));
+            continue;
+        }
+        let c: &Cost = match &r.group_cost {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = writeln!(
+                    w,
+                    "| {} | {} | {} | | | | | | | | |",
+                    r.name,
+                    secs(r.scale_ttl),
+                    short(e)
+                );
+                continue;
+            }
+        };
+        let get = |op| c.calls.get(op);
+        let named = get(Operation::RenewMany) + get(Operation::Renew) + get(Operation::List) + get(Operation::Inspect);
+        let _ = writeln!(
+            w,
+            "| {} | {} | {:.1} s | {:.2} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.1} |",
+            r.name,
+            secs(c.ttl),
+            c.all_owned_after.as_secs_f64(),
+            c.per_second(get(Operation::RenewMany)),
+            c.per_second(c.grants),
+            c.per_second(get(Operation::Renew)),
+            c.per_second(get(Operation::List)),
+            c.per_second(get(Operation::Inspect)),
+            c.per_second(c.calls.total() - named),
+            c.calls_per_second(),
+            c.requests_per_second(),
+        );
+    }
 }
 
 fn machine() -> String {
@@ -479,25 +664,35 @@ pub(crate) fn write_docs(dir: &Path, section: &str, reports: &[BackendReport]) -
     std::fs::write(dir.join(SVG), svg(reports))
 }
 
-/// A chart's title and its bars (backend, value; `None`: not available).
-type Panel<'a> = (&'static str, Vec<(&'a str, Option<Duration>)>);
+/// A chart's title and its bars (backend, value; `Err(why)`: no bar, `why` written instead).
+type Panel<'a> = (&'static str, Vec<(&'a str, Result<Duration, &'static str>)>);
 
-/// Two bar charts, each on its own linear scale: graceful handover p50 and crash failover p50.
+/// Bar charts, each on its own linear scale: graceful handover p50, planned handover p50 and
+/// crash failover p50.
 pub(crate) fn svg(reports: &[BackendReport]) -> String {
-    let panels: [Panel<'_>; 2] = [
+    let stat = |o: &Outcome<Stats>| o.as_ref().map(|s| s.p50).map_err(|_| "not available");
+    let panels: [Panel<'_>; 3] = [
         (
             "Graceful handover p50 (resign() returned -> successor Elected), ms",
+            reports.iter().map(|r| (r.name, stat(&r.handover))).collect(),
+        ),
+        (
+            "Planned handover p50 (hand_over(C) called -> C elected, B queued first), ms",
             reports
                 .iter()
-                .map(|r| (r.name, r.handover.as_ref().ok().map(|s| s.p50)))
+                .map(|r| {
+                    let v = match &r.planned {
+                        Ok(Planned::Measured(s)) => Ok(s.p50),
+                        Ok(Planned::Unsupported) => Err("unsupported (released to everyone)"),
+                        Err(_) => Err("not available"),
+                    };
+                    (r.name, v)
+                })
                 .collect(),
         ),
         (
             "Crash failover p50 (last renew -> successor Elected), ms",
-            reports
-                .iter()
-                .map(|r| (r.name, r.failover.as_ref().ok().map(|s| s.p50)))
-                .collect(),
+            reports.iter().map(|r| (r.name, stat(&r.failover))).collect(),
         ),
     ];
     let (width, label_w, bar_h, gap) = (760.0, 110.0, 18.0, 6.0);
@@ -519,7 +714,7 @@ pub(crate) fn svg(reports: &[BackendReport]) -> String {
         );
         let max = rows
             .iter()
-            .filter_map(|(_, d)| *d)
+            .filter_map(|(_, d)| d.ok())
             .map(|d| d.as_secs_f64() * 1000.0)
             .fold(0.0_f64, f64::max)
             .max(1e-3);
@@ -528,7 +723,7 @@ pub(crate) fn svg(reports: &[BackendReport]) -> String {
         for (name, d) in rows {
             let _ = writeln!(s, r#"<text x="10" y="{}">{}</text>"#, by + 13.0, escape(name));
             match d {
-                Some(d) => {
+                Ok(d) => {
                     let v = d.as_secs_f64() * 1000.0;
                     let w = (v * scale).max(1.0);
                     let _ = writeln!(
@@ -539,12 +734,8 @@ pub(crate) fn svg(reports: &[BackendReport]) -> String {
                         ms(*d)
                     );
                 }
-                None => {
-                    let _ = writeln!(
-                        s,
-                        r##"<text x="{label_w}" y="{}" fill="#888">not available</text>"##,
-                        by + 13.0
-                    );
+                Err(why) => {
+                    let _ = writeln!(s, r##"<text x="{label_w}" y="{}" fill="#888">{why}</text>"##, by + 13.0);
                 }
             }
             by += bar_h + gap;

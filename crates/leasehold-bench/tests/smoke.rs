@@ -30,16 +30,62 @@ async fn smoke_mode_runs_end_to_end_on_the_memory_store() {
         "### Store requests per leadership transition",
         "### Store requests while idle",
         "### Many leases in one process",
+        "### Planned handover to a named successor",
+        "### Lease groups: 3 members, 16 shards",
+        "### Lease groups: store requests per member, 16 shards",
     ] {
         assert!(report.contains(table), "missing {table}:\n{report}");
     }
     let memory_rows: Vec<&str> = report.lines().filter(|l| l.starts_with("| memory |")).collect();
     assert!(memory_rows.len() >= 6, "{report}");
     assert!(
-        !memory_rows
-            .iter()
-            .any(|l| l.contains("nothing within") || l.contains("not available")),
+        !memory_rows.iter().any(|l| [
+            "nothing within",
+            "not within",
+            "not available",
+            "skipped",
+            "unsupported",
+            "failed"
+        ]
+        .iter()
+        .any(|bad| l.contains(bad))),
         "every measure should produce numbers on the memory store:\n{report}"
+    );
+    // The memory store reserves leases for a named successor, and a stable group moves nothing.
+    let section = |heading: &str| {
+        let start = report.find(heading).unwrap_or_else(|| panic!("no {heading}"));
+        let rest = &report[start..];
+        let end = rest[heading.len()..]
+            .find("\n### ")
+            .map_or(rest.len(), |i| i + heading.len());
+        rest[..end].to_string()
+    };
+    let planned = section("### Planned handover");
+    let row = planned
+        .lines()
+        .find(|l| l.starts_with("| memory |"))
+        .expect("a memory row");
+    assert!(row.contains(" ms |"), "{row}");
+    let groups = section("### Lease groups: 3 members");
+    let row = groups
+        .lines()
+        .find(|l| l.starts_with("| memory |"))
+        .expect("a memory row");
+    let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+    assert_eq!(cells[6], "8/8", "c's 5 or 6 shards spread over a and b: {row}");
+    assert_eq!(cells[9], "6/5/5", "balanced after d joined: {row}");
+    assert!(cells[10].starts_with("0 in "), "moves while stable: {row}");
+    assert_eq!(cells[11], "0", "overlaps: {row}");
+    let cost = section("### Lease groups: store requests per member");
+    let row = cost
+        .lines()
+        .find(|l| l.starts_with("| memory |"))
+        .expect("a memory row");
+    let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+    let renewed: f64 = cells[5].parse().unwrap_or_else(|_| panic!("grants renewed /s: {row}"));
+    assert!(
+        renewed > 0.0,
+        "the member's 16 shards were renewed in the window: {row}"
     );
     let written = std::fs::read_to_string(docs.path().join("benchmarks.md")).unwrap();
     assert!(written.contains("## Backends side by side"));

@@ -1,0 +1,474 @@
+//! Lease groups on one backend: 3 members x 64 shards from cold, a member cut off, a fourth
+//! joining, 10 TTLs of stable membership; and what one member holding 1,000 shards asks of the
+//! store per second.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use leasehold::{
+    AcquireRequest, Acquired, CandidateId, Capabilities, Changes, CountingStore, Elector, Grant, LeaseGroup, LeaseName,
+    LeaseStore, Observation, Operation, Renewed, RequestCounts, ShardLeader, Term, Transition, async_trait,
+};
+use leasehold_conformance::{Direction, Fault, Faults, FaultyStore};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::backends::Available;
+use crate::measures::{Outcome, Plan, connect, within};
+
+/// Backends whose store answers `renew_many` in one request (one statement, script or
+/// transaction); elsewhere it is the trait's default, one `renew` per grant, all at once. Read
+/// from the backends' sources at the time of the run (`grep -l "fn renew_many" crates/*/src`).
+pub(crate) const NATIVE_RENEW_MANY: &[&str] = &["redis"];
+
+/// The group measure of one backend.
+#[derive(Debug)]
+pub(crate) struct GroupReport {
+    pub(crate) shards: u32,
+    pub(crate) ttl: Duration,
+    /// From the three members starting to 22/21/21 (every shard owned).
+    pub(crate) cold: Outcome<Duration>,
+    pub(crate) crash: Outcome<Crash>,
+    pub(crate) join: Outcome<Join>,
+    pub(crate) stable: Outcome<Stable>,
+    /// Shard tasks started while another member's task still ran on the same shard.
+    pub(crate) overlaps: usize,
+}
+
+/// A member cut off from the store (every request and reply blackholed).
+#[derive(Clone, Debug)]
+pub(crate) struct Crash {
+    /// The shards it owned when it was cut off.
+    pub(crate) lost: usize,
+    /// From the cut to every shard owned by the remaining members.
+    pub(crate) took: Duration,
+    /// The remaining members' counts at that moment, largest first.
+    pub(crate) counts: Vec<usize>,
+}
+
+/// A fourth member joining (three live members after the crash).
+#[derive(Clone, Debug)]
+pub(crate) struct Join {
+    /// From its start to balanced (every shard owned, counts as the quotas).
+    pub(crate) took: Duration,
+    /// Shard tasks started meanwhile (each is one shard changing owner).
+    pub(crate) moves: usize,
+    pub(crate) counts: Vec<usize>,
+}
+
+/// Stable membership.
+#[derive(Clone, Debug)]
+pub(crate) struct Stable {
+    pub(crate) window: Duration,
+    pub(crate) moves: usize,
+}
+
+/// One member holding many shards: its store calls over a few renewal rounds.
+#[derive(Clone, Debug)]
+pub(crate) struct Cost {
+    pub(crate) shards: u32,
+    pub(crate) ttl: Duration,
+    /// From the member starting to it leading every shard.
+    pub(crate) all_owned_after: Duration,
+    pub(crate) window: Duration,
+    pub(crate) calls: RequestCounts,
+    /// Grants renewed through `renew_many` in the window.
+    pub(crate) grants: u64,
+    /// Whether the backend's `renew_many` is one request ([`NATIVE_RENEW_MANY`]).
+    pub(crate) native_renew_many: bool,
+}
+
+impl Cost {
+    pub(crate) fn per_second(&self, n: u64) -> f64 {
+        n as f64 / self.window.as_secs_f64().max(1e-9)
+    }
+
+    /// Store calls at the `LeaseStore` API, every operation.
+    pub(crate) fn calls_per_second(&self) -> f64 {
+        self.per_second(self.calls.total())
+    }
+
+    /// Requests on the wire: a `renew_many` call is one request where the backend has it,
+    /// else one per grant.
+    pub(crate) fn requests_per_second(&self) -> f64 {
+        let batches = self.calls.get(Operation::RenewMany);
+        let renew_many = if self.native_renew_many { batches } else { self.grants };
+        self.per_second(self.calls.total() - batches + renew_many)
+    }
+}
+
+/// Runs the group measures of one backend: `(the 3-member group, the 1,000-shard cost)`.
+pub(crate) async fn measure(
+    name: &str,
+    av: &Available,
+    run: u64,
+    plan: &Plan,
+) -> (Outcome<GroupReport>, Outcome<Cost>) {
+    let long_ttl = av.ttl > Duration::from_secs(5);
+    let group = if plan.smoke && long_ttl {
+        Err(format!("skipped in smoke mode (TTL {:?})", av.ttl))
+    } else {
+        eprintln!("   group: 3 members, {} shards", plan.group_shards);
+        let g = group(av, run, plan).await;
+        if let Err(e) = &g {
+            eprintln!("      {e}");
+        }
+        g
+    };
+    let cost = if plan.smoke && name != "memory" {
+        Err("skipped in smoke mode".to_string())
+    } else {
+        let shards = if plan.smoke { 16 } else { 1_000 };
+        eprintln!("   group: one member, {shards} shards, store calls");
+        let c = cost(name, av, run, shards, plan.smoke).await;
+        if let Err(e) = &c {
+            eprintln!("      {e}");
+        }
+        c
+    };
+    (group, cost)
+}
+
+/// What the shard tasks of every member record.
+#[derive(Debug, Default)]
+struct Book {
+    starts: AtomicUsize,
+    overlaps: AtomicUsize,
+    running: Mutex<HashMap<u32, (String, Term)>>,
+}
+
+/// A running shard task; dropping it (the task returned or was aborted) records the stop.
+struct Running {
+    book: Arc<Book>,
+    shard: u32,
+    term: Term,
+}
+
+impl Book {
+    fn start(self: &Arc<Self>, shard: &ShardLeader) -> Running {
+        self.starts.fetch_add(1, Ordering::SeqCst);
+        let me = shard.holder().to_string();
+        let mut running = self.running.lock().expect("book lock");
+        if running.get(&shard.shard()).is_some_and(|(other, _)| *other != me) {
+            self.overlaps.fetch_add(1, Ordering::SeqCst);
+        }
+        running.insert(shard.shard(), (me, shard.term()));
+        Running {
+            book: self.clone(),
+            shard: shard.shard(),
+            term: shard.term(),
+        }
+    }
+
+    fn starts(&self) -> usize {
+        self.starts.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let mut running = self.book.running.lock().expect("book lock");
+        if running.get(&self.shard).is_some_and(|(_, term)| *term == self.term) {
+            running.remove(&self.shard);
+        }
+    }
+}
+
+/// A member running in a task of its own.
+struct Member {
+    group: LeaseGroup,
+    stop: Option<oneshot::Sender<()>>,
+    handle: JoinHandle<leasehold::Result<()>>,
+}
+
+impl Member {
+    fn join(
+        store: Arc<dyn LeaseStore>,
+        name: &str,
+        shards: u32,
+        id: &str,
+        ttl: Duration,
+        book: &Arc<Book>,
+    ) -> Outcome<Member> {
+        let group = LeaseGroup::builder(store, name, shards)
+            .member_id(id)
+            .ttl(ttl)
+            .build()
+            .map_err(|e| e.to_string())?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let (g, book) = (group.clone(), book.clone());
+        let handle = tokio::spawn(async move {
+            g.run_until(
+                move |shard: ShardLeader| {
+                    let book = book.clone();
+                    async move {
+                        let _running = book.start(&shard);
+                        shard.cancelled().await;
+                        Ok::<(), leasehold::Error>(())
+                    }
+                },
+                async {
+                    let _ = stopped.await;
+                },
+            )
+            .await
+        });
+        Ok(Member {
+            group,
+            stop: Some(stop),
+            handle,
+        })
+    }
+
+    /// Stops it gracefully (its shards released), within `limit`.
+    async fn leave(mut self, limit: Duration) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if tokio::time::timeout(limit, &mut self.handle).await.is_err() {
+            self.handle.abort();
+        }
+    }
+}
+
+/// floor / ceil of `shards / members`, largest first.
+fn quotas(shards: u32, members: usize) -> Vec<usize> {
+    let (q, r) = (shards as usize / members, shards as usize % members);
+    (0..members).map(|i| if i < r { q + 1 } else { q }).collect()
+}
+
+/// The members' shard counts (largest first), if every shard has exactly one owner among them.
+fn owners(members: &[&Member], shards: u32) -> (Vec<usize>, bool) {
+    let mut counts = Vec::new();
+    let mut seen = BTreeSet::new();
+    let mut twice = false;
+    for m in members {
+        let owned = m.group.owned();
+        counts.push(owned.len());
+        for s in owned {
+            twice |= !seen.insert(s);
+        }
+    }
+    counts.sort_unstable_by(|a, b| b.cmp(a));
+    (counts, !twice && seen.len() == shards as usize)
+}
+
+/// Polls every 10 ms until `done(counts, all owned once)`; how long it took and the counts then.
+async fn until(
+    members: &[&Member],
+    shards: u32,
+    limit: Duration,
+    what: &str,
+    done: impl Fn(&[usize], bool) -> bool,
+) -> Outcome<(Duration, Vec<usize>)> {
+    let started = Instant::now();
+    loop {
+        let (counts, all) = owners(members, shards);
+        if done(&counts, all) {
+            return Ok((started.elapsed(), counts));
+        }
+        if started.elapsed() > limit {
+            return Err(format!(
+                "{what}: not within {limit:?} (counts {counts:?}, every shard owned: {all})"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn group(av: &Available, run: u64, plan: &Plan) -> Outcome<GroupReport> {
+    let ttl = av.ttl;
+    let shards = plan.group_shards;
+    let name = format!("bench-{run}-group");
+    let book = Arc::new(Book::default());
+    let mut report = GroupReport {
+        shards,
+        ttl,
+        cold: Err("not run".into()),
+        crash: Err("skipped (an earlier phase failed)".into()),
+        join: Err("skipped (an earlier phase failed)".into()),
+        stable: Err("skipped (an earlier phase failed)".into()),
+        overlaps: 0,
+    };
+    let faults = Faults::new();
+    let (a, b) = (connect(av).await?, connect(av).await?);
+    let c: Arc<dyn LeaseStore> = Arc::new(FaultyStore::new(connect(av).await?, faults.clone()));
+    let d = connect(av).await?;
+
+    // Cold start.
+    let started = Instant::now();
+    let a = Member::join(a, &name, shards, "a", ttl, &book)?;
+    let b = Member::join(b, &name, shards, "b", ttl, &book)?;
+    let c = Member::join(c, &name, shards, "c", ttl, &book)?;
+    let three = quotas(shards, 3);
+    let limit = ttl * 10 + Duration::from_secs(20);
+    report.cold = until(&[&a, &b, &c], shards, limit, "balanced from cold", |counts, all| {
+        all && counts == three
+    })
+    .await
+    .map(|_| started.elapsed());
+    let mut live = vec![a, b];
+    if report.cold.is_ok() {
+        // c is cut off: nothing it sends arrives, no answer comes back.
+        let lost = c.group.owned().len();
+        faults.set(Direction::Both, Fault::Blackhole);
+        let limit = ttl * 6 + Duration::from_secs(10);
+        let refs: Vec<&Member> = live.iter().collect();
+        report.crash = until(&refs, shards, limit, "c's shards owned again", |_, all| all)
+            .await
+            .map(|(took, counts)| Crash { lost, took, counts });
+    }
+    c.handle.abort();
+    drop(c);
+    if report.crash.is_ok() {
+        let starts = book.starts();
+        let started = Instant::now();
+        live.push(Member::join(d, &name, shards, "d", ttl, &book)?);
+        let refs: Vec<&Member> = live.iter().collect();
+        let limit = ttl * 20 + Duration::from_secs(20);
+        report.join = until(&refs, shards, limit, "balanced after d joined", |counts, all| {
+            all && counts == three
+        })
+        .await
+        .map(|(_, counts)| Join {
+            took: started.elapsed(),
+            moves: book.starts() - starts,
+            counts,
+        });
+    }
+    if report.join.is_ok() {
+        let window = ttl * if plan.smoke { 2 } else { 10 };
+        let starts = book.starts();
+        tokio::time::sleep(window).await;
+        report.stable = Ok(Stable {
+            window,
+            moves: book.starts() - starts,
+        });
+    }
+    report.overlaps = book.overlaps.load(Ordering::SeqCst);
+    let leaving = live.into_iter().map(|m| m.leave(ttl * 3));
+    futures::future::join_all(leaving).await;
+    // Whatever failed, the figures that were measured are reported; a failed cold start is an
+    // error of the whole measure.
+    if let Err(e) = &report.cold {
+        return Err(e.clone());
+    }
+    Ok(report)
+}
+
+/// Counts the grants renewed through `renew_many` (core's `CountingStore` counts calls).
+#[derive(Debug)]
+struct GrantTally {
+    inner: Arc<dyn LeaseStore>,
+    grants: Arc<AtomicU64>,
+}
+
+#[async_trait]
+impl LeaseStore for GrantTally {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn acquire(&self, request: &AcquireRequest) -> leasehold::Result<Acquired> {
+        self.inner.acquire(request).await
+    }
+
+    async fn renew(&self, grant: &Grant) -> leasehold::Result<Renewed> {
+        self.inner.renew(grant).await
+    }
+
+    async fn renew_many(&self, grants: &[Grant]) -> leasehold::Result<Vec<leasehold::Result<Renewed>>> {
+        self.grants.fetch_add(grants.len() as u64, Ordering::Relaxed);
+        self.inner.renew_many(grants).await
+    }
+
+    async fn release(&self, grant: &Grant) -> leasehold::Result<()> {
+        self.inner.release(grant).await
+    }
+
+    async fn hand_over(&self, grant: &Grant, to: &CandidateId) -> leasehold::Result<()> {
+        self.inner.hand_over(grant, to).await
+    }
+
+    async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> leasehold::Result<()> {
+        self.inner.withdraw(lease, candidate).await
+    }
+
+    async fn inspect(&self, lease: &LeaseName) -> leasehold::Result<Observation> {
+        self.inner.inspect(lease).await
+    }
+
+    async fn history(&self, lease: &LeaseName, limit: usize) -> leasehold::Result<Vec<Transition>> {
+        self.inner.history(lease, limit).await
+    }
+
+    async fn list(&self, prefix: &str) -> leasehold::Result<Vec<Observation>> {
+        self.inner.list(prefix).await
+    }
+
+    async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> leasehold::Result<Option<Changes>> {
+        self.inner.changes(lease, candidate).await
+    }
+
+    fn can_break(&self) -> bool {
+        self.inner.can_break()
+    }
+
+    async fn break_lease(&self, lease: &LeaseName) -> leasehold::Result<Option<Term>> {
+        self.inner.break_lease(lease).await
+    }
+}
+
+/// One member alone with `shards` shards (TTL: the scale measures'): once it leads them all and
+/// one renewal round has passed, its store calls over three renewal rounds.
+async fn cost(name: &str, av: &Available, run: u64, shards: u32, smoke: bool) -> Outcome<Cost> {
+    let ttl = av.scale_ttl;
+    let grants = Arc::new(AtomicU64::new(0));
+    let counted = Arc::new(CountingStore::new(GrantTally {
+        inner: connect(av).await?,
+        grants: grants.clone(),
+    }));
+    let book = Arc::new(Book::default());
+    let group_name = format!("bench-{run}-cost{shards}");
+    let started = Instant::now();
+    let member = Member::join(counted.clone(), &group_name, shards, "solo", ttl, &book)?;
+    let limit = Duration::from_secs(120) + ttl * 3;
+    let owned = until(&[&member], shards, limit, "every shard led", |_, all| all).await;
+    let all_owned_after = started.elapsed();
+    let result = match owned {
+        Err(e) => Err(e),
+        Ok(_) => {
+            let renew_every = Elector::builder(Arc::new(leasehold::MemoryStore::new()), "x")
+                .ttl(ttl)
+                .timing()
+                .renew_every;
+            tokio::time::sleep(renew_every).await;
+            let (calls, granted, t) = (counted.counts(), grants.load(Ordering::Relaxed), Instant::now());
+            let rounds = 3;
+            tokio::time::sleep(renew_every * rounds).await;
+            let window = t.elapsed();
+            let lost = shards as usize - member.group.owned().len();
+            if lost > 0 {
+                Err(format!("{lost} of {shards} shards lost during the window"))
+            } else {
+                Ok(Cost {
+                    shards,
+                    ttl,
+                    all_owned_after,
+                    window,
+                    calls: counted.counts().since(&calls),
+                    grants: grants.load(Ordering::Relaxed) - granted,
+                    native_renew_many: NATIVE_RENEW_MANY.contains(&name),
+                })
+            }
+        }
+    };
+    let _ = within(ttl * 3 + Duration::from_secs(30), "leaving", member.leave(ttl * 3)).await;
+    result
+}
