@@ -122,7 +122,7 @@ pub(crate) async fn measure(
     } else {
         let shards = if plan.smoke { 16 } else { 1_000 };
         eprintln!("   group: one member, {shards} shards, store calls");
-        let c = cost(name, av, run, shards, plan.smoke).await;
+        let c = cost(name, av, run, shards).await;
         if let Err(e) = &c {
             eprintln!("      {e}");
         }
@@ -427,7 +427,7 @@ impl LeaseStore for GrantTally {
 
 /// One member alone with `shards` shards (TTL: the scale measures'): once it leads them all and
 /// one renewal round has passed, its store calls over three renewal rounds.
-async fn cost(name: &str, av: &Available, run: u64, shards: u32, smoke: bool) -> Outcome<Cost> {
+async fn cost(name: &str, av: &Available, run: u64, shards: u32) -> Outcome<Cost> {
     let ttl = av.scale_ttl;
     let grants = Arc::new(AtomicU64::new(0));
     let counted = Arc::new(CountingStore::new(GrantTally {
