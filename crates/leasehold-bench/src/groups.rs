@@ -12,6 +12,9 @@ use leasehold::{
     LeaseStore, Observation, Operation, Renewed, RequestCounts, ShardLeader, Term, Transition, async_trait,
 };
 use leasehold_conformance::{Direction, Fault, Faults, FaultyStore};
+use std::process::Stdio;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -35,6 +38,8 @@ pub(crate) struct GroupReport {
     pub(crate) stable: Outcome<Stable>,
     /// Shard tasks started while another member's task still ran on the same shard.
     pub(crate) overlaps: usize,
+    /// How c crashed.
+    pub(crate) crash_method: &'static str,
 }
 
 /// A member cut off from the store (every request and reply blackholed).
@@ -111,10 +116,12 @@ pub(crate) async fn measure(
         Err(format!("skipped in smoke mode (TTL {:?})", av.ttl))
     } else {
         eprintln!("   group: 3 members, {} shards", plan.group_shards);
+        let t = Instant::now();
         let g = group(av, run, plan).await;
         if let Err(e) = &g {
             eprintln!("      {e}");
         }
+        eprintln!("      {:.1} s", t.elapsed().as_secs_f64());
         g
     };
     let cost = if plan.smoke && name != "memory" {
@@ -122,10 +129,12 @@ pub(crate) async fn measure(
     } else {
         let shards = if plan.smoke { 16 } else { 1_000 };
         eprintln!("   group: one member, {shards} shards, store calls");
+        let t = Instant::now();
         let c = cost(name, av, run, shards).await;
         if let Err(e) = &c {
             eprintln!("      {e}");
         }
+        eprintln!("      {:.1} s", t.elapsed().as_secs_f64());
         c
     };
     (group, cost)
@@ -176,11 +185,18 @@ impl Drop for Running {
     }
 }
 
-/// A member running in a task of its own.
-struct Member {
-    group: LeaseGroup,
-    stop: Option<oneshot::Sender<()>>,
-    handle: JoinHandle<leasehold::Result<()>>,
+/// A member running in a task of its own, or in a child process (`--child-member`) that prints
+/// the shards it leads whenever they change.
+enum Member {
+    Local {
+        group: LeaseGroup,
+        stop: Option<oneshot::Sender<()>>,
+        handle: JoinHandle<leasehold::Result<()>>,
+    },
+    Process {
+        child: tokio::process::Child,
+        owned: Arc<Mutex<Vec<u32>>>,
+    },
 }
 
 impl Member {
@@ -215,22 +231,131 @@ impl Member {
             )
             .await
         });
-        Ok(Member {
+        Ok(Member::Local {
             group,
             stop: Some(stop),
             handle,
         })
     }
 
-    /// Stops it gracefully (its shards released), within `limit`.
-    async fn leave(mut self, limit: Duration) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if tokio::time::timeout(limit, &mut self.handle).await.is_err() {
-            self.handle.abort();
+    /// A member in a child process of this executable, so that it can be killed with SIGKILL.
+    fn spawn(url: &str, name: &str, shards: u32, id: &str, ttl: Duration) -> Outcome<Member> {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let mut child = tokio::process::Command::new(exe)
+            .args(["--child-member", url, "--group", name, "--id", id])
+            .args([
+                "--shards",
+                &shards.to_string(),
+                "--ttl-ms",
+                &ttl.as_millis().to_string(),
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("spawning a member process: {e}"))?;
+        let stdout = child.stdout.take().expect("piped");
+        let owned = Arc::new(Mutex::new(Vec::new()));
+        let seen = owned.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(rest) = line.strip_prefix("OWNED") {
+                    let shards = rest.split(',').filter_map(|s| s.trim().parse().ok()).collect();
+                    *seen.lock().expect("owned lock") = shards;
+                }
+            }
+        });
+        Ok(Member::Process { child, owned })
+    }
+
+    fn owned(&self) -> Vec<u32> {
+        match self {
+            Member::Local { group, .. } => group.owned(),
+            Member::Process { owned, .. } => owned.lock().expect("owned lock").clone(),
         }
     }
+
+    /// Ends it at once: SIGKILL for a process; for a local member (whose store the caller has
+    /// cut off), its run future is dropped.
+    async fn kill(self) {
+        match self {
+            Member::Local { handle, .. } => handle.abort(),
+            Member::Process { mut child, .. } => {
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+            }
+        }
+    }
+
+    /// Stops it gracefully (its shards released), within `limit`.
+    async fn leave(self, limit: Duration) {
+        match self {
+            Member::Local { stop, mut handle, .. } => {
+                if let Some(stop) = stop {
+                    let _ = stop.send(());
+                }
+                if tokio::time::timeout(limit, &mut handle).await.is_err() {
+                    handle.abort();
+                }
+            }
+            Member::Process { mut child, .. } => {
+                drop(child.stdin.take());
+                if tokio::time::timeout(limit, child.wait()).await.is_err() {
+                    let _ = child.start_kill();
+                    let _ = child.wait().await;
+                }
+            }
+        }
+    }
+}
+
+/// The hidden `--child-member` mode: one group member; prints `OWNED s1,s2,...` whenever the
+/// shards it leads change, until its stdin closes (then it leaves the group) or SIGKILL.
+///
+/// # Errors
+///
+/// When the store cannot be reached or the group cannot be built.
+pub async fn child_member(url: &str, group: &str, shards: u32, id: &str, ttl: Duration) -> Result<(), String> {
+    let store: Arc<dyn LeaseStore> = leasehold::connect(url).await.map_err(|e| e.to_string())?;
+    let group = LeaseGroup::builder(store, group, shards)
+        .member_id(id)
+        .ttl(ttl)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let watched = group.clone();
+    tokio::spawn(async move {
+        let mut last = None;
+        loop {
+            let owned = watched.owned();
+            if last.as_ref() != Some(&owned) {
+                let list: Vec<String> = owned.iter().map(ToString::to_string).collect();
+                println!("OWNED {}", list.join(","));
+                last = Some(owned);
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    // The parent closes our stdin to make us leave.
+    let (leave, stdin_closed) = oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        let mut buf = [0_u8; 64];
+        while matches!(std::io::Read::read(&mut std::io::stdin(), &mut buf), Ok(n) if n > 0) {}
+        let _ = leave.send(());
+    });
+    group
+        .run_until(
+            |shard: ShardLeader| async move {
+                shard.cancelled().await;
+                Ok::<(), leasehold::Error>(())
+            },
+            async move {
+                let _ = stdin_closed.await;
+            },
+        )
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// floor / ceil of `shards / members`, largest first.
@@ -245,7 +370,7 @@ fn owners(members: &[&Member], shards: u32) -> (Vec<usize>, bool) {
     let mut seen = BTreeSet::new();
     let mut twice = false;
     for m in members {
-        let owned = m.group.owned();
+        let owned = m.owned();
         counts.push(owned.len());
         for s in owned {
             twice |= !seen.insert(s);
@@ -291,17 +416,24 @@ async fn group(av: &Available, run: u64, plan: &Plan) -> Outcome<GroupReport> {
         join: Err("skipped (an earlier phase failed)".into()),
         stable: Err("skipped (an earlier phase failed)".into()),
         overlaps: 0,
+        crash_method: "its store blackholed",
     };
     let faults = Faults::new();
     let (a, b) = (connect(av).await?, connect(av).await?);
-    let c: Arc<dyn LeaseStore> = Arc::new(FaultyStore::new(connect(av).await?, faults.clone()));
     let d = connect(av).await?;
+    let c_store: Arc<dyn LeaseStore> = Arc::new(FaultyStore::new(connect(av).await?, faults.clone()));
 
     // Cold start.
     let started = Instant::now();
+    let c = match av.url().filter(|_| plan.child_processes) {
+        Some(url) => {
+            report.crash_method = "SIGKILL of its process";
+            Member::spawn(url, &name, shards, "c", ttl)?
+        }
+        None => Member::join(c_store, &name, shards, "c", ttl, &book)?,
+    };
     let a = Member::join(a, &name, shards, "a", ttl, &book)?;
     let b = Member::join(b, &name, shards, "b", ttl, &book)?;
-    let c = Member::join(c, &name, shards, "c", ttl, &book)?;
     let three = quotas(shards, 3);
     let limit = ttl * 10 + Duration::from_secs(20);
     report.cold = until(&[&a, &b, &c], shards, limit, "balanced from cold", |counts, all| {
@@ -311,17 +443,24 @@ async fn group(av: &Available, run: u64, plan: &Plan) -> Outcome<GroupReport> {
     .map(|_| started.elapsed());
     let mut live = vec![a, b];
     if report.cold.is_ok() {
-        // c is cut off: nothing it sends arrives, no answer comes back.
-        let lost = c.group.owned().len();
+        // c crashes: a member process is killed with SIGKILL; in this process, its store is
+        // cut off (nothing it sends arrives, no answer comes back) and its run future dropped.
+        let lost = c.owned().len();
         faults.set(Direction::Both, Fault::Blackhole);
+        let cut = Instant::now();
+        c.kill().await;
         let limit = ttl * 6 + Duration::from_secs(10);
         let refs: Vec<&Member> = live.iter().collect();
-        report.crash = until(&refs, shards, limit, "c's shards owned again", |_, all| all)
+        report.crash = until(&refs, shards, limit, "c's shards led again", |_, all| all)
             .await
-            .map(|(took, counts)| Crash { lost, took, counts });
+            .map(|(_, counts)| Crash {
+                lost,
+                took: cut.elapsed(),
+                counts,
+            });
+    } else {
+        c.kill().await;
     }
-    c.handle.abort();
-    drop(c);
     if report.crash.is_ok() {
         let starts = book.starts();
         let started = Instant::now();
@@ -339,7 +478,7 @@ async fn group(av: &Available, run: u64, plan: &Plan) -> Outcome<GroupReport> {
         });
     }
     if report.join.is_ok() {
-        let window = ttl * if plan.smoke { 2 } else { 10 };
+        let window = ttl * if plan.smoke { 1 } else { 10 };
         let starts = book.starts();
         tokio::time::sleep(window).await;
         report.stable = Ok(Stable {
@@ -453,7 +592,7 @@ async fn cost(name: &str, av: &Available, run: u64, shards: u32) -> Outcome<Cost
             let rounds = 3;
             tokio::time::sleep(renew_every * rounds).await;
             let window = t.elapsed();
-            let lost = shards as usize - member.group.owned().len();
+            let lost = shards as usize - member.owned().len();
             if lost > 0 {
                 Err(format!("{lost} of {shards} shards lost during the window"))
             } else {

@@ -14,6 +14,7 @@ mod report;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+pub use groups::child_member;
 pub use measures::{child_leader, child_scale};
 
 /// What to run.

@@ -43,6 +43,15 @@ struct Args {
     leases: Option<usize>,
     #[arg(long, hide = true)]
     run: Option<u64>,
+    /// Internal: run one lease-group member (until stdin closes, or SIGKILL), printing its shards.
+    #[arg(long, hide = true, requires_all = ["group", "id", "shards", "ttl_ms"])]
+    child_member: Option<String>,
+    #[arg(long, hide = true)]
+    group: Option<String>,
+    #[arg(long, hide = true)]
+    id: Option<String>,
+    #[arg(long, hide = true)]
+    shards: Option<u32>,
 }
 
 #[tokio::main]
@@ -62,6 +71,17 @@ async fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("scale process: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if let (Some(url), Some(group), Some(id), Some(shards), Some(ttl)) =
+        (&args.child_member, &args.group, &args.id, args.shards, args.ttl_ms)
+    {
+        return match leasehold_bench::child_member(url, group, shards, id, Duration::from_millis(ttl)).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("member process: {e}");
                 ExitCode::FAILURE
             }
         };

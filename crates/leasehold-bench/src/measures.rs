@@ -223,10 +223,12 @@ pub(crate) async fn measure_backend(backend: &Backend, plan: &Plan) -> BackendRe
         }
     }
     eprintln!("   planned handover");
+    let t = Instant::now();
     report.planned = planned_handover(av, run, plan.reps(plan.handover_reps, ttl)).await;
     if let Err(e) = &report.planned {
         eprintln!("      {e}");
     }
+    eprintln!("      {:.1} s", t.elapsed().as_secs_f64());
     eprintln!("   crash failover");
     report.failover_method = if av.url().is_some() && plan.child_processes {
         "kill -9 of a leader process"
