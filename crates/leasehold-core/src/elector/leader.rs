@@ -239,7 +239,7 @@ impl Leader {
     ///
     /// ```
     /// use std::{sync::Arc, time::Duration};
-    /// use leasehold_core::{CandidateId, Elector, MemoryStore};
+    /// use leasehold_core::{Elector, MemoryStore};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold_core::Result<()> {
     /// let store = Arc::new(MemoryStore::new());
