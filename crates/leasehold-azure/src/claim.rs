@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use azure_core::http::{Etag, RequestContent};
 use azure_storage_blob::models::{
-    BlobClientAcquireLeaseOptions, BlobClientSetMetadataOptions, BlobClientUploadOptions,
+    BlobClientAcquireLeaseOptions, BlobClientChangeLeaseOptions, BlobClientSetMetadataOptions, BlobClientUploadOptions,
 };
 use leasehold_core::{AcquireRequest, Acquired, Error, Grant, LeaseName, Result, Term};
 
 use crate::error::{Refusal, STORE};
-use crate::record::{Entry, Record, State, Token, View, etag_of, lease_id, lease_seconds, now_ms};
+use crate::record::{Entry, Record, State, Token, View, etag_of, lease_id, lease_seconds, now_ms, reserved_lease_id};
 use crate::store::AzureBlobStore;
 
 impl AzureBlobStore {
@@ -110,6 +110,28 @@ impl AzureBlobStore {
         .map(drop)
     }
 
+    /// Changes the active blob lease `from` one id `to` another (Azure's Change Lease, which
+    /// keeps the lease's expiry), if the blob still carries `etag`.
+    pub(crate) async fn change_lease(
+        &self,
+        lease: &LeaseName,
+        from: &str,
+        to: &str,
+        etag: &str,
+    ) -> std::result::Result<(), Refusal> {
+        let options = BlobClientChangeLeaseOptions {
+            if_match: Some(Etag::from(etag.to_string())),
+            ..Default::default()
+        };
+        self.call(
+            "change_lease",
+            self.blob(lease)
+                .change_lease(from.to_string(), to.to_string(), Some(options)),
+        )
+        .await
+        .map(drop)
+    }
+
     /// Marks the claim as leased, under the lease: answers the new ETag.
     pub(crate) async fn confirm(
         &self,
@@ -150,8 +172,22 @@ impl AzureBlobStore {
             ttl: request.ttl,
             acquired_ms: now_ms(),
             state: State::Claimed,
+            reserved: false,
         };
         let mine = view.leased && view.record.as_ref().is_some_and(|r| r.holder == *me);
+        // Handed over to us: the blob lease has the reservation's id; make it ours, then claim
+        // under it as over a lease of our own. A refused change (the lease is ours already,
+        // after an acquire whose reply was lost, or gone) leaves the claim to find out.
+        if let (true, Some(etag)) = (mine && view.record.as_ref().is_some_and(|r| r.reserved), &view.etag) {
+            match self
+                .change_lease(lease, &reserved_lease_id(lease, me), &lease_id(lease, me), etag)
+                .await
+            {
+                Ok(()) | Err(Refusal::Conflict(_)) => {}
+                Err(Refusal::NotFound(_)) => return Ok(None),
+                Err(Refusal::Failed(e)) => return Err(e),
+            }
+        }
         let own = mine.then(|| lease_id(lease, me));
         let Some(etag) = self.claim(lease, view, &record, own.as_deref()).await? else {
             return Ok(None);

@@ -176,7 +176,9 @@ impl AzureBlobStore {
         let view = self.read(lease).await?;
         if let Some(record) = &view.record {
             let granted = matches!(record.state, State::Leased | State::Broken) || view.holder().is_some();
-            if granted && entries.last().is_none_or(|(term, _)| *term < record.term) {
+            // A reservation names the successor, not the holder of its term: that term's own
+            // blob was written when it was granted.
+            if granted && !record.reserved && entries.last().is_none_or(|(term, _)| *term < record.term) {
                 let entry = Entry {
                     holder: record.holder.clone(),
                     acquired_ms: record.acquired_ms,

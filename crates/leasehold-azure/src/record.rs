@@ -23,6 +23,9 @@ pub(crate) const ACQUIRED: &str = "leasehold_acquired_ms";
 pub(crate) const STATE: &str = "leasehold_state";
 pub(crate) const ENDED: &str = "leasehold_ended_ms";
 pub(crate) const END: &str = "leasehold_end";
+/// On a leased record: handed over to its holder at this term (which equals the record's term),
+/// not taken yet. Code that does not know the key reads the record as leased by the successor.
+pub(crate) const RESERVED_TERM: &str = "leasehold_reserved_term";
 
 /// Candidate ids may hold any printable character; metadata values must be plain header text.
 const HOLDER_ENCODE: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
@@ -60,17 +63,27 @@ pub(crate) struct Record {
     pub(crate) ttl: Duration,
     pub(crate) acquired_ms: u64,
     pub(crate) state: State,
+    /// Handed over to `holder` by the holder of `term` ([`LeaseStore::hand_over`]), whose blob
+    /// lease now has the id [`reserved_lease_id`] of `holder`: `holder` has not taken it yet.
+    /// Only on a [`State::Leased`] record.
+    ///
+    /// [`LeaseStore::hand_over`]: leasehold_core::LeaseStore::hand_over
+    pub(crate) reserved: bool,
 }
 
 impl Record {
     pub(crate) fn encode(&self) -> HashMap<String, String> {
-        HashMap::from([
+        let mut metadata = HashMap::from([
             (TERM.to_string(), self.term.0.to_string()),
             (HOLDER.to_string(), encode_holder(&self.holder)),
             (TTL.to_string(), self.ttl.as_millis().to_string()),
             (ACQUIRED.to_string(), self.acquired_ms.to_string()),
             (STATE.to_string(), self.state.as_str().to_string()),
-        ])
+        ]);
+        if self.reserved {
+            metadata.insert(RESERVED_TERM.to_string(), self.term.0.to_string());
+        }
+        metadata
     }
 
     /// Reads the record; `None` for a blob leasehold has not written a record to yet.
@@ -99,12 +112,25 @@ impl Record {
         if !TTL_RANGE.contains(&ttl) {
             return Err(fields.bad(TTL, &ttl_ms.to_string(), "not a TTL Azure allows (15 to 60 s)"));
         }
+        // Every write replaces all metadata, so a reservation key is always the latest write's.
+        let reserved = match metadata.get(RESERVED_TERM) {
+            None => false,
+            Some(value) if state == State::Leased && value.parse() == Ok(term.0) => true,
+            Some(value) => {
+                return Err(fields.bad(
+                    RESERVED_TERM,
+                    value,
+                    &format!("a reservation must be of the record's term {term}, on a leased record"),
+                ));
+            }
+        };
         Ok(Some(Record {
             holder: fields.holder()?,
             term,
             ttl,
             acquired_ms: fields.number(ACQUIRED)?,
             state,
+            reserved,
         }))
     }
 }
@@ -215,8 +241,13 @@ fn encode_holder(holder: &CandidateId) -> String {
 /// The blob lease id of `candidate` for `lease`: a UUID derived from both, so that a candidate
 /// always proposes the same id and can recognise (and renew) a lease whose reply it lost.
 pub(crate) fn lease_id(lease: &LeaseName, candidate: &CandidateId) -> String {
+    uuid_of(b"leasehold-azure lease id\0", lease, candidate)
+}
+
+/// A UUID (version 8) derived from `domain`, `lease` and `candidate`.
+fn uuid_of(domain: &[u8], lease: &LeaseName, candidate: &CandidateId) -> String {
     let mut hash = Sha256::new();
-    hash.update(b"leasehold-azure lease id\0");
+    hash.update(domain);
     hash.update(lease.as_str().as_bytes());
     hash.update(b"\0");
     hash.update(candidate.as_str().as_bytes());
@@ -234,6 +265,14 @@ pub(crate) fn lease_id(lease: &LeaseName, candidate: &CandidateId) -> String {
         &hex[16..20],
         &hex[20..]
     )
+}
+
+/// The blob lease id of a reservation for `candidate` (see [`Record::reserved`]): derived like
+/// [`lease_id`] but different from it, so that nothing holding the candidate's own id (a grant of
+/// the handed-over term, say) can renew or release the reservation; only the candidate's acquire
+/// changes it to its own id.
+pub(crate) fn reserved_lease_id(lease: &LeaseName, candidate: &CandidateId) -> String {
+    uuid_of(b"leasehold-azure reserved lease id\0", lease, candidate)
 }
 
 /// The grant token (and record version): the lease id, the blob's ETag after the holder's last
@@ -325,6 +364,10 @@ impl View {
 
     pub(crate) fn previous_end(&self) -> Option<EndReason> {
         let record = self.record.as_ref()?;
+        // A reservation nobody took: its term ended handed over.
+        if record.reserved {
+            return Some(EndReason::HandedOver);
+        }
         Some(match record.state {
             State::Broken => EndReason::Broken,
             State::Released => EndReason::Released,
@@ -352,7 +395,7 @@ impl View {
                     }
                     .to_string(),
                     orphaned: false,
-                    reserved: false,
+                    reserved: r.reserved,
                     store_remaining: None,
                 }),
                 last_term: r.term,
@@ -481,13 +524,21 @@ mod tests {
             ttl: Duration::from_secs(15),
             acquired_ms: 1_700_000_000_000,
             state: State::Leased,
+            reserved: false,
         };
         let metadata = record.encode();
         assert!(
             metadata.values().all(|v| v.bytes().all(|b| b.is_ascii_graphic())),
             "{metadata:?}"
         );
-        assert_eq!(Record::decode(&lease(), &metadata).unwrap(), Some(record));
+        assert_eq!(Record::decode(&lease(), &metadata).unwrap(), Some(record.clone()));
+        let reserved = Record {
+            reserved: true,
+            ..record
+        };
+        let metadata = reserved.encode();
+        assert_eq!(metadata.get(RESERVED_TERM).map(String::as_str), Some("42"));
+        assert_eq!(Record::decode(&lease(), &metadata).unwrap(), Some(reserved));
         assert_eq!(
             Record::decode(&lease(), &HashMap::from([("other".into(), "x".into())])).unwrap(),
             None
@@ -502,6 +553,7 @@ mod tests {
             ttl: Duration::from_secs(15),
             acquired_ms: 1,
             state: State::Claimed,
+            reserved: false,
         }
         .encode();
         metadata.insert(TERM.into(), "garbage".into());
@@ -519,6 +571,17 @@ mod tests {
             assert!(err.to_string().contains(TTL), "{ttl}: {err}");
         }
         metadata.insert(TERM.into(), "1".into());
+        for (state, reserved) in [("leased", "yes"), ("leased", "2"), ("claimed", "1")] {
+            let mut metadata = metadata.clone();
+            metadata.insert(STATE.into(), state.into());
+            metadata.insert(RESERVED_TERM.into(), reserved.into());
+            let err = Record::decode(&lease(), &metadata).unwrap_err();
+            assert!(
+                matches!(&err, Error::CorruptRecord { lease, .. } if lease == "jobs")
+                    && err.to_string().contains(RESERVED_TERM),
+                "{state} {reserved}: {err}"
+            );
+        }
         metadata.remove(STATE);
         assert!(
             Record::decode(&lease(), &metadata)
@@ -537,6 +600,10 @@ mod tests {
         assert_ne!(id, lease_id(&LeaseName::new("other").unwrap(), &a));
         assert_eq!(id.len(), 36);
         assert_eq!(&id[14..15], "8");
+        let reserved = reserved_lease_id(&lease(), &a);
+        assert_eq!(reserved, reserved_lease_id(&lease(), &a));
+        assert_ne!(reserved, id, "a reservation is never held under the candidate's own id");
+        assert_ne!(reserved, reserved_lease_id(&lease(), &b));
     }
 
     #[test]

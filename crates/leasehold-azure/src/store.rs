@@ -20,7 +20,7 @@ use leasehold_core::{
 
 use crate::config::{Auth, AzureConfig, TTL_RANGE};
 use crate::error::{self, AzureError, Refusal, STORE};
-use crate::record::{Entry, Record, State, Token, View, lease_id, view_of};
+use crate::record::{Entry, Record, State, Token, View, lease_id, reserved_lease_id, view_of};
 use crate::sas::{AccountKey, SignWithKey};
 
 const REQUEST_ID: azure_core::http::headers::HeaderName =
@@ -320,6 +320,7 @@ impl AzureBlobStore {
         // A new ETag, so that neither the old holder's renewals nor its claim can succeed again.
         let broken = Record {
             state: State::Broken,
+            reserved: false,
             ..record.clone()
         };
         let options = BlobClientSetMetadataOptions {
@@ -336,8 +337,11 @@ impl AzureBlobStore {
             Ok(_) | Err(Refusal::Conflict(_)) => {}
             Err(refusal) => return Err(refusal.into_error()),
         }
-        self.end_history(lease, record.term, Entry::of(&record), EndReason::Broken)
-            .await;
+        // A reservation's term (its previous holder's) already ended, handed over.
+        if !record.reserved {
+            self.end_history(lease, record.term, Entry::of(&record), EndReason::Broken)
+                .await;
+        }
         self.read(lease).await?;
         Ok(Some(record.term))
     }
@@ -513,10 +517,99 @@ impl LeaseStore for AzureBlobStore {
             ttl: grant.ttl,
             acquired_ms: token.acquired_ms,
             state: State::Claimed,
+            reserved: false,
         };
         if !self.release_blob_lease(lease, &record, &token.etag).await? {
             self.withdraw_claim(lease, &record, &token.etag).await?;
         }
+        Ok(())
+    }
+
+    /// Moves the grant's blob lease to the successor's reservation id (Change Lease, on the
+    /// grant's ETag), renews it for a full lease duration, and writes the record reserved for
+    /// `to` at the grant's term under it; then records the term as handed over. Only `to`'s
+    /// acquire turns the reservation into a lease of its own id; for everyone else the blob is
+    /// leased until the reservation expires on the server, a lease duration after the handover.
+    async fn hand_over(&self, grant: &Grant, to: &CandidateId) -> Result<()> {
+        let lease = &grant.lease;
+        let token = Token::parse(lease, &grant.token)?;
+        let _turn = self.turn(Operation::HandOver).await;
+        let reserved_id = reserved_lease_id(lease, to);
+        let changed = self
+            .change_lease(lease, &token.lease_id, &reserved_id, &token.etag)
+            .await;
+        let renewed = match changed {
+            Ok(()) => {
+                let options = BlobClientRenewLeaseOptions {
+                    if_match: Some(Etag::from(token.etag.clone())),
+                    ..Default::default()
+                };
+                self.call(
+                    "renew_lease",
+                    self.blob(lease).renew_lease(reserved_id.clone(), Some(options)),
+                )
+                .await
+                .map(drop)
+            }
+            Err(refusal) => Err(refusal),
+        };
+        match renewed {
+            Ok(()) => {}
+            // Not the grant's any more: nothing to hand over (but a record that cannot be read
+            // is still an error).
+            Err(Refusal::Conflict(_) | Refusal::NotFound(_)) => {
+                self.read(lease).await?;
+                return Ok(());
+            }
+            Err(Refusal::Failed(e)) => return Err(e),
+        }
+        let record = Record {
+            holder: to.clone(),
+            term: grant.term,
+            ttl: grant.ttl,
+            acquired_ms: token.acquired_ms,
+            state: State::Leased,
+            reserved: true,
+        };
+        let options = BlobClientSetMetadataOptions {
+            if_match: Some(Etag::from(token.etag.clone())),
+            lease_id: Some(reserved_id),
+            ..Default::default()
+        };
+        match self
+            .call(
+                "set_metadata",
+                self.blob(lease).set_metadata(&record.encode(), Some(options)),
+            )
+            .await
+        {
+            Ok(reply) => {
+                let etag = crate::record::etag_of(lease, reply.headers())?;
+                self.remember(
+                    lease,
+                    &View {
+                        etag: Some(etag),
+                        record: Some(record),
+                        leased: true,
+                        lease_state: "leased".into(),
+                        age_secs: None,
+                    },
+                );
+            }
+            // The blob lease is the reservation's already, so the grant has ended: the lease
+            // opens to everyone when that expires.
+            Err(Refusal::Conflict(_) | Refusal::NotFound(_)) => {
+                self.read(lease).await?;
+                return Ok(());
+            }
+            Err(Refusal::Failed(e)) => return Err(e),
+        }
+        let entry = Entry {
+            holder: grant.holder.clone(),
+            acquired_ms: token.acquired_ms,
+            end: None,
+        };
+        self.end_history(lease, grant.term, entry, EndReason::HandedOver).await;
         Ok(())
     }
 
@@ -531,6 +624,22 @@ impl LeaseStore for AzureBlobStore {
         };
         if record.holder != *candidate {
             return Ok(());
+        }
+        if record.reserved {
+            // Handed over to a candidate that gave up: free at once; the record still says
+            // the term ended handed over.
+            let options = BlobClientReleaseLeaseOptions {
+                if_match: Some(Etag::from(etag)),
+                ..Default::default()
+            };
+            let id = reserved_lease_id(lease, candidate);
+            return match self
+                .call("release_lease", self.blob(lease).release_lease(id, Some(options)))
+                .await
+            {
+                Ok(_) | Err(Refusal::Conflict(_) | Refusal::NotFound(_)) => Ok(()),
+                Err(Refusal::Failed(e)) => Err(e),
+            };
         }
         if view.leased {
             self.release_blob_lease(lease, &record, &etag).await?;

@@ -56,6 +56,64 @@ async fn raw_break_then_renew_is_lost() {
     assert!(next.term > grant.term);
 }
 
+/// A reservation ([`LeaseStore::hand_over`]) is no grant: a grant of the successor at the
+/// handed-over term (made from what `inspect` shows) neither renews, releases nor hands it over;
+/// the successor's withdrawal frees it at once, and a break frees it, both keeping the term ended
+/// handed over by its holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_is_no_grant() {
+    let Some(store) = store().await else { return };
+    let c = CandidateId::new("c").unwrap();
+    let ends = |history: &[leasehold_core::Transition]| {
+        history
+            .iter()
+            .map(|t| (t.term, t.holder.to_string(), t.ended.map(|(_, r)| r)))
+            .collect::<Vec<_>>()
+    };
+    let lease = lease("reserved");
+    let a = granted(&store, &lease, "a").await;
+    store.hand_over(&a, &c).await.unwrap();
+    let reserved = store.inspect(&lease).await.unwrap().holder.unwrap();
+    assert!(
+        reserved.reserved && reserved.id == c && reserved.term == a.term,
+        "{reserved:?}"
+    );
+    let as_if_c = Grant {
+        holder: c.clone(),
+        token: reserved.version.clone(),
+        ..a.clone()
+    };
+    match store.renew(&as_if_c).await.unwrap() {
+        Renewed::Lost(seen) => assert!(seen.holder.is_some_and(|h| h.reserved), "still reserved"),
+        other => panic!("a reservation must not renew as a grant: {other:?}"),
+    }
+    store.release(&as_if_c).await.unwrap();
+    store
+        .hand_over(&as_if_c, &CandidateId::new("d").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(store.inspect(&lease).await.unwrap().holder, Some(reserved), "unchanged");
+
+    store.withdraw(&lease, &c).await.unwrap();
+    let seen = store.inspect(&lease).await.unwrap();
+    assert_eq!((seen.holder, seen.previous_end), (None, Some(EndReason::HandedOver)));
+    assert_eq!(
+        ends(&store.history(&lease, 10).await.unwrap()),
+        [(a.term, "a".into(), Some(EndReason::HandedOver))]
+    );
+    let b = granted(&store_b().await, &lease, "b").await;
+    assert!(b.term > a.term);
+
+    store.hand_over(&b, &c).await.unwrap();
+    assert_eq!(store.break_lease(&lease).await.unwrap(), Some(b.term));
+    assert_eq!(store.inspect(&lease).await.unwrap().holder, None);
+    assert_eq!(
+        ends(&store.history(&lease, 10).await.unwrap())[1],
+        (b.term, "b".into(), Some(EndReason::HandedOver)),
+        "a broken reservation leaves its term handed over by its holder"
+    );
+}
+
 async fn store_b() -> AzureBlobStore {
     store().await.expect("azurite answered a moment ago")
 }
