@@ -54,6 +54,21 @@ pub enum RedisStoreError {
     },
 }
 
+/// The error of a script that failed as a whole, once for each grant it carried, of the same
+/// kind (a timeout, transient, a refusal or neither).
+pub(crate) fn for_each_grant(error: &Error) -> Error {
+    match error {
+        Error::Timeout { operation, after, .. } => Error::Timeout {
+            store: STORE,
+            operation,
+            after: *after,
+        },
+        Error::Refused { operation, reason, .. } => Error::refused(STORE, operation, reason.clone()),
+        error if error.is_transient() => Error::unreachable(STORE, error.to_string()),
+        error => Error::store(STORE, error.to_string()),
+    }
+}
+
 /// Why one request failed, before it is told to the caller.
 #[derive(Debug)]
 pub(crate) enum Failure {

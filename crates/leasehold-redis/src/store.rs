@@ -164,31 +164,7 @@ impl RedisStore {
         self.inner.config.keys(lease)
     }
 
-    /// Renews every grant of `grants` with one script per [`RENEW_BATCH`] grants (the batches
-    /// sent together on the one connection): what a member holding many leases needs to renew
-    /// them all with one request per renew interval. Each grant is renewed (with a new record
-    /// version) if its record still names it, exactly as [`LeaseStore::renew`] does; the answers
-    /// are in the order of `grants`.
-    ///
-    /// The grants share one server: a Redis Cluster would refuse a script whose keys lie in
-    /// several slots (leasehold supports one server).
-    ///
-    /// # Errors
-    ///
-    /// The outer error when a script failed as a whole (timeout, connection, refusal): the
-    /// outcome of every grant of it is then unknown, as after a timeout. Per grant,
-    /// [`Error::CorruptRecord`] for a record leasehold cannot read (that grant's keys are left
-    /// alone).
-    ///
-    /// # Cancel safety
-    ///
-    /// Each script runs whole on the server or not at all, as for [`LeaseStore::renew`].
-    pub async fn renew_many(&self, grants: &[Grant]) -> Result<Vec<Result<Renewed>>> {
-        let batches = grants.chunks(RENEW_BATCH).map(|batch| self.renew_batch(batch));
-        let answers = futures::future::try_join_all(batches).await?;
-        Ok(answers.into_iter().flatten().collect())
-    }
-
+    /// One script of `renew_many`: at most [`RENEW_BATCH`] grants.
     async fn renew_batch(&self, grants: &[Grant]) -> Result<Vec<Result<Renewed>>> {
         let mut keys = Vec::with_capacity(grants.len() * 3);
         let mut args = Vec::with_capacity(grants.len() * 3);
@@ -275,10 +251,30 @@ fn connection_info(config: &RedisConfig) -> redis::ConnectionInfo {
     info.set_redis_settings(redis)
 }
 
-/// Grants renewed by one script of [`RedisStore::renew_many`] at most. A script blocks the server
+/// Grants renewed by one script of [`LeaseStore::renew_many`] at most. A script blocks the server
 /// while it runs (about a dozen commands per grant, some 20 µs): 250 grants keep that to a few
 /// milliseconds; more grants go in several scripts, sent together.
 pub const RENEW_BATCH: usize = 250;
+
+/// The answers of the scripts of one `renew_many` (each with the number of grants it carried),
+/// in order: the first error when every script failed, else one answer per grant, the grants of
+/// a failed script each with its error.
+fn gather(batches: Vec<(usize, Result<Vec<Result<Renewed>>>)>) -> Result<Vec<Result<Renewed>>> {
+    if batches.iter().all(|(_, answers)| answers.is_err()) {
+        if let Some((_, Err(error))) = batches.into_iter().next() {
+            return Err(error);
+        }
+        return Ok(Vec::new());
+    }
+    let mut all = Vec::new();
+    for (grants, answers) in batches {
+        match answers {
+            Ok(answers) => all.extend(answers),
+            Err(error) => all.extend((0..grants).map(|_| Err(error::for_each_grant(&error)))),
+        }
+    }
+    Ok(all)
+}
 
 /// Milliseconds, rounded up, as Redis wants them.
 fn millis(ttl: Duration) -> u64 {
@@ -345,6 +341,32 @@ impl LeaseStore for RedisStore {
         answers
             .pop()
             .unwrap_or_else(|| Err(error::unexpected("renew", "no answer for the grant")))
+    }
+
+    /// One script per [`RENEW_BATCH`] grants (the scripts sent together on the one connection):
+    /// a member holding many leases renews them all with a request or a few per renew interval.
+    /// Each grant is renewed (with a new record version) if its record still names it, exactly
+    /// as [`renew`](LeaseStore::renew) does (which is this with one grant); the answers are in
+    /// the order of `grants`.
+    ///
+    /// The grants share one server: a Redis Cluster would refuse a script whose keys lie in
+    /// several slots (leasehold supports one server).
+    ///
+    /// # Errors
+    ///
+    /// The outer error when every script failed as a whole (timeout, connection, refusal): the
+    /// outcome of every grant is then unknown, as after a timeout. Per grant, that error for the
+    /// grants of a script that failed while others were answered, and [`Error::CorruptRecord`]
+    /// for a record leasehold cannot read (that grant's keys are left alone).
+    ///
+    /// # Cancel safety
+    ///
+    /// Each script runs whole on the server or not at all, as for [`renew`](LeaseStore::renew).
+    async fn renew_many(&self, grants: &[Grant]) -> Result<Vec<Result<Renewed>>> {
+        let batches = grants
+            .chunks(RENEW_BATCH)
+            .map(|batch| async move { (batch.len(), self.renew_batch(batch).await) });
+        gather(futures::future::join_all(batches).await)
     }
 
     async fn release(&self, grant: &Grant) -> Result<()> {
@@ -481,6 +503,41 @@ impl LeaseStore for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn grant(lease: &str) -> Grant {
+        Grant {
+            lease: LeaseName::new(lease).unwrap(),
+            holder: CandidateId::new("member").unwrap(),
+            term: Term(3),
+            ttl: Duration::from_secs(1),
+            token: "v".into(),
+        }
+    }
+
+    fn timeout() -> Error {
+        Error::Timeout {
+            store: STORE,
+            operation: "renew",
+            after: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn a_failed_script_fails_its_own_grants_unless_all_failed() {
+        let answered = vec![Ok(Renewed::Renewed(grant("a"))), Ok(Renewed::Renewed(grant("b")))];
+        let answers = gather(vec![(2, Ok(answered)), (3, Err(timeout()))]).unwrap();
+        assert_eq!(answers.len(), 5);
+        assert!(matches!(&answers[1], Ok(Renewed::Renewed(g)) if g.lease.as_str() == "b"));
+        for answer in &answers[2..] {
+            assert!(matches!(answer, Err(Error::Timeout { .. })), "{answer:?}");
+        }
+        let refused = Error::refused(STORE, "renew", "NOPERM");
+        assert!(matches!(
+            gather(vec![(1, Err(refused)), (1, Err(timeout()))]),
+            Err(Error::Refused { .. })
+        ));
+        assert!(gather(Vec::new()).unwrap().is_empty());
+    }
 
     #[test]
     fn ttls_round_up_to_milliseconds() {

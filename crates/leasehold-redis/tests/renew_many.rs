@@ -1,4 +1,4 @@
-//! `RedisStore::renew_many`: one script renews many grants, each exactly as `renew` would (a
+//! `LeaseStore::renew_many` on Redis: one script renews many grants, each exactly as `renew` would (a
 //! grant whose record names another holder or none is lost, a corrupt record fails only its own
 //! grant), with answers in the order asked.
 
@@ -107,6 +107,97 @@ async fn more_grants_than_one_script_takes_are_all_renewed_in_order() {
     assert_eq!(answers.len(), count);
     for (grant, answer) in grants.iter().zip(&answers) {
         assert_eq!(&renewed(answer).lease, &grant.lease);
+    }
+    clean(&backend).await;
+}
+
+/// Scripts (`EVALSHA`, `EVAL`) the server has run, from `INFO commandstats`: a server-wide
+/// count, so other clients' scripts are in it too.
+async fn scripts_run(backend: &RedisBackend) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut backend.raw().await)
+        .await
+        .unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| l.split_once("calls=")?.1.split(',').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// What an answer says, without the times that pass between two answers.
+fn settled(answer: &Result<Renewed, Error>) -> String {
+    match answer {
+        Ok(Renewed::Renewed(grant)) => format!(
+            "renewed {} {} {} {:?}",
+            grant.lease, grant.holder, grant.term, grant.ttl
+        ),
+        Ok(Renewed::Lost(observation)) => {
+            let mut observation = observation.clone();
+            if let Some(holder) = &mut observation.holder {
+                holder.store_remaining = None;
+            }
+            format!("lost {observation:?}")
+        }
+        Err(e) => format!("error {e}"),
+    }
+}
+
+/// 50 grants, 25 of them no longer held (released, taken over by another candidate, handed over,
+/// broken, or replaced by a newer term of the same holder), renewed through the trait (as a
+/// group's `RenewBatcher` does) with one script: each answer is what `renew` of that grant
+/// answers. Fails with the trait's default (one script per grant).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_grants_answer_as_renew_does_with_one_script() {
+    let Some(backend) = fresh_backend() else { return };
+    let store = RedisStore::from_config(backend.config.clone()).await.unwrap();
+    let dyn_store: &dyn LeaseStore = &store;
+    let mut grants = Vec::new();
+    for i in 0..50 {
+        grants.push(grant(&store, &name(i), "member", TTL).await);
+    }
+    let heir = leasehold_core::CandidateId::new("heir").unwrap();
+    for (i, held) in grants.iter().enumerate() {
+        match i % 10 {
+            1 => store.release(held).await.unwrap(),
+            3 => {
+                store.release(held).await.unwrap();
+                grant(&store, &held.lease, "other", TTL).await;
+            }
+            5 => store.hand_over(held, &heir).await.unwrap(),
+            7 => drop(store.break_lease(&held.lease).await.unwrap()),
+            9 => drop(grant(&store, &held.lease, "member", TTL).await),
+            _ => {}
+        }
+    }
+
+    // The least of a few tries: the count is server-wide.
+    let mut scripts = u64::MAX;
+    let mut answers = Vec::new();
+    for _ in 0..5 {
+        let before = scripts_run(&backend).await;
+        answers = dyn_store.renew_many(&grants).await.unwrap();
+        scripts = scripts.min(scripts_run(&backend).await - before);
+        if scripts <= 1 {
+            break;
+        }
+    }
+    assert_eq!(scripts, 1, "50 grants (fewer than RENEW_BATCH) renewed with one script");
+    assert_eq!(answers.len(), grants.len());
+    for (i, (held, answer)) in grants.iter().zip(&answers).enumerate() {
+        if let Ok(Renewed::Renewed(renewed)) = answer {
+            assert_ne!(renewed.token, held.token, "{i}: a new record version");
+            let seen = store.inspect(&held.lease).await.unwrap();
+            assert_eq!(seen.holder.unwrap().version, renewed.token, "{i}: the version written");
+        }
+        let alone = store.renew(held).await;
+        assert_eq!(settled(answer), settled(&alone), "grant {i}");
+        let expect_renewed = [0, 2, 4, 6, 8].contains(&(i % 10));
+        assert_eq!(
+            matches!(answer, Ok(Renewed::Renewed(_))),
+            expect_renewed,
+            "{i}: {answer:?}"
+        );
     }
     clean(&backend).await;
 }

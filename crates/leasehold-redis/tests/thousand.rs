@@ -96,7 +96,7 @@ async fn requests_per_second_with_a_thousand_leases() {
 }
 
 /// The same 1,000 leases held by one member that renews them all at once every TTL/3 with
-/// `RedisStore::renew_many`: one call per renew interval (1,000 / `RENEW_BATCH` scripts) instead
+/// `LeaseStore::renew_many`: one call per renew interval (1,000 / `RENEW_BATCH` scripts) instead
 /// of one script per lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement: run with --ignored --nocapture"]
