@@ -184,6 +184,26 @@ impl LeaseStore for SqliteStore {
         }
     }
 
+    /// The grants go to the writer as one request and are renewed in one `BEGIN IMMEDIATE`
+    /// transaction per 256 grants (shared with other writes queued meanwhile): one disk sync
+    /// for a group's renewal round. Each grant is renewed exactly as
+    /// [`renew`](LeaseStore::renew) would, with a corrupt row failing only its own grant.
+    ///
+    /// # Errors
+    ///
+    /// The outer error when every transaction failed (e.g. another process held the write lock
+    /// past the busy timeout); a grant of a failed transaction gets its error when others were
+    /// renewed.
+    async fn renew_many(&self, grants: &[Grant]) -> Result<Vec<Result<Renewed>>> {
+        if grants.is_empty() {
+            return Ok(Vec::new());
+        }
+        match self.writer.write(Op::RenewMany(grants.to_vec())).await? {
+            Outcome::RenewedEach(answers) => Ok(answers),
+            other => Err(mismatch(other)),
+        }
+    }
+
     async fn release(&self, grant: &Grant) -> Result<()> {
         match self.writer.write(Op::Release(grant.clone())).await? {
             Outcome::Released => Ok(()),

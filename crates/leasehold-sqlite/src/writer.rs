@@ -1,5 +1,6 @@
 //! Writes: every acquire, renew, release, hand over and break runs inside a `BEGIN IMMEDIATE`
-//! transaction, and the requests that queue up while one transaction commits share the next one.
+//! transaction, and the requests that queue up while one transaction commits share the next one
+//! (a renewal of many grants counts as one request per grant).
 //!
 //! `BEGIN IMMEDIATE` takes SQLite's write lock at once, so writers in all processes take turns
 //! and the row a request reads is the row it replaces: that is the compare-and-set. Sharing a
@@ -20,8 +21,8 @@ use crate::config::SqliteConfig;
 use crate::error::{self, STORE};
 use crate::record::{self, Failure, Record, term_value, ttl_value, unix_millis};
 
-/// At most this many requests share a transaction, so that other processes' writes are not held
-/// up for long.
+/// At most this many requests (or grants of a renewal of many) share a transaction, so that
+/// other processes' writes are not held up for long.
 const MAX_BATCH: usize = 256;
 
 /// A write request.
@@ -29,6 +30,9 @@ const MAX_BATCH: usize = 256;
 pub(crate) enum Op {
     Acquire(AcquireRequest),
     Renew(Grant),
+    /// Every grant renewed as [`Op::Renew`] would, in transactions of at most [`MAX_BATCH`]
+    /// grants (one for a group's renewal round of up to 256 shards).
+    RenewMany(Vec<Grant>),
     Release(Grant),
     HandOver(Grant, CandidateId),
     Break(LeaseName),
@@ -39,6 +43,8 @@ pub(crate) enum Op {
 pub(crate) enum Outcome {
     Acquired(Acquired),
     Renewed(Renewed),
+    /// The answers of [`Op::RenewMany`], in order.
+    RenewedEach(Vec<Result<Renewed>>),
     Released,
     HandedOver,
     Broken(Option<Term>),
@@ -49,6 +55,7 @@ impl Op {
         match self {
             Op::Acquire(_) => "acquire",
             Op::Renew(_) => "renew",
+            Op::RenewMany(_) => "renew_many",
             Op::Release(_) => "release",
             Op::HandOver(..) => "hand_over",
             Op::Break(_) => "break_lease",
@@ -99,40 +106,113 @@ async fn run(pool: SqlitePool, config: SqliteConfig, mut queue: mpsc::UnboundedR
     while queue.recv_many(&mut batch, MAX_BATCH).await > 0 {
         // A caller that gave up before its transaction started is not applied at all.
         batch.retain(|job: &Job| !job.reply.is_closed());
-        if batch.is_empty() {
-            continue;
+        let steps: Vec<Step<'_>> = batch.iter().flat_map(|job| Step::of(&job.op)).collect();
+        let mut done = Vec::with_capacity(steps.len());
+        for steps in steps.chunks(MAX_BATCH) {
+            match transaction(&pool, &config, steps).await {
+                Ok(answers) => done.extend(answers.into_iter().map(Done::Answered)),
+                // Nothing of this transaction was committed: each of its steps gets the error.
+                Err(e) => done.extend(
+                    steps
+                        .iter()
+                        .map(|step| Done::Abandoned(error::map(&e, step.name(), config.busy_timeout))),
+                ),
+            }
         }
-        let ops: Vec<&Op> = batch.iter().map(|job| &job.op).collect();
-        let answers = match transaction(&pool, &config, &ops).await {
-            Ok(answers) => answers,
-            // Nothing was committed: every request gets the error.
-            Err(e) => ops
-                .iter()
-                .map(|op| Err(error::map(&e, op.name(), config.busy_timeout)))
-                .collect(),
-        };
-        for (job, answer) in batch.drain(..).zip(answers) {
+        let mut done = done.into_iter();
+        for job in batch.drain(..) {
+            let answer = match &job.op {
+                Op::RenewMany(grants) => renewed_each(done.by_ref().take(grants.len()).collect()),
+                _ => done.next().map_or_else(|| Err(lost_step()), Done::into_result),
+            };
             let _ = job.reply.send(answer);
         }
     }
 }
 
-/// Runs `ops` in one transaction. A request whose record is corrupt gets its own error (it wrote
+/// One request of a transaction: a whole [`Op`], or one grant of an [`Op::RenewMany`].
+#[derive(Clone, Copy, Debug)]
+enum Step<'a> {
+    Whole(&'a Op),
+    RenewOne(&'a Grant),
+}
+
+impl<'a> Step<'a> {
+    fn of(op: &'a Op) -> Vec<Step<'a>> {
+        match op {
+            Op::RenewMany(grants) => grants.iter().map(Step::RenewOne).collect(),
+            op => vec![Step::Whole(op)],
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Step::Whole(op) => op.name(),
+            Step::RenewOne(_) => "renew_many",
+        }
+    }
+}
+
+/// What became of a step: its answer, or the error of its whole transaction.
+#[derive(Debug)]
+enum Done {
+    Answered(Result<Outcome>),
+    Abandoned(Error),
+}
+
+impl Done {
+    fn into_result(self) -> Result<Outcome> {
+        match self {
+            Done::Answered(answer) => answer,
+            Done::Abandoned(e) => Err(e),
+        }
+    }
+}
+
+fn lost_step() -> Error {
+    Error::store(STORE, "internal error: a request got no answer from its transaction")
+}
+
+/// The answer to an [`Op::RenewMany`] from its grants' steps: the error of the first transaction
+/// when every one of them was abandoned (no grant's outcome is known), else one answer per grant.
+fn renewed_each(done: Vec<Done>) -> Result<Outcome> {
+    if !done.is_empty() && done.iter().all(|d| matches!(d, Done::Abandoned(_))) {
+        return done
+            .into_iter()
+            .next()
+            .map_or_else(|| Err(lost_step()), Done::into_result);
+    }
+    let answers = done
+        .into_iter()
+        .map(|d| match d.into_result()? {
+            Outcome::Renewed(renewed) => Ok(renewed),
+            other => Err(Error::store(
+                STORE,
+                format!("internal error: unexpected answer {other:?}"),
+            )),
+        })
+        .collect();
+    Ok(Outcome::RenewedEach(answers))
+}
+
+/// Runs `steps` in one transaction. A step whose record is corrupt gets its own error (it wrote
 /// nothing); an SQL error abandons the whole transaction.
 async fn transaction(
     pool: &SqlitePool,
     config: &SqliteConfig,
-    ops: &[&Op],
+    steps: &[Step<'_>],
 ) -> Result<Vec<Result<Outcome>>, sqlx::Error> {
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-    let mut answers = Vec::with_capacity(ops.len());
-    for op in ops {
-        let answer = match op {
-            Op::Acquire(request) => acquire(&mut tx, config, request).await.map(Outcome::Acquired),
-            Op::Renew(grant) => renew(&mut tx, grant).await.map(Outcome::Renewed),
-            Op::Release(grant) => release(&mut tx, grant).await.map(|()| Outcome::Released),
-            Op::HandOver(grant, to) => hand_over(&mut tx, grant, to).await.map(|()| Outcome::HandedOver),
-            Op::Break(lease) => break_lease(&mut tx, lease).await.map(Outcome::Broken),
+    let mut answers = Vec::with_capacity(steps.len());
+    for step in steps {
+        let answer = match *step {
+            Step::Whole(Op::Acquire(request)) => acquire(&mut tx, config, request).await.map(Outcome::Acquired),
+            Step::Whole(Op::Renew(grant)) | Step::RenewOne(grant) => renew(&mut tx, grant).await.map(Outcome::Renewed),
+            Step::Whole(Op::Release(grant)) => release(&mut tx, grant).await.map(|()| Outcome::Released),
+            Step::Whole(Op::HandOver(grant, to)) => hand_over(&mut tx, grant, to).await.map(|()| Outcome::HandedOver),
+            Step::Whole(Op::Break(lease)) => break_lease(&mut tx, lease).await.map(Outcome::Broken),
+            // `Step::of` splits a renewal of many into its grants.
+            Step::Whole(Op::RenewMany(_)) => Err(Failure::Record(lost_step())),
         };
         answers.push(match answer {
             Ok(outcome) => Ok(outcome),
