@@ -7,6 +7,7 @@ mod config;
 mod error;
 mod queue;
 mod record;
+mod renew;
 mod session;
 mod store;
 

@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use zookeeper_client as zk;
 
 use crate::config::ZookeeperConfig;
-use crate::error::{Failed, STORE, disconnected, during, zk_error};
+use crate::error::{Failed, STORE, during, zk_error};
 use crate::queue::{Ahead, Ending, GrantOutcome};
 use crate::record::{HistoryRecord, ReservationRecord, history_name, holder_observation};
 
@@ -62,7 +62,7 @@ const FAST_GRANT_MAX_AHEAD: usize = 8;
 /// ```
 #[derive(Clone)]
 pub struct ZookeeperStore {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 pub(crate) struct Inner {
@@ -243,6 +243,13 @@ impl LeaseStore for ZookeeperStore {
         self.try_renew(grant)
             .await
             .map_err(|e| during(e, Operation::Renew, &format_args!("lease {}", grant.lease)))
+    }
+
+    /// One `sync` and one multi-read per session (one session per TTL) for all the grants,
+    /// in chunks that fit ZooKeeper's request size; each answer as [`renew`](LeaseStore::renew)
+    /// of that grant gives it (a failed request fails each of its grants, as renew would).
+    async fn renew_many(&self, grants: &[Grant]) -> Result<Vec<Result<Renewed>>> {
+        Ok(self.try_renew_many(grants).await)
     }
 
     async fn release(&self, grant: &Grant) -> Result<()> {
@@ -565,57 +572,6 @@ impl ZookeeperStore {
             inner.set_own(lease, &grant.holder, None);
         }
         Ok(())
-    }
-
-    async fn try_renew(&self, grant: &Grant) -> Result<Renewed> {
-        let inner = &self.inner;
-        let Some(client) = inner.existing_session(grant.ttl).await else {
-            return Err(Error::unreachable(
-                STORE,
-                "the session of this grant has expired (the server has deleted its znode)",
-            ));
-        };
-        let state = client.state();
-        if state != zk::SessionState::SyncConnected {
-            return Err(disconnected(state));
-        }
-        let path = inner.candidate_path(&grant.lease, &grant.token);
-        // A round trip sent after this renew began: the server heard from the session after
-        // the request was sent, so it keeps the session (and our znode) for a full session
-        // timeout from then. `sync` also brings the server up to date before the read.
-        // Both requests leave now, in order; the read is served after the sync.
-        let (synced, read) = tokio::join!(
-            client.sync(&path),
-            inner.read_candidate(&client, &grant.lease, &grant.token)
-        );
-        synced.map_err(zk_error)?;
-        let ours = match read? {
-            Some((record, stat)) => {
-                record.candidate == grant.holder
-                    && stat.czxid as u64 == grant.term.0
-                    && stat.ephemeral_owner == client.session_id().0
-            }
-            None => false,
-        };
-        if ours {
-            if inner
-                .own(&grant.lease, &grant.holder)
-                .is_none_or(|n| n.name != grant.token || !n.granted)
-            {
-                let node = OwnNode {
-                    name: grant.token.clone(),
-                    czxid: grant.term.0 as i64,
-                    session: client.session_id().0,
-                    client: client.clone(),
-                    ahead: Vec::new(),
-                    granted: true,
-                };
-                inner.set_own(&grant.lease, &grant.holder, Some(node));
-            }
-            Ok(Renewed::Renewed(grant.clone()))
-        } else {
-            Ok(Renewed::Lost(inner.observe(&client, &grant.lease).await?))
-        }
     }
 
     async fn try_release(&self, grant: &Grant) -> Result<()> {
