@@ -39,6 +39,8 @@ use crate::sql::{self, Sql};
 
 mod requests;
 
+use requests::Renewing;
+
 /// Acquires sent in one statement at most (between two looks at the queue for releases and
 /// renewals).
 const MAX_ACQUIRES: usize = 256;
@@ -138,11 +140,8 @@ enum Command {
         at: Instant,
         reply: oneshot::Sender<Result<Acquired>>,
     },
-    Renew {
-        grant: Grant,
-        at: Instant,
-        reply: oneshot::Sender<Result<Renewal>>,
-    },
+    /// Renewals queued together, so that they share one statement.
+    RenewMany(Vec<Renewing>),
     Release {
         grant: Grant,
         reply: oneshot::Sender<Result<()>>,
@@ -195,10 +194,23 @@ impl LockSession {
         self.send(Command::Acquire { request, at, reply }, answer).await
     }
 
-    /// Renews a grant this store holds.
-    pub(crate) async fn renew(&self, grant: Grant, at: Instant) -> Result<Renewal> {
-        let (reply, answer) = oneshot::channel();
-        self.send(Command::Renew { grant, at, reply }, answer).await
+    /// Renews grants this store holds (one or many), queued together so that they go in one
+    /// statement (up to [`MAX_RENEWALS`]); the answers in order.
+    pub(crate) async fn renew_many(&self, grants: Vec<Grant>, at: Instant) -> Result<Vec<Result<Renewal>>> {
+        let gone = || Error::unreachable(STORE, "the lock session task has stopped (its tokio runtime shut down)");
+        let (requests, answers): (Vec<_>, Vec<_>) = grants
+            .into_iter()
+            .map(|grant| {
+                let (reply, answer) = oneshot::channel();
+                ((grant, at, reply), answer)
+            })
+            .unzip();
+        self.commands.send(Command::RenewMany(requests)).map_err(|_| gone())?;
+        let mut renewals = Vec::with_capacity(answers.len());
+        for answer in answers {
+            renewals.push(answer.await.unwrap_or_else(|_| Err(gone())));
+        }
+        Ok(renewals)
     }
 
     /// Ends a grant (if the row still names it) and gives its lock back.
@@ -291,7 +303,7 @@ struct Actor {
     releases: VecDeque<(Grant, oneshot::Sender<Result<()>>)>,
     handovers: VecDeque<(Grant, CandidateId, oneshot::Sender<Result<()>>)>,
     shows: VecDeque<(String, oneshot::Sender<Result<String>>)>,
-    renewals: Vec<(Grant, Instant, oneshot::Sender<Result<Renewal>>)>,
+    renewals: Vec<Renewing>,
     acquires: VecDeque<(AcquireRequest, Instant, oneshot::Sender<Result<Acquired>>)>,
 }
 
@@ -359,7 +371,7 @@ impl Actor {
     fn queue(&mut self, command: Command) {
         match command {
             Command::Acquire { request, at, reply } => self.acquires.push_back((request, at, reply)),
-            Command::Renew { grant, at, reply } => self.renewals.push((grant, at, reply)),
+            Command::RenewMany(renewals) => self.renewals.extend(renewals),
             Command::Release { grant, reply } => self.releases.push_back((grant, reply)),
             Command::HandOver { grant, to, reply } => self.handovers.push_back((grant, to, reply)),
             Command::Show { setting, reply } => self.shows.push_back((setting, reply)),

@@ -24,10 +24,13 @@ pub(crate) const CHANNEL: &str = "leasehold";
 pub(crate) struct Sql {
     /// `$1` lease → the record columns.
     pub(crate) read: Arc<str>,
+    /// `$1` leases, `$2` their lock keys → per lease, in order: the record columns.
+    pub(crate) read_many: Arc<str>,
     pub(crate) list: Arc<str>,
     pub(crate) acquire: Arc<str>,
     pub(crate) renew: Arc<str>,
     pub(crate) relock: Arc<str>,
+    pub(crate) relock_many: Arc<str>,
     pub(crate) release: Arc<str>,
     pub(crate) hand_over: Arc<str>,
     pub(crate) unlock: Arc<str>,
@@ -71,6 +74,16 @@ impl Sql {
                  LEFT JOIN {schema}.leases AS l ON l.name = w.name",
             )
             .replace("{key}", "$2::int8")
+            .into(),
+            // $1 leases, $2 their lock keys → per lease, in order: the record columns, whether
+            // the lock is free (one snapshot for all of them).
+            read_many: fill(
+                "SELECT {record}, {lock_free}
+                 FROM unnest($1::text[], $2::int8[]) WITH ORDINALITY AS w(name, key, i)
+                 LEFT JOIN {schema}.leases AS l ON l.name = w.name
+                 ORDER BY w.i",
+            )
+            .replace("{key}", "w.key")
             .into(),
             // $1 a LIKE pattern (escaped with `!`) → per lease row whose name matches: its name,
             // the record columns, the lock key the row records, whether that lock is free.
@@ -251,6 +264,44 @@ impl Sql {
                         set_config('idle_session_timeout',
                                    CASE WHEN EXISTS (SELECT 1 FROM upd) THEN $6::text
                                         ELSE $7::text END, false)",
+            ),
+            // $1 leases (each once), $2 holders, $3 terms, $4 lock keys, $5 new versions, $6
+            // ttl_ms, $7 the shortest TTL among the session's leases (0: none) → per grant, in
+            // order: its index, whether the lock was free, whether it was renewed, the locks
+            // given back, the session's idle_session_timeout afterwards.
+            //
+            // `relock` for many grants at once (after a lost session, every grant of the store
+            // takes its lock again), without waiting: a lock someone holds is not taken, and the
+            // caller retries that grant with `relock`, which waits.
+            relock_many: fill(
+                "WITH r AS MATERIALIZED (
+                    SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::text[],
+                                         $6::int8[])
+                        WITH ORDINALITY AS r(name, holder, term, key, version, ttl_ms, i)
+                 ),
+                 lk AS MATERIALIZED (SELECT r.i, pg_try_advisory_lock(r.key) AS got FROM r),
+                 upd AS (
+                    UPDATE {schema}.leases AS l
+                    SET version = r.version, lock_key = r.key, lock_pid = pg_backend_pid(),
+                        renewed_at = now()
+                    FROM r JOIN lk ON lk.i = r.i
+                    WHERE lk.got AND l.name = r.name AND l.holder = r.holder AND l.term = r.term
+                      AND l.previous_end IS NULL
+                    RETURNING r.i, r.ttl_ms
+                 ),
+                 unlocked AS (
+                    SELECT pg_advisory_unlock(r.key) FROM r JOIN lk ON lk.i = r.i
+                    WHERE lk.got AND NOT EXISTS (SELECT 1 FROM upd WHERE upd.i = r.i)
+                 ),
+                 timeout AS MATERIALIZED (
+                    SELECT set_config('idle_session_timeout',
+                        COALESCE(least(NULLIF($7::int8, 0), (SELECT min(ttl_ms) FROM upd)), 0)::text,
+                        false) AS setting
+                 )
+                 SELECT r.i, lk.got, EXISTS (SELECT 1 FROM upd WHERE upd.i = r.i),
+                        (SELECT count(*) FROM unlocked), (SELECT setting FROM timeout)
+                 FROM r JOIN lk ON lk.i = r.i
+                 ORDER BY r.i",
             ),
             // $1 lease, $2 holder, $3 term, $4 end reason, $5 notification payload, $6 lock key,
             // $7 whether to unlock it, $8 idle_session_timeout afterwards.

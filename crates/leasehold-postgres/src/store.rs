@@ -193,6 +193,55 @@ impl PostgresStore {
     }
 }
 
+impl PostgresStore {
+    /// What the store holds for each of `lost` (grants the session no longer holds), in one
+    /// statement on the pool, as renew answers it: a row that still names the grant outlived its
+    /// lock (the session ended), so the lease is not the grant's any more, whatever the row says.
+    async fn observe_lost(&self, lost: &[&Grant]) -> Vec<Result<Observation>> {
+        if lost.is_empty() {
+            return Vec::new();
+        }
+        let timeout = self.inner.cx.config.connect_timeout();
+        let names: Vec<&str> = lost.iter().map(|g| g.lease.as_str()).collect();
+        let keys: Vec<i64> = lost.iter().map(|g| self.inner.cx.key(&g.lease)).collect();
+        let rows = sql::query(&self.inner.cx.sql.read_many)
+            .bind(names)
+            .bind(keys)
+            .fetch_all(&self.inner.pool)
+            .await;
+        let rows = match rows {
+            Ok(rows) if rows.len() == lost.len() => rows,
+            Ok(rows) => {
+                let wrong = format!(
+                    "unexpected answer to renew: {} rows for {} leases",
+                    rows.len(),
+                    lost.len()
+                );
+                return lost.iter().map(|_| Err(Error::store(STORE, wrong.clone()))).collect();
+            }
+            Err(e) => return lost.iter().map(|_| Err(error::map(&e, "renew", timeout))).collect(),
+        };
+        lost.iter()
+            .zip(&rows)
+            .map(|(grant, row)| {
+                let record = Record::decode(&grant.lease, row, 0)?;
+                let lock_free = row
+                    .try_get::<bool, _>(RECORD_WIDTH)
+                    .map_err(|e| Error::store(STORE, format!("unexpected answer to renew: {e}")))?;
+                let mut observation = record.observation(&grant.lease, lock_free);
+                if observation
+                    .holder
+                    .as_ref()
+                    .is_some_and(|h| h.id == grant.holder && h.term == grant.term && !h.reserved)
+                {
+                    observation.holder = None;
+                }
+                Ok(observation)
+            })
+            .collect()
+    }
+}
+
 /// `prefix` as a `LIKE` pattern escaped with `!` (the `ESCAPE` of the list statement): every
 /// lease name that starts with it, and nothing else.
 fn like_prefix(prefix: &str) -> String {
@@ -239,23 +288,58 @@ impl LeaseStore for PostgresStore {
     }
 
     async fn renew(&self, grant: &Grant) -> Result<Renewed> {
-        match self.inner.session.renew(grant.clone(), Instant::now()).await? {
-            Renewal::Renewed(grant) => Ok(Renewed::Renewed(grant)),
-            Renewal::NotHeld => {
-                let (record, lock_free) = self.read(&grant.lease, "renew").await?;
-                let mut observation = record.observation(&grant.lease, lock_free);
-                // A row that still names this grant outlived its lock (the session ended): the
-                // lease is not ours any more, whatever the row says.
-                if observation
-                    .holder
-                    .as_ref()
-                    .is_some_and(|h| h.id == grant.holder && h.term == grant.term && !h.reserved)
-                {
-                    observation.holder = None;
-                }
-                Ok(Renewed::Lost(observation))
-            }
+        let mut answers = self.renew_many(std::slice::from_ref(grant)).await?;
+        answers
+            .pop()
+            .unwrap_or_else(|| Err(Error::store(STORE, "internal error: no answer to renew")))
+    }
+
+    /// The grants go to the lock session together: one statement renews every grant it holds
+    /// (up to 2,048 per statement), one statement gives back the locks of those whose rows no
+    /// longer name them, and one read on the pool finds what the store holds for every grant
+    /// that was lost (its answer is [`Renewed::Lost`] with that observation, as from
+    /// [`renew`](LeaseStore::renew), which is this with one grant). A grant whose lock this
+    /// session lost (a broken connection) takes it again with a statement of its own.
+    ///
+    /// # Errors
+    ///
+    /// The outer error when every grant failed (the session is unreachable); per grant, the
+    /// error of a statement that failed for it, or [`Error::CorruptRecord`] for a lost grant's
+    /// unreadable row.
+    async fn renew_many(&self, grants: &[Grant]) -> Result<Vec<Result<Renewed>>> {
+        if grants.is_empty() {
+            return Ok(Vec::new());
         }
+        let renewals = self.inner.session.renew_many(grants.to_vec(), Instant::now()).await?;
+        if renewals.iter().all(Result::is_err) {
+            if let Some(Err(error)) = renewals.into_iter().next() {
+                return Err(error);
+            }
+            return Err(Error::store(STORE, "internal error: no answer to renew_many"));
+        }
+        let lost: Vec<&Grant> = grants
+            .iter()
+            .zip(&renewals)
+            .filter(|(_, renewal)| matches!(renewal, Ok(Renewal::NotHeld)))
+            .map(|(grant, _)| grant)
+            .collect();
+        let mut seen = self.observe_lost(&lost).await.into_iter();
+        Ok(grants
+            .iter()
+            .zip(renewals)
+            .map(|(grant, renewal)| match renewal? {
+                Renewal::Renewed(grant) => Ok(Renewed::Renewed(grant)),
+                Renewal::NotHeld => seen
+                    .next()
+                    .unwrap_or_else(|| {
+                        Err(Error::store(
+                            STORE,
+                            format!("internal error: no record of {}", grant.lease),
+                        ))
+                    })
+                    .map(Renewed::Lost),
+            })
+            .collect())
     }
 
     async fn release(&self, grant: &Grant) -> Result<()> {

@@ -16,6 +16,9 @@ use crate::error::{self, STORE};
 use crate::record::{Record, millis, term_value};
 use crate::sql;
 
+/// A renewal waiting for its answer: the grant, when it was asked for, where the answer goes.
+pub(super) type Renewing = (Grant, Instant, oneshot::Sender<Result<Renewal>>);
+
 impl Actor {
     /// Gives back the locks of grants that nobody renewed for a full TTL (their elector stepped
     /// down without releasing, or stopped): the session stays alive for its other leases, so
@@ -213,8 +216,10 @@ impl Actor {
         Ok(Acquired::Held(observation))
     }
 
-    pub(super) async fn renew_all(&mut self, batch: Vec<(Grant, Instant, oneshot::Sender<Result<Renewal>>)>) {
+    pub(super) async fn renew_all(&mut self, batch: Vec<Renewing>) {
         let mut mine = Vec::new();
+        let mut relocks = Vec::new();
+        let mut relocking = HashSet::new();
         for (grant, at, reply) in batch {
             if reply.is_closed() {
                 continue;
@@ -226,12 +231,16 @@ impl Actor {
                 Some(_) => {
                     let _ = reply.send(Ok(Renewal::NotHeld));
                 }
+                // A second grant of a lease being relocked: after that relock, when what the
+                // session holds is known again.
+                None if relocking.contains(&grant.lease) => self.renewals.push((grant, at, reply)),
                 None => {
-                    let result = self.relock(&grant, at).await;
-                    let _ = reply.send(result);
+                    relocking.insert(grant.lease.clone());
+                    relocks.push((grant, at, reply));
                 }
             }
         }
+        self.relock_all(relocks).await;
         if mine.is_empty() {
             return;
         }
@@ -296,6 +305,118 @@ impl Actor {
         for (_, reply) in lost {
             let _ = reply.send(Ok(Renewal::NotHeld));
         }
+    }
+
+    /// Renews grants (each of another lease) whose locks this session does not hold, by taking
+    /// the locks again where the rows still name the grants: all in one statement that does not
+    /// wait for a lock (`relock_many`), then each grant whose lock someone held with `relock`,
+    /// which waits a little.
+    async fn relock_all(&mut self, batch: Vec<Renewing>) {
+        let mut batch: Vec<Renewing> = batch.into_iter().filter(|(.., reply)| !reply.is_closed()).collect();
+        if batch.len() > 1 {
+            batch = self.relock_many(batch).await;
+        }
+        for (grant, at, reply) in batch {
+            let result = self.relock(&grant, at).await;
+            let _ = reply.send(result);
+        }
+    }
+
+    /// The `relock_many` statement: answers the grants it renewed or found lost, and returns
+    /// those left to `relock` (their lock was held, or the statement failed without ending the
+    /// session).
+    async fn relock_many(&mut self, batch: Vec<Renewing>) -> Vec<Renewing> {
+        let shortest = batch.iter().map(|(g, ..)| g.ttl).min();
+        let limit = self.statement_limit(shortest);
+        if let Err(failure) = self.connect(limit).await {
+            for (.., reply) in batch {
+                let _ = reply.send(Err(failure.to_error("renew")));
+            }
+            return Vec::new();
+        }
+        let cx = self.cx.clone();
+        let session = self.session.as_ref().expect("connected");
+        let base = idle_timeout(&session.held, None, None);
+        let keys: Vec<i64> = batch.iter().map(|(g, ..)| cx.key(&g.lease)).collect();
+        let versions: Vec<String> = batch.iter().map(|_| String::from(RecordVersion::random())).collect();
+        let query = sql::query(&cx.sql.relock_many)
+            .bind(
+                batch
+                    .iter()
+                    .map(|(g, ..)| g.lease.as_str().to_string())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                batch
+                    .iter()
+                    .map(|(g, ..)| g.holder.as_str().to_string())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(batch.iter().map(|(g, ..)| term_value(g.term)).collect::<Vec<_>>())
+            .bind(keys.clone())
+            .bind(versions.clone())
+            .bind(batch.iter().map(|(g, ..)| millis(g.ttl)).collect::<Vec<_>>())
+            .bind(millis(base));
+        let rows = match self.fetch_all(query, limit).await {
+            Ok(rows) if rows.len() == batch.len() => rows,
+            Err(failure @ (Failure::NoAnswer(_) | Failure::NotConnected(_))) => {
+                for (.., reply) in batch {
+                    let _ = reply.send(Err(failure.to_error("renew")));
+                }
+                return Vec::new();
+            }
+            Err(Failure::Sql(e)) if error::ends_session(&e) => {
+                let failure = Failure::Sql(e);
+                for (.., reply) in batch {
+                    let _ = reply.send(Err(failure.to_error("renew")));
+                }
+                return Vec::new();
+            }
+            // A row lock held past lock_timeout, or a wrong answer: the locks the statement took
+            // survive its rollback; give them all back and try each grant alone.
+            _ => {
+                self.give_back(keys, limit).await;
+                return batch;
+            }
+        };
+        let mut again = Vec::new();
+        for (((grant, at, reply), row), (key, version)) in
+            batch.into_iter().zip(&rows).zip(keys.into_iter().zip(versions))
+        {
+            let got = row.try_get::<bool, _>(1).unwrap_or(false);
+            let renewed = row.try_get::<bool, _>(2).unwrap_or(false);
+            if !got {
+                again.push((grant, at, reply));
+                continue;
+            }
+            let Some(session) = self.session.as_mut() else {
+                let _ = reply.send(Ok(Renewal::NotHeld));
+                continue;
+            };
+            if !renewed {
+                let _ = reply.send(Ok(Renewal::NotHeld));
+                continue;
+            }
+            debug!(lease = %grant.lease, term = %grant.term, "took the lock of a recorded grant again");
+            session.held.insert(
+                grant.lease.clone(),
+                Held {
+                    key,
+                    holder: grant.holder.clone(),
+                    term: grant.term,
+                    ttl: grant.ttl,
+                    confirmed: at,
+                },
+            );
+            let _ = reply.send(Ok(Renewal::Renewed(Grant {
+                token: version,
+                ..grant
+            })));
+        }
+        if let Some(session) = self.session.as_mut() {
+            session.idle_timeout = idle_timeout(&session.held, None, None);
+        }
+        again
     }
 
     /// Renews a grant whose lock this session does not hold, by taking the lock again if the row

@@ -97,3 +97,90 @@ pub async fn lock_holder(conn: &mut PgConnection, key: i64) -> Option<i32> {
     .await
     .expect("pg_locks is readable")
 }
+
+/// A TCP proxy in front of the server that counts the statements its clients run: the
+/// protocol's Execute and simple Query messages (a statement's first preparation is not one).
+/// Its clients must not use TLS (`sslmode=disable`).
+pub struct StatementCounter {
+    addr: SocketAddr,
+    statements: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    accepting: tokio::task::JoinHandle<()>,
+}
+
+impl StatementCounter {
+    pub async fn start(upstream: SocketAddr) -> StatementCounter {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let statements = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let count = statements.clone();
+        let accepting = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let count = count.clone();
+                tokio::spawn(async move {
+                    let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    let (mut client_read, mut client_write) = client.into_split();
+                    let (mut server_read, mut server_write) = server.into_split();
+                    let up = async {
+                        let _ = count_frontend(&mut client_read, &mut server_write, &count).await;
+                        let _ = tokio::io::AsyncWriteExt::shutdown(&mut server_write).await;
+                    };
+                    let down = async {
+                        let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+                        let _ = tokio::io::AsyncWriteExt::shutdown(&mut client_write).await;
+                    };
+                    tokio::join!(up, down);
+                });
+            }
+        });
+        StatementCounter {
+            addr,
+            statements,
+            accepting,
+        }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Statements run through the proxy so far.
+    pub fn statements(&self) -> u64 {
+        self.statements.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for StatementCounter {
+    fn drop(&mut self) {
+        self.accepting.abort();
+    }
+}
+
+/// Copies a client's messages to the server, counting Execute (`E`) and Query (`Q`) messages.
+async fn count_frontend(
+    from: &mut tokio::net::tcp::OwnedReadHalf,
+    to: &mut tokio::net::tcp::OwnedWriteHalf,
+    count: &std::sync::atomic::AtomicU64,
+) -> std::io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // The startup message has a length and no type byte.
+    let length = from.read_u32().await?;
+    let mut body = vec![0; (length as usize).saturating_sub(4)];
+    from.read_exact(&mut body).await?;
+    to.write_u32(length).await?;
+    to.write_all(&body).await?;
+    loop {
+        let kind = from.read_u8().await?;
+        let length = from.read_u32().await?;
+        let mut frame = Vec::with_capacity(length as usize + 1);
+        frame.push(kind);
+        frame.extend_from_slice(&length.to_be_bytes());
+        frame.resize(length as usize + 1, 0);
+        from.read_exact(&mut frame[5..]).await?;
+        if matches!(kind, b'E' | b'Q') {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        to.write_all(&frame).await?;
+    }
+}
