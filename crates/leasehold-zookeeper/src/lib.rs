@@ -5,7 +5,9 @@
 mod changes;
 mod config;
 mod error;
+mod list;
 mod queue;
+mod reads;
 mod record;
 mod renew;
 mod session;

@@ -4,12 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use futures::future::join_all;
 use leasehold_core::{Acquired, CandidateId, EndReason, Error, Grant, LeaseName, Observation, Result, Term};
-
-/// How many leases `list` reads at once.
-const LIST_READS_IN_FLIGHT: usize = 16;
 use tracing::warn;
 use zookeeper_client as zk;
 
@@ -274,31 +270,6 @@ impl Inner {
             }
         }
         Ok(None)
-    }
-
-    /// Every lease under the chroot whose name starts with `prefix`, in name order, each as
-    /// [`Inner::observe`] shows it. Children of the chroot that are not leases (no valid lease
-    /// name, or no candidates znode) are not listed.
-    pub(crate) async fn list(&self, prefix: &str) -> Result<Vec<Observation>> {
-        let client = self.reader().await?;
-        let names = match client.list_children(self.config.chroot()).await {
-            Ok(names) => names,
-            Err(zk::Error::NoNode) => return Ok(Vec::new()),
-            Err(e) => return Err(zk_error(e)),
-        };
-        let mut leases: Vec<LeaseName> = names
-            .into_iter()
-            .filter(|name| name.starts_with(prefix))
-            .filter_map(|name| LeaseName::new(name).ok())
-            .collect();
-        leases.sort();
-        let client = &client;
-        let observed: Vec<Result<Option<Observation>>> = futures::stream::iter(leases)
-            .map(|lease| async move { self.observe_existing(client, &lease).await })
-            .buffered(LIST_READS_IN_FLIGHT)
-            .collect()
-            .await;
-        observed.into_iter().filter_map(Result::transpose).collect()
     }
 
     /// The engine adopts a grant it reads back (after an acquire with an unknown outcome), so a

@@ -287,6 +287,22 @@ pub(crate) struct Child {
     pub(crate) seq: i64,
 }
 
+/// The children of `candidates/` in sequence order: the queue.
+pub(crate) fn parse_queue(lease: &LeaseName, children: Vec<String>) -> Result<Vec<Child>> {
+    let mut queue = Vec::with_capacity(children.len());
+    for name in children {
+        let seq = name
+            .strip_prefix("c-")
+            .and_then(|rest| rest.rsplit_once('-'))
+            .filter(|(tag, seq)| tag.len() == 16 && seq.len() >= 10)
+            .and_then(|(_, seq)| seq.parse::<i64>().ok())
+            .ok_or_else(|| Error::corrupt(STORE, lease, format!("foreign znode {name:?} among the candidates")))?;
+        queue.push(Child { name, seq });
+    }
+    queue.sort_by_key(|c| c.seq);
+    Ok(queue)
+}
+
 pub(crate) fn holder_observation(
     lease: &LeaseName,
     name: &str,
@@ -367,18 +383,7 @@ impl Inner {
             Err(zk::Error::NoNode) => return Ok(None),
             Err(e) => return Err(zk_error(e)),
         };
-        let mut queue = Vec::with_capacity(children.len());
-        for name in children {
-            let seq = name
-                .strip_prefix("c-")
-                .and_then(|rest| rest.rsplit_once('-'))
-                .filter(|(tag, seq)| tag.len() == 16 && seq.len() >= 10)
-                .and_then(|(_, seq)| seq.parse::<i64>().ok())
-                .ok_or_else(|| Error::corrupt(STORE, lease, format!("foreign znode {name:?} among the candidates")))?;
-            queue.push(Child { name, seq });
-        }
-        queue.sort_by_key(|c| c.seq);
-        Ok(Some((queue, stat.pzxid)))
+        Ok(Some((parse_queue(lease, children)?, stat.pzxid)))
     }
 
     /// Reads a candidate znode: its record and stat; `None` if it is gone.

@@ -10,7 +10,6 @@
 //! on the same session are served after it.
 
 use std::collections::BTreeMap;
-use std::ops::Range;
 use std::time::Duration;
 
 use futures::future::join_all;
@@ -18,39 +17,9 @@ use leasehold_core::{Error, Grant, Operation, Renewed, Result};
 use zookeeper_client as zk;
 
 use crate::error::{Failed, STORE, disconnected, during, zk_error};
+use crate::reads::{Got, READ_BYTES, Read, read_many};
 use crate::record::CandidateRecord;
 use crate::store::{Inner, OwnNode, ZookeeperStore};
-
-/// The most bytes one multi-read of a batch renewal may cost, by [`read_cost`]: ZooKeeper
-/// refuses a request (and its client a reply) larger than `jute.maxbuffer`, 1 MiB less a little
-/// by default. Half of that leaves room for servers configured lower and for records larger
-/// than leasehold writes.
-const READ_BYTES: usize = 512 * 1024;
-
-/// An upper bound of the bytes one grant's read adds to a multi-read's request and to its
-/// reply: the path (request), the candidate record and the stat (reply), and their headers.
-fn read_cost(path: &str, grant: &Grant) -> usize {
-    path.len() + grant.holder.as_str().len() + 192
-}
-
-/// Consecutive ranges of items, together covering all of them in order, each costing at most
-/// `budget` (an item that costs more alone is a range of its own).
-fn chunks(costs: impl IntoIterator<Item = usize>, budget: usize) -> Vec<Range<usize>> {
-    let mut chunks = Vec::new();
-    let (mut start, mut spent, mut end) = (0, 0, 0);
-    for (k, cost) in costs.into_iter().enumerate() {
-        if k > start && spent + cost > budget {
-            chunks.push(start..k);
-            (start, spent) = (k, 0);
-        }
-        spent += cost;
-        end = k + 1;
-    }
-    if end > start {
-        chunks.push(start..end);
-    }
-    chunks
-}
 
 /// Whether a read znode is the grant's, on `session`.
 fn is_ours(grant: &Grant, record: &CandidateRecord, stat: &zk::Stat, session: i64) -> bool {
@@ -165,60 +134,25 @@ impl ZookeeperStore {
             Ok(client) => client,
             Err(not) => return indices.iter().map(|_| Err(not.error())).collect(),
         };
-        let paths: Vec<String> = indices
+        let reads: Vec<Read> = indices
             .iter()
-            .map(|&i| inner.candidate_path(&grants[i].lease, &grants[i].token))
+            .map(|&i| Read::Data(inner.candidate_path(&grants[i].lease, &grants[i].token)))
             .collect();
-        let costs = paths.iter().zip(indices).map(|(path, &i)| read_cost(path, &grants[i]));
-        let chunks = chunks(costs, READ_BYTES);
-        // Every request leaves now, the sync first: the reads are served after it.
-        let synced = client.sync(&paths[0]);
-        let reads = chunks.iter().map(|chunk| {
-            let mut reader = client.new_multi_reader();
-            let added: std::result::Result<(), zk::Error> = paths[chunk.clone()]
-                .iter()
-                .try_for_each(|path| reader.add_get_data(path));
-            let sent = added.map(|()| reader.commit());
-            async move {
-                match sent {
-                    Ok(reply) => reply.await,
-                    Err(e) => Err(e),
-                }
-            }
-        });
-        let (synced, read) = tokio::join!(synced, join_all(reads));
+        let Some(Read::Data(first)) = reads.first() else {
+            return Vec::new();
+        };
+        // The sync leaves first, then the reads: they are served after it.
+        let (synced, read) = tokio::join!(client.sync(first), read_many(&client, &reads, READ_BYTES));
         let session = client.session_id().0;
         // Whether each grant is still ours, or the error its renewal fails with.
-        let mut found: Vec<Result<bool>> = Vec::with_capacity(indices.len());
-        for (chunk, read) in chunks.iter().zip(read) {
-            let results = match (&synced, read) {
-                (Err(e), _) => {
-                    found.extend(chunk.clone().map(|_| Err(zk_error(e.clone()))));
-                    continue;
-                }
-                (Ok(()), Err(e)) => {
-                    found.extend(chunk.clone().map(|_| Err(zk_error(e.clone()))));
-                    continue;
-                }
-                (Ok(()), Ok(results)) if results.len() == chunk.len() => results,
-                (Ok(()), Ok(results)) => {
-                    let text = format!(
-                        "ZooKeeper answered a multi-read of {} znodes with {} results",
-                        chunk.len(),
-                        results.len()
-                    );
-                    found.extend(
-                        chunk
-                            .clone()
-                            .map(|_| Err(Error::store(STORE, Failed::new(text.clone())))),
-                    );
-                    continue;
-                }
-            };
-            for (k, result) in chunk.clone().zip(results) {
-                let grant = &grants[indices[k]];
-                found.push(match result {
-                    zk::MultiReadResult::Data { data, stat } => CandidateRecord::decode(&data)
+        let found: Vec<Result<bool>> = indices
+            .iter()
+            .zip(read)
+            .map(|(&i, read)| {
+                let grant = &grants[i];
+                synced.clone().map_err(zk_error)?;
+                match read.map_err(zk_error)? {
+                    Got::Data(data, stat) => CandidateRecord::decode(&data)
                         .map(|record| is_ours(grant, &record, &stat, session))
                         .map_err(|detail| {
                             Error::corrupt(
@@ -227,58 +161,19 @@ impl ZookeeperStore {
                                 format!("candidate znode {}: {detail}", grant.token),
                             )
                         }),
-                    zk::MultiReadResult::Error { err: zk::Error::NoNode } => Ok(false),
-                    zk::MultiReadResult::Error { err } => Err(zk_error(err)),
-                    _ => Err(Error::store(
+                    Got::NoNode => Ok(false),
+                    Got::Children(_) => Err(Error::store(
                         STORE,
-                        Failed::new("ZooKeeper answered a read of a candidate znode with something else"),
+                        Failed::new("ZooKeeper answered a read of a candidate znode with a listing"),
                     )),
-                });
-            }
-        }
+                }
+            })
+            .collect();
         // Those found lost are observed, all at once, as renew does.
         join_all(indices.iter().zip(found).map(|(&i, found)| {
             let client = &client;
             async move { self.verdict(&grants[i], client, found?).await }
         }))
         .await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::chunks;
-
-    #[test]
-    fn chunks_cover_every_item_once_in_order_within_the_budget() {
-        assert!(chunks([], 10).is_empty());
-        assert_eq!(chunks([3, 3, 3], 10), vec![0..3]);
-        assert_eq!(chunks([4, 4, 4, 4, 4], 10), vec![0..2, 2..4, 4..5]);
-        // An item over the budget goes alone; the budget is never exceeded otherwise.
-        assert_eq!(chunks([2, 25, 2, 2], 10), vec![0..1, 1..2, 2..4]);
-        assert_eq!(chunks([10, 10], 10), vec![0..1, 1..2]);
-    }
-
-    #[test]
-    fn a_thousand_leases_of_the_longest_names_need_at_most_two_reads() {
-        // The longest lease name (128) and candidate id (256) under a 64-byte chroot.
-        let cost = super::read_cost(&"x".repeat(64 + 1 + 128 + 12 + 30), &grant(256));
-        assert_eq!(chunks(vec![cost; 1000], super::READ_BYTES).len(), 2);
-        // Typical names: one read.
-        let cost = super::read_cost(
-            "/leasehold/shards-17/candidates/c-0123456789abcdef-0000000042",
-            &grant(8),
-        );
-        assert_eq!(chunks(vec![cost; 1000], super::READ_BYTES).len(), 1);
-    }
-
-    fn grant(holder_len: usize) -> leasehold_core::Grant {
-        leasehold_core::Grant {
-            lease: "l".parse().expect("lease"),
-            holder: leasehold_core::CandidateId::new("h".repeat(holder_len)).expect("id"),
-            term: leasehold_core::Term(1),
-            ttl: std::time::Duration::from_secs(1),
-            token: String::new(),
-        }
     }
 }
