@@ -581,7 +581,16 @@ async fn cost(name: &str, av: &Available, run: u64, shards: u32) -> Outcome<Cost
     let owned = until(&[&member], shards, limit, "every shard led", |_, all| all).await;
     let all_owned_after = started.elapsed();
     let result = match owned {
-        Err(e) => Err(e),
+        Err(e) => {
+            let c = counted.counts();
+            Err(format!(
+                "{e}; its store calls meanwhile: {} acquire, {} list, {} inspect, {} failed",
+                c.get(Operation::Acquire),
+                c.get(Operation::List),
+                c.get(Operation::Inspect),
+                c.failed
+            ))
+        }
         Ok(_) => {
             let renew_every = Elector::builder(Arc::new(leasehold::MemoryStore::new()), "x")
                 .ttl(ttl)

@@ -485,7 +485,12 @@ fn groups(w: &mut String, reports: &[BackendReport], smoke: bool) {
          store, c's store is blackholed and its run future dropped). Then d joins: time to balanced again, and the moves (shard tasks \
          started meanwhile: each is one shard changing owner; target at most ceil({shards}/3) = {three}). Then \
          {} of stable membership: moves (target 0). Overlaps: a shard task started while another member's \
-         still ran on that shard (in one process, so it is visible; must be 0).\n",
+         still ran on that shard (in one process, so it is visible; must be 0). The verdict is met when c's \
+         shards end up spread (a's and b's counts differ by at most one), d's moves are at most {three}, nothing \
+         moves while stable and nothing overlaps. For the times, `LeaseGroup` states: balanced after a join in \
+         ceil(moves / max_moves_per_round) rounds of about two `rebalance_every` each; a dead member's shards \
+         led again within its last renewal + one TTL + one round + the retry interval on stores with a clock \
+         or a session, about two TTLs plus rounds on stores where contenders time records.\n",
         if smoke { "1 TTL (smoke)" } else { "10 TTLs" }
     );
     let _ = writeln!(
