@@ -24,7 +24,7 @@ use crate::measures::{Outcome, Plan, connect, within};
 /// Backends whose store answers `renew_many` in one request (one statement, script or
 /// transaction); elsewhere it is the trait's default, one `renew` per grant, all at once. Read
 /// from the backends' sources at the time of the run (`grep -l "fn renew_many" crates/*/src`).
-pub(crate) const NATIVE_RENEW_MANY: &[&str] = &["redis"];
+pub(crate) const NATIVE_RENEW_MANY: &[&str] = &["sqlite", "postgres", "redis", "zookeeper"];
 
 /// The group measure of one backend.
 #[derive(Debug)]

@@ -594,7 +594,7 @@ fn group_cost(w: &mut String, reports: &[BackendReport], smoke: bool) {
         let named = get(Operation::RenewMany) + get(Operation::Renew) + get(Operation::List) + get(Operation::Inspect);
         let _ = writeln!(
             w,
-            "| {} | {} | {:.1} s | {:.2} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.1} |",
+            "| {} | {} | {:.1} s | {:.2} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {} |",
             r.name,
             secs(c.ttl),
             c.all_owned_after.as_secs_f64(),
@@ -605,7 +605,11 @@ fn group_cost(w: &mut String, reports: &[BackendReport], smoke: bool) {
             c.per_second(get(Operation::Inspect)),
             c.per_second(c.calls.total() - named),
             c.calls_per_second(),
-            c.requests_per_second(),
+            if r.name == "memory" {
+                "n/a (in process)".to_string()
+            } else {
+                format!("{:.1}", c.requests_per_second())
+            },
         );
     }
 }
