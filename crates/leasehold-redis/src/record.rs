@@ -185,8 +185,11 @@ pub(crate) fn transitions(
 /// Keys `SCAN` looks at per step of [`LeaseStore::list`].
 pub(crate) const SCAN_COUNT: usize = 1000;
 
-/// `inspect` scripts of one [`LeaseStore::list`] sent at once.
-pub(crate) const LIST_IN_FLIGHT: usize = 256;
+/// Leases inspected by one script of [`LeaseStore::list`].
+pub(crate) const LIST_BATCH: usize = 250;
+
+/// Inspection scripts of one [`LeaseStore::list`] sent at once.
+pub(crate) const LIST_IN_FLIGHT: usize = 16;
 
 /// `text` with Redis's glob characters (`*`, `?`, `[`, `]`, `\`) escaped.
 pub(crate) fn glob_escape(text: &str) -> String {

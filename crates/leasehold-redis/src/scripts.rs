@@ -11,6 +11,7 @@
 //!   `handed_over` or empty)
 //! - `granted term`, `ok`, `broken term`, `none` (nothing to break)
 //! - `renewed_each` and per grant `renewed`, an observation or `corrupt detail`
+//! - `seen_each` and per lease an observation or `corrupt detail` (the inspection of many)
 //! - `corrupt detail`: a key of another type or shape; nothing was written
 //! - `starting uptime_s needed_s`: the restart guard refused a grant
 //! - `scan next_cursor keys`: one step of the key scan of `list` (takes no keys)
@@ -270,6 +271,24 @@ if bad then return {nonce, 'corrupt', bad} end
 return observation(lease, state)
 "#;
 
+/// `KEYS = [lease, state, history]` once per lease, `ARGV = [nonce]`. Read-only. Answers
+/// `seen_each` and per lease, in order, its observation (without the nonce) or `corrupt detail`.
+const INSPECT_MANY: &str = r#"
+local out = {nonce, 'seen_each'}
+for i = 0, #KEYS / 3 - 1 do
+  lease_key, state_key, history_key = KEYS[3 * i + 1], KEYS[3 * i + 2], KEYS[3 * i + 3]
+  local lease, state, bad = load()
+  if bad then
+    out[#out + 1] = {'corrupt', bad}
+  else
+    local seen = observation(lease, state)
+    table.remove(seen, 1)
+    out[#out + 1] = seen
+  end
+end
+return out
+"#;
+
 /// `ARGV = [nonce, count]`. Read-only. Answers `history open entries`, where `open` is
 /// `[term, deadline_ms]` when the last term expired without its end being recorded yet.
 const HISTORY: &str = r#"
@@ -303,6 +322,7 @@ pub(crate) static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_prelu
 pub(crate) static HAND_OVER_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_prelude(HAND_OVER));
 pub(crate) static BREAK_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_prelude(BREAK));
 pub(crate) static INSPECT_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_prelude(INSPECT));
+pub(crate) static INSPECT_MANY_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_prelude(INSPECT_MANY));
 pub(crate) static HISTORY_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_prelude(HISTORY));
 pub(crate) static SCAN_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SCAN));
 pub(crate) static HELLO_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(HELLO));

@@ -18,11 +18,11 @@ use crate::config::{LeaseKeys, RedisConfig};
 use crate::conn::{Commands, Reply};
 use crate::error::{self, RedisStoreError, STORE};
 use crate::record::{
-    Answer, LIST_IN_FLIGHT, SCAN_COUNT, TTL_RANGE, answer, bulk, glob_escape, lease_of_key, transitions,
+    Answer, LIST_BATCH, LIST_IN_FLIGHT, SCAN_COUNT, TTL_RANGE, answer, bulk, glob_escape, lease_of_key, transitions,
 };
 use crate::scripts::{
-    ACQUIRE_SCRIPT, BREAK_SCRIPT, HAND_OVER_SCRIPT, HELLO_SCRIPT, HISTORY_SCRIPT, INSPECT_SCRIPT, RELEASE_SCRIPT,
-    RENEW_SCRIPT, SCAN_SCRIPT,
+    ACQUIRE_SCRIPT, BREAK_SCRIPT, HAND_OVER_SCRIPT, HELLO_SCRIPT, HISTORY_SCRIPT, INSPECT_MANY_SCRIPT, INSPECT_SCRIPT,
+    RELEASE_SCRIPT, RENEW_SCRIPT, SCAN_SCRIPT,
 };
 
 /// A [`LeaseStore`] on one Redis server (5.0 or later).
@@ -207,6 +207,43 @@ impl RedisStore {
                 }
             })
             .collect())
+    }
+
+    /// What the store holds for each of `leases`, in one script, as `inspect` answers it.
+    async fn inspect_many(&self, leases: &[LeaseName]) -> Result<Vec<Observation>> {
+        let mut keys = Vec::with_capacity(leases.len() * 3);
+        for lease in leases {
+            let LeaseKeys {
+                lease, state, history, ..
+            } = self.keys(lease);
+            keys.extend([lease, state, history]);
+        }
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let reply = self
+            .inner
+            .commands
+            .eval("list", &INSPECT_MANY_SCRIPT, &keys, Vec::new())
+            .await?;
+        if reply.status()? != "seen_each" || reply.values.len() != leases.len() + 1 {
+            return Err(error::unexpected("list", format!("{:?}", reply.values)));
+        }
+        leases
+            .iter()
+            .zip(&reply.values[1..])
+            .map(|(lease, value)| {
+                let Value::Array(values) = value else {
+                    return Err(error::unexpected("list", format!("{value:?}")));
+                };
+                let one = Reply {
+                    operation: "list",
+                    values: values.clone(),
+                };
+                match answer(lease, &one)? {
+                    Answer::Seen(observation) => Ok(observation),
+                    _ => Err(error::unexpected("list", format!("{values:?}"))),
+                }
+            })
+            .collect()
     }
 
     /// `MAXLEN ~` of the history stream: two entries per term (grant and end); `0` keeps all.
@@ -415,8 +452,8 @@ impl LeaseStore for RedisStore {
     }
 
     /// `SCAN` (one script per step of 1,000 keys) for the lease and state keys of
-    /// names that start with `prefix` (glob characters escaped), then one `inspect` script per
-    /// lease, sent together on the one connection (pipelined). Keys under the store's prefix that
+    /// names that start with `prefix` (glob characters escaped), then one script inspecting
+    /// each 250 leases, sent together on the one connection (pipelined). Keys under the store's prefix that
     /// are not a lease's (another program's, history streams) are not listed.
     async fn list(&self, prefix: &str) -> Result<Vec<Observation>> {
         let config = &self.inner.config;
@@ -444,14 +481,16 @@ impl LeaseStore for RedisStore {
                 break;
             }
         }
-        let observations: Vec<Observation> = futures::stream::iter(names)
-            .map(|lease| async move { self.inspect(&lease).await })
+        let names: Vec<LeaseName> = names.into_iter().collect();
+        let chunks: Vec<Vec<LeaseName>> = names.chunks(LIST_BATCH).map(<[LeaseName]>::to_vec).collect();
+        let batches: Vec<Vec<Observation>> = futures::stream::iter(chunks)
+            .map(|leases| async move { self.inspect_many(&leases).await })
             .buffered(LIST_IN_FLIGHT)
             .try_collect()
             .await?;
+        let observations = batches.into_iter().flatten();
         // A lease whose keys went away since the scan: the store keeps no record of it.
         Ok(observations
-            .into_iter()
             .filter(|o| o.holder.is_some() || o.last_term > Term(0))
             .collect())
     }

@@ -111,20 +111,6 @@ async fn more_grants_than_one_script_takes_are_all_renewed_in_order() {
     clean(&backend).await;
 }
 
-/// Scripts (`EVALSHA`, `EVAL`) the server has run, from `INFO commandstats`: a server-wide
-/// count, so other clients' scripts are in it too.
-async fn scripts_run(backend: &RedisBackend) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut backend.raw().await)
-        .await
-        .unwrap();
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| l.split_once("calls=")?.1.split(',').next()?.parse::<u64>().ok())
-        .sum()
-}
-
 /// What an answer says, without the times that pass between two answers.
 fn settled(answer: &Result<Renewed, Error>) -> String {
     match answer {
@@ -175,9 +161,9 @@ async fn fifty_grants_answer_as_renew_does_with_one_script() {
     let mut scripts = u64::MAX;
     let mut answers = Vec::new();
     for _ in 0..5 {
-        let before = scripts_run(&backend).await;
+        let before = common::scripts_run(&backend).await;
         answers = dyn_store.renew_many(&grants).await.unwrap();
-        scripts = scripts.min(scripts_run(&backend).await - before);
+        scripts = scripts.min(common::scripts_run(&backend).await - before);
         if scripts <= 1 {
             break;
         }

@@ -152,3 +152,17 @@ pub async fn raw_cmd(backend: &RedisBackend, args: &[&str]) -> redis::Value {
         .await
         .unwrap_or_else(|e| panic!("{args:?}: {e}"))
 }
+
+/// Scripts (`EVALSHA`, `EVAL`) the server has run, from `INFO commandstats`: a server-wide
+/// count, so other clients' scripts are in it too.
+pub async fn scripts_run(backend: &RedisBackend) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut backend.raw().await)
+        .await
+        .unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| l.split_once("calls=")?.1.split(',').next()?.parse::<u64>().ok())
+        .sum()
+}
