@@ -1,7 +1,8 @@
 //! Many reads in few requests: ZooKeeper's multi-read (3.6 and later) answers a list of
 //! `getData` and `getChildren` in one request, each with its own result. Requests are chunked to
 //! stay well under the server's request size limit (`jute.maxbuffer`), and every chunk is sent
-//! at once.
+//! at once. A server without multi-read (before 3.6) answers `Unimplemented`: the reads are then
+//! sent one by one, as before.
 
 use std::ops::Range;
 
@@ -23,7 +24,7 @@ pub(crate) enum Read {
 
 impl Read {
     /// An upper bound of the bytes this read adds to a multi-read request (the path, its length,
-    /// the watch flag and the op's header), plus `extra`.
+    /// the watch flag and the op's header).
     fn cost(&self) -> usize {
         match self {
             Read::Data(path) | Read::Children(path) => path.len() + 32,
@@ -105,10 +106,27 @@ pub(crate) async fn read_many(
                 ));
                 results.extend(chunk.clone().map(|_| Err(e.clone())));
             }
+            // A server before 3.6 has no multi-read: each read on its own, all at once.
+            Err(zk::Error::Unimplemented) => results.extend(one_by_one(client, &reads[chunk.clone()]).await),
             Err(e) => results.extend(chunk.clone().map(|_| Err(e.clone()))),
         }
     }
     results
+}
+
+/// The reads as separate requests, sent at once.
+async fn one_by_one(client: &zk::Client, reads: &[Read]) -> Vec<std::result::Result<Got, zk::Error>> {
+    join_all(reads.iter().map(|read| async move {
+        let got = match read {
+            Read::Data(path) => client.get_data(path).await.map(|(data, stat)| Got::Data(data, stat)),
+            Read::Children(path) => client.list_children(path).await.map(Got::Children),
+        };
+        match got {
+            Err(zk::Error::NoNode) => Ok(Got::NoNode),
+            other => other,
+        }
+    }))
+    .await
 }
 
 #[cfg(test)]
