@@ -417,3 +417,91 @@ pub async fn invalid_inputs(backend: Arc<dyn Backend>) {
     }
     scene.log("ok");
 }
+
+/// [`LeaseStore::renew_many`] answers each grant as [`LeaseStore::renew`] would: of six leases,
+/// held ones are renewed (a new grant of the same term), released, taken-over, broken (where
+/// the store can break), handed-over (where it can hand over) and wrong-term ones are `Lost`
+/// naming the same holder and term `renew` names.
+///
+/// # Panics
+///
+/// When an answer of `renew_many` differs from `renew`'s for the same grant.
+pub async fn renew_many_answers_as_renew_does(backend: Arc<dyn Backend>) {
+    let scene = Scene::new(backend, "renew_many_answers_as_renew_does").await;
+    let p = &scene.prefix;
+    let (store_a, store_b) = (scene.connect().await, scene.connect().await);
+    let (a, b) = (id("a"), id("b"));
+    let lease = |tag: &str| LeaseName::new(scene.other_lease(tag)).expect("valid");
+    let mut grants = Vec::new();
+    for tag in ["held", "held-too", "released", "handed", "broken", "held-three"] {
+        grants.push(scene.grant(&*store_a, &request(&lease(tag), &a, scene.ttl)).await);
+    }
+    store_a
+        .release(&grants[2])
+        .await
+        .unwrap_or_else(|e| panic!("{p}: release: {e}"));
+    scene
+        .grant(&*store_b, &request(&lease("released"), &b, scene.ttl))
+        .await;
+    if let Err(e) = store_a.hand_over(&grants[3], &b).await {
+        scene.log(format_args!("hand_over: {e} (the grant stays held)"));
+    }
+    if scene.can_break {
+        store_b
+            .break_lease(&grants[4].lease)
+            .await
+            .unwrap_or_else(|e| panic!("{p}: break_lease: {e}"));
+    }
+    let wrong_term = Grant {
+        term: Term(grants[5].term.0 + 1),
+        ..grants[5].clone()
+    };
+    grants.push(wrong_term);
+
+    let many = store_a
+        .renew_many(&grants)
+        .await
+        .unwrap_or_else(|e| panic!("{p}: renew_many: {e}"));
+    assert_eq!(many.len(), grants.len(), "{p}: one answer per grant");
+    let summary = |answer: &leasehold_core::Result<Renewed>| match answer {
+        Ok(Renewed::Renewed(g)) => format!("renewed {} term {}", g.holder, g.term),
+        Ok(Renewed::Lost(seen)) => format!(
+            "lost to {:?}",
+            seen.holder.as_ref().map(|h| (h.id.to_string(), h.term, h.reserved))
+        ),
+        Err(e) => format!("error {}", if e.is_transient() { "transient" } else { "definite" }),
+    };
+    for (grant, answer) in grants.iter().zip(&many) {
+        // A renewed grant is renewed again with what renew_many returned (some stores check the
+        // record version).
+        let again = match answer {
+            Ok(Renewed::Renewed(renewed)) => renewed,
+            _ => grant,
+        };
+        let one = store_a.renew(again).await;
+        assert_eq!(
+            summary(answer),
+            summary(&one),
+            "{p}: renew_many and renew disagree on {} term {}",
+            grant.lease,
+            grant.term
+        );
+        scene.log(format_args!("{} term {}: {}", grant.lease, grant.term, summary(answer)));
+    }
+    assert!(
+        matches!(&many[0], Ok(Renewed::Renewed(g)) if g.term == grants[0].term),
+        "{p}: a held grant is renewed at its term: {:?}",
+        many[0]
+    );
+    assert!(
+        matches!(&many[2], Ok(Renewed::Lost(_))),
+        "{p}: a grant released and taken by another is lost: {:?}",
+        many[2]
+    );
+    assert!(
+        matches!(&many[6], Ok(Renewed::Lost(_))),
+        "{p}: a grant of a term the store never granted is lost: {:?}",
+        many[6]
+    );
+    scene.finish().await;
+}

@@ -8,7 +8,7 @@
 //!
 //! | theme | scenarios |
 //! |---|---|
-//! | [`basics`] | the raw store API, leading for 10 TTLs, corrupt records, invalid inputs |
+//! | [`basics`] | the raw store API, `renew_many` as `renew`, leading for 10 TTLs, corrupt records, invalid inputs |
 //! | [`safety`] | races, a crashed leader, a stalled task |
 //! | [`handover`] | graceful handover; FIFO order, record-version takeover, `break_lease` (gated); planned handover to a named successor |
 //! | [`faults`] | partition, outage, slow store, lost replies |
@@ -46,7 +46,10 @@ pub mod listing;
 pub mod safety;
 pub mod secrets;
 
-pub use basics::{acquire_release_reacquire, corrupt_record_is_typed_error, invalid_inputs, renew_keeps_lease};
+pub use basics::{
+    acquire_release_reacquire, corrupt_record_is_typed_error, invalid_inputs, renew_keeps_lease,
+    renew_many_answers_as_renew_does,
+};
 pub use cost::{idle_follower_makes_no_requests, requests_per_transition_do_not_grow, thousand_leases};
 pub use faults::{
     lost_reply_resolved_by_read_back, partitioned_leader_steps_down, slow_store_no_double_leadership,
@@ -73,6 +76,7 @@ macro_rules! __every_scenario {
             $($args)*;
             acquire_release_reacquire
             renew_keeps_lease
+            renew_many_answers_as_renew_does
             race_has_one_winner
             crash_successor_after_valid_until
             graceful_release_fast_handover
