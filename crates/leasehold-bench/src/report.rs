@@ -555,16 +555,13 @@ fn group_cost(w: &mut String, reports: &[BackendReport], smoke: bool) {
         w,
         "One member alone in a group of {shards} shards, TTL as in \"Many leases in one process\" (renew_every = \
          TTL/3, `rebalance_every` = TTL/4); its store is wrapped in core's `CountingStore`. Once it leads every \
-         shard and one more renewal round has passed, its calls are counted over {} (per second). The \
+         shard and one more renewal round has passed, its calls are counted over three renewal rounds (per second). The \
          shard electors renew through the group's `RenewBatcher` (one `renew_many` per batch window); the member \
-         lease renews on its own (`renew`); each round lists the group (`list`). \"Requests\" counts a \
+         lease renews on its own (`renew`); each round lists the group (`list`; rounds are spaced out when a listing is slow). \"Requests\" counts a \
          `renew_many` call as one request where the backend implements it in one request ({}), and as one \
-         `renew` per grant elsewhere (the trait's default).\n",
-        if smoke {
-            "one renewal round"
-        } else {
-            "three renewal rounds"
-        },
+         `renew` per grant elsewhere (the trait's default). Every other call counts as one request, though a \
+         `list` of a big group is several on the wire on some backends (pages, scan steps, multi-reads: each \
+         backend's docs.md gives server-counted figures).\n",
         crate::groups::NATIVE_RENEW_MANY.join(", ")
     );
     let _ = writeln!(
