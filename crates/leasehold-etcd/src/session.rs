@@ -81,6 +81,29 @@ impl Inner {
         self.call(operation, async move { client.txn(txn).await }).await
     }
 
+    /// A transaction that only reads, sent once more at once when it failed for a reason that
+    /// may pass (its connection broke, etcd had no leader): bytes lost in between (replies
+    /// dropped by a network fault) leave an HTTP/2 connection undecodable, and the requests
+    /// under way when the client hears of it fail although the network works again; the client
+    /// connects afresh for the second copy. Reading twice is harmless, and a read-back that
+    /// fails for this reason would leave a grant whose reply was lost unrecognised.
+    pub(crate) async fn read_txn(&self, operation: &'static str, txn: Txn) -> Result<TxnResponse> {
+        let mut client = self.client();
+        let again = txn.clone();
+        match client.txn(txn).await {
+            Ok(answer) => return Ok(answer),
+            Err(e) => {
+                let error = map_error(operation, &self.endpoints, &e);
+                if !error.is_transient() {
+                    return Err(error);
+                }
+                tracing::debug!(operation, %error, "etcd read failed; reading again");
+            }
+        }
+        let mut client = self.client();
+        self.call(operation, async move { client.txn(again).await }).await
+    }
+
     /// A transaction that binds a key to an etcd lease; `None` when that lease is gone.
     pub(crate) async fn txn_unless_lease_gone(&self, operation: &'static str, txn: Txn) -> Result<Option<TxnResponse>> {
         let mut client = self.client();
