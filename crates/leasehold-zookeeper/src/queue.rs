@@ -72,6 +72,7 @@ impl Inner {
         add(writer.add_create(&self.candidates_dir(lease), &[], &persistent))?;
         add(writer.add_create(&self.history_dir(lease), &[], &persistent))?;
         add(writer.add_create(&own_path, &record, &ephemeral))?;
+        add(writer.add_create(&self.leader_dir(lease), &[], &persistent))?;
         let results = match writer.commit().await {
             Ok(results) => results,
             // The lease exists (NodeExists), or the chroot does not (NoNode at index 0).
@@ -190,7 +191,11 @@ impl Inner {
             .mkdir(&self.candidates_dir(lease), &options)
             .await
             .map_err(zk_error)?;
-        client.mkdir(&self.history_dir(lease), &options).await.map_err(zk_error)
+        client
+            .mkdir(&self.history_dir(lease), &options)
+            .await
+            .map_err(zk_error)?;
+        self.ensure_leader_dir(client, lease).await
     }
 
     /// What anyone would observe: the first znode of the queue is the holder once its term has
@@ -316,6 +321,50 @@ impl Inner {
         consume: Option<&ReservationRecord>,
         ahead: Ahead,
     ) -> Result<GrantOutcome> {
+        let outcome = self
+            .grant_once(client, lease, own, candidate, version, consume, ahead)
+            .await?;
+        if !matches!(outcome, GrantOutcome::NoLeaderDir) {
+            return Ok(outcome);
+        }
+        // A lease made before grants were announced: make the directory, and grant again.
+        self.ensure_leader_dir(client, lease).await?;
+        match self
+            .grant_once(client, lease, own, candidate, version, consume, ahead)
+            .await?
+        {
+            GrantOutcome::NoLeaderDir => Err(Error::store(
+                STORE,
+                Failed::new(format!(
+                    "the znode {} vanished as soon as it was made",
+                    self.leader_dir(lease)
+                )),
+            )),
+            outcome => Ok(outcome),
+        }
+    }
+
+    /// Makes `{lease}/leader` (a lease made before grants were announced has none).
+    pub(crate) async fn ensure_leader_dir(&self, client: &zk::Client, lease: &LeaseName) -> Result<()> {
+        let options = zk::CreateMode::Persistent.with_acls(self.acls());
+        match client.create(&self.leader_dir(lease), &[], &options).await {
+            Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
+            Err(e) => Err(zk_error(e)),
+        }
+    }
+
+    /// One try of [`Inner::grant_with`].
+    #[allow(clippy::too_many_arguments)]
+    async fn grant_once(
+        &self,
+        client: &zk::Client,
+        lease: &LeaseName,
+        own: &OwnNode,
+        candidate: &CandidateId,
+        version: i32,
+        consume: Option<&ReservationRecord>,
+        ahead: Ahead,
+    ) -> Result<GrantOutcome> {
         let term = Term(own.czxid as u64);
         let history = format!("{}/{}", self.history_dir(lease), history_name(term));
         let record = HistoryRecord::new(candidate.clone()).encode();
@@ -345,6 +394,10 @@ impl Inner {
         }
         add(writer.add_check_version(&self.candidate_path(lease, &own.name), version))?;
         add(writer.add_create(&history, &record, &options))?;
+        // Announce the holder to every session watching `leader/` (the session timeout is the TTL).
+        let announcement = self.announcement_path(lease, term, &own.name, client.session_timeout(), candidate);
+        add(writer.add_create(&announcement, &[], &options))?;
+        add(writer.add_delete(&announcement, None))?;
         let per_ahead = match ahead {
             Ahead::MustBeGone => 2,
             Ahead::Delete => 1,
@@ -363,6 +416,7 @@ impl Inner {
                 }
                 // An earlier acquire of ours was applied but its reply was lost.
                 zk::Error::NodeExists if index == checks + 1 => Ok(GrantOutcome::Granted),
+                zk::Error::NoNode if index == checks + 2 => Ok(GrantOutcome::NoLeaderDir),
                 zk::Error::NoNode if index == checks => Ok(GrantOutcome::Gone),
                 zk::Error::BadVersion if index == checks => Err(Error::corrupt(
                     STORE,
@@ -500,12 +554,12 @@ impl Inner {
             if let Some(next) = queue.iter().skip_while(|c| c.name != node).nth(1) {
                 if let Ok(Some((record, stat))) = self.read_candidate(client, lease, &next.name).await {
                     if record.waiting {
-                        handover = Some((next.name.clone(), stat, record.candidate));
+                        handover = Some((next.name.clone(), stat, record.candidate, record.ttl));
                     }
                 }
             }
         }
-        if let Some((next, stat, candidate)) = &handover {
+        if let Some((next, stat, candidate, next_ttl)) = &handover {
             let mut writer = client.new_multi_writer();
             let add = |r: std::result::Result<(), zk::Error>| r.map_err(zk_error);
             match &history {
@@ -523,6 +577,9 @@ impl Inner {
             add(writer.add_check_version(&self.candidate_path(lease, next), stat.version))?;
             let next_history = format!("{}/{}", self.history_dir(lease), history_name(Term(stat.czxid as u64)));
             add(writer.add_create(&next_history, &HistoryRecord::new(candidate.clone()).encode(), &options))?;
+            let announcement = self.announcement_path(lease, Term(stat.czxid as u64), next, *next_ttl, candidate);
+            add(writer.add_create(&announcement, &[], &options))?;
+            add(writer.add_delete(&announcement, None))?;
             match writer.commit().await {
                 Ok(_) => return Ok(true),
                 Err(zk::MultiWriteError::RequestFailed { source }) => return Err(zk_error(source)),
@@ -607,4 +664,6 @@ pub(crate) enum GrantOutcome {
     Reserved,
     /// The znode at this index of those ahead of ours had left already (for [`Ahead::Delete`]).
     AheadLeft(usize),
+    /// The lease has no `leader/` directory yet (it was made before grants were announced).
+    NoLeaderDir,
 }

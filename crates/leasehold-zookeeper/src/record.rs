@@ -264,6 +264,47 @@ pub(crate) fn parse_history_name(name: &str) -> Option<Term> {
         .map(Term)
 }
 
+/// The name of the znode a grant creates and deletes again under `{lease}/leader/`: it says who
+/// now holds the lease, as `inspect` would show it, to every session that keeps a persistent
+/// recursive watch there (the watch event carries the path, so nobody needs to read anything).
+/// `t-{term}-{holder's znode}-{ttl_ms}-{candidate id in hex}`.
+pub(crate) fn announcement_name(term: Term, node: &str, ttl: Duration, candidate: &CandidateId) -> String {
+    let hex: String = candidate.as_str().bytes().map(|b| format!("{b:02x}")).collect();
+    format!("{}-{node}-{}-{hex}", history_name(term), ttl.as_millis())
+}
+
+/// The holder an announcement names, as [`holder_observation`] shows it; `None` for a name
+/// that is not an announcement.
+pub(crate) fn parse_announcement(lease: &LeaseName, name: &str) -> Option<Observation> {
+    let term = parse_history_name(name.get(..22)?)?;
+    let rest = name.get(22..)?.strip_prefix('-')?;
+    let (rest, hex) = rest.rsplit_once('-')?;
+    let (node, ttl_ms) = rest.rsplit_once('-')?;
+    let ttl = Duration::from_millis(ttl_ms.parse().ok()?);
+    if hex.len() % 2 != 0 || !node.starts_with("c-") {
+        return None;
+    }
+    let bytes = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    let candidate = CandidateId::new(String::from_utf8(bytes).ok()?).ok()?;
+    Some(Observation {
+        lease: lease.clone(),
+        holder: Some(HolderInfo {
+            id: candidate,
+            term,
+            ttl,
+            version: node.to_string(),
+            orphaned: false,
+            reserved: false,
+            store_remaining: None,
+        }),
+        last_term: term,
+        previous_end: None,
+    })
+}
+
 fn millis(t: SystemTime) -> u128 {
     t.duration_since(UNIX_EPOCH).unwrap_or_default().as_millis()
 }
@@ -337,6 +378,27 @@ impl Inner {
 
     pub(crate) fn history_dir(&self, lease: &LeaseName) -> String {
         format!("{}/history", self.lease_dir(lease))
+    }
+
+    /// Where grants announce the new holder (see [`announcement_name`]).
+    pub(crate) fn leader_dir(&self, lease: &LeaseName) -> String {
+        format!("{}/leader", self.lease_dir(lease))
+    }
+
+    /// The announcement of a grant: see [`announcement_name`].
+    pub(crate) fn announcement_path(
+        &self,
+        lease: &LeaseName,
+        term: Term,
+        node: &str,
+        ttl: Duration,
+        candidate: &CandidateId,
+    ) -> String {
+        format!(
+            "{}/{}",
+            self.leader_dir(lease),
+            announcement_name(term, node, ttl, candidate)
+        )
     }
 
     /// The persistent znode that reserves the lease for a handover's successor (absent otherwise).
@@ -484,6 +546,45 @@ mod tests {
         assert_eq!(back.holder, h.holder);
         assert_eq!(back.ended.map(|e| e.1), Some(EndReason::Released));
         assert_eq!(parse_history_name(&history_name(Term(42))), Some(Term(42)));
+    }
+
+    #[test]
+    fn announcements_name_the_holder_as_inspect_shows_it() {
+        let lease = LeaseName::new("jobs").unwrap();
+        let id = CandidateId::new("host-1 (eu)/ü-2").unwrap();
+        let node = "c-0123456789abcdef-0000000042";
+        let name = announcement_name(Term(77), node, Duration::from_millis(1500), &id);
+        assert!(!name.contains('/'), "{name}");
+        let record = CandidateRecord {
+            candidate: id.clone(),
+            ttl: Duration::from_millis(1500),
+            waiting: false,
+        };
+        let stat = zk::Stat {
+            czxid: 77,
+            mzxid: 77,
+            pzxid: 77,
+            ctime: 0,
+            mtime: 0,
+            version: 0,
+            cversion: 0,
+            aversion: 0,
+            ephemeral_owner: 1,
+            data_length: 0,
+            num_children: 0,
+        };
+        assert_eq!(
+            parse_announcement(&lease, &name),
+            Some(holder_observation(&lease, node, &record, &stat))
+        );
+        for garbage in [
+            "",
+            "t-00000000000000000077",
+            "x-00000000000000000077-c-a-1-61",
+            "t-00000000000000000077-c-a-1-6",
+        ] {
+            assert_eq!(parse_announcement(&lease, garbage), None, "{garbage:?}");
+        }
     }
 
     #[test]

@@ -132,6 +132,7 @@ impl Inner {
                 candidate.changed.send_modify(|n| *n += 1);
             }
         }
+        lock(&self.leader_watches).retain(|(session, _), _| *session != id);
         warn!(session = %client.session_id(), nodes = dead.len(), "ZooKeeper session expired; opening a new one");
         lock(&self.dead).extend(dead);
     }

@@ -76,6 +76,9 @@ pub(crate) struct Inner {
     /// Candidate znodes of this store's sessions that have expired on the client's side: the
     /// server may keep them for up to a session timeout more, and nobody may adopt them.
     pub(crate) dead: Mutex<HashSet<String>>,
+    /// Per session and lease: the persistent watch on the lease's `leader/` announcements, kept
+    /// for as long as the session lives once someone asked for the lease's announcements.
+    pub(crate) leader_watches: Mutex<HashMap<(i64, LeaseName), crate::announce::LeaderWatch>>,
 }
 
 /// What this store knows about one candidate's place in one lease's queue.
@@ -158,6 +161,7 @@ impl ZookeeperStore {
                 sessions: Mutex::default(),
                 candidates: Mutex::default(),
                 dead: Mutex::default(),
+                leader_watches: Mutex::default(),
             }),
         })
     }
@@ -483,6 +487,11 @@ impl ZookeeperStore {
                 inner.set_own(lease, candidate, Some(own));
                 Ok(Acquired::Held(seen))
             }
+            // grant_with makes the directory and grants again: never answered.
+            GrantOutcome::NoLeaderDir => Err(Error::store(
+                STORE,
+                Failed::new(format!("lease {lease} has no leader/ znode")),
+            )),
             GrantOutcome::NotFirst | GrantOutcome::Gone | GrantOutcome::AheadLeft(_) => {
                 inner.set_own(lease, candidate, None);
                 Err(deleted_meanwhile(&own.name))

@@ -2,6 +2,8 @@
 //! four-letter word lists each client connection with the packets it received from it
 //! (`recved`, pings and handshakes included), and `/proc` tells which of those connections are
 //! this process's (by their local port). Other clients of the same server do not count.
+//! (Each test binary uses some of these helpers.)
+#![allow(dead_code)]
 
 use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
@@ -48,6 +50,15 @@ pub(crate) fn since(before: &HashMap<u16, u64>, after: &HashMap<u16, u64>) -> u6
         .iter()
         .map(|(port, n)| n.saturating_sub(before.get(port).copied().unwrap_or(0)))
         .sum()
+}
+
+/// The local ports of this process's connections to the server at `addr` now.
+pub(crate) fn connections(addr: &str) -> HashSet<u16> {
+    addr.rsplit(':')
+        .next()
+        .and_then(|port| port.parse().ok())
+        .map(own_ports)
+        .unwrap_or_default()
 }
 
 /// The local ports of this process's TCP connections to `server_port` on loopback.
