@@ -164,9 +164,9 @@ pub trait LeaseStore: Debug + Send + Sync + 'static {
     /// records this grant; otherwise does nothing, like [`release`](LeaseStore::release).
     ///
     /// Until the reservation ends, the lease shows `to` as its holder with
-    /// [`HolderInfo::reserved`] set and the handed-over term, only an acquire by `to` is
-    /// granted (with a term higher than `grant`'s), and everyone else is told
-    /// [`Acquired::Held`]. A reservation nobody takes ends like a holder that stopped renewing:
+    /// [`HolderInfo::reserved`](crate::HolderInfo::reserved) set and the handed-over term, only
+    /// an acquire by `to` is granted (with a term higher than `grant`'s), and everyone else is
+    /// told [`Acquired::Held`]. A reservation nobody takes ends like a holder that stopped renewing:
     /// after `grant.ttl`, by the store's clock or session, or by a contender that saw its record
     /// version unchanged for that long ([`AcquireRequest::takeover`]). The history records the
     /// handed-over term as ended with [`EndReason::HandedOver`](crate::EndReason::HandedOver).
