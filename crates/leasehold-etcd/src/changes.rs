@@ -6,6 +6,11 @@
 //! the predecessor goes, the stream looks again: if another key is still ahead, it watches that
 //! one silently; if none is, it yields and the engine asks for the lease.
 //!
+//! A handed-over lease goes to its named successor, wherever it waits: so the stream also
+//! watches the lease's reservation key, and yields when a reservation naming its candidate is
+//! put (or found when the watch is set), and, for the candidate first in the queue, when a
+//! reservation ends (taken or expired).
+//!
 //! Where the candidate stands in the queue is learnt from the store's own `acquire` answers (an
 //! in-process channel), not from etcd: a leader's stream and a stream whose candidate has not
 //! queued yet cost no request at all.
@@ -20,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{EventType, GetOptions, SortOrder, SortTarget, WatchFilterType, WatchOptions, WatchStream};
-use leasehold_core::{Changes, Result};
+use leasehold_core::{CandidateId, Changes, Result};
 use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 
@@ -43,7 +48,10 @@ pub(crate) struct Position {
 struct Waiter {
     inner: Arc<Inner>,
     keys: Keys,
+    candidate: CandidateId,
     position: watch::Receiver<Option<Position>>,
+    /// The watch on the reservation key, while waiting.
+    reservation: Option<WatchStream>,
     /// The predecessor watch, for the position it was set up for.
     watch: Option<(WatchStream, Position)>,
     /// The position for which "first" was announced, and whether the engine acted on it.
@@ -51,11 +59,18 @@ struct Waiter {
     tick: Option<(tokio::time::Interval, i64)>,
 }
 
-pub(crate) fn changes(inner: Arc<Inner>, keys: Keys, position: watch::Receiver<Option<Position>>) -> Changes {
+pub(crate) fn changes(
+    inner: Arc<Inner>,
+    keys: Keys,
+    candidate: CandidateId,
+    position: watch::Receiver<Option<Position>>,
+) -> Changes {
     let waiter = Waiter {
         inner,
         keys,
+        candidate,
         position,
+        reservation: None,
         watch: None,
         announced: None,
         tick: None,
@@ -75,6 +90,19 @@ impl Waiter {
                 self.watch = None;
             }
             self.set_tick(waiting);
+            if waiting.is_none() {
+                self.reservation = None;
+            }
+            if let (Some(p), None) = (waiting, &self.reservation) {
+                match Box::pin(self.watch_reservation(p)).await {
+                    Ok(true) => return Some(()),
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::debug!(error = %e, "etcd change stream ends; the engine polls");
+                        return None;
+                    }
+                }
+            }
             if let (Some(p), None) = (waiting, &self.watch) {
                 // Boxed: the look-up's etcd futures are large, and a stream's state lives as
                 // long as its candidate (10,000 leaders would otherwise hold ~44 KB each).
@@ -89,7 +117,23 @@ impl Waiter {
             }
             let watch = &mut self.watch;
             let tick = &mut self.tick;
+            let reservation = &mut self.reservation;
             tokio::select! {
+                message = async { reservation.as_mut().expect("guarded").message().await }, if reservation.is_some() => {
+                    match message {
+                        Ok(Some(resp)) if !resp.canceled() => {
+                            let for_me = resp.events().iter().any(|e| {
+                                e.event_type() == EventType::Put
+                                    && e.kv().is_some_and(|kv| self.names_me(kv))
+                            });
+                            let ended = resp.events().iter().any(|e| e.event_type() == EventType::Delete);
+                            if for_me || (ended && self.announced.is_some()) {
+                                return Some(());
+                            }
+                        }
+                        Ok(_) | Err(_) => return None,
+                    }
+                }
                 changed = self.position.changed() => {
                     if changed.is_err() {
                         return None;
@@ -140,6 +184,38 @@ impl Waiter {
                 self.tick = Some((tick, p.ttl_secs));
             }
         }
+    }
+
+    fn names_me(&self, kv: &etcd_client::KeyValue) -> bool {
+        self.keys.parse_reserved(kv).is_ok_and(|r| r.to == self.candidate)
+    }
+
+    /// Reads the reservation key and watches it from just after the read. `Ok(true)`: a
+    /// reservation names this candidate (notify).
+    async fn watch_reservation(&mut self, position: Position) -> Result<bool> {
+        let limit = Duration::from_secs(u64::try_from(position.ttl_secs).unwrap_or(1)) / 3;
+        let mut client = self.inner.client();
+        let key = self.keys.reserved();
+        let read = within(limit, "changes (reservation)", async {
+            self.inner
+                .call("changes (reservation)", async move { client.get(key, None).await })
+                .await
+        })
+        .await?;
+        let revision = read.header().map_or(0, etcd_client::ResponseHeader::revision);
+        let options = WatchOptions::new().with_start_revision(revision + 1);
+        let mut client = self.inner.client();
+        let key = self.keys.reserved();
+        let watch = within(limit, "changes (reservation watch)", async {
+            self.inner
+                .call("changes (reservation watch)", async move {
+                    client.watch(key, Some(options)).await
+                })
+                .await
+        })
+        .await?;
+        self.reservation = Some(watch);
+        Ok(read.kvs().first().is_some_and(|kv| self.names_me(kv)))
     }
 
     /// Finds the predecessor of `position` and watches it. `Ok(true)`: there is none, we are

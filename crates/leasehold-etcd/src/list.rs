@@ -67,7 +67,7 @@ fn lease_of(root: &str, key: &[u8]) -> Option<LeaseName> {
     let rest = key.strip_prefix(root.as_bytes())?;
     let slash = rest.iter().position(|b| *b == b'/')?;
     let (name, kind) = rest.split_at(slash);
-    if !(kind.starts_with(b"/c/") || kind.starts_with(b"/h/") || kind.starts_with(b"/e/")) {
+    if !(kind.starts_with(b"/c/") || kind.starts_with(b"/h/") || kind.starts_with(b"/e/") || kind == b"/reserved") {
         return None;
     }
     LeaseName::new(std::str::from_utf8(name).ok()?).ok()
@@ -96,6 +96,7 @@ mod tests {
         assert_eq!(lease("app/jobs/c/a").as_deref(), Some("jobs"));
         assert_eq!(lease("app/jobs.v2/h/00000000000000000042").as_deref(), Some("jobs.v2"));
         assert_eq!(lease("app/jobs/e/00000000000000000042").as_deref(), Some("jobs"));
+        assert_eq!(lease("app/jobs/reserved").as_deref(), Some("jobs"));
         assert_eq!(lease("app/jobs/x/1"), None, "not a key of leasehold's layout");
         assert_eq!(lease("app/jobs"), None);
         assert_eq!(lease("app/-bad/c/a"), None, "not a lease name");

@@ -7,6 +7,9 @@
 //!   Value: `leasehold1 c {ttl_ms}`.
 //! - `P/L/h/{term:020}`: written when the term is granted. Value: `leasehold1 h {unix_ms} {holder}`.
 //! - `P/L/e/{term:020}`: written when the term ends. Value: `leasehold1 e {unix_ms} {reason}`.
+//! - `P/L/reserved`: only while a handed-over lease waits for its successor, bound to an etcd
+//!   lease of its own (granted with the handed-over grant's TTL, never kept alive: etcd deletes
+//!   an untaken reservation after that TTL). Value: `leasehold1 r {ttl_ms} {term} {successor}`.
 //!
 //! A [`Snapshot`] is what one read of a lease shows; the transactions that end a term are
 //! built here too.
@@ -69,6 +72,44 @@ impl Keys {
 
     pub(crate) fn ended(&self, term: i64) -> String {
         format!("{}e/{term:020}", self.base)
+    }
+
+    /// The reservation of a handed-over lease for its successor.
+    pub(crate) fn reserved(&self) -> String {
+        format!("{}reserved", self.base)
+    }
+
+    /// Reads the reservation key.
+    pub(crate) fn parse_reserved(&self, kv: &KeyValue) -> Result<Reservation> {
+        let value = std::str::from_utf8(kv.value()).unwrap_or("");
+        let mut fields = value.splitn(5, ' ');
+        let parsed = match (
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next(),
+        ) {
+            (Some(MAGIC), Some("r"), Some(ttl), Some(term), Some(to)) => {
+                match (ttl.parse::<u64>(), term.parse::<i64>(), CandidateId::new(to)) {
+                    (Ok(ttl), Ok(term), Ok(to)) if ttl > 0 && term > 0 => Some((ttl, term, to)),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        let (ttl, term, to) = parsed.ok_or_else(|| {
+            self.corrupt(format!(
+                "reserved: not a leasehold reservation: {}",
+                preview(kv.value())
+            ))
+        })?;
+        Ok(Reservation {
+            to,
+            term,
+            ttl: Duration::from_millis(ttl),
+            version: kv.mod_revision(),
+        })
     }
 
     fn corrupt(&self, detail: impl Into<String>) -> Error {
@@ -138,6 +179,7 @@ impl Keys {
                 "released" => Some(EndReason::Released),
                 "expired" => Some(EndReason::Expired),
                 "broken" => Some(EndReason::Broken),
+                "handed_over" => Some(EndReason::HandedOver),
                 _ => None,
             }),
             _ => None,
@@ -171,6 +213,11 @@ pub(crate) fn started_value(holder: &CandidateId) -> String {
     format!("{MAGIC} h {} {holder}", unix_ms())
 }
 
+/// The value of the reservation key.
+pub(crate) fn reserved_value(to: &CandidateId, term: i64, ttl: Duration) -> String {
+    format!("{MAGIC} r {} {term} {to}", ttl.as_millis().max(1))
+}
+
 /// The value of an end key.
 pub(crate) fn ended_value(reason: EndReason) -> String {
     format!("{MAGIC} e {} {reason}", unix_ms())
@@ -199,6 +246,18 @@ pub(crate) struct Started {
     pub(crate) term: i64,
     pub(crate) holder: CandidateId,
     pub(crate) at: SystemTime,
+}
+
+/// A handed-over lease waiting for its successor.
+#[derive(Clone, Debug)]
+pub(crate) struct Reservation {
+    pub(crate) to: CandidateId,
+    /// The handed-over term.
+    pub(crate) term: i64,
+    /// The handed-over grant's TTL.
+    pub(crate) ttl: Duration,
+    /// The key's mod_revision: what the successor's take compares.
+    pub(crate) version: i64,
 }
 
 /// An end entry.
@@ -266,19 +325,21 @@ pub(crate) struct Snapshot {
     pub(crate) first: Option<Candidate>,
     pub(crate) started: Option<Started>,
     pub(crate) ended: Option<Ended>,
+    pub(crate) reserved: Option<Reservation>,
 }
 
 impl Snapshot {
     /// The reads of a snapshot, as transaction operations.
-    pub(crate) fn reads(keys: &Keys) -> [TxnOp; 3] {
+    pub(crate) fn reads(keys: &Keys) -> [TxnOp; 4] {
         [
             first_of(keys.candidates()),
             last_of(keys.history(), 1),
             last_of(keys.ends(), 1),
+            TxnOp::get(keys.reserved(), None),
         ]
     }
 
-    /// Parses the three reads starting at `ops[at]`.
+    /// Parses the four reads starting at `ops[at]`.
     pub(crate) fn parse(keys: &Keys, ops: &[TxnOpResponse], at: usize) -> Result<Snapshot> {
         Ok(Snapshot {
             first: kvs_of(ops, at).first().map(|kv| keys.parse_candidate(kv)).transpose()?,
@@ -287,6 +348,10 @@ impl Snapshot {
                 .map(|kv| keys.parse_started(kv))
                 .transpose()?,
             ended: kvs_of(ops, at + 2).first().map(|kv| keys.parse_ended(kv)).transpose()?,
+            reserved: kvs_of(ops, at + 3)
+                .first()
+                .map(|kv| keys.parse_reserved(kv))
+                .transpose()?,
         })
     }
 
@@ -301,10 +366,12 @@ impl Snapshot {
         };
         let first = under(keys.candidates()).min_by_key(|kv| kv.create_revision());
         let ended = under(keys.ends()).max_by(|x, y| x.key().cmp(y.key()));
+        let reserved = kvs.iter().find(|kv| kv.key() == keys.reserved().as_bytes());
         Ok(Some(Snapshot {
             first: first.map(|kv| keys.parse_candidate(kv)).transpose()?,
             started: Some(keys.parse_started(started)?),
             ended: ended.map(|kv| keys.parse_ended(kv)).transpose()?,
+            reserved: reserved.map(|kv| keys.parse_reserved(kv)).transpose()?,
         }))
     }
 
@@ -326,6 +393,9 @@ impl Snapshot {
     }
 
     pub(crate) fn observation(&self, lease: &LeaseName) -> Observation {
+        if let Some(reservation) = &self.reserved {
+            return reservation_observation(lease, reservation, self.last_term());
+        }
         match self.holder() {
             Some(holder) => Observation {
                 lease: lease.clone(),
@@ -348,6 +418,9 @@ impl Snapshot {
     /// For a candidate queued behind `first`: the first candidate counts as the holder (it is
     /// granted, or will be as soon as it asks).
     pub(crate) fn queued_observation(&self, lease: &LeaseName) -> Observation {
+        if self.reserved.is_some() {
+            return self.observation(lease);
+        }
         match &self.first {
             Some(first) => Observation {
                 lease: lease.clone(),
@@ -357,6 +430,25 @@ impl Snapshot {
             },
             None => self.observation(lease),
         }
+    }
+}
+
+/// A reserved lease shows its successor as holder, at the handed-over term.
+fn reservation_observation(lease: &LeaseName, reservation: &Reservation, last_term: Term) -> Observation {
+    let term = Term(u64::try_from(reservation.term).unwrap_or(0));
+    Observation {
+        lease: lease.clone(),
+        holder: Some(HolderInfo {
+            id: reservation.to.clone(),
+            term,
+            ttl: reservation.ttl,
+            version: format!("reserved-{}", reservation.version),
+            orphaned: false,
+            reserved: true,
+            store_remaining: None,
+        }),
+        last_term: last_term.max(term),
+        previous_end: None,
     }
 }
 

@@ -20,8 +20,8 @@ use crate::changes::Position;
 use crate::config::EtcdConfig;
 use crate::error::{CONNECT, STORE, lease_gone, map_error};
 use crate::record::{
-    Keys, Snapshot, TTL_RANGE, candidate_value, end_term, ended_value, first_of, kvs_of, last_of, revision,
-    session_ttl_secs, started_value,
+    Keys, Snapshot, TTL_RANGE, candidate_value, end_term, ended_value, first_of, kvs_of, last_of, reserved_value,
+    revision, session_ttl_secs, started_value,
 };
 use crate::session::{self, Session};
 
@@ -225,6 +225,8 @@ impl EtcdStore {
                 // Every candidate key was created at or after ours: we are first.
                 Compare::create_revision(keys.candidates(), CompareOp::Greater, rev - 1).with_prefix(),
                 Compare::create_revision(keys.started(rev), CompareOp::Equal, 0),
+                // A handed-over lease goes to its successor only (see `acquire`).
+                Compare::create_revision(keys.reserved(), CompareOp::Equal, 0),
             ])
             .and_then([
                 TxnOp::put(
@@ -309,7 +311,7 @@ impl EtcdStore {
         let ttl_secs = session_ttl_secs(request.ttl);
         let mut session = inner.session(ttl_secs).await?;
         let queue = |session: i64| {
-            let [a, b, c] = Snapshot::reads(keys);
+            let [a, b, c, d] = Snapshot::reads(keys);
             let put = TxnOp::put(
                 own.to_string(),
                 candidate_value(request.ttl),
@@ -317,10 +319,10 @@ impl EtcdStore {
             );
             Txn::new()
                 .when([Compare::create_revision(own.to_string(), CompareOp::Equal, 0)])
-                .and_then([put, a, b, c])
+                .and_then([put, a, b, c, d])
                 .or_else({
-                    let [a, b, c] = Snapshot::reads(keys);
-                    [TxnOp::get(own.to_string(), None), a, b, c]
+                    let [a, b, c, d] = Snapshot::reads(keys);
+                    [TxnOp::get(own.to_string(), None), a, b, c, d]
                 })
         };
         let resp = match inner.txn_unless_lease_gone("acquire", queue(session)).await? {
@@ -376,6 +378,27 @@ impl EtcdStore {
             }
         }
         Ok(Renewed::Lost(self.inspect(&grant.lease).await?))
+    }
+
+    /// The candidate keys queued ahead of revision `rev`, with their create_revisions. A
+    /// successor taking a reservation deletes them in its grant, so that no key created before
+    /// its term is ever granted after it (terms keep increasing); their candidates find their
+    /// place gone and queue again, behind it. Keys ahead only ever leave (new keys queue
+    /// behind), so the take compares each one still there.
+    async fn keys_ahead(&self, keys: &Keys, rev: i64) -> Result<Vec<(String, i64)>> {
+        let options = etcd_client::GetOptions::new()
+            .with_prefix()
+            .with_max_create_revision(rev - 1)
+            .with_keys_only();
+        let resp = self
+            .inner
+            .get("acquire (keys ahead)", keys.candidates(), Some(options))
+            .await?;
+        Ok(resp
+            .kvs()
+            .iter()
+            .map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), kv.create_revision()))
+            .collect())
     }
 
     fn keys(&self, lease: &LeaseName) -> Keys {
@@ -496,9 +519,34 @@ impl LeaseStore for EtcdStore {
         let Some(first) = queued.snapshot.first.as_ref() else {
             return Err(Error::corrupt(STORE, &request.lease, "own key missing from the queue"));
         };
-        if first.rev != queued.rev {
-            inner.publish(&own, Some(queued.position(ttl_secs, false)));
-            return Ok(Acquired::Held(queued.snapshot.queued_observation(&request.lease)));
+        // A handed-over lease: only its successor may take it, and it goes before the keys
+        // queued ahead of its own (they are deleted with the take; see `keys_ahead`).
+        let mut ahead = Vec::new();
+        let reservation = queued.snapshot.reserved.clone();
+        match &reservation {
+            Some(r) if r.to != request.candidate => {
+                inner.publish(&own, Some(queued.position(ttl_secs, false)));
+                return Ok(Acquired::Held(queued.snapshot.observation(&request.lease)));
+            }
+            Some(r) => {
+                if queued.rev <= r.term {
+                    // Cannot be while the queue keeps its order; never grant a lower term.
+                    return Err(Error::corrupt(
+                        STORE,
+                        &request.lease,
+                        format!(
+                            "candidate key at revision {} is not above the handed-over term {}",
+                            queued.rev, r.term
+                        ),
+                    ));
+                }
+                ahead = self.keys_ahead(&keys, queued.rev).await?;
+            }
+            None if first.rev != queued.rev => {
+                inner.publish(&own, Some(queued.position(ttl_secs, false)));
+                return Ok(Acquired::Held(queued.snapshot.queued_observation(&request.lease)));
+            }
+            None => {}
         }
         let grant = Grant {
             lease: request.lease.clone(),
@@ -520,29 +568,50 @@ impl LeaseStore for EtcdStore {
             return Ok(Acquired::Held(queued.snapshot.observation(&request.lease)));
         }
         let rev = queued.rev;
-        let mut compares = vec![
-            Compare::create_revision(own.clone(), CompareOp::Equal, rev),
-            Compare::create_revision(keys.started(rev), CompareOp::Equal, 0),
-        ];
-        let mut ops = vec![TxnOp::put(keys.started(rev), started_value(&request.candidate), None)];
-        let snapshot = &queued.snapshot;
-        if let Some(previous) = snapshot.started.as_ref().filter(|_| !snapshot.latest_ended()) {
-            // The previous holder's key is gone without an end record: it expired.
-            compares.push(Compare::create_revision(keys.ended(previous.term), CompareOp::Equal, 0));
-            ops.push(TxnOp::put(
-                keys.ended(previous.term),
-                ended_value(EndReason::Expired),
-                None,
-            ));
+        let grant_txn = |ahead: &[(String, i64)]| {
+            let mut compares = vec![
+                Compare::create_revision(own.clone(), CompareOp::Equal, rev),
+                Compare::create_revision(keys.started(rev), CompareOp::Equal, 0),
+            ];
+            let mut ops = vec![TxnOp::put(keys.started(rev), started_value(&request.candidate), None)];
+            match &reservation {
+                Some(r) => {
+                    compares.push(Compare::mod_revision(keys.reserved(), CompareOp::Equal, r.version));
+                    ops.push(TxnOp::delete(keys.reserved(), None));
+                    for (key, created) in ahead {
+                        compares.push(Compare::create_revision(key.clone(), CompareOp::Equal, *created));
+                        ops.push(TxnOp::delete(key.clone(), None));
+                    }
+                }
+                None => compares.push(Compare::create_revision(keys.reserved(), CompareOp::Equal, 0)),
+            }
+            let snapshot = &queued.snapshot;
+            if let Some(previous) = snapshot.started.as_ref().filter(|_| !snapshot.latest_ended()) {
+                // The previous holder's key is gone without an end record: it expired.
+                compares.push(Compare::create_revision(keys.ended(previous.term), CompareOp::Equal, 0));
+                ops.push(TxnOp::put(
+                    keys.ended(previous.term),
+                    ended_value(EndReason::Expired),
+                    None,
+                ));
+            }
+            Txn::new().when(compares).and_then(ops)
+        };
+        let mut granted = inner.txn("acquire (grant)", grant_txn(&ahead)).await?.succeeded();
+        if !granted && reservation.is_some() {
+            // A key ahead may have left meanwhile (keys ahead only leave): once more without
+            // it, so that the successor, woken once, is not left waiting for a poll.
+            let again = self.keys_ahead(&keys, rev).await?;
+            if again != ahead {
+                granted = inner.txn("acquire (grant)", grant_txn(&again)).await?.succeeded();
+            }
         }
-        let granted = inner
-            .txn("acquire (grant)", Txn::new().when(compares).and_then(ops))
-            .await?;
-        if granted.succeeded() {
+        if granted {
             inner.publish(&own, Some(queued.position(ttl_secs, true)));
             return Ok(Acquired::Granted(grant));
         }
-        // Our key, or the previous term's end, changed since the read: look again.
+        // Our key, the previous term's end, the reservation or a key ahead changed since the
+        // read: look again.
         inner.publish(&own, Some(queued.position(ttl_secs, false)));
         Ok(Acquired::Held(self.inspect(&request.lease).await?))
     }
@@ -614,6 +683,50 @@ impl LeaseStore for EtcdStore {
         Ok(())
     }
 
+    /// One transaction, if the grant's key is still there: delete it, end its term as handed
+    /// over, and put the reservation naming `to`, bound to an etcd lease granted just before
+    /// with the grant's TTL and never kept alive (etcd deletes an untaken reservation after it).
+    async fn hand_over(&self, grant: &Grant, to: &CandidateId) -> Result<()> {
+        let inner = &self.inner;
+        let keys = self.keys(&grant.lease);
+        let own = keys.candidate(&grant.holder);
+        let Ok(term) = i64::try_from(grant.term.0) else {
+            return Ok(());
+        };
+        let ttl_secs = session_ttl_secs(grant.ttl);
+        let mut client = inner.client();
+        let lease = inner
+            .call("hand_over (lease grant)", async move {
+                client.lease_grant(ttl_secs, None).await
+            })
+            .await?
+            .id();
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(own.clone(), CompareOp::Equal, term),
+                Compare::create_revision(keys.reserved(), CompareOp::Equal, 0),
+            ])
+            .and_then([
+                TxnOp::delete(own.clone(), None),
+                TxnOp::put(keys.ended(term), ended_value(EndReason::HandedOver), None),
+                TxnOp::put(
+                    keys.reserved(),
+                    reserved_value(to, term, grant.ttl),
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+            ]);
+        // On an unknown outcome the fresh lease is left alone: the reservation may be bound to it.
+        let handed = inner.txn("hand_over", txn).await?.succeeded();
+        if handed {
+            inner.publish(&own, None);
+        } else {
+            // Not held any more: nothing is handed over, and the fresh lease binds nothing.
+            let mut client = inner.client();
+            let _ = client.lease_revoke(lease).await;
+        }
+        Ok(())
+    }
+
     async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
         let keys = self.keys(lease);
         let key = keys.candidate(candidate);
@@ -663,12 +776,24 @@ impl LeaseStore for EtcdStore {
     async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {
         let keys = self.keys(lease);
         let position = self.inner.position(&keys.candidate(candidate)).subscribe();
-        Ok(Some(crate::changes::changes(self.inner.clone(), keys, position)))
+        Ok(Some(crate::changes::changes(
+            self.inner.clone(),
+            keys,
+            candidate.clone(),
+            position,
+        )))
     }
 
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
         let keys = self.keys(lease);
         let snapshot = self.inner.snapshot(&keys, "break_lease").await?;
+        if let Some(r) = &snapshot.reserved {
+            let txn = Txn::new()
+                .when([Compare::mod_revision(keys.reserved(), CompareOp::Equal, r.version)])
+                .and_then([TxnOp::delete(keys.reserved(), None)]);
+            let resp = self.inner.txn("break_lease", txn).await?;
+            return Ok(resp.succeeded().then(|| Term(u64::try_from(r.term).unwrap_or(0))));
+        }
         let Some(holder) = snapshot.holder() else {
             return Ok(None);
         };
