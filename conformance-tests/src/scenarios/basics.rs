@@ -419,9 +419,9 @@ pub async fn invalid_inputs(backend: Arc<dyn Backend>) {
 }
 
 /// [`LeaseStore::renew_many`] answers each grant as [`LeaseStore::renew`] would: of six leases,
-/// held ones are renewed (a new grant of the same term), released, taken-over, broken (where
-/// the store can break), handed-over (where it can hand over) and wrong-term ones are `Lost`
-/// naming the same holder and term `renew` names.
+/// held ones are renewed (a new grant of the same term), released-and-taken, broken (where the
+/// store can break), handed-over (where it can hand over) ones and an earlier term of the same
+/// candidate (released and acquired again) are `Lost`, naming what `renew` names.
 ///
 /// # Panics
 ///
@@ -433,7 +433,7 @@ pub async fn renew_many_answers_as_renew_does(backend: Arc<dyn Backend>) {
     let (a, b) = (id("a"), id("b"));
     let lease = |tag: &str| LeaseName::new(scene.other_lease(tag)).expect("valid");
     let mut grants = Vec::new();
-    for tag in ["held", "held-too", "released", "handed", "broken", "held-three"] {
+    for tag in ["held", "held-too", "released", "handed", "broken", "earlier-term"] {
         grants.push(scene.grant(&*store_a, &request(&lease(tag), &a, scene.ttl)).await);
     }
     store_a
@@ -452,11 +452,13 @@ pub async fn renew_many_answers_as_renew_does(backend: Arc<dyn Backend>) {
             .await
             .unwrap_or_else(|e| panic!("{p}: break_lease: {e}"));
     }
-    let wrong_term = Grant {
-        term: Term(grants[5].term.0 + 1),
-        ..grants[5].clone()
-    };
-    grants.push(wrong_term);
+    // An earlier term of the same candidate: released, then acquired again.
+    store_a
+        .release(&grants[5])
+        .await
+        .unwrap_or_else(|e| panic!("{p}: release: {e}"));
+    let again = scene.grant(&*store_a, &request(&grants[5].lease, &a, scene.ttl)).await;
+    grants.push(again);
 
     let many = store_a
         .renew_many(&grants)
@@ -499,8 +501,13 @@ pub async fn renew_many_answers_as_renew_does(backend: Arc<dyn Backend>) {
         many[2]
     );
     assert!(
-        matches!(&many[6], Ok(Renewed::Lost(_))),
-        "{p}: a grant of a term the store never granted is lost: {:?}",
+        matches!(&many[5], Ok(Renewed::Lost(_))),
+        "{p}: a grant of an earlier term of the same candidate is lost: {:?}",
+        many[5]
+    );
+    assert!(
+        matches!(&many[6], Ok(Renewed::Renewed(g)) if g.term == grants[6].term),
+        "{p}: the candidate's current grant is renewed: {:?}",
         many[6]
     );
     scene.finish().await;

@@ -215,7 +215,6 @@ fn handover_on_postgres() {
 }
 
 #[test]
-#[ignore = "etcd has no LeaseStore::hand_over yet: the engine releases instead, B leads, but A's term ends released"]
 fn handover_on_etcd() {
     networked("LEASEHOLD_ETCD_URL");
 }
