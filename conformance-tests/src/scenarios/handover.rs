@@ -439,9 +439,11 @@ pub async fn leader_hands_over_to_a_named_successor(backend: Arc<dyn Backend>) {
         other => other.unwrap_or_else(|e| panic!("{p}: hand_over: {e}")),
     }
 
-    let a = scene.elector(scene.connect().await, "A");
-    let b = scene.elector(scene.connect().await, "B");
-    let c = scene.elector(scene.connect().await, "C");
+    // Leaders that watch for requests through the store.
+    let elector = |store, id| scene.watched(scene.builder(store, &scene.lease, id).hand_over_requests(true));
+    let a = elector(scene.connect().await, "A");
+    let b = elector(scene.connect().await, "B");
+    let c = elector(scene.connect().await, "C");
     let leader_a = scene.campaign(&a, scene.ttl * 3).await;
     let (_campaign_b, elected_b) = spawn_campaign(&b);
     tokio::time::sleep(scene.ttl / 4).await;

@@ -290,8 +290,8 @@ impl Watch<'_> {
         let message = match last.and_then(|o| o.holder.as_ref()) {
             Some(h) if h.id == from.id && h.term == from.term && !h.reserved => format!(
                 "{} still leads lease {lease} at term {} after {within}: it did not act on the request in {} (a \
-                 leader watches it once per renewal: `leasehold run` does, and every Elector unless \
-                 hand_over_requests(false))",
+                 leader watches it once per renewal: `leasehold run` does, and an Elector built with \
+                 hand_over_requests(true))",
                 h.id, h.term, self.requests
             ),
             Some(h) if h.reserved => format!(

@@ -60,6 +60,7 @@ pub(crate) async fn run(url: &str, args: RunArgs) -> Result<i32, Failure> {
     let builder = Elector::builder(store, lease.as_str())
         .ttl(args.ttl)
         .candidate_id(id.as_str())
+        .hand_over_requests(true)
         .step_down_margin(kill.step_down_margin());
     kill.check(&builder.timing())?;
     let elector = builder

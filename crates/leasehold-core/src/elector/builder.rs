@@ -36,7 +36,7 @@ impl ElectorBuilder {
             request_timeout: None,
             stall_timeout: None,
             lock_delay: None,
-            hand_over_requests: true,
+            hand_over_requests: false,
         }
     }
 }
@@ -85,8 +85,8 @@ impl ElectorBuilder {
 
     /// Whether the leader watches for requests to hand the lease over
     /// ([`LeaseName::hand_over_requests`], e.g. from `leasehold handover LEASE --to ID`). Default
-    /// on: the leader reads that lease once per `renew_every` (one more store read per renewal;
-    /// once per `ttl` on stores without notifications, such as DynamoDB and Azure);
+    /// off (`leasehold run` turns it on). On, the leader reads that lease once per `renew_every`
+    /// (one more store read per renewal, and a task per leader);
     /// when someone holds it, the leader steps down, and once its work has returned hands the
     /// lease to the candidate named there ([`LeaseStore::hand_over`]).
     pub fn hand_over_requests(mut self, enabled: bool) -> Self {

@@ -563,19 +563,15 @@ impl std::fmt::Debug for Driver {
 }
 
 /// While this candidate leads (until `leading` is cancelled): reads the lease of hand-over
-/// requests once per `renew_every` (once per `ttl` on stores that notify nothing, where every
-/// request is a poll that may cost money: DynamoDB, Azure), and when another candidate holds it,
-/// asks the driver to hand the lease over to that candidate.
+/// requests once per `renew_every`, and when another candidate holds it, asks the driver to hand
+/// the lease over to that candidate.
 async fn watch_hand_over_requests(
     inner: Arc<Inner>,
     requests: LeaseName,
     leading: CancellationToken,
     commands: mpsc::UnboundedSender<Command>,
 ) {
-    let every = match inner.caps.notifications {
-        Notifications::None => inner.timing.ttl,
-        _ => inner.timing.renew_every,
-    };
+    let every = inner.timing.renew_every;
     loop {
         tokio::select! {
             () = leading.cancelled() => return,
