@@ -26,6 +26,7 @@ mod checker;
 mod faults;
 mod faulty;
 mod macros;
+mod member;
 mod proxy;
 mod runner;
 pub mod scenarios;
@@ -35,6 +36,7 @@ pub use backend::{Backend, IntoBackend, MemoryBackend, SecretUrls, require_serve
 pub use checker::{Interval, Record, SafetyChecker};
 pub use faults::{Direction, Fault, FaultState, Faults, RequestCounts};
 pub use faulty::FaultyStore;
+pub use member::SoleMember;
 pub use proxy::FaultProxy;
 pub use runner::Concurrent;
 pub use server::{ConnectFn, CorruptFn, FinishFn, RemoveFn, SecretUrlsFn, ServerBackend};

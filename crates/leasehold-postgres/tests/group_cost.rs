@@ -8,9 +8,10 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use leasehold_core::{CountingStore, Error, LeaseGroup, Operation, ShardLeader};
+use leasehold_conformance::SoleMember;
+use leasehold_core::{CountingStore, Operation};
 use leasehold_postgres::PostgresStore;
 
 const SHARDS: u32 = 1000;
@@ -25,32 +26,8 @@ async fn one_member_with_a_thousand_shards() {
     let url = common::with_option(&backend.url_via(counter.addr()), "sslmode=disable");
     let store = Arc::new(CountingStore::new(PostgresStore::connect(&url).await.unwrap()));
     let group_name = format!("cost-{:x}", leasehold_core::random_u64() & 0xffff_ffff);
-    let group = LeaseGroup::builder(store.clone(), group_name, SHARDS)
-        .member_id("member")
-        .ttl(TTL)
-        .build()
-        .unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn({
-        let group = group.clone();
-        async move {
-            let task = |shard: ShardLeader| async move {
-                shard.cancelled().await;
-                Ok::<(), Error>(())
-            };
-            group
-                .run_until(task, async move {
-                    let _ = stopped.await;
-                })
-                .await
-        }
-    });
-    let started = Instant::now();
-    while group.owned().len() < SHARDS as usize {
-        assert!(started.elapsed() < TTL * 6, "only {} shards owned", group.owned().len());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    println!("{SHARDS} shards owned after {:?}", started.elapsed());
+    let member = SoleMember::lead_every_shard(store.clone(), &group_name, SHARDS, TTL, TTL * 6).await;
+    let group = &member.group;
     tokio::time::sleep(TTL).await;
 
     let (calls_before, statements_before) = (store.counts(), counter.statements());
@@ -72,6 +49,5 @@ async fn one_member_with_a_thousand_shards() {
         calls.failed,
         group.owned().len(),
     );
-    let _ = stop.send(());
-    running.await.unwrap().unwrap();
+    member.leave().await;
 }

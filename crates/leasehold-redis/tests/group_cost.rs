@@ -7,9 +7,10 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use leasehold_core::{CountingStore, Error, LeaseGroup, Operation, ShardLeader, random_u64};
+use leasehold_conformance::SoleMember;
+use leasehold_core::{CountingStore, Operation, random_u64};
 use leasehold_redis::RedisStore;
 
 const SHARDS: u32 = 1000;
@@ -48,28 +49,8 @@ async fn one_member_with_a_thousand_shards() {
     config.prefix = format!("lh-cost-{:x}:", random_u64());
     let backend = common::RedisBackend::with_config(config.clone());
     let store = Arc::new(CountingStore::new(RedisStore::from_config(config).await.unwrap()));
-    let group = LeaseGroup::builder(store.clone(), "cost", SHARDS)
-        .member_id("member")
-        .ttl(TTL)
-        .build()
-        .unwrap();
-    let stop = tokio_util::sync::CancellationToken::new();
-    let running = tokio::spawn({
-        let (group, stop) = (group.clone(), stop.clone());
-        async move {
-            let task = |shard: ShardLeader| async move {
-                shard.cancelled().await;
-                Ok::<(), Error>(())
-            };
-            group.run_until(task, stop.cancelled_owned()).await
-        }
-    });
-    let started = Instant::now();
-    while group.owned().len() < SHARDS as usize {
-        assert!(started.elapsed() < TTL * 6, "only {} shards owned", group.owned().len());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    println!("{SHARDS} shards owned after {:?}", started.elapsed());
+    let member = SoleMember::lead_every_shard(store.clone(), "cost", SHARDS, TTL, TTL * 6).await;
+    let group = &member.group;
     tokio::time::sleep(TTL).await;
 
     let (calls_before, (all_before, scripts_before)) = (store.counts(), commands(&backend).await);
@@ -93,8 +74,7 @@ async fn one_member_with_a_thousand_shards() {
         group.owned().len(),
     );
 
-    stop.cancel();
-    running.await.unwrap().unwrap();
+    member.leave().await;
     let mut raw = backend.raw().await;
     let pattern = format!("{}*", backend.config.prefix);
     let keys: Vec<String> = redis::cmd("KEYS").arg(pattern).query_async(&mut raw).await.unwrap();

@@ -5,9 +5,10 @@
 //! `cargo test -p leasehold-sqlite --test group_cost -- --ignored --nocapture`.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use leasehold_core::{CountingStore, Error, LeaseGroup, Operation, ShardLeader};
+use leasehold_conformance::SoleMember;
+use leasehold_core::{CountingStore, Operation};
 use leasehold_sqlite::SqliteStore;
 
 const SHARDS: u32 = 1000;
@@ -21,32 +22,8 @@ async fn one_member_with_a_thousand_shards() {
     let store = Arc::new(CountingStore::new(
         SqliteStore::open(dir.path().join("leases.db")).await.unwrap(),
     ));
-    let group = LeaseGroup::builder(store.clone(), "cost", SHARDS)
-        .member_id("member")
-        .ttl(TTL)
-        .build()
-        .unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn({
-        let group = group.clone();
-        async move {
-            let task = |shard: ShardLeader| async move {
-                shard.cancelled().await;
-                Ok::<(), Error>(())
-            };
-            group
-                .run_until(task, async move {
-                    let _ = stopped.await;
-                })
-                .await
-        }
-    });
-    let started = Instant::now();
-    while group.owned().len() < SHARDS as usize {
-        assert!(started.elapsed() < TTL * 6, "only {} shards owned", group.owned().len());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    println!("{SHARDS} shards owned after {:?}", started.elapsed());
+    let member = SoleMember::lead_every_shard(store.clone(), "cost", SHARDS, TTL, TTL * 6).await;
+    let group = &member.group;
     tokio::time::sleep(TTL).await;
 
     let before = store.counts();
@@ -68,6 +45,5 @@ async fn one_member_with_a_thousand_shards() {
         calls.failed,
         group.owned().len(),
     );
-    let _ = stop.send(());
-    running.await.unwrap().unwrap();
+    member.leave().await;
 }

@@ -10,8 +10,9 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use leasehold_conformance::SoleMember;
 use leasehold_conformance::require_server;
-use leasehold_core::{CountingStore, Error, LeaseGroup, Operation, ShardLeader, random_u64};
+use leasehold_core::{CountingStore, Operation, random_u64};
 use leasehold_zookeeper::ZookeeperStore;
 
 const SHARDS: u32 = 1000;
@@ -40,37 +41,8 @@ async fn one_member_with_a_thousand_shards() {
     let store = Arc::new(CountingStore::new(
         ZookeeperStore::connect(&url).await.expect("connect"),
     ));
-    let group = LeaseGroup::builder(store.clone(), "cost", SHARDS)
-        .member_id("member")
-        .ttl(ttl)
-        .build()
-        .expect("group");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn({
-        let group = group.clone();
-        async move {
-            let task = |shard: ShardLeader| async move {
-                shard.cancelled().await;
-                Ok::<(), Error>(())
-            };
-            group
-                .run_until(task, async {
-                    let _ = stopped.await;
-                })
-                .await
-        }
-    });
-    let started = Instant::now();
-    while group.owned().len() < SHARDS as usize {
-        assert!(
-            started.elapsed() < ttl * 30,
-            "only {} shards owned after {:?}",
-            group.owned().len(),
-            started.elapsed()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    println!("{SHARDS} shards owned after {:.1?}", started.elapsed());
+    let member = SoleMember::lead_every_shard(store.clone(), "cost", SHARDS, ttl, ttl * 30).await;
+    let group = &member.group;
     tokio::time::sleep(ttl * 2).await;
 
     let (calls_before, requests_before) = (store.counts(), common::requests_by_connection(&addr));
@@ -100,6 +72,5 @@ async fn one_member_with_a_thousand_shards() {
         group.owned().len(),
     );
 
-    let _ = stop.send(());
-    running.await.expect("group task").expect("group");
+    member.leave().await;
 }
