@@ -5,13 +5,14 @@
 use std::collections::{HashSet, VecDeque};
 
 use leasehold_core::{AcquireRequest, Acquired, CandidateId, Error, Grant, LeaseName, RecordVersion, Result, Term};
-use sqlx::Row;
-use sqlx::postgres::PgRow;
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::query::Query;
+use sqlx::{Postgres, Row};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tracing::debug;
 
-use super::{Actor, Failure, Held, MAX_ACQUIRES, Renewal, idle_timeout, setting};
+use super::{Actor, Context, Failure, Held, MAX_ACQUIRES, Renewal, idle_timeout, setting};
 use crate::error::{self, STORE};
 use crate::record::{Record, millis, term_value};
 use crate::sql;
@@ -42,7 +43,7 @@ impl Actor {
                 ttl: held.ttl,
                 token: String::new(),
             };
-            if let Err(e) = self.end_term(&grant, Some(held.key), "expired").await {
+            if let Err(e) = self.end_term(&grant, "expired").await {
                 debug!(%lease, error = %e, "could not end an abandoned grant");
             }
         }
@@ -473,15 +474,9 @@ impl Actor {
     pub(super) async fn release(&mut self, grant: &Grant) -> Result<()> {
         let limit = self.statement_limit(None);
         self.connect(limit).await.map_err(|f| f.to_error("release"))?;
-        let key = self
-            .session
-            .as_ref()
-            .and_then(|s| s.held.get(&grant.lease))
-            .filter(|h| h.holder == grant.holder && h.term == grant.term)
-            .map(|h| h.key);
         // Also when this session no longer holds the lock (it was lost): the row may still name
         // the grant, and clearing it lets the next candidate in without waiting a TTL.
-        self.end_term(grant, key, "released").await
+        self.end_term(grant, "released").await
     }
 
     /// Hands `grant` over to `to` (see the `hand_over` statement), notifies, and gives back its
@@ -489,6 +484,41 @@ impl Actor {
     pub(super) async fn hand_over(&mut self, grant: &Grant, to: &CandidateId) -> Result<()> {
         let limit = self.statement_limit(None);
         self.connect(limit).await.map_err(|f| f.to_error("hand_over"))?;
+        self.ending(grant, "hand_over", |cx| {
+            sql::query(&cx.sql.hand_over)
+                .bind(grant.lease.as_str())
+                .bind(grant.holder.as_str())
+                .bind(term_value(grant.term))
+                .bind(to.as_str())
+                .bind(String::from(RecordVersion::random()))
+                .bind(millis(grant.ttl))
+        })
+        .await
+    }
+
+    /// Ends the term of `grant` in the row and the history as `reason`, notifies, and gives back
+    /// its lock if this session holds it.
+    async fn end_term(&mut self, grant: &Grant, reason: &str) -> Result<()> {
+        self.ending(grant, "release", |cx| {
+            sql::query(&cx.sql.release)
+                .bind(grant.lease.as_str())
+                .bind(grant.holder.as_str())
+                .bind(term_value(grant.term))
+                .bind(reason)
+        })
+        .await
+    }
+
+    /// Runs a statement that ends `grant`'s term (`statement`'s own arguments, then the shared
+    /// ones: the notification payload, the lock key this session holds for the grant if any, and
+    /// the session's idle timeout without it), and gives the key back if the statement failed.
+    async fn ending<'q>(
+        &mut self,
+        grant: &'q Grant,
+        operation: &'static str,
+        statement: impl FnOnce(&Context) -> Query<'q, Postgres, PgArguments>,
+    ) -> Result<()> {
+        let limit = self.statement_limit(None);
         let Some(session) = self.session.as_mut() else {
             return Err(Error::unreachable(STORE, "the lock session is not connected"));
         };
@@ -502,13 +532,7 @@ impl Actor {
         }
         let after = idle_timeout(&session.held, None, None);
         let cx = self.cx.clone();
-        let query = sql::query(&cx.sql.hand_over)
-            .bind(grant.lease.as_str())
-            .bind(grant.holder.as_str())
-            .bind(term_value(grant.term))
-            .bind(to.as_str())
-            .bind(String::from(RecordVersion::random()))
-            .bind(millis(grant.ttl))
+        let query = statement(&cx)
             .bind(cx.payload(&grant.lease, grant.holder.as_str()))
             .bind(key.unwrap_or_default())
             .bind(key.is_some())
@@ -524,44 +548,7 @@ impl Actor {
                 if let Some(key) = key {
                     self.give_back(vec![key], limit).await;
                 }
-                Err(failure.to_error("hand_over"))
-            }
-        }
-    }
-
-    /// Ends the term of `grant` in the row and the history as `reason`, notifies, and gives back
-    /// its lock `key` if this session holds it.
-    async fn end_term(&mut self, grant: &Grant, key: Option<i64>, reason: &str) -> Result<()> {
-        let limit = self.statement_limit(None);
-        let Some(session) = self.session.as_mut() else {
-            return Err(Error::unreachable(STORE, "the lock session is not connected"));
-        };
-        if key.is_some() {
-            session.held.remove(&grant.lease);
-        }
-        let after = idle_timeout(&session.held, None, None);
-        let cx = self.cx.clone();
-        let query = sql::query(&cx.sql.release)
-            .bind(grant.lease.as_str())
-            .bind(grant.holder.as_str())
-            .bind(term_value(grant.term))
-            .bind(reason)
-            .bind(cx.payload(&grant.lease, grant.holder.as_str()))
-            .bind(key.unwrap_or_default())
-            .bind(key.is_some())
-            .bind(setting(after));
-        match self.fetch_one(query, limit).await {
-            Ok(_) => {
-                if let Some(session) = self.session.as_mut() {
-                    session.idle_timeout = after;
-                }
-                Ok(())
-            }
-            Err(failure) => {
-                if let Some(key) = key {
-                    self.give_back(vec![key], limit).await;
-                }
-                Err(failure.to_error("release"))
+                Err(failure.to_error(operation))
             }
         }
     }
