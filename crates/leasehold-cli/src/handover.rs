@@ -131,8 +131,6 @@ async fn ask(
     let elector = Elector::builder(store.clone(), requests.as_str())
         .ttl(ttl)
         .candidate_id(to.as_str())
-        // Nobody hands a request over.
-        .hand_over_requests(false)
         .build()
         .map_err(|e| Failure::store(format!("{asking}: invalid settings for {requests}"), &e))?;
     let limit = ttl.max(CAMPAIGN_AT_LEAST);

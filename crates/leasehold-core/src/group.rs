@@ -219,7 +219,6 @@ impl LeaseGroupBuilder {
         let member = Elector::builder(self.store.clone(), member_lease)
             .ttl(self.ttl)
             .candidate_id(id.as_str())
-            .hand_over_requests(false)
             .build()?;
         let max_moves = self
             .max_moves
@@ -557,7 +556,8 @@ impl LeaseGroup {
     {
         let inner = &self.inner;
         let lease = shard_lease(&inner.group, shard, inner.shards)?;
-        // The group moves its shards itself: no member reads hand-over requests per shard.
+        // The group moves its shards itself: no shard reads hand-over requests, whatever
+        // `electors` set.
         let elector = (inner.configure)(Elector::builder(inner.shard_store.clone(), lease.as_str()))
             .ttl(inner.ttl)
             .candidate_id(inner.id.as_str())
