@@ -401,7 +401,8 @@ impl Driver {
                 }
                 metrics::gauge!(telemetry::REMAINING, "lease" => lease.clone())
                     .set(valid_until.saturating_duration_since(now).as_secs_f64());
-                // Last: a scrape that shows this candidate leading shows the rest of its election.
+                // Last: a scrape begun after one that shows this candidate leading shows the rest of its
+                // election (one rendered meanwhile can show part: the exporter renders kind by kind).
                 metrics::gauge!(telemetry::IS_LEADER, "lease" => lease).set(1.0);
                 let (status_tx, status) = watch::channel(Status {
                     valid_until,
