@@ -1,5 +1,8 @@
-//! The reference: `etcdctl elect` on the same etcd, handover by SIGINT and failover by kill -9.
+//! The references on the same etcd: `etcdctl elect` (handover by SIGINT, failover by kill -9)
+//! against `leasehold run` (handover by SIGTERM), and etcd-client's `Election` (server-side
+//! campaign/resign) against the library's graceful handover.
 
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -19,6 +22,12 @@ pub(crate) const ETCDCTL_SESSION_TTL: Duration = Duration::from_secs(60);
 pub(crate) struct EtcdctlReport {
     pub(crate) handover: Outcome<Stats>,
     pub(crate) failover: Outcome<Stats>,
+    /// etcd-client's `Election`: from the leader's `resign` returning, and from it being called,
+    /// to the successor's `campaign` returning.
+    pub(crate) election: Outcome<(Stats, Stats)>,
+    /// `leasehold run`: from SIGTERM of the leader's process to the successor's command's first
+    /// line.
+    pub(crate) cli: Outcome<Stats>,
 }
 
 impl EtcdctlReport {
@@ -26,6 +35,8 @@ impl EtcdctlReport {
         EtcdctlReport {
             handover: Err(why.to_string()),
             failover: Err(why.to_string()),
+            election: Err(why.to_string()),
+            cli: Err(why.to_string()),
         }
     }
 }
@@ -81,8 +92,12 @@ impl Candidate {
         }
     }
 
-    async fn stop(mut self) {
-        self.signal(Signal::SIGINT);
+    async fn stop(self) {
+        self.stop_with(Signal::SIGINT).await;
+    }
+
+    async fn stop_with(mut self, signal: Signal) {
+        self.signal(signal);
         if tokio::time::timeout(Duration::from_secs(5), self.child.wait())
             .await
             .is_err()
@@ -92,7 +107,7 @@ impl Candidate {
     }
 }
 
-pub(crate) async fn measure(etcd_url: &str, plan: &Plan) -> EtcdctlReport {
+pub(crate) async fn measure(etcd_url: &str, plan: &Plan, cli: Option<&Outcome<PathBuf>>) -> EtcdctlReport {
     let endpoints = etcd_url
         .trim_start_matches("etcd://")
         .split('/')
@@ -103,15 +118,181 @@ pub(crate) async fn measure(etcd_url: &str, plan: &Plan) -> EtcdctlReport {
         .collect::<Vec<_>>()
         .join(",");
     let run = leasehold::random_u64() % 1_000_000;
-    let reps = if plan.smoke { 2 } else { 20 };
-    eprintln!("== etcdctl elect (reference)");
-    let handover = repeat(reps, |i| graceful(&endpoints, format!("bench-etcdctl-{run}-h{i}"))).await;
-    let failover = if plan.smoke {
-        Err("skipped in smoke mode (etcdctl's session TTL is 60 s)".into())
-    } else {
-        repeat(1, |i| crash(&endpoints, format!("bench-etcdctl-{run}-f{i}"))).await
+    let reps = plan.handover_reps();
+    let skipped = || Err::<Stats, String>("not run (--only)".into());
+    let mut report = EtcdctlReport {
+        handover: skipped(),
+        failover: skipped(),
+        election: Err("not run (--only)".into()),
+        cli: skipped(),
     };
-    EtcdctlReport { handover, failover }
+    if plan.wants("etcdctl") {
+        eprintln!("== etcdctl elect (reference)");
+        report.handover = repeat(reps, |i| graceful(&endpoints, format!("bench-etcdctl-{run}-h{i}"))).await;
+        report.failover = if plan.smoke {
+            Err("skipped in smoke mode (etcdctl's session TTL is 60 s)".into())
+        } else {
+            repeat(1, |i| crash(&endpoints, format!("bench-etcdctl-{run}-f{i}"))).await
+        };
+        print_stats("etcdctl elect handover", &report.handover);
+    }
+    if plan.wants("cli") {
+        eprintln!("== leasehold run (CLI) handover");
+        report.cli = match cli {
+            Some(Ok(exe)) => {
+                repeat(reps, |i| {
+                    cli_graceful(exe, etcd_url, format!("bench-cli-{run}-h{i}"), plan.smoke)
+                })
+                .await
+            }
+            Some(Err(e)) => Err(e.clone()),
+            None => Err("the leasehold CLI was not located".into()),
+        };
+        print_stats("leasehold run handover", &report.cli);
+    }
+    if plan.wants("election") {
+        eprintln!("== etcd-client Election (reference)");
+        report.election = election(etcd_url, run, reps).await;
+        match &report.election {
+            Ok((ret, call)) => {
+                print_stats("Election handover from resign() returning", &Ok(*ret));
+                print_stats("Election handover from resign() called", &Ok(*call));
+            }
+            Err(e) => eprintln!("   {e}"),
+        }
+    }
+    report
+}
+
+fn print_stats(what: &str, s: &Outcome<Stats>) {
+    match s {
+        Ok(s) => eprintln!(
+            "   {what}: p50 {}, p99 {}, max {} (n = {})",
+            crate::ms(s.p50),
+            crate::ms(s.p99),
+            crate::ms(s.max),
+            s.n
+        ),
+        Err(e) => eprintln!("   {what}: {e}"),
+    }
+}
+
+/// etcd-client 0.21's `Election` (etcd's server-side campaign/resign, each candidate with an
+/// etcd lease of its own on a client of its own): A campaigns and wins, B's campaign waits on
+/// the server; from A's `resign` (called, and returned) to B's `campaign` returning.
+async fn election(etcd_url: &str, run: u64, reps: usize) -> Outcome<(Stats, Stats)> {
+    let mut a = crate::floor::etcd_client(etcd_url).await?;
+    let mut b = crate::floor::etcd_client(etcd_url).await?;
+    let e = |what: &'static str| move |err: etcd_client::Error| format!("etcd {what}: {err}");
+    let (mut from_return, mut from_call) = (Vec::new(), Vec::new());
+    let limit = Duration::from_secs(10);
+    for i in 0..reps {
+        let name = format!("bench-election-{run}-{i}");
+        let la = a.lease_grant(10, None).await.map_err(e("lease grant"))?.id();
+        let lb = b.lease_grant(10, None).await.map_err(e("lease grant"))?.id();
+        let mut ea = a.election_client();
+        let key = crate::measures::within(limit, "A's campaign", ea.campaign(name.as_str(), "A", la))
+            .await?
+            .map_err(e("campaign"))?
+            .take_leader()
+            .ok_or("A's campaign returned no leader key")?;
+        let mut eb = b.election_client();
+        let waiting = tokio::spawn(async move {
+            let r = eb.campaign(name, "B", lb).await;
+            (Instant::now(), r)
+        });
+        // Let B's campaign reach the server and wait there (as the etcdctl measure does).
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if waiting.is_finished() {
+            return Err("B's campaign returned while A led".into());
+        }
+        let called = Instant::now();
+        ea.resign(Some(etcd_client::ResignOptions::new().with_leader(key)))
+            .await
+            .map_err(e("resign"))?;
+        let returned = Instant::now();
+        let (at, r) = crate::measures::within(limit, "B's campaign", waiting)
+            .await?
+            .map_err(|e| e.to_string())?;
+        r.map_err(e("campaign"))?;
+        from_return.push(at.saturating_duration_since(returned));
+        from_call.push(at.saturating_duration_since(called));
+        let _ = a.lease_revoke(la).await;
+        let _ = b.lease_revoke(lb).await;
+    }
+    Ok((
+        Stats::of(&from_return).ok_or("no samples")?,
+        Stats::of(&from_call).ok_or("no samples")?,
+    ))
+}
+
+/// The `leasehold` binary next to this executable (`target/release/leasehold` when the
+/// benchmark runs from `cargo run --release`), built first with `cargo build --release -p
+/// leasehold-cli` (a no-op when it is up to date).
+pub(crate) fn locate_or_build_cli() -> Outcome<PathBuf> {
+    let root = crate::backends::repo_root();
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    let release = target.join("release").join("leasehold");
+    eprintln!("building the CLI: cargo build --release -p leasehold-cli");
+    let built = std::process::Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+        .args(["build", "--release", "-p", "leasehold-cli"])
+        .current_dir(&root)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .status();
+    match built {
+        Ok(s) if s.success() => {}
+        Ok(s) => eprintln!("cargo build of the CLI exited with {s}; using an existing binary if any"),
+        Err(e) => eprintln!("could not run cargo ({e}); using an existing binary if any"),
+    }
+    if release.is_file() {
+        Ok(release)
+    } else {
+        Err(format!("no leasehold CLI binary at {}", release.display()))
+    }
+}
+
+/// A `leasehold run` candidate whose command prints `up NAME` and sleeps.
+fn cli_spawn(exe: &Path, url: &str, lease: &str, name: &str, ttl: Duration) -> Outcome<Candidate> {
+    let mut child = Command::new(exe)
+        .args(["--store", url, "run", "--quiet", "--lease", lease, "--id", name])
+        .arg(format!("--ttl={}ms", ttl.as_millis()))
+        .args(["--", "sh", "-c"])
+        .arg(format!("echo up {name}; exec sleep 1000"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("{}: {e}", exe.display()))?;
+    let stdout = child.stdout.take().expect("piped");
+    let (tx, lines) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut reader = BufReader::new(stdout).lines();
+        while let Ok(Some(line)) = reader.next_line().await {
+            if tx.send((Instant::now(), line)).is_err() {
+                break;
+            }
+        }
+    });
+    Ok(Candidate { child, lines })
+}
+
+/// Leader `A` (`leasehold run`) gets SIGTERM (it stops its command, releases and exits); time
+/// until `B`'s command prints its first line.
+async fn cli_graceful(exe: &Path, url: &str, lease: String, smoke: bool) -> Outcome<Duration> {
+    let ttl = Duration::from_secs(if smoke { 1 } else { 2 });
+    let mut a = cli_spawn(exe, url, &lease, "A", ttl)?;
+    a.elected("up A", Duration::from_secs(15)).await?;
+    let mut b = cli_spawn(exe, url, &lease, "B", ttl)?;
+    // Let B connect and queue behind A (as the etcdctl measure does).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let t0 = Instant::now();
+    a.signal(Signal::SIGTERM);
+    let at = b.elected("up B", Duration::from_secs(15)).await;
+    a.stop_with(Signal::SIGTERM).await;
+    b.stop_with(Signal::SIGTERM).await;
+    Ok(at?.saturating_duration_since(t0))
 }
 
 async fn repeat<F, Fut>(reps: usize, mut f: F) -> Outcome<Stats>

@@ -7,6 +7,7 @@
 
 mod backends;
 mod etcdctl;
+mod floor;
 mod groups;
 mod measures;
 mod report;
@@ -24,6 +25,8 @@ pub struct Options {
     pub smoke: bool,
     /// Backends to measure (`memory sqlite postgres redis etcd zookeeper dynamodb azure`); empty: all.
     pub backends: Vec<String>,
+    /// Measures to run (see [`MEASURES`]); empty: all.
+    pub only: Vec<String>,
     /// Start the local servers with `scripts/services up` first.
     pub start_services: bool,
     /// Write the report into this docs directory (`benchmarks.md`, `benchmarks-latency.svg`).
@@ -48,6 +51,23 @@ pub const ALL_BACKENDS: &[&str] = &[
     "azure",
 ];
 
+/// Every measure the runner knows (for `--only`).
+pub const MEASURES: &[&str] = &[
+    "latency",
+    "handover",
+    "planned",
+    "failover",
+    "observe",
+    "expiry-floor",
+    "transitions",
+    "idle",
+    "scale",
+    "groups",
+    "etcdctl",
+    "election",
+    "cli",
+];
+
 /// Runs every measure for every selected backend and returns the report as Markdown.
 ///
 /// # Errors
@@ -68,12 +88,19 @@ pub async fn run(options: &Options) -> Result<String, String> {
         }
         v
     };
+    if let Some(unknown) = options.only.iter().find(|m| !MEASURES.contains(&m.as_str())) {
+        return Err(format!("unknown measure {unknown:?}; known: {}", MEASURES.join(" ")));
+    }
     if options.start_services {
         backends::start_services(&selected);
     }
     let env = backends::ServiceEnv::load();
     let scratch = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
-    let plan = measures::Plan::new(options.smoke, options.child_processes);
+    let mut plan = measures::Plan::new(options.smoke, options.child_processes);
+    plan.only = options.only.clone();
+    let etcd_refs = ["etcdctl", "election", "cli"].iter().any(|m| plan.wants(m));
+    // Built before any measure, so that a build does not run beside one.
+    let cli = (selected.contains(&"etcd") && plan.wants("cli")).then(etcdctl::locate_or_build_cli);
     let mut reports = Vec::new();
     for name in &selected {
         eprintln!("== {name}");
@@ -81,9 +108,9 @@ pub async fn run(options: &Options) -> Result<String, String> {
         let report = measures::measure_backend(&backend, &plan).await;
         reports.push(report);
     }
-    let etcdctl = if selected.contains(&"etcd") {
+    let etcdctl = if selected.contains(&"etcd") && etcd_refs {
         match env.get("LEASEHOLD_ETCD_URL") {
-            Some(url) => Some(etcdctl::measure(&url, &plan).await),
+            Some(url) => Some(etcdctl::measure(&url, &plan, cli.as_ref()).await),
             None => Some(etcdctl::EtcdctlReport::unavailable(
                 "no LEASEHOLD_ETCD_URL (etcd is not running)",
             )),

@@ -29,6 +29,11 @@ struct Args {
     /// Print only, write no docs.
     #[arg(long)]
     no_write: bool,
+    /// Run only these measures (any of: latency handover planned failover observe expiry-floor
+    /// transitions idle scale groups etcdctl election cli), e.g. `--only observe --backends etcd`;
+    /// writes no docs unless --docs-dir is given.
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    only: Vec<String>,
     /// Internal: run as the leader process of the crash-failover measure.
     #[arg(long, hide = true, requires_all = ["lease", "ttl_ms"])]
     child_leader: Option<String>,
@@ -91,7 +96,8 @@ async fn main() -> ExitCode {
         command.push(' ');
         command.push_str(&arg);
     }
-    let docs_dir = match (&args.docs_dir, args.no_write, args.smoke) {
+    let partial = args.smoke || !args.only.is_empty();
+    let docs_dir = match (&args.docs_dir, args.no_write, partial) {
         (_, true, _) => None,
         (Some(dir), false, _) => Some(dir.clone()),
         (None, false, false) => Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs")),
@@ -100,6 +106,7 @@ async fn main() -> ExitCode {
     let options = Options {
         smoke: args.smoke,
         backends: args.backends,
+        only: args.only,
         start_services: !args.no_services,
         docs_dir,
         command,

@@ -31,6 +31,8 @@ pub(crate) struct Plan {
     pub(crate) scale_sizes: Vec<usize>,
     /// Shards of the 3-member group.
     pub(crate) group_shards: u32,
+    /// Measures to run (`--only`); empty: all.
+    pub(crate) only: Vec<String>,
 }
 
 impl Plan {
@@ -47,6 +49,7 @@ impl Plan {
                 idle_followers: 2,
                 scale_sizes: vec![10],
                 group_shards: 16,
+                only: Vec::new(),
             }
         } else {
             Plan {
@@ -60,8 +63,19 @@ impl Plan {
                 idle_followers: 3,
                 scale_sizes: vec![1_000, 10_000],
                 group_shards: 64,
+                only: Vec::new(),
             }
         }
+    }
+
+    /// Whether `measure` is to run (`--only`).
+    pub(crate) fn wants(&self, measure: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|m| m == measure)
+    }
+
+    /// Repetitions of the graceful handover (also those of the etcd references).
+    pub(crate) fn handover_reps(&self) -> usize {
+        self.handover_reps
     }
 
     /// Long TTLs (Azure: 15 s) get fewer repetitions so that the full run stays under 15 minutes.
@@ -84,6 +98,8 @@ pub(crate) struct BackendReport {
     pub(crate) renew_every: Duration,
     pub(crate) retry_every: Duration,
     pub(crate) notifies: bool,
+    /// Whether the store itself expires a silent holder (its clock or its session).
+    pub(crate) server_expiry: bool,
     /// What the store notifies waiting candidates of.
     pub(crate) notifications: &'static str,
     pub(crate) acquire: Outcome<Stats>,
@@ -97,6 +113,11 @@ pub(crate) struct BackendReport {
     /// From the leader's last renew to the successor's Elected event.
     pub(crate) failover: Outcome<Stats>,
     pub(crate) failover_method: &'static str,
+    /// Crash of the leader L with candidates N (next) and T (third): from N's Elected event to
+    /// T's `observe()` showing N.
+    pub(crate) observe: Outcome<Stats>,
+    /// The store's own expiry of a session or key, timed from its last keepalive.
+    pub(crate) expiry_floor: Outcome<crate::floor::Floor>,
     pub(crate) transitions: Vec<(usize, Outcome<Transitions>)>,
     pub(crate) idle: Outcome<Idle>,
     pub(crate) scale_ttl: Duration,
@@ -161,6 +182,7 @@ pub(crate) async fn measure_backend(backend: &Backend, plan: &Plan) -> BackendRe
         renew_every: Duration::ZERO,
         retry_every: Duration::ZERO,
         notifies: false,
+        server_expiry: false,
         notifications: "",
         acquire: na(),
         renew: na(),
@@ -169,6 +191,8 @@ pub(crate) async fn measure_backend(backend: &Backend, plan: &Plan) -> BackendRe
         planned: Err("n/a".into()),
         failover: na(),
         failover_method: "",
+        observe: na(),
+        expiry_floor: Err("n/a".into()),
         transitions: Vec::new(),
         idle: Err("n/a".into()),
         scale_ttl: Duration::ZERO,
@@ -192,6 +216,10 @@ pub(crate) async fn measure_backend(backend: &Backend, plan: &Plan) -> BackendRe
     report.renew_every = timing.renew_every;
     report.retry_every = timing.retry_every;
     report.notifies = av.notifies();
+    report.server_expiry = matches!(
+        av.caps.expiry,
+        leasehold::Expiry::ServerClock | leasehold::Expiry::ServerSession
+    );
     report.notifications = match av.caps.notifications {
         leasehold::Notifications::None => "none (polling)",
         leasehold::Notifications::Release => "releases (polls for expiry)",
@@ -200,50 +228,85 @@ pub(crate) async fn measure_backend(backend: &Backend, plan: &Plan) -> BackendRe
     };
     report.scale_ttl = av.scale_ttl;
 
-    eprintln!("   acquire/renew latency");
-    match latency(av, run, plan.latency_reps).await {
-        Ok((a, r)) => {
-            report.acquire = Ok(a);
-            report.renew = Ok(r);
-        }
-        Err(e) => {
-            report.acquire = Err(e.clone());
-            report.renew = Err(e);
-        }
-    }
-    eprintln!("   graceful handover");
-    match handover(av, run, plan.reps(plan.handover_reps, ttl)).await {
-        Ok((h, c)) => {
-            report.handover = Ok(h);
-            report.handover_from_call = Ok(c);
-        }
-        Err(e) => {
-            report.handover = Err(e.clone());
-            report.handover_from_call = Err(e);
+    if plan.wants("latency") {
+        eprintln!("   acquire/renew latency");
+        match latency(av, run, plan.latency_reps).await {
+            Ok((a, r)) => {
+                report.acquire = Ok(a);
+                report.renew = Ok(r);
+            }
+            Err(e) => {
+                report.acquire = Err(e.clone());
+                report.renew = Err(e);
+            }
         }
     }
-    eprintln!("   planned handover");
-    let t = Instant::now();
-    report.planned = planned_handover(av, run, plan.reps(plan.handover_reps, ttl)).await;
-    if let Err(e) = &report.planned {
-        eprintln!("      {e}");
+    if plan.wants("handover") {
+        eprintln!("   graceful handover");
+        match handover(av, run, plan.reps(plan.handover_reps, ttl)).await {
+            Ok((h, c)) => {
+                report.handover = Ok(h);
+                report.handover_from_call = Ok(c);
+            }
+            Err(e) => {
+                report.handover = Err(e.clone());
+                report.handover_from_call = Err(e);
+            }
+        }
     }
-    eprintln!("      {:.1} s", t.elapsed().as_secs_f64());
-    eprintln!("   crash failover");
+    if plan.wants("planned") {
+        eprintln!("   planned handover");
+        let t = Instant::now();
+        report.planned = planned_handover(av, run, plan.reps(plan.handover_reps, ttl)).await;
+        if let Err(e) = &report.planned {
+            eprintln!("      {e}");
+        }
+        eprintln!("      {:.1} s", t.elapsed().as_secs_f64());
+    }
     report.failover_method = if av.url().is_some() && plan.child_processes {
         "kill -9 of a leader process"
     } else {
         "leader's store blackholed"
     };
-    report.failover = failover(av, run, plan.reps(plan.failover_reps, ttl), plan.child_processes).await;
-    for &n in &plan.transition_candidates {
-        eprintln!("   requests per transition, {n} candidate(s)");
-        let t = transitions(av, run, n, plan.reps(plan.transition_reps, ttl)).await;
-        report.transitions.push((n, t));
+    if plan.wants("failover") {
+        eprintln!("   crash failover");
+        report.failover = failover(av, run, plan.reps(plan.failover_reps, ttl), plan.child_processes).await;
     }
-    eprintln!("   idle requests");
-    report.idle = idle(av, run, plan).await;
-    for &n in &plan.scale_sizes {
+    if plan.wants("observe") {
+        eprintln!("   observe() after a crash");
+        report.observe = observe_after_crash(av, run, plan.reps(plan.failover_reps, ttl), plan.child_processes).await;
+        match &report.observe {
+            Ok(s) => eprintln!("      p50 {}, max {} (n = {})", crate::ms(s.p50), crate::ms(s.max), s.n),
+            Err(e) => eprintln!("      {e}"),
+        }
+    }
+    if plan.wants("expiry-floor") {
+        eprintln!("   store expiry floor");
+        report.expiry_floor = crate::floor::measure(backend.name, av, plan.smoke).await;
+        match &report.expiry_floor {
+            Ok(f) => eprintln!(
+                "      {}: p50 {}, max {} (n = {}, TTL {})",
+                f.what,
+                crate::ms(f.stats.p50),
+                crate::ms(f.stats.max),
+                f.stats.n,
+                crate::ms(f.ttl)
+            ),
+            Err(e) => eprintln!("      {e}"),
+        }
+    }
+    if plan.wants("transitions") {
+        for &n in &plan.transition_candidates {
+            eprintln!("   requests per transition, {n} candidate(s)");
+            let t = transitions(av, run, n, plan.reps(plan.transition_reps, ttl)).await;
+            report.transitions.push((n, t));
+        }
+    }
+    if plan.wants("idle") {
+        eprintln!("   idle requests");
+        report.idle = idle(av, run, plan).await;
+    }
+    for &n in plan.scale_sizes.iter().filter(|_| plan.wants("scale")) {
         if n > 1_000 && matches!(backend.name, "dynamodb" | "azure") {
             report
                 .scale
@@ -264,9 +327,11 @@ pub(crate) async fn measure_backend(backend: &Backend, plan: &Plan) -> BackendRe
         }
         report.scale.push((n, s));
     }
-    let (group, cost) = crate::groups::measure(backend.name, av, run, plan).await;
-    report.group = group;
-    report.group_cost = cost;
+    if plan.wants("groups") {
+        let (group, cost) = crate::groups::measure(backend.name, av, run, plan).await;
+        report.group = group;
+        report.group_cost = cost;
+    }
     report
 }
 
@@ -546,8 +611,12 @@ async fn failover_blackhole(av: &Available, lease: &LeaseName) -> Outcome<Durati
         .saturating_duration_since(last_renew))
 }
 
-async fn failover_process(av: &Available, url: &str, lease: &LeaseName) -> Outcome<Duration> {
-    let ttl = av.ttl;
+/// The leader process (`--child-leader`), once it printed `ELECTED`, and its stdout lines.
+async fn leader_process(
+    url: &str,
+    lease: &LeaseName,
+    ttl: Duration,
+) -> Outcome<(tokio::process::Child, mpsc::UnboundedReceiver<(Instant, String)>)> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut child = tokio::process::Command::new(exe)
         .args(["--child-leader", url, "--lease", lease.as_str(), "--ttl-ms"])
@@ -574,6 +643,12 @@ async fn failover_process(av: &Available, url: &str, lease: &LeaseName) -> Outco
     )
     .await?
     .ok_or("the leader process exited before being elected")?;
+    Ok((child, lines))
+}
+
+async fn failover_process(av: &Available, url: &str, lease: &LeaseName) -> Outcome<Duration> {
+    let ttl = av.ttl;
+    let (mut child, mut lines) = leader_process(url, lease, ttl).await?;
     let (mut events, task) = follower(av, lease).await?;
     let (seen, age) = within(ttl * 2, "leader process renewed", next_line(&mut lines, "RENEWED "))
         .await?
@@ -593,6 +668,76 @@ async fn failover_process(av: &Available, url: &str, lease: &LeaseName) -> Outco
     Ok(at
         .ok_or("the successor's events closed")?
         .saturating_duration_since(last_renew))
+}
+
+/// How long the third candidate may take to observe the new leader before the sample fails
+/// (the issue measured 13.6 s on etcd and 18.1 s on ZooKeeper before).
+const OBSERVE_LIMIT: Duration = Duration::from_secs(40);
+
+/// `observe()` after a crash: leader L (a child process killed with SIGKILL, or a blackholed
+/// store in process), N queued next and T third, each on its own client. From N's Elected event
+/// to the `since` of T's `observe()` value that shows N (when T first saw N lead).
+async fn observe_after_crash(av: &Available, run: u64, reps: usize, child_processes: bool) -> Outcome<Stats> {
+    let ttl = av.ttl;
+    let mut samples = Vec::new();
+    for i in 0..reps {
+        let lease = lease(run, "observe", i)?;
+        let faults = Faults::new();
+        let mut process = None;
+        let mut in_process = None;
+        match av.url().filter(|_| child_processes) {
+            Some(url) => process = Some(leader_process(url, &lease, ttl).await?.0),
+            None => {
+                let store: Arc<dyn LeaseStore> = Arc::new(FaultyStore::new(connect(av).await?, faults.clone()));
+                in_process = Some(campaign(&elector(store, &lease, "crashing", ttl)?, ttl * 5).await?);
+            }
+        }
+        // N holds on once elected (until the sample is taken), so that T can see it lead.
+        let n = elector(connect(av).await?, &lease, "next", ttl)?;
+        let mut n_events = n.events();
+        let n_task = tokio::spawn(async move { n.campaign().await });
+        let _ = tokio::time::timeout(ttl, sees_holder(&mut n_events)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let t = elector(connect(av).await?, &lease, "third", ttl)?;
+        let mut t_seen = t.observe();
+        let mut t_events = t.events();
+        let t_task = tokio::spawn(async move {
+            if let Ok(leader) = t.campaign().await {
+                leader.resign().await;
+            }
+        });
+        let _ = tokio::time::timeout(ttl, sees_holder(&mut t_events)).await;
+        // Let N and T settle into waiting.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if let Some(mut child) = process.take() {
+            child.start_kill().map_err(|e| format!("kill -9: {e}"))?;
+            let _ = child.wait().await;
+        } else {
+            faults.set(Direction::Both, Fault::Blackhole);
+        }
+        let n_at = within(ttl * 3 + Duration::from_secs(5), "N elected", elected(&mut n_events))
+            .await?
+            .ok_or("N's events closed")?;
+        let next = CandidateId::new("next").map_err(|e| e.to_string())?;
+        let seen = within(
+            OBSERVE_LIMIT,
+            "T observing N",
+            t_seen.wait_for(|v| v.as_ref().is_some_and(|info| info.holder == next)),
+        )
+        .await?
+        .map_err(|_| "T's observe() closed".to_string())?
+        .as_ref()
+        .map(|info| info.since)
+        .ok_or("T's observe() shows nobody")?;
+        samples.push(seen.saturating_duration_since(n_at));
+        t_task.abort();
+        if let Ok(Ok(Ok(leader))) = tokio::time::timeout(ttl, n_task).await {
+            leader.resign().await;
+        }
+        faults.heal();
+        drop(in_process);
+    }
+    Stats::of(&samples).ok_or_else(|| "no samples".into())
 }
 
 /// The next line of the leader process that starts with `prefix`: when it arrived, and the rest.

@@ -11,6 +11,7 @@ async fn smoke_mode_runs_end_to_end_on_the_memory_store() {
     let options = Options {
         smoke: true,
         backends: vec!["memory".into()],
+        only: Vec::new(),
         start_services: false,
         docs_dir: Some(docs.path().to_path_buf()),
         command: "cargo test -p leasehold-bench --test smoke".into(),
@@ -33,6 +34,9 @@ async fn smoke_mode_runs_end_to_end_on_the_memory_store() {
         "### Planned handover to a named successor",
         "### Lease groups: 3 members, 16 shards",
         "### Lease groups: store requests per member, 16 shards",
+        "### Store expiry floor",
+        "### `observe()` after a crash, a follower not next in line",
+        "### Issue 17 targets",
     ] {
         assert!(report.contains(table), "missing {table}:\n{report}");
     }
@@ -87,6 +91,21 @@ async fn smoke_mode_runs_end_to_end_on_the_memory_store() {
         renewed > 0.0,
         "the member's 16 shards were renewed in the window: {row}"
     );
+    // The third candidate saw the new leader (the memory store notifies releases and expiry).
+    let observe = section("### `observe()` after a crash");
+    let row = observe
+        .lines()
+        .find(|l| l.starts_with("| memory |"))
+        .expect("a memory row");
+    assert!(row.contains(" ms |"), "{row}");
+    // One row per row of the issue's table, each with a verdict.
+    let targets = section("### Issue 17 targets");
+    let rows: Vec<&str> = targets
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| measure"))
+        .collect();
+    assert_eq!(rows.len(), 10, "{targets}");
+    assert!(rows.iter().all(|r| r.trim_end().ends_with('|')), "{targets}");
     let written = std::fs::read_to_string(docs.path().join("benchmarks.md")).unwrap();
     assert!(written.contains("## Backends side by side"));
     let svg = std::fs::read_to_string(docs.path().join("benchmarks-latency.svg")).unwrap();
