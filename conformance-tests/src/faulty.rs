@@ -5,9 +5,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use futures::StreamExt;
+use futures::stream::BoxStream;
 use leasehold_core::{
-    AcquireRequest, Acquired, CandidateId, Capabilities, Changes, CountingStore, Error, Grant, LeaseName, LeaseStore,
-    Observation, Renewed, Result, Term, Transition,
+    AcquireRequest, Acquired, Announcements, CandidateId, Capabilities, Changes, CountingStore, Error, Grant,
+    LeaseName, LeaseStore, Observation, Renewed, Result, Term, Transition,
 };
 
 use crate::faults::{Direction, Fault, Faults, RequestCounts};
@@ -125,6 +126,10 @@ impl LeaseStore for FaultyStore {
         self.counted.changes(lease, candidate).await
     }
 
+    async fn announcements(&self, lease: &LeaseName) -> Result<Option<Announcements>> {
+        self.counted.announcements(lease).await
+    }
+
     fn can_break(&self) -> bool {
         self.counted.can_break()
     }
@@ -143,6 +148,34 @@ pub(crate) struct Injected {
 }
 
 impl Injected {
+    /// A notification stream as the faults let it through: a reset ends it, a blackhole drops
+    /// what comes meanwhile, a reply delay delays each item.
+    fn notifications_through_faults<T: Send + 'static>(&self, stream: BoxStream<'static, T>) -> BoxStream<'static, T> {
+        if !self.inject {
+            return stream;
+        }
+        let faults = self.faults.clone();
+        Box::pin(futures::stream::unfold(
+            (stream, faults),
+            |(mut stream, faults)| async move {
+                loop {
+                    let item = stream.next().await?;
+                    let state = faults.state();
+                    if state.request == Fault::Reset || state.reply == Fault::Reset {
+                        return None;
+                    }
+                    if state.request == Fault::Blackhole || state.reply == Fault::Blackhole {
+                        continue;
+                    }
+                    if let Fault::Delay(d) = state.reply {
+                        tokio::time::sleep(d).await;
+                    }
+                    return Some((item, (stream, faults)));
+                }
+            },
+        ))
+    }
+
     fn unreachable(&self, why: &'static str) -> Error {
         Error::unreachable(self.inner.name(), format!("fault injection: {why}"))
     }
@@ -232,27 +265,14 @@ impl LeaseStore for Injected {
         let Some(changes) = self.call(|| self.inner.changes(lease, candidate)).await? else {
             return Ok(None);
         };
-        if !self.inject {
-            return Ok(Some(changes));
-        }
-        let faults = self.faults.clone();
-        let stream = futures::stream::unfold((changes, faults), |(mut changes, faults)| async move {
-            loop {
-                changes.next().await?;
-                let state = faults.state();
-                if state.request == Fault::Reset || state.reply == Fault::Reset {
-                    return None;
-                }
-                if state.request == Fault::Blackhole || state.reply == Fault::Blackhole {
-                    continue;
-                }
-                if let Fault::Delay(d) = state.reply {
-                    tokio::time::sleep(d).await;
-                }
-                return Some(((), (changes, faults)));
-            }
-        });
-        Ok(Some(Box::pin(stream)))
+        Ok(Some(self.notifications_through_faults(changes)))
+    }
+
+    async fn announcements(&self, lease: &LeaseName) -> Result<Option<Announcements>> {
+        let Some(announcements) = self.call(|| self.inner.announcements(lease)).await? else {
+            return Ok(None);
+        };
+        Ok(Some(self.notifications_through_faults(announcements)))
     }
 
     fn can_break(&self) -> bool {

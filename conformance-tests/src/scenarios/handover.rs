@@ -3,6 +3,8 @@
 
 use leasehold_core::{DeposedReason, EndReason, Error, Expiry, Renewed};
 
+use crate::faults::{Direction, Fault};
+
 use super::*;
 
 /// The leader resigns: the follower is elected within one retry (poll) interval plus slack.
@@ -94,6 +96,100 @@ pub async fn fifo_order(backend: Arc<dyn Backend>) {
         leader = next;
     }
     leader.resign().await;
+    scene.finish().await;
+}
+
+/// Where the store announces new holders ([`LeaseStore::announcements`]): the leader is cut off
+/// and one follower takes over; the other learns of the new leader (`observe()`) within 250 ms
+/// of the election, from the announcement, though it need not read the lease then (on FIFO
+/// stores only the next in line is woken).
+///
+/// # Panics
+///
+/// When the other follower learns of the new leader later, or learns of someone else.
+pub async fn followers_learn_of_a_new_leader(backend: Arc<dyn Backend>) {
+    let scene = Scene::new(backend, "followers_learn_of_a_new_leader").await;
+    let p = &scene.prefix;
+    let lease = LeaseName::new(&scene.lease).expect("lease name");
+    let announced = scene.connect().await.announcements(&lease).await;
+    if announced.expect("asking for announcements").is_none() {
+        return scene.not_applicable("the store does not announce new holders");
+    }
+    let (store_a, faults_a) = scene.connect_faulty().await;
+    let a = scene.elector(store_a, "A");
+    let leader_a = scene.campaign(&a, scene.ttl * 3).await;
+    let mut followers = Vec::new();
+    for who in ["B", "C"] {
+        let elector = scene.elector(scene.connect().await, who);
+        let mut sees = elector.observe();
+        let (_task, elected) = spawn_campaign(&elector);
+        let what = format!("{who} following A");
+        scene
+            .within(
+                &what,
+                scene.ttl * 2,
+                sees.wait_for(|l| l.as_ref().is_some_and(|l| l.holder == *a.id())),
+            )
+            .await
+            .expect("the elector lives");
+        tokio::time::sleep(scene.ttl / 10).await;
+        followers.push((elector, elected));
+    }
+    let (c, elected_c) = followers.pop().expect("C");
+    let (b, elected_b) = followers.pop().expect("B");
+
+    faults_a.set(Direction::Both, Fault::Blackhole);
+    let (winner, other) = scene
+        .within("B or C taking over from A", scene.ttl * 4, async {
+            tokio::select! {
+                Ok(leader) = elected_b => (leader, c.clone()),
+                Ok(leader) = elected_c => (leader, b.clone()),
+                else => panic!("{p}: B's and C's campaigns ended without a leader"),
+            }
+        })
+        .await;
+    assert!(
+        winner.term() > leader_a.term(),
+        "{p}: term {} after A's {}",
+        winner.term(),
+        leader_a.term()
+    );
+    let mut sees = other.observe();
+    let what = format!("{} learning that {} leads", other.id(), winner.holder());
+    let seen = scene
+        .within(
+            &what,
+            scene.ttl * 2,
+            sees.wait_for(|l| l.as_ref().is_some_and(|l| l.term >= winner.term())),
+        )
+        .await
+        .expect("the elector lives")
+        .clone()
+        .expect("a leader");
+    assert_eq!(
+        (&seen.holder, seen.term),
+        (winner.holder(), winner.term()),
+        "{p}: {} sees the wrong leader",
+        other.id()
+    );
+    let late = seen.since.saturating_duration_since(winner.elected_at());
+    scene.log(format_args!(
+        "{} elected; {} learned of it {} later",
+        winner.holder(),
+        other.id(),
+        secs(late)
+    ));
+    let bound = Duration::from_millis(250);
+    assert!(
+        late <= bound,
+        "{p}: {} learned of the new leader {} after its election (> {})",
+        other.id(),
+        secs(late),
+        secs(bound)
+    );
+    winner.resign().await;
+    drop(leader_a);
+    faults_a.heal();
     scene.finish().await;
 }
 

@@ -10,7 +10,7 @@
 //! |---|---|
 //! | [`basics`] | the raw store API, `renew_many` as `renew`, leading for 10 TTLs, corrupt records, invalid inputs |
 //! | [`safety`] | races, a crashed leader, a stalled task |
-//! | [`handover`] | graceful handover; FIFO order, record-version takeover, `break_lease` (gated); planned handover to a named successor |
+//! | [`handover`] | graceful handover; FIFO order, followers learning of a new leader from announcements (gated), record-version takeover, `break_lease` (gated); planned handover to a named successor |
 //! | [`faults`] | partition, outage, slow store, lost replies |
 //! | [`history`] | terms increase; how each term ended |
 //! | [`listing`] | leases listed by name prefix |
@@ -57,8 +57,8 @@ pub use faults::{
 };
 pub use groups::lease_group_balances_and_survives_a_crash;
 pub use handover::{
-    break_lease_ends_the_term, fifo_order, graceful_release_fast_handover, hand_over_reserves_the_lease,
-    leader_hands_over_to_a_named_successor, version_takeover,
+    break_lease_ends_the_term, fifo_order, followers_learn_of_a_new_leader, graceful_release_fast_handover,
+    hand_over_reserves_the_lease, leader_hands_over_to_a_named_successor, version_takeover,
 };
 pub use history::{history_records_how_terms_end, terms_increase_and_history};
 pub use listing::list_by_prefix;
@@ -81,6 +81,7 @@ macro_rules! __every_scenario {
             crash_successor_after_valid_until
             graceful_release_fast_handover
             fifo_order
+            followers_learn_of_a_new_leader
             version_takeover
             break_lease_ends_the_term
             hand_over_reserves_the_lease

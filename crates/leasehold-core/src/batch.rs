@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
-use crate::store::{Changes, LeaseStore};
+use crate::store::{Announcements, Changes, LeaseStore};
 use crate::types::{
     AcquireRequest, Acquired, CandidateId, Capabilities, Grant, LeaseName, Observation, Renewed, Term, Transition,
 };
@@ -191,6 +191,10 @@ impl<S: LeaseStore> LeaseStore for RenewBatcher<S> {
 
     async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {
         self.inner.changes(lease, candidate).await
+    }
+
+    async fn announcements(&self, lease: &LeaseName) -> Result<Option<Announcements>> {
+        self.inner.announcements(lease).await
     }
 
     fn can_break(&self) -> bool {

@@ -13,7 +13,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::error::{Error, Result};
 use crate::machine::{DeposedReason, Input, Machine, OpId, Output, Reply, Request};
-use crate::store::{Changes, LeaseStore};
+use crate::store::{Announcements, Changes, LeaseStore};
 use crate::telemetry::{self, RequestGuard};
 use crate::timing::{PerMille, Timing};
 mod builder;

@@ -88,6 +88,10 @@ pub enum Input {
     Notified,
     /// Notifications stopped working (the stream ended): fall back to polling.
     NotificationsLost,
+    /// The store announced a new holder ([`LeaseStore::announcements`](crate::LeaseStore::announcements)).
+    /// A follower takes it as the leader it reports when its term is higher than the one last
+    /// seen; nothing else changes (the announcement decides no election).
+    Announced(Observation),
     /// A reply to the request with this id.
     Reply(OpId, Reply),
     /// The leader's work reported progress at this instant.
@@ -548,6 +552,15 @@ impl Machine {
                 self.notifications = Notifications::None;
                 if let State::Following(f) = &mut self.state {
                     f.next_attempt = f.next_attempt.min(now.max(f.not_before));
+                }
+            }
+            Input::Announced(observation) => {
+                let newer = |h: &HolderInfo| self.leader_seen.as_ref().is_none_or(|(_, term)| *term < h.term);
+                if let (State::Following(_), Some(h)) = (&self.state, &observation.holder)
+                    && h.id != self.me
+                    && newer(h)
+                {
+                    self.set_leader_seen(Some((h.id.clone(), h.term)), out);
                 }
             }
             Input::Reply(id, reply) => match self.pending.take_if(|p| p.id == id) {

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::record::RecordVersion;
-use crate::store::{Changes, LeaseStore};
+use crate::store::{Announcements, Changes, LeaseStore};
 use crate::types::{
     AcquireRequest, Acquired, CandidateId, Capabilities, EndReason, Expiry, Grant, HolderInfo, LeaseName,
     Notifications, Observation, Renewed, Term, Transition,
@@ -55,6 +55,8 @@ struct Entry {
     previous_end: Option<EndReason>,
     history: Vec<Transition>,
     changed: watch::Sender<u64>,
+    /// The last grant, as [`LeaseStore::announcements`] announces it.
+    announced: watch::Sender<Option<Observation>>,
     corrupt: bool,
 }
 
@@ -115,6 +117,7 @@ impl MemoryStore {
             previous_end: None,
             history: Vec::new(),
             changed: watch::channel(0).0,
+            announced: watch::channel(None).0,
             corrupt: false,
         });
         f(entry)
@@ -234,7 +237,11 @@ impl LeaseStore for MemoryStore {
                 }
                 Some(_) => return Acquired::Held(entry.observation(lease, now, expiry)),
             }
-            Acquired::Granted(entry.grant(lease, &request.candidate, request.ttl, now))
+            let grant = entry.grant(lease, &request.candidate, request.ttl, now);
+            entry
+                .announced
+                .send_replace(Some(entry.observation(lease, now, expiry)));
+            Acquired::Granted(grant)
         })
     }
 
@@ -312,6 +319,22 @@ impl LeaseStore for MemoryStore {
         let mut rx = self.with_entry(lease, |entry| entry.changed.subscribe());
         rx.mark_unchanged();
         let stream = futures::stream::unfold(rx, |mut rx| async move { rx.changed().await.ok().map(|()| ((), rx)) });
+        Ok(Some(Box::pin(stream)))
+    }
+
+    /// Every grant, from the moment it is made (a subscriber that falls behind sees the latest).
+    async fn announcements(&self, lease: &LeaseName) -> Result<Option<Announcements>> {
+        let mut rx = self.with_entry(lease, |entry| entry.announced.subscribe());
+        rx.mark_unchanged();
+        let stream = futures::stream::unfold(rx, |mut rx| async move {
+            loop {
+                rx.changed().await.ok()?;
+                let seen = rx.borrow_and_update().clone();
+                if let Some(seen) = seen {
+                    return Some((seen, rx));
+                }
+            }
+        });
         Ok(Some(Box::pin(stream)))
     }
 

@@ -16,6 +16,11 @@ use crate::types::{
 /// the engine fall back to polling.
 pub type Changes = BoxStream<'static, ()>;
 
+/// New holders of one lease as the store announces them
+/// ([`LeaseStore::announcements`]), each as [`LeaseStore::inspect`] would show it right after
+/// the grant. A stream that ends makes the engine ask for a new one the next time it follows.
+pub type Announcements = BoxStream<'static, Observation>;
+
 /// A lease store: one implementation per backend, usable as `Arc<dyn LeaseStore>`.
 ///
 /// A store translates operations; it never sleeps, retries in a loop or decides how long a grant
@@ -260,6 +265,30 @@ pub trait LeaseStore: Debug + Send + Sync + 'static {
         Ok(None)
     }
 
+    /// New holders of `lease` as the store announces them, each as
+    /// [`inspect`](LeaseStore::inspect) would show it right after the grant, with no read per
+    /// follower: a follower learns of a new leader from the announcement, also where the store
+    /// wakes only the next candidate in line (a FIFO queue) and the others would otherwise not
+    /// read the lease again until it is free. Stores that do not announce return `Ok(None)`
+    /// (the default).
+    ///
+    /// The engine subscribes while its candidate follows. Announcements only inform
+    /// [`Elector::observe`](crate::Elector::observe) and
+    /// [`Event::LeaderChanged`](crate::Event::LeaderChanged), and only with a higher term than
+    /// the one last seen; they never decide an election (a candidate acquires or reads the lease
+    /// for that), so a lost or late announcement costs freshness, never safety.
+    ///
+    /// # Errors
+    ///
+    /// A transient error; the engine asks again the next time it sees another holder.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future (or the stream) ends the subscription; nothing else changes.
+    async fn announcements(&self, _lease: &LeaseName) -> Result<Option<Announcements>> {
+        Ok(None)
+    }
+
     /// Whether [`break_lease`](LeaseStore::break_lease) works. The default is `false`, like the
     /// default `break_lease`: a store that implements one implements both, and a wrapper forwards
     /// both or neither.
@@ -352,6 +381,10 @@ impl<T: LeaseStore + ?Sized> LeaseStore for std::sync::Arc<T> {
         (**self).changes(lease, candidate).await
     }
 
+    async fn announcements(&self, lease: &LeaseName) -> Result<Option<Announcements>> {
+        (**self).announcements(lease).await
+    }
+
     fn can_break(&self) -> bool {
         (**self).can_break()
     }
@@ -384,7 +417,7 @@ pub enum Operation {
     History,
     /// [`LeaseStore::list`].
     List,
-    /// [`LeaseStore::changes`].
+    /// [`LeaseStore::changes`] and [`LeaseStore::announcements`] (subscriptions).
     Changes,
     /// [`LeaseStore::break_lease`].
     BreakLease,

@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use tokio::sync::oneshot;
 
 use crate::error::Result;
-use crate::store::{Changes, LeaseStore, Operation};
+use crate::store::{Announcements, Changes, LeaseStore, Operation};
 use crate::types::{
     AcquireRequest, Acquired, CandidateId, Capabilities, Grant, LeaseName, Observation, Renewed, Term, Transition,
 };
@@ -448,6 +448,11 @@ impl<S: LeaseStore> LeaseStore for LimitStore<S> {
         self.inner.changes(lease, candidate).await
     }
 
+    async fn announcements(&self, lease: &LeaseName) -> Result<Option<Announcements>> {
+        let _slot = self.limit.admit(Operation::Changes).await;
+        self.inner.announcements(lease).await
+    }
+
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
         let _slot = self.limit.admit(Operation::BreakLease).await;
         self.inner.break_lease(lease).await
@@ -629,6 +634,11 @@ impl<S: LeaseStore> LeaseStore for CountingStore<S> {
     async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {
         self.start(Operation::Changes);
         self.finish(self.inner.changes(lease, candidate).await)
+    }
+
+    async fn announcements(&self, lease: &LeaseName) -> Result<Option<Announcements>> {
+        self.start(Operation::Changes);
+        self.finish(self.inner.announcements(lease).await)
     }
 
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {

@@ -483,6 +483,42 @@ fn release_notifications_wait_for_the_store_deadline() {
 }
 
 #[test]
+fn announcements_tell_a_follower_of_newer_holders_and_decide_nothing() {
+    let mut h = Harness::new(timing(), Expiry::ServerClock, Notifications::ReleaseAndExpiry);
+    let op = h.send_at(0);
+    let obs = held(holder(other(), 2, "v1", Some(ms(9_000))));
+    let out = h.reply(0, op, Reply::Acquire(Ok(Acquired::Held(obs))));
+    assert!(out.contains(&Ev::LeaderChanged(Some((other(), Term(2))))), "{out:?}");
+    let wake = h.wake();
+    let third = CandidateId::new("third").unwrap();
+    // A newer holder: reported, and nothing is sent or rescheduled.
+    let announced = held(holder(third.clone(), 3, "v2", Some(ms(10_000))));
+    assert_eq!(
+        h.step(1_000, Input::Announced(announced)),
+        vec![Ev::LeaderChanged(Some((third.clone(), Term(3))))]
+    );
+    assert_eq!(h.wake(), wake);
+    // An older or the same term, or this candidate itself: nothing.
+    let older = held(holder(other(), 2, "v1", Some(ms(9_000))));
+    assert_eq!(h.step(1_100, Input::Announced(older)), vec![]);
+    let same = held(holder(third, 3, "v2", Some(ms(10_000))));
+    assert_eq!(h.step(1_200, Input::Announced(same)), vec![]);
+    let us = held(holder(me(), 4, "v3", Some(ms(10_000))));
+    assert_eq!(h.step(1_300, Input::Announced(us)), vec![]);
+    assert_eq!(h.wake(), wake);
+}
+
+#[test]
+fn announcements_do_not_change_what_a_leader_reports() {
+    let mut h = Harness::new(timing(), Expiry::ServerClock, Notifications::ReleaseAndExpiry);
+    let op = h.send_at(0);
+    let out = h.reply(0, op, Reply::Acquire(Ok(Acquired::Granted(grant(3, "v3")))));
+    assert!(out.iter().any(|e| matches!(e, Ev::Elected { .. })), "{out:?}");
+    let announced = held(holder(other(), 4, "v4", Some(ms(10_000))));
+    assert_eq!(h.step(1_000, Input::Announced(announced)), vec![]);
+}
+
+#[test]
 fn notified_follower_attempts_at_once() {
     let mut h = Harness::new(timing(), Expiry::ServerClock, Notifications::Release);
     let op = h.send_at(0);

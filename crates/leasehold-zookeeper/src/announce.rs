@@ -31,7 +31,8 @@ fn from_now(announced: &watch::Receiver<Option<Observation>>) -> watch::Receiver
 }
 
 impl ZookeeperStore {
-    /// The holders of `lease` as its grants announce them, each as
+    /// [`LeaseStore::announcements`](leasehold_core::LeaseStore::announcements): the holders of
+    /// `lease` as its grants announce them, each as
     /// [`inspect`](leasehold_core::LeaseStore::inspect) would show it right after the grant,
     /// from ZooKeeper's notifications alone: the first call per lease sets one persistent watch
     /// (one request), and no transition costs a request, however many processes follow the
@@ -44,7 +45,7 @@ impl ZookeeperStore {
     ///
     /// Those of opening a session; [`leasehold_core::Error::Store`] from a server before 3.6,
     /// which has no persistent watches.
-    pub async fn announcements(&self, lease: &LeaseName) -> Result<BoxStream<'static, Observation>> {
+    pub(crate) async fn announced(&self, lease: &LeaseName) -> Result<BoxStream<'static, Observation>> {
         let inner = &self.inner;
         let subscribed = async {
             let client = inner.reader().await?;

@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::future::join_all;
 use leasehold_core::{
-    AcquireRequest, Acquired, CandidateId, Capabilities, Changes, EndReason, Error, Expiry, Grant, LeaseName,
-    LeaseStore, Notifications, Observation, Operation, Renewed, Result, Term, Transition, random_u64,
+    AcquireRequest, Acquired, Announcements, CandidateId, Capabilities, Changes, EndReason, Error, Expiry, Grant,
+    LeaseName, LeaseStore, Notifications, Observation, Operation, Renewed, Result, Term, Transition, random_u64,
 };
 use tokio::sync::watch;
 use zookeeper_client as zk;
@@ -299,6 +299,10 @@ impl LeaseStore for ZookeeperStore {
 
     async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {
         Ok(Some(crate::changes::changes(self.inner.clone(), lease, candidate)))
+    }
+
+    async fn announcements(&self, lease: &LeaseName) -> Result<Option<Announcements>> {
+        self.announced(lease).await.map(Some)
     }
 
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {

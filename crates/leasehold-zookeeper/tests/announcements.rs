@@ -87,8 +87,16 @@ async fn followers_learn_each_new_holder_from_its_announcement_without_a_request
         stores.push(store);
         electors.push(elector);
     }
-    let mut c_hears = stores[2].announcements(&lease).await.expect("announcements");
-    let mut d_hears = stores[3].announcements(&lease).await.expect("announcements");
+    let mut c_hears = stores[2]
+        .announcements(&lease)
+        .await
+        .expect("announcements")
+        .expect("ZooKeeper announces");
+    let mut d_hears = stores[3]
+        .announcements(&lease)
+        .await
+        .expect("announcements")
+        .expect("ZooKeeper announces");
     let a_term = operator.inspect(&lease).await.expect("inspect").last_term;
 
     // A's term ends from outside; B is granted and announced.
@@ -166,7 +174,11 @@ async fn a_lease_without_a_leader_znode_gets_one_at_its_next_grant() {
         .await
         .expect("the lease's leader znode, made with it");
 
-    let mut hears = store.announcements(&lease).await.expect("announcements");
+    let mut hears = store
+        .announcements(&lease)
+        .await
+        .expect("announcements")
+        .expect("ZooKeeper announces");
     let second = granted(store.acquire(&request("b")).await.expect("acquire"));
     assert!(second.term > first.term);
     let heard = next(&mut hears, "the store").await;

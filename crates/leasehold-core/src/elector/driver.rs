@@ -39,6 +39,12 @@ pub(super) struct Driver {
     /// Calls the machine stopped waiting for, still running: their replies come late.
     late: FuturesUnordered<BoxFuture<'static, (OpId, Reply)>>,
     changes: Option<Changes>,
+    /// The store's announcements of new holders, while this candidate follows another one.
+    announcements: Option<Announcements>,
+    /// Asking the store for them (in a task of its own, like every store call).
+    announcements_asked: Option<JoinHandle<Result<Option<Announcements>>>>,
+    /// The store said it does not announce.
+    announcements_unsupported: bool,
     commands_tx: mpsc::UnboundedSender<Command>,
     commands: mpsc::UnboundedReceiver<Command>,
     alive: Option<mpsc::Sender<()>>,
@@ -100,6 +106,9 @@ impl Driver {
             op: None,
             late: FuturesUnordered::new(),
             changes: None,
+            announcements: None,
+            announcements_asked: None,
+            announcements_unsupported: false,
             commands_tx,
             commands,
             alive: Some(alive),
@@ -204,57 +213,110 @@ impl Driver {
         self.leader.as_ref().is_some_and(|l| l.status.borrow().stepped_down)
     }
 
-    async fn next_input(&mut self, elected: Option<&mut oneshot::Sender<Leader>>) -> Input {
+    async fn next_input(&mut self, mut elected: Option<&mut oneshot::Sender<Leader>>) -> Input {
         let wake = self.machine.next_wake().map(tokio::time::Instant::from_std);
         let work_running = self.leader.as_ref().is_some_and(|l| !l.work_stopped);
         let watching_heartbeats = work_running && self.inner.timing.stall_timeout.is_some();
-        let op = &mut self.op;
-        let changes = &mut self.changes;
-        tokio::select! {
-            // Commands before the work's end: a handle that asks to step down and then returns
-            // must be seen stepping down, not finishing.
-            biased;
-            Some(command) = self.commands.recv() => match command {
-                Command::Resign(ack) => {
-                    self.resign_acks.push(ack);
-                    Input::Resign
+        loop {
+            let elected = elected.as_deref_mut();
+            let op = &mut self.op;
+            let changes = &mut self.changes;
+            let asked = &mut self.announcements_asked;
+            let announcements = &mut self.announcements;
+            return tokio::select! {
+                // Commands before the work's end: a handle that asks to step down and then returns
+                // must be seen stepping down, not finishing.
+                biased;
+                Some(command) = self.commands.recv() => match command {
+                    Command::Resign(ack) => {
+                        self.resign_acks.push(ack);
+                        Input::Resign
+                    }
+                    Command::HandOver { to, ack } => {
+                        let work_stopped = ack.is_some();
+                        self.resign_acks.extend(ack);
+                        Input::HandOver { to, work_stopped }
+                    }
+                    Command::Shutdown => Input::Shutdown,
+                    Command::StepDown(reason) => Input::StepDown(reason),
+                },
+                None = self.alive_rx.recv(), if work_running && self.alive.is_none() => {
+                    if let Some(l) = &mut self.leader {
+                        l.work_stopped = true;
+                    }
+                    Input::WorkStopped
                 }
-                Command::HandOver { to, ack } => {
-                    let work_stopped = ack.is_some();
-                    self.resign_acks.extend(ack);
-                    Input::HandOver { to, work_stopped }
+                joined = async { (&mut op.as_mut().expect("guarded").task).await }, if op.is_some() => {
+                    let PendingOp { id, failed, .. } = self.op.take().expect("guarded");
+                    Input::Reply(id, joined.unwrap_or_else(|e| failed(ended(self.inner.store.name(), e))))
                 }
-                Command::Shutdown => Input::Shutdown,
-                Command::StepDown(reason) => Input::StepDown(reason),
-            },
-            None = self.alive_rx.recv(), if work_running && self.alive.is_none() => {
-                if let Some(l) = &mut self.leader {
-                    l.work_stopped = true;
+                Some((id, reply)) = self.late.next(), if !self.late.is_empty() => Input::Reply(id, reply),
+                () = async { tokio::time::sleep_until(wake.expect("guarded")).await }, if wake.is_some() => Input::Tick,
+                change = async { changes.as_mut().expect("guarded").next().await }, if changes.is_some() => match change {
+                    Some(()) => Input::Notified,
+                    None => {
+                        self.changes = None;
+                        Input::NotificationsLost
+                    }
+                },
+                // The campaign() future was dropped: shut down once (its closed channel stays ready,
+                // and answering it again and again would spin while the withdraw is under way).
+                () = async { elected.expect("guarded").closed().await }, if elected.is_some() && !self.campaign_dropped => {
+                    self.campaign_dropped = true;
+                    Input::Shutdown
                 }
-                Input::WorkStopped
-            }
-            joined = async { (&mut op.as_mut().expect("guarded").task).await }, if op.is_some() => {
-                let PendingOp { id, failed, .. } = self.op.take().expect("guarded");
-                Input::Reply(id, joined.unwrap_or_else(|e| failed(ended(self.inner.store.name(), e))))
-            }
-            Some((id, reply)) = self.late.next(), if !self.late.is_empty() => Input::Reply(id, reply),
-            () = async { tokio::time::sleep_until(wake.expect("guarded")).await }, if wake.is_some() => Input::Tick,
-            change = async { changes.as_mut().expect("guarded").next().await }, if changes.is_some() => match change {
-                Some(()) => Input::Notified,
-                None => {
-                    self.changes = None;
-                    Input::NotificationsLost
+                // Wake up now and then so heartbeats are seen before a stall deadline.
+                () = tokio::time::sleep(self.inner.timing.ttl / 20), if watching_heartbeats => Input::Tick,
+                answer = async { asked.as_mut().expect("guarded").await }, if asked.is_some() => {
+                    self.announcements_asked = None;
+                    match answer {
+                        Ok(Ok(Some(stream))) => self.announcements = Some(stream),
+                        Ok(Ok(None)) => self.announcements_unsupported = true,
+                        Ok(Err(error)) => debug!(%error, "announcements unavailable"),
+                        Err(error) => debug!(%error, "asking for announcements ended without a reply"),
+                    }
+                    continue;
                 }
-            },
-            // The campaign() future was dropped: shut down once (its closed channel stays ready,
-            // and answering it again and again would spin while the withdraw is under way).
-            () = async { elected.expect("guarded").closed().await }, if elected.is_some() && !self.campaign_dropped => {
-                self.campaign_dropped = true;
-                Input::Shutdown
-            }
-            // Wake up now and then so heartbeats are seen before a stall deadline.
-            () = tokio::time::sleep(self.inner.timing.ttl / 20), if watching_heartbeats => Input::Tick,
+                announced = async { announcements.as_mut().expect("guarded").next().await }, if announcements.is_some() => {
+                    match announced {
+                        Some(observation) => Input::Announced(observation),
+                        None => {
+                            self.announcements = None;
+                            continue;
+                        }
+                    }
+                }
+            };
         }
+    }
+
+    /// Asks the store for its announcements of `lease`'s new holders, unless this candidate
+    /// leads, has them or is asking already, or the store does not announce.
+    fn ask_for_announcements(&mut self) {
+        if self.leader.is_some()
+            || self.announcements.is_some()
+            || self.announcements_asked.is_some()
+            || self.announcements_unsupported
+        {
+            return;
+        }
+        let (store, lease) = (self.inner.store.clone(), self.inner.lease.clone());
+        let bound = call_bound(&self.inner.timing);
+        let name = store.name();
+        self.announcements_asked = Some(tokio::spawn(
+            async move {
+                tokio::time::timeout(bound, store.announcements(&lease))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(Error::Timeout {
+                            store: name,
+                            operation: "announcements",
+                            after: bound,
+                        })
+                    })
+            }
+            .in_current_span(),
+        ));
     }
 
     /// Follows what replies and notifications show of another holder (the machine decides;
@@ -385,6 +447,9 @@ impl Driver {
             Output::Elected { grant, valid_until } => {
                 let now = now();
                 info!(term = %grant.term, "elected");
+                // A leader learns of another holder from its renewals.
+                self.announcements = None;
+                self.announcements_asked = None;
                 *self.inner.leading.lock().expect("leading lock") = Some(valid_until);
                 metrics::gauge!(telemetry::TERM, "lease" => lease.clone()).set(grant.term.0 as f64);
                 metrics::counter!(telemetry::TRANSITIONS, "lease" => lease.clone(), "to" => "leader").increment(1);
@@ -511,6 +576,9 @@ impl Driver {
                 None
             }
             Output::LeaderChanged(leader) => {
+                if leader.as_ref().is_some_and(|(holder, _)| *holder != self.inner.id) {
+                    self.ask_for_announcements();
+                }
                 let info = leader.map(|(holder, term)| LeaderInfo {
                     holder,
                     term,
