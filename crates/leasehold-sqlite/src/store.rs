@@ -2,16 +2,18 @@
 
 use std::path::Path;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::{
-    AcquireRequest, Acquired, CandidateId, Capabilities, Error, Expiry, Grant, LeaseName, LeaseStore, Notifications,
-    Observation, Renewed, Result, Term, Transition,
+    AcquireRequest, Acquired, CandidateId, Capabilities, Changes, Error, Expiry, Grant, LeaseName, LeaseStore,
+    Notifications, Observation, Renewed, Result, Term, Transition,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection};
 
+use crate::changes::{Notifier, Signal};
 use crate::config::{SqliteConfig, Synchronous};
 use crate::error::{self, STORE};
 use crate::record::{self, Failure, TTL_RANGE};
@@ -66,6 +68,8 @@ pub struct SqliteStore {
     /// while a transaction commits.
     pool: SqlitePool,
     writer: Writer,
+    /// Shared by the clones of this store: one file watcher for all their followers.
+    notifier: Arc<Notifier>,
     config: SqliteConfig,
 }
 
@@ -125,9 +129,17 @@ impl SqliteStore {
             .acquire_timeout(config.busy_timeout.max(Duration::from_secs(1)))
             // A local file does not go stale; skip the ping before each request.
             .test_before_acquire(false)
-            .connect_lazy_with(options);
-        let writer = Writer::spawn(pool.clone(), config.clone());
-        Ok(SqliteStore { pool, writer, config })
+            .connect_lazy_with(options.clone());
+        let signal = Signal::of(&config.path);
+        signal.create(&config.path);
+        let writer = Writer::spawn(pool.clone(), config.clone(), signal.clone());
+        let notifier = Arc::new(Notifier::new(signal, options));
+        Ok(SqliteStore {
+            pool,
+            writer,
+            notifier,
+            config,
+        })
     }
 
     /// The configuration the store was opened with.
@@ -164,7 +176,7 @@ impl LeaseStore for SqliteStore {
         Capabilities {
             ttl: TTL_RANGE,
             expiry: Expiry::ObservedByContenders,
-            notifications: Notifications::None,
+            notifications: Notifications::Release,
             fifo: false,
         }
     }
@@ -260,6 +272,28 @@ impl LeaseStore for SqliteStore {
             .collect::<Result<Vec<_>>>()?;
         transitions.reverse();
         Ok(transitions)
+    }
+
+    /// A stream that yields when the lease changes hands (granted, released, handed over, broken,
+    /// taken over) by a write of any process or store on this file, except a change `candidate`
+    /// made itself. Renewals do not wake it. All subscriptions of a store share one file watcher
+    /// (inotify on Linux) and one connection; see [`docs`](crate::docs#change-notifications).
+    ///
+    /// `Ok(None)` (the engine polls) when the directory cannot be watched: no inotify watch left,
+    /// a file system without notifications, another platform's limits.
+    ///
+    /// # Errors
+    ///
+    /// A transient error when the lease's row cannot be read.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future or the stream ends the subscription; nothing else changes.
+    async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {
+        self.notifier
+            .changes(lease, candidate)
+            .await
+            .map_err(|e| error::map(&e, "changes", self.config.busy_timeout))
     }
 
     /// `true`: [`break_lease`](LeaseStore::break_lease) works.

@@ -17,6 +17,7 @@ use sqlx::SqliteConnection;
 use sqlx::sqlite::SqlitePool;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::changes::Signal;
 use crate::config::SqliteConfig;
 use crate::error::{self, STORE};
 use crate::record::{self, Failure, Record, term_value, ttl_value, unix_millis};
@@ -77,9 +78,10 @@ pub(crate) struct Writer {
 
 impl Writer {
     /// Starts the writer task on the current tokio runtime.
-    pub(crate) fn spawn(pool: SqlitePool, config: SqliteConfig) -> Writer {
+    /// After each transaction that changed a lease's holder, it sends `signal`.
+    pub(crate) fn spawn(pool: SqlitePool, config: SqliteConfig, signal: Signal) -> Writer {
         let (jobs, queue) = mpsc::unbounded_channel();
-        tokio::spawn(run(pool, config, queue));
+        tokio::spawn(run(pool, config, signal, queue));
         Writer { jobs }
     }
 
@@ -101,7 +103,7 @@ impl Writer {
     }
 }
 
-async fn run(pool: SqlitePool, config: SqliteConfig, mut queue: mpsc::UnboundedReceiver<Job>) {
+async fn run(pool: SqlitePool, config: SqliteConfig, signal: Signal, mut queue: mpsc::UnboundedReceiver<Job>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while queue.recv_many(&mut batch, MAX_BATCH).await > 0 {
         // A caller that gave up before its transaction started is not applied at all.
@@ -110,7 +112,13 @@ async fn run(pool: SqlitePool, config: SqliteConfig, mut queue: mpsc::UnboundedR
         let mut done = Vec::with_capacity(steps.len());
         for steps in steps.chunks(MAX_BATCH) {
             match transaction(&pool, &config, steps).await {
-                Ok(answers) => done.extend(answers.into_iter().map(Done::Answered)),
+                Ok((answers, changed_hands)) => {
+                    // Committed and visible: wake the followers (renewals alone wake nobody).
+                    if changed_hands {
+                        signal.send();
+                    }
+                    done.extend(answers.into_iter().map(Done::Answered));
+                }
                 // Nothing of this transaction was committed: each of its steps gets the error.
                 Err(e) => done.extend(
                     steps
@@ -195,25 +203,37 @@ fn renewed_each(done: Vec<Done>) -> Result<Outcome> {
     Ok(Outcome::RenewedEach(answers))
 }
 
-/// Runs `steps` in one transaction. A step whose record is corrupt gets its own error (it wrote
-/// nothing); an SQL error abandons the whole transaction.
+/// Runs `steps` in one transaction, answering each, and whether a lease changed hands (was
+/// granted, released, handed over or broken). A step whose record is corrupt gets its own error
+/// (it wrote nothing); an SQL error abandons the whole transaction.
 async fn transaction(
     pool: &SqlitePool,
     config: &SqliteConfig,
     steps: &[Step<'_>],
-) -> Result<Vec<Result<Outcome>>, sqlx::Error> {
+) -> Result<(Vec<Result<Outcome>>, bool), sqlx::Error> {
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
     let mut answers = Vec::with_capacity(steps.len());
+    let mut changed_hands = false;
     for step in steps {
         let answer = match *step {
             Step::Whole(Op::Acquire(request)) => acquire(&mut tx, config, request).await.map(Outcome::Acquired),
             Step::Whole(Op::Renew(grant)) | Step::RenewOne(grant) => renew(&mut tx, grant).await.map(Outcome::Renewed),
-            Step::Whole(Op::Release(grant)) => release(&mut tx, grant).await.map(|()| Outcome::Released),
-            Step::Whole(Op::HandOver(grant, to)) => hand_over(&mut tx, grant, to).await.map(|()| Outcome::HandedOver),
+            Step::Whole(Op::Release(grant)) => release(&mut tx, grant).await.map(|ended| {
+                changed_hands |= ended;
+                Outcome::Released
+            }),
+            Step::Whole(Op::HandOver(grant, to)) => hand_over(&mut tx, grant, to).await.map(|ended| {
+                changed_hands |= ended;
+                Outcome::HandedOver
+            }),
             Step::Whole(Op::Break(lease)) => break_lease(&mut tx, lease).await.map(Outcome::Broken),
             // `Step::of` splits a renewal of many into its grants.
             Step::Whole(Op::RenewMany(_)) => Err(Failure::Record(lost_step())),
         };
+        changed_hands |= matches!(
+            answer,
+            Ok(Outcome::Acquired(Acquired::Granted(_)) | Outcome::Broken(Some(_)))
+        );
         answers.push(match answer {
             Ok(outcome) => Ok(outcome),
             Err(Failure::Record(e)) => Err(e),
@@ -221,7 +241,7 @@ async fn transaction(
         });
     }
     tx.commit().await?;
-    Ok(answers)
+    Ok((answers, changed_hands))
 }
 
 async fn acquire(
@@ -317,22 +337,24 @@ async fn renew(conn: &mut SqliteConnection, grant: &Grant) -> Result<Renewed, Fa
     }
 }
 
-async fn release(conn: &mut SqliteConnection, grant: &Grant) -> Result<(), Failure> {
+/// Ends the grant's term if the row still records it; whether it did.
+async fn release(conn: &mut SqliteConnection, grant: &Grant) -> Result<bool, Failure> {
     let record = record::read(conn, &grant.lease).await?;
-    if record.records(grant) {
-        end(conn, &grant.lease, record.term, EndReason::Released).await?;
+    if !record.records(grant) {
+        return Ok(false);
     }
-    Ok(())
+    end(conn, &grant.lease, record.term, EndReason::Released).await?;
+    Ok(true)
 }
 
 /// Ends the grant's term as handed over and leaves the row naming `to` as a reservation: the
 /// same term, `previous_end` `handed_over`, a new version (so contenders watch a full TTL from
-/// now before taking it over) and the grant's TTL.
-async fn hand_over(conn: &mut SqliteConnection, grant: &Grant, to: &CandidateId) -> Result<(), Failure> {
+/// now before taking it over) and the grant's TTL. Whether the row still recorded the grant.
+async fn hand_over(conn: &mut SqliteConnection, grant: &Grant, to: &CandidateId) -> Result<bool, Failure> {
     let lease = &grant.lease;
     let record = record::read(conn, lease).await?;
     if !record.records(grant) {
-        return Ok(());
+        return Ok(false);
     }
     sqlx::query(
         "UPDATE leasehold_leases SET holder = ?2, ttl_ms = ?3, version = ?4, previous_end = ?5 WHERE name = ?1",
@@ -345,7 +367,7 @@ async fn hand_over(conn: &mut SqliteConnection, grant: &Grant, to: &CandidateId)
     .execute(&mut *conn)
     .await?;
     end_term(conn, lease, record.term, EndReason::HandedOver).await?;
-    Ok(())
+    Ok(true)
 }
 
 async fn break_lease(conn: &mut SqliteConnection, lease: &LeaseName) -> Result<Option<Term>, Failure> {

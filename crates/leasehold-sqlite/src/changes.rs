@@ -1,0 +1,341 @@
+//! Change notifications through the file system: a follower in any process wakes when a lease it
+//! waits for changes hands, instead of at its next poll.
+//!
+//! After every transaction that granted, released, handed over or broke a lease (never after a
+//! transaction of renewals or refused acquires only), the writer rewrites one byte of a small
+//! file next to the database, `<file>-changes` (the [`Signal`]). It does so after the commit
+//! returned, so whoever looks next sees the change. A store's [`Notifier`] watches that file's
+//! directory (inotify on Linux, through `notify`) with one watcher and one connection of its
+//! own, shared by all its subscriptions. On an event it reads, in one statement, the rows of the
+//! leases somebody waits for, and wakes the waiters of each lease whose holder, term or end
+//! changed. A renewal changes only the record version, which is not compared: nobody wakes.
+//!
+//! Why a file of our own rather than the database's `-wal`: a commit appends to the log and
+//! *then* (after its sync) publishes itself in the shared-memory index, which produces no file
+//! event. A reader woken by the log's last write can run before that and see nothing new, and
+//! no further event would come. The signal is written after the commit is visible. It also
+//! means that renewals, the most frequent commits, cost the watchers nothing.
+//!
+//! A candidate is not woken by its own change (a leader that released learns nothing from it),
+//! as on Postgres. Writes by anything other than leasehold-sqlite (the `sqlite3` shell, an older
+//! release) send no signal: followers see them at their next poll, which they keep making, since
+//! SQLite has no clock and expiry is observed by polling ([`Notifications::Release`]).
+//!
+//! The notifier never retries on its own: when the watcher cannot be created, subscribing answers
+//! `None` (the engine polls); when a read fails, every stream ends (the engine polls) and the
+//! next subscription starts a new watcher.
+//!
+//! [`Notifications::Release`]: leasehold_core::Notifications::Release
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+
+use futures::StreamExt;
+use leasehold_core::{CandidateId, Changes, LeaseName};
+use notify::{RecommendedWatcher, RecursiveMode, Watcher};
+use sqlx::sqlite::SqliteConnectOptions;
+use sqlx::{ConnectOptions, Row, SqliteConnection};
+use tokio::sync::{Mutex, mpsc, watch};
+use tracing::debug;
+
+/// The file whose writes say "a lease changed hands": `<database>-changes`, next to the
+/// database (its path made canonical, so that every process names the same file).
+#[derive(Clone, Debug)]
+pub(crate) struct Signal {
+    path: PathBuf,
+}
+
+impl Signal {
+    /// The signal file of the database at `db` (which exists: the store has opened it).
+    pub(crate) fn of(db: &Path) -> Signal {
+        let db = std::fs::canonicalize(db).unwrap_or_else(|_| db.to_path_buf());
+        let mut path = db.into_os_string();
+        path.push("-changes");
+        Signal { path: path.into() }
+    }
+
+    /// Creates the file if it is missing, with the database's permissions, so that every process
+    /// that may write the database may also signal.
+    pub(crate) fn create(&self, db: &Path) {
+        let created = OpenOptions::new().write(true).create_new(true).open(&self.path);
+        match created {
+            Ok(_) => {
+                if let Err(e) =
+                    std::fs::metadata(db).and_then(|m| std::fs::set_permissions(&self.path, m.permissions()))
+                {
+                    debug!(path = %self.path.display(), error = %e, "cannot give the change signal the database's permissions");
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => debug!(path = %self.path.display(), error = %e, "cannot create the change signal file"),
+        }
+    }
+
+    /// Tells every watcher that a lease may have changed hands: rewrites the file's first byte.
+    /// A failure only costs the watchers their wake-up (they poll), so it is logged, not returned.
+    pub(crate) fn send(&self) {
+        let sent = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&self.path)
+            .and_then(|mut file| file.write_all(b"\n"));
+        if let Err(e) = sent {
+            debug!(path = %self.path.display(), error = %e, "cannot signal a change; watchers will poll");
+        }
+    }
+
+    fn file_name(&self) -> Option<OsString> {
+        self.path.file_name().map(ToOwned::to_owned)
+    }
+
+    fn dir(&self) -> PathBuf {
+        match self.path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+            _ => PathBuf::from("."),
+        }
+    }
+}
+
+/// What a waiter compares of a lease row: who holds it, at which term, how the last term ended.
+/// Not the record version, which every renewal changes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Hands {
+    /// The holder, or for a reservation the successor it names.
+    holder: Option<String>,
+    reserved: bool,
+    /// The holder, term and end as SQLite quotes them: any change of these is a change of hands,
+    /// also in a row leasehold cannot read (the waiter then reads the error itself).
+    key: String,
+}
+
+/// One lease somebody waits for.
+#[derive(Debug, Default)]
+struct Watched {
+    /// The row as last read (`None`: no row).
+    hands: Option<Hands>,
+    /// One channel per waiting candidate; the value counts wake-ups.
+    waiters: HashMap<String, watch::Sender<u64>>,
+}
+
+impl Watched {
+    /// Wakes the waiters of a lease whose row went from `before` to `now`, except a candidate
+    /// that made the change itself: the new holder, or the holder that let the lease go.
+    fn wake(&self, before: Option<&Hands>, now: Option<&Hands>) {
+        let holds = |hands: Option<&Hands>, candidate: &str| {
+            hands.is_some_and(|h| !h.reserved && h.holder.as_deref() == Some(candidate))
+        };
+        let let_go = now.is_none_or(|h| h.reserved || h.holder.is_none());
+        for (candidate, tx) in &self.waiters {
+            let took_it = holds(now, candidate);
+            let gave_it_up = let_go && holds(before, candidate);
+            if !took_it && !gave_it_up {
+                tx.send_modify(|n| *n += 1);
+            }
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    leases: HashMap<String, Watched>,
+    running: Option<Running>,
+    /// How many watchers were started.
+    started: u64,
+}
+
+impl Shared {
+    /// Forgets the waiters whose streams were dropped, and the leases nobody waits for.
+    fn prune(&mut self) {
+        self.leases.retain(|_, watched| {
+            watched.waiters.retain(|_, tx| tx.receiver_count() > 0);
+            !watched.waiters.is_empty()
+        });
+    }
+}
+
+/// The watcher of a store and its connection; the watch ends when this is dropped.
+#[derive(Debug)]
+struct Running {
+    /// Tells this watcher's task from an earlier one's.
+    generation: u64,
+    conn: SqliteConnection,
+    _watcher: RecommendedWatcher,
+}
+
+/// The notification side of a store.
+pub(crate) struct Notifier {
+    shared: Arc<Mutex<Shared>>,
+    signal: Signal,
+    options: SqliteConnectOptions,
+}
+
+impl std::fmt::Debug for Notifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Notifier")
+            .field("signal", &self.signal)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Notifier {
+    pub(crate) fn new(signal: Signal, options: SqliteConnectOptions) -> Notifier {
+        Notifier {
+            shared: Arc::default(),
+            signal,
+            options,
+        }
+    }
+
+    /// A stream that yields when `lease` changes hands by someone other than `candidate`, or
+    /// `None` when the file system cannot be watched.
+    ///
+    /// The row is read before this returns, with the watch already in place: a change made
+    /// afterwards wakes the stream, so a caller that looks at the lease after subscribing misses
+    /// nothing.
+    ///
+    /// # Errors
+    ///
+    /// The SQL error of reading the row.
+    pub(crate) async fn changes(
+        &self,
+        lease: &LeaseName,
+        candidate: &CandidateId,
+    ) -> Result<Option<Changes>, sqlx::Error> {
+        let mut guard = self.shared.lock().await;
+        let shared = &mut *guard;
+        if shared.running.is_none() {
+            shared.started += 1;
+            match self.start(shared.started).await {
+                Ok(running) => shared.running = Some(running),
+                Err(why) => {
+                    debug!(signal = %self.signal.path.display(), error = %why, "cannot watch the lease file; followers poll");
+                    return Ok(None);
+                }
+            }
+        }
+        shared.prune();
+        let conn = &mut shared.running.as_mut().expect("started above").conn;
+        let watched = match shared.leases.entry(lease.as_str().to_string()) {
+            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                let mut rows = read(conn, &[lease.as_str()]).await?;
+                entry.insert(Watched {
+                    hands: rows.remove(lease.as_str()),
+                    waiters: HashMap::new(),
+                })
+            }
+        };
+        let rx = watched
+            .waiters
+            .entry(candidate.as_str().to_string())
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe();
+        Ok(Some(
+            futures::stream::unfold(rx, |mut rx| async move { rx.changed().await.ok().map(|()| ((), rx)) }).boxed(),
+        ))
+    }
+
+    /// Watches the signal's directory and opens the connection that reads the rows.
+    async fn start(&self, generation: u64) -> Result<Running, Box<dyn std::error::Error + Send + Sync>> {
+        let name = self.signal.file_name().ok_or("the signal file has no name")?;
+        // Capacity one: events that come while a read is pending collapse into one more read.
+        let (events_tx, events) = mpsc::channel(1);
+        let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            let relevant = match &event {
+                Ok(event) => event.need_rescan() || event.paths.iter().any(|p| p.file_name() == Some(&name)),
+                // Events may have been lost: look.
+                Err(_) => true,
+            };
+            if relevant {
+                let _ = events_tx.try_send(());
+            }
+        })?;
+        watcher.watch(&self.signal.dir(), RecursiveMode::NonRecursive)?;
+        let conn = self.options.connect().await?;
+        tokio::spawn(follow(Arc::downgrade(&self.shared), generation, events));
+        Ok(Running {
+            generation,
+            conn,
+            _watcher: watcher,
+        })
+    }
+}
+
+/// The watcher's task: on each event, reads the rows of the watched leases and wakes the waiters
+/// of those that changed hands. Ends when the store is dropped, when nobody waits any more, or
+/// when a read fails (every stream then ends).
+async fn follow(shared: Weak<Mutex<Shared>>, generation: u64, mut events: mpsc::Receiver<()>) {
+    // `None`: the watcher was dropped (the store, or this task, stopped it).
+    while events.recv().await.is_some() {
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let mut guard = shared.lock().await;
+        let shared = &mut *guard;
+        // A watcher that was replaced may still deliver an event or two: not ours to handle.
+        if shared.running.as_ref().is_none_or(|r| r.generation != generation) {
+            return;
+        }
+        shared.prune();
+        if shared.leases.is_empty() {
+            shared.running = None;
+            return;
+        }
+        let running = shared.running.as_mut().expect("checked above");
+        let names: Vec<&str> = shared.leases.keys().map(String::as_str).collect();
+        match read(&mut running.conn, &names).await {
+            Ok(mut rows) => {
+                for (name, watched) in &mut shared.leases {
+                    let now = rows.remove(name.as_str());
+                    if now != watched.hands {
+                        watched.wake(watched.hands.as_ref(), now.as_ref());
+                        watched.hands = now;
+                    }
+                }
+            }
+            Err(e) => {
+                debug!(error = %e, "reading the watched leases failed; followers poll");
+                // Ends every stream: the engine polls, and its next campaign subscribes anew.
+                shared.leases.clear();
+                shared.running = None;
+                return;
+            }
+        }
+    }
+}
+
+/// The rows of `names` that exist, in one statement.
+async fn read(conn: &mut SqliteConnection, names: &[&str]) -> Result<HashMap<String, Hands>, sqlx::Error> {
+    // Lease names are ASCII letters, digits, '-', '_' and '.': nothing to escape in JSON.
+    let list = format!(
+        "[{}]",
+        names.iter().map(|n| format!("\"{n}\"")).collect::<Vec<_>>().join(",")
+    );
+    let rows = sqlx::query(
+        "SELECT l.name,
+                CASE WHEN typeof(l.holder) = 'text' THEN l.holder END,
+                l.holder IS NOT NULL AND l.previous_end IS 'handed_over',
+                quote(l.holder) || ' ' || quote(l.term) || ' ' || quote(l.previous_end)
+         FROM json_each(?1) AS wanted JOIN leasehold_leases AS l ON l.name = wanted.value",
+    )
+    .bind(list)
+    .fetch_all(conn)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            Ok((
+                row.try_get::<String, _>(0)?,
+                Hands {
+                    holder: row.try_get(1)?,
+                    reserved: row.try_get(2)?,
+                    key: row.try_get(3)?,
+                },
+            ))
+        })
+        .collect()
+}
