@@ -1,45 +1,175 @@
 //! Change notifications: one `LISTEN` connection per store, fanned out to every candidate that
-//! waits on a lease of that store.
+//! waits on a lease of that store, and a **queue watcher** per lease a candidate of the store
+//! waits on, so that a release wakes one candidate, not all of them.
 //!
 //! Releases, takeovers, breaks and the expiry of abandoned grants send `NOTIFY leasehold,
 //! '<schema>/<lease>/<candidate>'` in the statement that makes the change, so the notification is
-//! delivered when the change commits. The end of a holder's *session* cannot be notified
-//! (nothing runs when a session dies), so followers also poll at `retry_every`.
+//! delivered when the change commits. A candidate is not woken by its own change: a leader that
+//! released (and may campaign again at once, as `Elector::run` does) learns nothing from it, and
+//! being woken would cut short the pause the engine makes after stepping down so that another
+//! candidate can take over.
 //!
-//! A candidate is not woken by its own change: a leader that released (and may campaign again
-//! at once, as `Elector::run` does) learns nothing from it, and being woken would cut short the
-//! pause the engine makes after stepping down so that another candidate can take over.
+//! # The queue
+//!
+//! Each store with a candidate waiting on a lease keeps one more connection for that lease, its
+//! queue watcher, which waits in the server's lock queue:
+//!
+//! 1. `pg_advisory_lock(queue key)`: the server grants the lease's queue key to one watcher at a
+//!    time, in the order they asked (a dead watcher's place goes with its session). The holder
+//!    of the queue key is the **head**.
+//! 2. The head waits with `pg_advisory_lock_shared(lease key)` until the lease's lock is free:
+//!    the holder released it, handed it over, or its session ended (a crash, `idle_session_timeout`
+//!    of a silent holder, `pg_terminate_backend`, a reset connection). The same statement waits
+//!    (`SELECT ... FOR SHARE` of the lease row) for the statement that freed the lock to commit
+//!    (a release gives the lock back before its commit) and gives the shared lock back: it is
+//!    never held across a round trip, so a lost reply cannot leave it keeping everyone out.
+//! 3. It wakes one of its store's waiting candidates, which then acquires. Granted: the watcher
+//!    gives the queue key back (and queues again if other candidates of the store still wait).
+//!    Held by a lock someone holds: it waits on the lease key again. Held by a row whose lock is
+//!    free (orphaned, or reserved by a handover): the engine takes it over by its version, on its
+//!    own timer.
+//!
+//! A release that gave its lock back says so in its notification ([`QUEUED`]); a store with a
+//! running watcher on the lease does not wake its candidates for it (the head wakes by the
+//! lock). Without a watcher (none could connect, or [`MAX_WATCHERS`] are running), every
+//! notification wakes every candidate, as before the queue. Followers also poll at
+//! `retry_every` (the store notifies [`Release`](leasehold_core::Notifications::Release)), so a
+//! lost wake-up costs time, never an election.
 //!
 //! The listener never retries on its own: when its connection fails, every stream ends (the
 //! engine then polls) and the next [`Notifier::changes`] starts a new listener.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use futures::StreamExt;
-use leasehold_core::{CandidateId, Changes, LeaseName};
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
-use tokio::sync::watch;
+use leasehold_core::{Acquired, CandidateId, Changes, LeaseName};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use sqlx::{AssertSqlSafe, Connection, PgConnection};
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tracing::debug;
 
+use crate::record::lock_key;
+use crate::schema::quoted;
 use crate::sql::CHANNEL;
+
+/// The line a release's notification payload ends with when its statement gave the lease's
+/// lock back (see [`Context::queued_payload`](crate::session::Context::queued_payload)).
+pub(crate) const QUEUED: &str = "queued";
+
+/// Queue watchers one store runs at most (each is a connection). A lease waited on beyond that
+/// has none: its candidates wake on every notification, as without the queue.
+pub(crate) const MAX_WATCHERS: usize = 32;
+
+/// How often the server checks, while a watcher's statement waits, that the watcher's client is
+/// still there: bounds how long a vanished watcher keeps its place at the head of a queue.
+const CLIENT_CHECK_INTERVAL_MS: u32 = 1000;
+
+/// What a candidate's acquire found, as the queue watcher needs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Granted: the candidate no longer waits.
+    Granted,
+    /// Held, and the lease's lock was held (by the holder, or for an instant by someone else):
+    /// the head waits on the lock again.
+    Busy,
+    /// Held by a row whose lock is free (orphaned, reserved): the engine's timer decides.
+    Free,
+}
+
+impl Outcome {
+    /// The outcome of an acquire's answer; `None` for an error (nothing learnt).
+    pub(crate) fn of(answer: &leasehold_core::Result<Acquired>) -> Option<Outcome> {
+        match answer {
+            Ok(Acquired::Granted(_)) => Some(Outcome::Granted),
+            Ok(Acquired::Held(seen)) => Some(match &seen.holder {
+                Some(holder) if holder.orphaned => Outcome::Free,
+                _ => Outcome::Busy,
+            }),
+            Err(_) => None,
+        }
+    }
+}
+
+/// One subscription (one campaign of one candidate).
+#[derive(Debug)]
+struct Waiter {
+    id: u64,
+    candidate: String,
+    /// Counts wake-ups.
+    tx: watch::Sender<u64>,
+    /// Its last acquire found the lease held (not granted since).
+    waiting: bool,
+}
+
+impl Waiter {
+    fn live(&self) -> bool {
+        self.waiting && self.tx.receiver_count() > 0
+    }
+
+    fn wake(&self) {
+        self.tx.send_modify(|n| *n += 1);
+    }
+}
+
+/// The queue watcher of one lease, as its task and the store share it.
+#[derive(Debug)]
+struct Watcher {
+    poke: Arc<Notify>,
+    /// A candidate's acquire found the lock held: wait on it again.
+    rearm: bool,
+    /// A candidate of this store was granted: give the queue key back.
+    granted: bool,
+    /// The head's candidate found a row whose lock is free (orphaned, reserved): the engine
+    /// takes it over on its own timer, and until the watcher waits on the lock again, every
+    /// notification wakes this store's candidates (a release by a holder that took its lock
+    /// back, which only the queue would otherwise announce).
+    free: bool,
+}
+
+#[derive(Debug, Default)]
+struct Lease {
+    /// In the order they subscribed.
+    waiters: Vec<Waiter>,
+    watcher: Option<Watcher>,
+}
 
 #[derive(Debug, Default)]
 struct State {
-    /// Per lease somebody waits on, one channel per waiting candidate; the value counts
-    /// notifications.
-    waiting: HashMap<String, HashMap<String, watch::Sender<u64>>>,
+    leases: HashMap<String, Lease>,
     listener: Option<JoinHandle<()>>,
+    next_id: u64,
+}
+
+impl State {
+    fn watchers(&self) -> usize {
+        self.leases.values().filter(|l| l.watcher.is_some()).count()
+    }
+}
+
+/// What a queue watcher needs to connect and wait.
+struct QueueSetup {
+    options: PgConnectOptions,
+    /// For `pg_terminate_backend` of a watcher dropped while its statement waits.
+    pool: PgPool,
+    connect_timeout: Duration,
+    schema: String,
+    /// `$1` lease, `$2` its lock key → waits until the lock is free and the statement that freed
+    /// it has committed, then gives the shared lock back; all in one statement, so that the
+    /// shared lock is never held across a round trip (a lost reply must not leave it held).
+    free_wait: String,
 }
 
 /// The notification side of a store.
 pub(crate) struct Notifier {
     state: Arc<Mutex<State>>,
     options: PgConnectOptions,
-    connect_timeout: std::time::Duration,
+    connect_timeout: Duration,
     /// `<schema>/`: the payload prefix of this store's notifications.
     prefix: String,
+    queue: Arc<QueueSetup>,
 }
 
 impl std::fmt::Debug for Notifier {
@@ -51,8 +181,23 @@ impl std::fmt::Debug for Notifier {
     }
 }
 
+/// The key of `lease`'s queue: another advisory key than the lease's own.
+pub(crate) fn queue_key(schema: &str, lease: &str) -> i64 {
+    lock_key(schema, &format!("{lease}\u{0}queue"))
+}
+
 impl Notifier {
-    pub(crate) fn new(options: PgConnectOptions, connect_timeout: std::time::Duration, schema: &str) -> Notifier {
+    pub(crate) fn new(options: PgConnectOptions, connect_timeout: Duration, schema: &str, pool: PgPool) -> Notifier {
+        let queue_options = options.clone().options([
+            ("statement_timeout", "0".to_string()),
+            ("lock_timeout", "0".to_string()),
+            ("idle_session_timeout", "0".to_string()),
+            ("client_connection_check_interval", CLIENT_CHECK_INTERVAL_MS.to_string()),
+        ]);
+        let queue_options = match queue_options.get_application_name() {
+            Some(_) => queue_options,
+            None => queue_options.application_name("leasehold-queue"),
+        };
         let options = match options.get_application_name() {
             Some(_) => options,
             None => options.application_name("leasehold-listen"),
@@ -62,25 +207,50 @@ impl Notifier {
             options,
             connect_timeout,
             prefix: format!("{schema}/"),
+            queue: Arc::new(QueueSetup {
+                options: queue_options,
+                pool,
+                connect_timeout,
+                schema: schema.to_string(),
+                // The row lock waits after the advisory one: the join needs `k`'s row before any
+                // lease row reaches the lock. CASE evaluates its condition (both waits) before
+                // the unlock.
+                free_wait: format!(
+                    "WITH k AS MATERIALIZED (SELECT pg_advisory_lock_shared($2::int8)),
+                     r AS MATERIALIZED (
+                        SELECT 1 FROM (SELECT count(*) AS n FROM k) AS kk, {}.leases AS l
+                        WHERE l.name = $1::text AND kk.n > 0
+                        FOR SHARE OF l)
+                     SELECT CASE WHEN (SELECT count(*) FROM k) + (SELECT count(*) FROM r) >= 0
+                                 THEN pg_advisory_unlock_shared($2::int8) END",
+                    quoted(schema)
+                ),
+            }),
         }
     }
 
-    /// A stream that yields when `lease` was released or taken over by someone other than
-    /// `candidate`. It ends when the listener's connection fails.
+    /// A stream that yields when `candidate` should look at `lease` again: it is the head of the
+    /// store-side queue and the lease's lock is free, or the lease was taken over, broken or
+    /// handed over by someone other than `candidate` (or released, where the store has no queue
+    /// watcher on it). It ends when the listener's connection fails.
     pub(crate) fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Changes {
         let mut state = self.state.lock().expect("notifier lock poisoned");
-        state.waiting.retain(|_, waiters| {
-            waiters.retain(|_, tx| tx.receiver_count() > 0);
-            !waiters.is_empty()
-        });
-        let mut rx = state
-            .waiting
+        let id = state.next_id;
+        state.next_id += 1;
+        let (tx, mut rx) = watch::channel(0);
+        rx.mark_unchanged();
+        // Not waiting until an acquire of it finds the lease held (see `acquired`).
+        state
+            .leases
             .entry(lease.as_str().to_string())
             .or_default()
-            .entry(candidate.as_str().to_string())
-            .or_insert_with(|| watch::channel(0).0)
-            .subscribe();
-        rx.mark_unchanged();
+            .waiters
+            .push(Waiter {
+                id,
+                candidate: candidate.as_str().to_string(),
+                tx,
+                waiting: false,
+            });
         if state.listener.as_ref().is_none_or(JoinHandle::is_finished) {
             state.listener = Some(tokio::spawn(listen(
                 Arc::downgrade(&self.state),
@@ -89,41 +259,141 @@ impl Notifier {
                 self.prefix.clone(),
             )));
         }
-        futures::stream::unfold(rx, |mut rx| async move { rx.changed().await.ok().map(|()| ((), rx)) }).boxed()
+        let guard = Unsubscribe {
+            state: Arc::downgrade(&self.state),
+            lease: lease.as_str().to_string(),
+            id,
+        };
+        futures::stream::unfold((rx, guard), |(mut rx, guard)| async move {
+            rx.changed().await.ok().map(|()| ((), (rx, guard)))
+        })
+        .boxed()
+    }
+
+    /// Tells the queue watcher of `lease` what `candidate`'s acquire found, starting one when a
+    /// subscribed candidate of this store finds the lease held and none runs.
+    pub(crate) fn acquired(&self, lease: &LeaseName, candidate: &CandidateId, outcome: Outcome) {
+        let mut state = self.state.lock().expect("notifier lock poisoned");
+        let room = state.watchers() < MAX_WATCHERS;
+        let Some(entry) = state.leases.get_mut(lease.as_str()) else {
+            return;
+        };
+        let mut ours = false;
+        for waiter in entry.waiters.iter_mut().filter(|w| w.candidate == candidate.as_str()) {
+            waiter.waiting = outcome != Outcome::Granted;
+            ours = true;
+        }
+        if !ours {
+            return;
+        }
+        match &mut entry.watcher {
+            Some(watcher) => {
+                match outcome {
+                    Outcome::Granted => watcher.granted = true,
+                    Outcome::Busy => watcher.rearm = true,
+                    Outcome::Free => {}
+                }
+                watcher.free = outcome == Outcome::Free;
+                watcher.poke.notify_one();
+            }
+            None if room && outcome != Outcome::Granted => {
+                let poke = Arc::new(Notify::new());
+                entry.watcher = Some(Watcher {
+                    poke: poke.clone(),
+                    rearm: false,
+                    granted: false,
+                    free: false,
+                });
+                tokio::spawn(watch_queue(
+                    Arc::downgrade(&self.state),
+                    self.queue.clone(),
+                    lease.as_str().to_string(),
+                    poke,
+                ));
+            }
+            None => {}
+        }
     }
 }
 
 impl Drop for Notifier {
     fn drop(&mut self) {
-        if let Ok(mut state) = self.state.lock()
-            && let Some(listener) = state.listener.take()
-        {
-            listener.abort();
+        if let Ok(mut state) = self.state.lock() {
+            if let Some(listener) = state.listener.take() {
+                listener.abort();
+            }
+            // Ends every stream; each watcher then finds nobody waiting and stops.
+            for entry in state.leases.values_mut() {
+                entry.waiters.clear();
+                if let Some(watcher) = &entry.watcher {
+                    watcher.poke.notify_one();
+                }
+            }
         }
     }
 }
 
-/// Wakes the waiters of `lease` except the candidate `by` who made the change; `false` once the
-/// store is gone.
-fn wake(state: &Weak<Mutex<State>>, (lease, by): (&str, &str)) -> bool {
+/// Removes a subscription when its stream is dropped.
+struct Unsubscribe {
+    state: Weak<Mutex<State>>,
+    lease: String,
+    id: u64,
+}
+
+impl Drop for Unsubscribe {
+    fn drop(&mut self) {
+        let Some(state) = self.state.upgrade() else { return };
+        let Ok(mut state) = state.lock() else { return };
+        let Some(entry) = state.leases.get_mut(&self.lease) else {
+            return;
+        };
+        entry.waiters.retain(|w| w.id != self.id);
+        match &mut entry.watcher {
+            Some(watcher) => {
+                // It may have been the one woken: the next one is, if the lock is free.
+                watcher.rearm = true;
+                watcher.poke.notify_one();
+            }
+            None if entry.waiters.is_empty() => {
+                state.leases.remove(&self.lease);
+            }
+            None => {}
+        }
+    }
+}
+
+/// Wakes the waiters of `lease` except the candidate `by` who made the change; for a release
+/// that gave its lock back (`queued`), only where the store has no queue watcher on the lease
+/// waiting on its lock (none, or one whose candidate found the row orphaned or reserved).
+/// `false` once the store is gone.
+fn wake(state: &Weak<Mutex<State>>, lease: &str, by: &str, queued: bool) -> bool {
     let Some(state) = state.upgrade() else {
         return false;
     };
     let state = state.lock().expect("notifier lock poisoned");
-    for (candidate, tx) in state.waiting.get(lease).into_iter().flatten() {
-        if candidate != by {
-            tx.send_modify(|n| *n += 1);
+    if let Some(entry) = state.leases.get(lease)
+        && !(queued && entry.watcher.as_ref().is_some_and(|w| !w.free))
+    {
+        for waiter in entry.waiters.iter().filter(|w| w.candidate != by) {
+            waiter.wake();
         }
     }
     true
 }
 
-async fn listen(
-    state: Weak<Mutex<State>>,
-    options: PgConnectOptions,
-    connect_timeout: std::time::Duration,
-    prefix: String,
-) {
+/// A `<schema>/<lease>/<by>[\n<flag>]` payload of this store: the lease, who made the change, and
+/// whether it is a release that gave its lock back.
+fn parse<'p>(payload: &'p str, prefix: &str) -> Option<(&'p str, &'p str, bool)> {
+    let (change, flag) = match payload.split_once('\n') {
+        Some((change, flag)) => (change, Some(flag)),
+        None => (payload, None),
+    };
+    // Lease names have no '/', candidate ids may.
+    let (lease, by) = change.strip_prefix(prefix)?.split_once('/')?;
+    Some((lease, by, flag == Some(QUEUED)))
+}
+
+async fn listen(state: Weak<Mutex<State>>, options: PgConnectOptions, connect_timeout: Duration, prefix: String) {
     let outcome: Result<(), sqlx::Error> = async {
         let pool = PgPoolOptions::new()
             .max_connections(1)
@@ -140,12 +410,8 @@ async fn listen(
         // reconnect, for nothing in the usual case.)
         listener.listen(CHANNEL).await?;
         while let Some(notification) = listener.try_recv().await? {
-            // `<schema>/<lease>/<by>`: lease names have no '/', candidate ids may.
-            if let Some(change) = notification
-                .payload()
-                .strip_prefix(prefix.as_str())
-                .and_then(|rest| rest.split_once('/'))
-                && !wake(&state, change)
+            if let Some((lease, by, queued)) = parse(notification.payload(), &prefix)
+                && !wake(&state, lease, by, queued)
             {
                 return Ok(());
             }
@@ -161,7 +427,249 @@ async fn listen(
     // others, or sees none and starts a new one.
     if let Some(state) = state.upgrade() {
         let mut state = state.lock().expect("notifier lock poisoned");
-        state.waiting.clear();
+        for entry in state.leases.values_mut() {
+            entry.waiters.clear();
+            if let Some(watcher) = &entry.watcher {
+                watcher.poke.notify_one();
+            }
+        }
+        state.leases.retain(|_, entry| entry.watcher.is_some());
         state.listener = None;
+    }
+}
+
+/// What the watcher's task does next, decided under the state lock.
+enum Next {
+    /// Nobody of this store waits: stop (the watcher was removed from the state).
+    Stop,
+    /// Give the queue key back (a candidate of this store was granted).
+    LeaveQueue,
+    /// Wait for the lease's lock to be free (queueing first if not the head).
+    Wait,
+    /// Wait for news (an acquire's outcome, a subscription).
+    Idle,
+}
+
+fn decide(state: &Weak<Mutex<State>>, lease: &str, head: bool, armed: &mut bool) -> Next {
+    let Some(state) = state.upgrade() else {
+        return Next::Stop;
+    };
+    let mut state = state.lock().expect("notifier lock poisoned");
+    let Some(entry) = state.leases.get_mut(lease) else {
+        return Next::Stop;
+    };
+    if !entry.waiters.iter().any(Waiter::live) {
+        entry.watcher = None;
+        if entry.waiters.is_empty() {
+            state.leases.remove(lease);
+        }
+        return Next::Stop;
+    }
+    let Some(watcher) = &mut entry.watcher else {
+        return Next::Stop;
+    };
+    if std::mem::take(&mut watcher.granted) && head {
+        // Queue again behind the others for the candidates of this store that still wait.
+        *armed = true;
+        return Next::LeaveQueue;
+    }
+    if std::mem::take(&mut watcher.rearm) || !head {
+        *armed = true;
+    }
+    if *armed {
+        watcher.free = false;
+    }
+    if *armed { Next::Wait } else { Next::Idle }
+}
+
+/// Whether a candidate of this store still waits on `lease` (a waiting statement may go on).
+fn anyone_waits(state: &Weak<Mutex<State>>, lease: &str) -> bool {
+    let Some(state) = state.upgrade() else {
+        return false;
+    };
+    let state = state.lock().expect("notifier lock poisoned");
+    state
+        .leases
+        .get(lease)
+        .is_some_and(|entry| entry.waiters.iter().any(Waiter::live))
+}
+
+/// Wakes the first waiting candidate of `lease`; `false` if there is none.
+fn wake_head(state: &Weak<Mutex<State>>, lease: &str) -> bool {
+    let Some(state) = state.upgrade() else {
+        return false;
+    };
+    let state = state.lock().expect("notifier lock poisoned");
+    match state
+        .leases
+        .get(lease)
+        .and_then(|entry| entry.waiters.iter().find(|w| w.live()))
+    {
+        Some(waiter) => {
+            waiter.wake();
+            true
+        }
+        None => false,
+    }
+}
+
+/// The watcher failed: forget it and wake every waiter of `lease` (a release it would have
+/// turned into a wake-up may have been missed; from now on every notification wakes them).
+fn give_up(state: &Weak<Mutex<State>>, lease: &str) {
+    let Some(state) = state.upgrade() else { return };
+    let mut state = state.lock().expect("notifier lock poisoned");
+    if let Some(entry) = state.leases.get_mut(lease) {
+        entry.watcher = None;
+        for waiter in entry.waiters.iter().filter(|w| w.live()) {
+            waiter.wake();
+        }
+        if entry.waiters.is_empty() {
+            state.leases.remove(lease);
+        }
+    }
+}
+
+/// Runs `statement` on `conn`, unless nobody of this store waits on `lease` any more before it
+/// answers: then `None`, and the connection is in an unknown state (the caller drops it).
+async fn wait_for(
+    state: &Weak<Mutex<State>>,
+    lease: &str,
+    poke: &Notify,
+    conn: &mut PgConnection,
+    statement: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+) -> Option<Result<(), sqlx::Error>> {
+    let running = statement.execute(&mut *conn);
+    tokio::pin!(running);
+    loop {
+        tokio::select! {
+            done = &mut running => return Some(done.map(|_| ())),
+            () = poke.notified() => {
+                if !anyone_waits(state, lease) {
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+/// The queue watcher of one lease (see the module docs).
+async fn watch_queue(state: Weak<Mutex<State>>, setup: Arc<QueueSetup>, lease: String, poke: Arc<Notify>) {
+    let key = lock_key(&setup.schema, &lease);
+    let queue = queue_key(&setup.schema, &lease);
+    let connected = tokio::time::timeout(setup.connect_timeout, PgConnection::connect_with(&setup.options)).await;
+    let mut conn = match connected {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(e)) => {
+            debug!(%lease, error = %e, "queue watcher cannot connect; its candidates wake on every release");
+            return give_up(&state, &lease);
+        }
+        Err(_) => {
+            debug!(%lease, "queue watcher cannot connect in time; its candidates wake on every release");
+            return give_up(&state, &lease);
+        }
+    };
+    let me: Result<(i32, i64), sqlx::Error> = sqlx::query_as(
+        "SELECT pid, (extract(epoch FROM backend_start) * 1000000)::int8 FROM pg_stat_activity
+         WHERE pid = pg_backend_pid()",
+    )
+    .fetch_one(&mut conn)
+    .await;
+    let Ok(me) = me else {
+        return give_up(&state, &lease);
+    };
+    let mut head = false;
+    let mut armed = true;
+    loop {
+        let outcome = match decide(&state, &lease, head, &mut armed) {
+            Next::Stop => {
+                // Closing the session gives the queue key back (if held) and leaves the queue.
+                let _ = conn.close().await;
+                return;
+            }
+            Next::Idle => {
+                poke.notified().await;
+                continue;
+            }
+            Next::LeaveQueue => {
+                head = false;
+                sqlx::query("SELECT pg_advisory_unlock($1::int8)")
+                    .bind(queue)
+                    .execute(&mut conn)
+                    .await
+                    .map(|_| ())
+            }
+            Next::Wait => {
+                let mut waited = Ok(());
+                if !head {
+                    let enqueue = sqlx::query("SELECT pg_advisory_lock($1::int8)").bind(queue);
+                    match wait_for(&state, &lease, &poke, &mut conn, enqueue).await {
+                        None => return terminate(&setup, me, conn).await,
+                        Some(Ok(())) => head = true,
+                        Some(Err(e)) => waited = Err(e),
+                    }
+                }
+                if waited.is_ok() {
+                    // The statement that freed the lock may not have committed yet (a release
+                    // gives the lock back first): it waits for that too.
+                    let free = sqlx::query(AssertSqlSafe(setup.free_wait.clone()))
+                        .bind(lease.as_str())
+                        .bind(key);
+                    match wait_for(&state, &lease, &poke, &mut conn, free).await {
+                        None => return terminate(&setup, me, conn).await,
+                        Some(result) => waited = result,
+                    }
+                }
+                if waited.is_ok() {
+                    armed = false;
+                    wake_head(&state, &lease);
+                }
+                waited
+            }
+        };
+        if let Err(e) = outcome {
+            debug!(%lease, error = %e, "queue watcher stopped; its candidates wake on every release");
+            give_up(&state, &lease);
+            let _ = conn.close().await;
+            return;
+        }
+    }
+}
+
+/// Ends a watcher whose statement is still waiting: its session is terminated (from the pool),
+/// so that its place in the queue, or the queue key, goes at once rather than when the server
+/// next checks the closed connection.
+async fn terminate(setup: &QueueSetup, (pid, started): (i32, i64), conn: PgConnection) {
+    drop(conn);
+    let ended = sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE pid = $1 AND (extract(epoch FROM backend_start) * 1000000)::int8 = $2",
+    )
+    .bind(pid)
+    .bind(started)
+    .execute(&setup.pool)
+    .await;
+    if let Err(e) = ended {
+        debug!(error = %e, "could not end a queue watcher's session; the server ends it within a second");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads_name_the_lease_the_candidate_and_a_queued_release() {
+        assert_eq!(parse("s/a/c1", "s/"), Some(("a", "c1", false)));
+        assert_eq!(parse("s/a/team/c1\nqueued", "s/"), Some(("a", "team/c1", true)));
+        assert_eq!(parse("s/a/c1\nsomething-else", "s/"), Some(("a", "c1", false)));
+        assert_eq!(parse("other/a/c1\nqueued", "s/"), None);
+        assert_eq!(parse("s/a", "s/"), None);
+    }
+
+    #[test]
+    fn the_queue_key_is_not_the_lease_key() {
+        assert_ne!(queue_key("s", "a"), lock_key("s", "a"));
+        assert_ne!(queue_key("s", "a"), queue_key("s", "b"));
+        assert_ne!(queue_key("s", "a"), queue_key("t", "a"));
     }
 }

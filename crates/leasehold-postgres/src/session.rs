@@ -121,6 +121,15 @@ impl Context {
     pub(crate) fn payload(&self, lease: &LeaseName, by: &str) -> String {
         format!("{}/{}/{}", self.config.schema(), lease, by)
     }
+
+    /// The payload of a release that gave back the lease's lock: [`Context::payload`] and
+    /// [`QUEUED`](crate::changes::QUEUED) on a line of its own (candidate ids have no control
+    /// characters). A store of this version with a queue watcher on the lease does not wake its
+    /// candidates for it: the head of the queue wakes when the lock is given back. Older versions
+    /// read the whole rest as the candidate and wake everyone, as before.
+    pub(crate) fn queued_payload(&self, lease: &LeaseName, by: &str) -> String {
+        format!("{}\n{}", self.payload(lease, by), crate::changes::QUEUED)
+    }
 }
 
 /// What a renewal found.

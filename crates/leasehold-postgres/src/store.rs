@@ -12,7 +12,7 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, Row};
 use tokio::time::Instant;
 
-use crate::changes::Notifier;
+use crate::changes::{Notifier, Outcome};
 use crate::config::PostgresConfig;
 use crate::error::{self, STORE};
 use crate::record::{self, RECORD_WIDTH, Record, TTL_RANGE, term_value};
@@ -133,7 +133,7 @@ impl PostgresStore {
                 Some(_) => options.clone(),
                 None => options.clone().application_name("leasehold"),
             }));
-        let notifier = Notifier::new(options, timeout, cx.config.schema());
+        let notifier = Notifier::new(options, timeout, cx.config.schema(), pool.clone());
         let session = LockSession::spawn(cx.clone(), conn);
         Ok(PostgresStore {
             inner: Arc::new(Inner {
@@ -284,7 +284,13 @@ impl LeaseStore for PostgresStore {
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
         self.capabilities().check_ttl(STORE, request.ttl)?;
-        self.inner.session.acquire(request.clone(), Instant::now()).await
+        let answer = self.inner.session.acquire(request.clone(), Instant::now()).await;
+        if let Some(outcome) = Outcome::of(&answer) {
+            self.inner
+                .notifier
+                .acquired(&request.lease, &request.candidate, outcome);
+        }
+        answer
     }
 
     async fn renew(&self, grant: &Grant) -> Result<Renewed> {
