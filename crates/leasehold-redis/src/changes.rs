@@ -1,7 +1,9 @@
 //! Change notifications: one pub/sub connection per store, shared by every lease it watches.
 //!
-//! Each watched lease is one channel subscription; every [`Changes`] stream of that lease gets a
-//! wake-up per message. With expiry events (see [`crate::expiry`]) the connection also holds one
+//! Each watched lease is one channel subscription, and each candidate watching it one more (its
+//! own channel, on which a release wakes the next waiter alone). A stream wakes on a message on
+//! its own channel, and on a message on the lease's channel that names nobody
+//! ([`wakes`]). With expiry events (see [`crate::expiry`]) the connection also holds one
 //! subscription to the server's key-event channel of expired keys, and an expired lease record
 //! wakes the streams of its lease. When the connection breaks, stops answering pings, or the
 //! store is dropped, every stream ends and the engine falls back to polling; the next `changes()`
@@ -141,14 +143,19 @@ impl Hub {
         self.expiry.store(OFF, Ordering::Release);
     }
 
-    /// A stream that yields whenever a message arrives on `channel`, or the record of its lease
-    /// expires (with expiry events). `None` when the store promised expiry events but the
-    /// connection has none now (the server stopped sending them): the engine then polls.
+    /// A stream that yields whenever a message that wakes ([`wakes`]) arrives on the lease's
+    /// `channel` or the candidate's own `waiter` channel, or the record of its lease (or an
+    /// untaken wake-up) expires (with expiry events). `None` when the store promised expiry
+    /// events but the connection has none now (the server stopped sending them): the engine then
+    /// polls.
+    ///
+    /// Both subscriptions are confirmed before it returns: a waiter queued by an acquire sent
+    /// after that is woken on its channel.
     ///
     /// Takes at most about four timeouts: three to connect (or wait for another caller
     /// connecting), ask the server about expiry events and subscribe to them, one for the
-    /// subscription to `channel` to be confirmed.
-    pub(crate) async fn changes(&self, channel: String) -> Result<Option<Changes>> {
+    /// subscriptions to be confirmed.
+    pub(crate) async fn changes(&self, channel: String, waiter: String) -> Result<Option<Changes>> {
         let timed_out = |operation, after| Error::Timeout {
             store: STORE,
             operation,
@@ -161,23 +168,41 @@ impl Hub {
             tracing::debug!("redis expiry events are gone; this follower polls");
             return Ok(None);
         }
-        let (rx, subscribing) = live.join(&channel);
-        if let Some(subscribing) = subscribing {
-            match tokio::time::timeout(self.timeout, subscribing).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    live.dead.cancel();
-                    return Err(error::map(e, "changes"));
-                }
-                Err(_) => {
-                    live.dead.cancel();
-                    return Err(timed_out("subscribe", self.timeout));
-                }
+        let (rx, lease_subscribing) = live.join(&channel);
+        let (waiter_rx, waiter_subscribing) = live.join(&waiter);
+        // Made now, so that an early return leaves both channels (unsubscribing the last).
+        let subscription = Subscription {
+            live: live.clone(),
+            channel,
+            rx,
+            waiter,
+            waiter_rx,
+        };
+        let subscribed = async {
+            if let Some(subscribing) = lease_subscribing {
+                subscribing.await?;
+            }
+            if let Some(subscribing) = waiter_subscribing {
+                subscribing.await?;
+            }
+            Ok::<(), redis::RedisError>(())
+        };
+        match tokio::time::timeout(self.timeout, subscribed).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                live.dead.cancel();
+                return Err(error::map(e, "changes"));
+            }
+            Err(_) => {
+                live.dead.cancel();
+                return Err(timed_out("subscribe", self.timeout));
             }
         }
-        let subscription = Subscription { live, channel, rx };
         let stream = futures::stream::unfold(subscription, |mut s| async move {
-            s.rx.changed().await.ok()?;
+            tokio::select! {
+                changed = s.rx.changed() => changed.ok()?,
+                changed = s.waiter_rx.changed() => changed.ok()?,
+            }
             Some(((), s))
         });
         Ok(Some(stream.boxed()))
@@ -292,17 +317,30 @@ impl Live {
     }
 }
 
-/// One stream's hold on a channel.
+/// One stream's hold on the lease's channel and its candidate's own.
 struct Subscription {
     live: Arc<Live>,
     channel: String,
     rx: watch::Receiver<()>,
+    waiter: String,
+    waiter_rx: watch::Receiver<()>,
 }
 
 impl Drop for Subscription {
     fn drop(&mut self) {
         self.live.leave(&self.channel);
+        self.live.leave(&self.waiter);
     }
+}
+
+/// Whether a message on a lease's channel or a waiter's own wakes its streams: one that names
+/// nobody (`released <term>`, `broken <term>`, and on a waiter's channel every wake-up), not
+/// one that names who was woken or took the lease (a third word: `released <term> <woken>`,
+/// `granted <term> <holder>`), nor a `probe` (a sweep of the queue asking who still listens).
+/// An older leasehold-redis sends two words on the lease's channel: those wake everyone, as
+/// they did.
+pub(crate) fn wakes(payload: &[u8]) -> bool {
+    payload != b"probe" && payload.split(|&b| b == b' ').nth(2).is_none()
 }
 
 /// Hands each message to the streams of its channel, until the connection or the store goes.
@@ -318,7 +356,8 @@ async fn read(live: Arc<Live>, mut stream: PubSubStream, dropped: CancellationTo
                             live.notify(&channel);
                         }
                     }
-                    _ => live.notify(message.get_channel_name()),
+                    _ if wakes(message.get_payload_bytes()) => live.notify(message.get_channel_name()),
+                    _ => {}
                 },
                 None => {
                     tracing::debug!("redis pub/sub connection closed; candidates poll");
@@ -351,6 +390,34 @@ async fn keep_alive(live: Arc<Live>, dropped: CancellationToken, timeout: Durati
                 live.close();
                 return;
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wakes;
+
+    #[test]
+    fn only_messages_naming_nobody_wake() {
+        for payload in [
+            "released 17",
+            "broken 17",
+            "handed_over 17",
+            "withdrawn 0",
+            "granted 17",
+            "",
+        ] {
+            assert!(wakes(payload.as_bytes()), "{payload:?}");
+        }
+        for payload in [
+            "released 17 c-1",
+            "released 17 host a 42",
+            "granted 17 b",
+            "handed_over 17 c",
+            "probe",
+        ] {
+            assert!(!wakes(payload.as_bytes()), "{payload:?}");
         }
     }
 }

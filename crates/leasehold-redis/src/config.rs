@@ -192,8 +192,27 @@ pub struct LeaseKeys {
     pub state: String,
     /// The history (a stream): one entry per grant and one per end.
     pub history: String,
-    /// The pub/sub channel on which releases, breaks and takeovers are announced.
+    /// The pub/sub channel of the lease: a message naming nobody (`released <term>`: no waiter
+    /// was listening) wakes every follower; one naming a candidate (`released <term> <woken>`,
+    /// `granted <term> <holder>`, `handed_over <term> <successor>`) wakes nobody but tells who
+    /// was woken or took the lease.
     pub channel: String,
+    /// The waiters (a sorted set without expiry, scored by the server's time in µs when each
+    /// started waiting): candidates that found the lease held, in the order they are woken.
+    pub queue: String,
+    /// The waiter woken by the last release (a string with `PX` of the lease's TTL), deleted by
+    /// the next grant: when it expires untaken, its expiry event wakes every follower.
+    pub woken: String,
+    /// The start of each waiter's own channel (`waiters` followed by the candidate id), on
+    /// which a release wakes that waiter alone ([`LeaseKeys::waiter_channel`]).
+    pub waiters: String,
+}
+
+impl LeaseKeys {
+    /// The channel on which `candidate` alone is woken when it is the next waiter.
+    pub fn waiter_channel(&self, candidate: &leasehold_core::CandidateId) -> String {
+        format!("{}{candidate}", self.waiters)
+    }
 }
 
 impl RedisConfig {
@@ -323,6 +342,9 @@ impl RedisConfig {
             state: format!("{prefix}state:{{{lease}}}"),
             history: format!("{prefix}history:{{{lease}}}"),
             channel: format!("{prefix}changes:{{{lease}}}"),
+            queue: format!("{prefix}queue:{{{lease}}}"),
+            woken: format!("{prefix}woken:{{{lease}}}"),
+            waiters: format!("{prefix}waiter:{{{lease}}}:"),
         }
     }
 

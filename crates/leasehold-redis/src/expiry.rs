@@ -36,8 +36,10 @@ pub(crate) fn with_expired_events(flags: &str) -> String {
     out
 }
 
-/// Maps an expired key to the change channel of its lease: `<prefix>lease:{name}` ->
-/// `<prefix>changes:{name}`. Other keys (another prefix, another application) map to nothing.
+/// Maps an expired key to the change channel of its lease: `<prefix>lease:{name}` (an abandoned
+/// lease) and `<prefix>woken:{name}` (a woken waiter that did not take the lease) ->
+/// `<prefix>changes:{name}`, which wakes every follower. Other keys (another prefix, another
+/// application) map to nothing.
 #[derive(Clone, Debug)]
 pub(crate) struct Route {
     /// The key-event channel subscribed to.
@@ -45,6 +47,7 @@ pub(crate) struct Route {
     /// The database whose keys it announces.
     pub(crate) db: u32,
     lease_prefix: String,
+    woken_prefix: String,
     changes_prefix: String,
 }
 
@@ -54,14 +57,17 @@ impl Route {
             channel: channel(db),
             db,
             lease_prefix: format!("{prefix}lease:{{"),
+            woken_prefix: format!("{prefix}woken:{{"),
             changes_prefix: format!("{prefix}changes:{{"),
         }
     }
 
-    /// The change channel of the lease whose record `key` is.
+    /// The change channel of the lease whose record or woken waiter `key` is.
     pub(crate) fn lease_channel(&self, key: &[u8]) -> Option<String> {
         let key = std::str::from_utf8(key).ok()?;
-        let rest = key.strip_prefix(&self.lease_prefix)?;
+        let rest = key
+            .strip_prefix(&self.lease_prefix)
+            .or_else(|| key.strip_prefix(&self.woken_prefix))?;
         Some(format!("{}{rest}", self.changes_prefix))
     }
 }
@@ -313,8 +319,13 @@ mod tests {
             route.lease_channel(b"app:lease:{compactor}").as_deref(),
             Some("app:changes:{compactor}")
         );
+        assert_eq!(
+            route.lease_channel(b"app:woken:{compactor}").as_deref(),
+            Some("app:changes:{compactor}")
+        );
         for other in [
             &b"app:state:{compactor}"[..],
+            b"app:queue:{compactor}",
             b"other:lease:{compactor}",
             b"session:42",
             b"app:lease:",

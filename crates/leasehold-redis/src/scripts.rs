@@ -1,8 +1,8 @@
 //! The Lua scripts: every operation is one script, so every compare-and-set is atomic on the
 //! server.
 //!
-//! Every script takes `KEYS = [lease, state, history]` (the renewal: once per grant) and
-//! `ARGV[1]` = a nonce, and answers an array whose first element is that nonce (so that a reply
+//! Every script takes `KEYS = [lease, state, history]` (the renewal: once per grant; acquire,
+//! release, hand_over, break and withdraw also `queue, woken`) and `ARGV[1]` = a nonce, and answers an array whose first element is that nonce (so that a reply
 //! is never taken for the answer to another request) and whose second is a status word:
 //!
 //! - `held holder term ttl_ms version pttl_ms last_term reserved` (`reserved`: `1` for a lease
@@ -28,6 +28,11 @@ use redis::Script;
 const PRELUDE: &str = r#"
 local nonce = ARGV[1]
 local lease_key, state_key, history_key = KEYS[1], KEYS[2], KEYS[3]
+-- Set by the scripts that queue and wake waiters (KEYS[4] and KEYS[5]).
+local queue_key, woken_key
+-- Waiters kept at most: a candidate that finds the queue full of live waiters is not queued (it
+-- is woken only when nobody queued is listening, or by its safety poll).
+local QUEUE_LIMIT = 1000
 
 local function uint(s)
   return type(s) == 'string' and #s > 0 and #s <= 19 and not string.find(s, '%D')
@@ -63,6 +68,10 @@ end
 -- The lease record (false when free) and the state, or nil, nil and what is wrong.
 local function load()
   local wanted = {{lease_key, 'hash'}, {state_key, 'hash'}, {history_key, 'stream'}}
+  if queue_key then
+    wanted[4] = {queue_key, 'zset'}
+    wanted[5] = {woken_key, 'string'}
+  end
   for _, kw in ipairs(wanted) do
     local t = redis.call('TYPE', kw[1])['ok']
     if t ~= 'none' and t ~= kw[2] then
@@ -128,6 +137,46 @@ local function append(maxlen, ...)
   end
 end
 
+-- Sends `message` on `who`'s own channel: whether anybody listens there (the waiter's store
+-- subscribes while it campaigns, and its connection closes when its process dies).
+local function tell(waiters, who, message)
+  return redis.call('PUBLISH', waiters .. who, message) > 0
+end
+
+-- Queues `candidate` behind the holder, keeping the place it has. A full queue is first swept of
+-- waiters nobody listens for (`probe` wakes nobody).
+local function join(candidate, waiters)
+  if redis.call('ZSCORE', queue_key, candidate) then return end
+  if redis.call('ZCARD', queue_key) >= QUEUE_LIMIT then
+    for _, who in ipairs(redis.call('ZRANGE', queue_key, 0, -1)) do
+      if not tell(waiters, who, 'probe') then redis.call('ZREM', queue_key, who) end
+    end
+    if redis.call('ZCARD', queue_key) >= QUEUE_LIMIT then return end
+  end
+  local t = redis.call('TIME')
+  redis.call('ZADD', queue_key, t[1] .. string.format('%06d', tonumber(t[2])), candidate)
+end
+
+-- The lease is free: wakes the longest waiter still listening on its own channel (dropping those
+-- that are not), remembers it for `ttl_ms` (if it does not take the lease by then, the expiry of
+-- that key wakes every follower) and names it on the lease's channel (which wakes nobody). With
+-- no waiter listening, the lease's channel wakes every follower.
+local function wake_next(event, term, ttl_ms, channel, waiters)
+  local message = event .. ' ' .. term
+  while true do
+    local first = redis.call('ZRANGE', queue_key, 0, 0)[1]
+    if not first then break end
+    if tell(waiters, first, message) then
+      redis.call('SET', woken_key, first, 'PX', ttl_ms)
+      redis.call('PUBLISH', channel, message .. ' ' .. first)
+      return
+    end
+    redis.call('ZREM', queue_key, first)
+  end
+  redis.call('DEL', woken_key)
+  redis.call('PUBLISH', channel, message)
+end
+
 -- Records the end of the state's open term.
 local function finish(state, reason, at, maxlen)
   append(maxlen, 'end', state.term, 'reason', reason, 'at', at)
@@ -136,9 +185,11 @@ local function finish(state, reason, at, maxlen)
 end
 "#;
 
-/// `ARGV = [nonce, candidate, ttl_ms, version, maxlen, guard, channel]`.
+/// `KEYS = [lease, state, history, queue, woken]`, `ARGV = [nonce, candidate, ttl_ms, version,
+/// maxlen, guard, channel, waiters]`. A candidate answered `held` is queued (if not already).
 const ACQUIRE: &str = r#"
 local candidate, ttl, version, maxlen, guard, channel = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+queue_key, woken_key = KEYS[4], KEYS[5]
 local lease, state, bad = load()
 if bad then return {nonce, 'corrupt', bad} end
 -- The highest term this server remembers granting.
@@ -150,7 +201,10 @@ end
 local now = now_ms()
 local takeover = false
 if lease then
-  if lease.holder ~= candidate then return observation(lease, state) end
+  if lease.holder ~= candidate then
+    join(candidate, ARGV[8])
+    return observation(lease, state)
+  end
   -- The candidate's own earlier term: that leadership has ended, this grant is a new term. (A
   -- reservation for the candidate: its term already ended, handed over.)
   if state.term == lease.term and state.ended == '' then finish(state, 'expired', fmt(now), maxlen) end
@@ -183,7 +237,10 @@ redis.call('HSET', lease_key, 'holder', candidate, 'term', term, 'ttl', ttl, 've
 redis.call('PEXPIRE', lease_key, ttl)
 redis.call('HSET', state_key, 'holder', candidate, 'deadline', fmt(now + tonumber(ttl)), 'ended', '', 'ended_at', '')
 append(maxlen, 'grant', term, 'holder', candidate, 'ttl', ttl)
-if takeover then redis.call('PUBLISH', channel, 'granted ' .. term) end
+redis.call('ZREM', queue_key, candidate)
+redis.call('DEL', woken_key)
+-- Names the holder: wakes nobody (every follower was woken by the expiry).
+if takeover then redis.call('PUBLISH', channel, 'granted ' .. term .. ' ' .. candidate) end
 return {nonce, 'granted', term}
 "#;
 
@@ -216,23 +273,27 @@ end
 return out
 "#;
 
-/// `ARGV = [nonce, holder, term, maxlen, channel]`.
+/// `KEYS = [lease, state, history, queue, woken]`, `ARGV = [nonce, holder, term, maxlen,
+/// channel, waiters]`. Wakes the next waiter.
 const RELEASE: &str = r#"
+queue_key, woken_key = KEYS[4], KEYS[5]
 local lease, state, bad = load()
 if bad then return {nonce, 'corrupt', bad} end
 if lease and not lease.reserved and lease.holder == ARGV[2] and lease.term == ARGV[3] then
   redis.call('DEL', lease_key)
   if state.term == lease.term then finish(state, 'released', fmt(now_ms()), ARGV[4]) end
-  redis.call('PUBLISH', ARGV[5], 'released ' .. lease.term)
+  wake_next('released', lease.term, lease.ttl, ARGV[5], ARGV[6])
 end
 return {nonce, 'ok'}
 "#;
 
-/// `ARGV = [nonce, holder, term, successor, version, maxlen, channel]`. If the record still
-/// names the grant, ends its term `handed_over` and leaves the record naming the successor at the
-/// same term, `reserved`, with a new version and a full TTL; announced like a release, so the
-/// successor wakes.
+/// `KEYS = [lease, state, history, queue, woken]`, `ARGV = [nonce, holder, term, successor,
+/// version, maxlen, channel, waiters]`. If the record still names the grant, ends its term
+/// `handed_over` and leaves the record naming the successor at the same term, `reserved`, with a
+/// new version and a full TTL; the successor alone is woken, on its own channel (nobody else can
+/// take the lease before the reservation expires, and its expiry wakes every follower).
 const HAND_OVER: &str = r#"
+queue_key, woken_key = KEYS[4], KEYS[5]
 local lease, state, bad = load()
 if bad then return {nonce, 'corrupt', bad} end
 if lease and not lease.reserved and lease.holder == ARGV[2] and lease.term == ARGV[3] then
@@ -243,13 +304,16 @@ if lease and not lease.reserved and lease.holder == ARGV[2] and lease.term == AR
              'reserved', '1')
   redis.call('PEXPIRE', lease_key, lease.ttl)
   redis.call('HSET', state_key, 'deadline', fmt(now + tonumber(lease.ttl)))
-  redis.call('PUBLISH', ARGV[7], 'handed_over ' .. lease.term)
+  tell(ARGV[8], ARGV[4], 'handed_over ' .. lease.term)
+  redis.call('PUBLISH', ARGV[7], 'handed_over ' .. lease.term .. ' ' .. ARGV[4])
 end
 return {nonce, 'ok'}
 "#;
 
-/// `ARGV = [nonce, maxlen, channel]`.
+/// `KEYS = [lease, state, history, queue, woken]`, `ARGV = [nonce, maxlen, channel, waiters]`.
+/// Wakes the next waiter, as a release does.
 const BREAK: &str = r#"
+queue_key, woken_key = KEYS[4], KEYS[5]
 local lease, state, bad = load()
 if bad then return {nonce, 'corrupt', bad} end
 if not lease then return {nonce, 'none'} end
@@ -260,8 +324,23 @@ if lease.reserved then
 elseif state.term == lease.term then
   finish(state, 'broken', fmt(now_ms()), ARGV[2])
 end
-redis.call('PUBLISH', ARGV[3], 'broken ' .. lease.term)
+wake_next('broken', lease.term, lease.ttl, ARGV[3], ARGV[4])
 return {nonce, 'broken', lease.term}
+"#;
+
+/// `KEYS = [lease, state, history, queue, woken]`, `ARGV = [nonce, candidate, channel, waiters]`:
+/// takes the candidate out of the queue; if it was woken for a free lease it did not take, wakes
+/// the next waiter in its stead.
+const WITHDRAW: &str = r#"
+queue_key, woken_key = KEYS[4], KEYS[5]
+local lease, state, bad = load()
+if bad then return {nonce, 'corrupt', bad} end
+redis.call('ZREM', queue_key, ARGV[2])
+if not lease and redis.call('GET', woken_key) == ARGV[2] then
+  local left = redis.call('PTTL', woken_key)
+  if left > 0 then wake_next('withdrawn', state.term or '0', left, ARGV[3], ARGV[4]) end
+end
+return {nonce, 'ok'}
 "#;
 
 /// `ARGV = [nonce]`. Read-only.
@@ -320,6 +399,7 @@ pub(crate) static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_prelu
 pub(crate) static RENEW_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_prelude(RENEW));
 pub(crate) static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_prelude(RELEASE));
 pub(crate) static HAND_OVER_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_prelude(HAND_OVER));
+pub(crate) static WITHDRAW_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_prelude(WITHDRAW));
 pub(crate) static BREAK_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_prelude(BREAK));
 pub(crate) static INSPECT_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_prelude(INSPECT));
 pub(crate) static INSPECT_MANY_SCRIPT: LazyLock<Script> = LazyLock::new(|| with_prelude(INSPECT_MANY));

@@ -22,7 +22,7 @@ use crate::record::{
 };
 use crate::scripts::{
     ACQUIRE_SCRIPT, BREAK_SCRIPT, HAND_OVER_SCRIPT, HELLO_SCRIPT, HISTORY_SCRIPT, INSPECT_MANY_SCRIPT, INSPECT_SCRIPT,
-    RELEASE_SCRIPT, RENEW_SCRIPT, SCAN_SCRIPT,
+    RELEASE_SCRIPT, RENEW_SCRIPT, SCAN_SCRIPT, WITHDRAW_SCRIPT,
 };
 
 /// A [`LeaseStore`] on one Redis server (5.0 or later).
@@ -261,6 +261,25 @@ impl RedisStore {
         let keys = [keys.lease.as_str(), keys.state.as_str(), keys.history.as_str()];
         self.inner.commands.eval(operation, script, &keys, args).await
     }
+
+    /// [`eval`](Self::eval) of a script that also queues or wakes waiters (the lease's queue and
+    /// woken keys after the three).
+    async fn eval_queued(
+        &self,
+        operation: &'static str,
+        script: &'static redis::Script,
+        keys: &LeaseKeys,
+        args: Vec<String>,
+    ) -> Result<Reply> {
+        let keys = [
+            keys.lease.as_str(),
+            keys.state.as_str(),
+            keys.history.as_str(),
+            keys.queue.as_str(),
+            keys.woken.as_str(),
+        ];
+        self.inner.commands.eval(operation, script, &keys, args).await
+    }
 }
 
 fn connection_info(config: &RedisConfig) -> redis::ConnectionInfo {
@@ -323,7 +342,7 @@ fn capabilities(notifications: Notifications) -> Capabilities {
         ttl: TTL_RANGE,
         expiry: Expiry::ServerClock,
         notifications,
-        fifo: false,
+        fifo: true,
     }
 }
 
@@ -358,8 +377,9 @@ impl LeaseStore for RedisStore {
             self.maxlen(),
             if self.inner.config.restart_guard { "1" } else { "0" }.to_string(),
             keys.channel.clone(),
+            keys.waiters.clone(),
         ];
-        let reply = self.eval("acquire", &ACQUIRE_SCRIPT, &keys, args).await?;
+        let reply = self.eval_queued("acquire", &ACQUIRE_SCRIPT, &keys, args).await?;
         match answer(lease, &reply)? {
             Answer::Granted(term) => Ok(Acquired::Granted(Grant {
                 lease: lease.clone(),
@@ -413,8 +433,9 @@ impl LeaseStore for RedisStore {
             grant.term.0.to_string(),
             self.maxlen(),
             keys.channel.clone(),
+            keys.waiters.clone(),
         ];
-        let reply = self.eval("release", &RELEASE_SCRIPT, &keys, args).await?;
+        let reply = self.eval_queued("release", &RELEASE_SCRIPT, &keys, args).await?;
         match answer(&grant.lease, &reply)? {
             Answer::Done => Ok(()),
             _ => Err(error::unexpected("release", format!("{:?}", reply.values))),
@@ -434,8 +455,9 @@ impl LeaseStore for RedisStore {
             String::from(RecordVersion::random()),
             self.maxlen(),
             keys.channel.clone(),
+            keys.waiters.clone(),
         ];
-        let reply = self.eval("hand_over", &HAND_OVER_SCRIPT, &keys, args).await?;
+        let reply = self.eval_queued("hand_over", &HAND_OVER_SCRIPT, &keys, args).await?;
         match answer(&grant.lease, &reply)? {
             Answer::Done => Ok(()),
             _ => Err(error::unexpected("hand_over", format!("{:?}", reply.values))),
@@ -513,9 +535,30 @@ impl LeaseStore for RedisStore {
         }
     }
 
-    async fn changes(&self, lease: &LeaseName, _candidate: &CandidateId) -> Result<Option<Changes>> {
-        let channel = self.keys(lease).channel;
-        self.inner.hub.changes(channel).await
+    /// Takes `candidate` out of the lease's queue; if a release had woken it and it did not take
+    /// the lease, the next waiter is woken in its stead (one script).
+    async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
+        let keys = self.keys(lease);
+        let args = vec![
+            candidate.as_str().to_string(),
+            keys.channel.clone(),
+            keys.waiters.clone(),
+        ];
+        let reply = self.eval_queued("withdraw", &WITHDRAW_SCRIPT, &keys, args).await?;
+        match answer(lease, &reply)? {
+            Answer::Done => Ok(()),
+            _ => Err(error::unexpected("withdraw", format!("{:?}", reply.values))),
+        }
+    }
+
+    /// Yields when `candidate` is the waiter a release, break or withdrawal woke (its own
+    /// channel), when the lease became free with no waiter listening, or (with expiry events)
+    /// when the lease record or an untaken wake-up expired: the lease's channel. Messages that
+    /// name someone else (who was woken, who took the lease) wake nobody.
+    async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {
+        let keys = self.keys(lease);
+        let waiter = keys.waiter_channel(candidate);
+        self.inner.hub.changes(keys.channel, waiter).await
     }
 
     /// `true`: [`break_lease`](LeaseStore::break_lease) works.
@@ -526,11 +569,11 @@ impl LeaseStore for RedisStore {
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
         let keys = self.keys(lease);
         let reply = self
-            .eval(
+            .eval_queued(
                 "break_lease",
                 &BREAK_SCRIPT,
                 &keys,
-                vec![self.maxlen(), keys.channel.clone()],
+                vec![self.maxlen(), keys.channel.clone(), keys.waiters.clone()],
             )
             .await?;
         match answer(lease, &reply)? {

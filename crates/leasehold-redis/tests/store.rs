@@ -529,8 +529,9 @@ async fn history_is_capped() {
     println!("history_limit 5: {} terms kept, stream length {len:?}", history.len());
 }
 
-/// Releases, breaks and takeovers reach `changes` streams; a connection that breaks or goes
-/// silent ends them (the engine then polls).
+/// Releases, breaks and expiries reach `changes` streams of a follower that is not queued (with
+/// no waiter queued, every follower is woken); a connection that breaks or goes silent ends them
+/// (the engine then polls).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changes_announce_releases_and_end_with_the_connection() {
     let Some(backend) = backend() else { return };
@@ -554,7 +555,7 @@ async fn changes_announce_releases_and_end_with_the_connection() {
     assert_eq!(
         next(&mut changes).await,
         Ok(Some(())),
-        "a takeover after expiry is announced"
+        "the expiry of the record wakes the follower (expiry events)"
     );
     store.release(&d).await.unwrap();
 
