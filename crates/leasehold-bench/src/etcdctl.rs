@@ -228,8 +228,17 @@ async fn election(etcd_url: &str, run: u64, reps: usize) -> Outcome<(Stats, Stat
 
 /// The `leasehold` binary next to this executable (`target/release/leasehold` when the
 /// benchmark runs from `cargo run --release`), built first with `cargo build --release -p
-/// leasehold-cli` (a no-op when it is up to date).
+/// leasehold-cli` (a no-op when it is up to date). `LEASEHOLD_BENCH_CLI=/path/to/leasehold`
+/// uses that binary instead, without building.
 pub(crate) fn locate_or_build_cli() -> Outcome<PathBuf> {
+    if let Some(given) = std::env::var_os("LEASEHOLD_BENCH_CLI") {
+        let given = PathBuf::from(given);
+        return if given.is_file() {
+            Ok(given)
+        } else {
+            Err(format!("LEASEHOLD_BENCH_CLI: no file {}", given.display()))
+        };
+    }
     let root = crate::backends::repo_root();
     let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
     let release = target.join("release").join("leasehold");
