@@ -474,7 +474,12 @@ fn expiry_floor(w: &mut String, reports: &[BackendReport]) {
          ZooKeeper: a session of {} timeout (through a loopback relay in the benchmark) with an ephemeral \
          node; the relay forwards the client's next packet (its ping), then cuts the connection; from that \
          packet to the deletion watch of another client. Redis: `PEXPIRE key {}`, from its send to the \
-         `expired` keyspace event on another client. 5 samples each (1 in smoke mode).\n",
+         `expired` keyspace event on another client. 5 samples each (1 in smoke mode), each after a random \
+         pause of up to 500 ms so that they do not keep one phase against the store's timers. Where the \
+         floor's max is above 1.05 x TTL, no failover that waits for the store's expiry can meet 1.05 x TTL \
+         every sample: etcd's leader looks for expired leases every 500 ms, ZooKeeper expires sessions in \
+         buckets of its `tickTime` (500 ms in `scripts/services`), and Redis's active expiry samples keys \
+         `hz` (10) times a second, besides looking up an expired key when it is read.\n",
         ms(crate::floor::FLOOR_TTL),
         ms(crate::floor::FLOOR_TTL),
         crate::floor::FLOOR_TTL.as_millis()
