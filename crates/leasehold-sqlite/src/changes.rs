@@ -38,7 +38,7 @@ use futures::StreamExt;
 use leasehold_core::{CandidateId, Changes, LeaseName};
 use notify::{RecommendedWatcher, RecursiveMode, Watcher};
 use sqlx::sqlite::SqliteConnectOptions;
-use sqlx::{ConnectOptions, Row, SqliteConnection};
+use sqlx::{ConnectOptions, Connection, Row, SqliteConnection};
 use tokio::sync::{Mutex, mpsc, watch};
 use tracing::debug;
 
@@ -146,6 +146,8 @@ struct Shared {
     running: Option<Running>,
     /// How many watchers were started.
     started: u64,
+    /// The store was closed: no more subscriptions.
+    closed: bool,
 }
 
 impl Shared {
@@ -200,7 +202,7 @@ impl Notifier {
     ///
     /// # Errors
     ///
-    /// The SQL error of reading the row.
+    /// The SQL error of reading the row; [`sqlx::Error::PoolClosed`] once the store is closed.
     pub(crate) async fn changes(
         &self,
         lease: &LeaseName,
@@ -208,6 +210,9 @@ impl Notifier {
     ) -> Result<Option<Changes>, sqlx::Error> {
         let mut guard = self.shared.lock().await;
         let shared = &mut *guard;
+        if shared.closed {
+            return Err(sqlx::Error::PoolClosed);
+        }
         if shared.running.is_none() {
             shared.started += 1;
             match self.start(shared.started).await {
@@ -238,6 +243,16 @@ impl Notifier {
         Ok(Some(
             futures::stream::unfold(rx, |mut rx| async move { rx.changed().await.ok().map(|()| ((), rx)) }).boxed(),
         ))
+    }
+
+    /// Ends every subscription and stops the watcher (the store was closed).
+    pub(crate) async fn close(&self) {
+        let mut shared = self.shared.lock().await;
+        shared.closed = true;
+        shared.leases.clear();
+        if let Some(running) = shared.running.take() {
+            let _ = running.conn.close().await;
+        }
     }
 
     /// Watches the signal's directory and opens the connection that reads the rows.

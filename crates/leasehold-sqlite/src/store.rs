@@ -34,6 +34,11 @@ use crate::writer::{Op, Outcome, Writer};
 /// on the tokio runtime that opened the store: use the store on that runtime (once it has shut
 /// down, writes fail as [`Error::Unreachable`]).
 ///
+/// Followers are woken when a lease changes hands, in every process on the file: each commit
+/// that grants, releases, hands over or breaks a lease rewrites `<file>-changes`, which the
+/// followers' stores watch ([`Notifications::Release`]; renewals wake nobody). They still poll
+/// for expiry.
+///
 /// The file uses write-ahead logging, a busy timeout and a small connection pool; the tables are
 /// `leasehold_leases`, `leasehold_terms` (history) and `leasehold_meta` (schema version), created
 /// when absent and never altered when present. See [`docs`](crate::docs) for the whole story.
@@ -147,9 +152,11 @@ impl SqliteStore {
         &self.config
     }
 
-    /// Closes every connection. Requests made afterwards fail as [`Error::Unreachable`].
+    /// Closes every connection and ends every [`changes`](LeaseStore::changes) stream. Requests
+    /// made afterwards fail as [`Error::Unreachable`].
     pub async fn close(&self) {
         self.pool.close().await;
+        self.notifier.close().await;
     }
 
     fn map_read(&self, operation: &'static str) -> impl Fn(Failure) -> Error + use<> {

@@ -166,6 +166,24 @@ async fn a_dropped_stream_leaves_the_others_subscribed() {
     woken(&mut again, "break after resubscribing").await;
 }
 
+/// Closing the store ends its streams (the engine then polls, and fails as the store does) and
+/// refuses new subscriptions.
+#[tokio::test]
+async fn closing_the_store_ends_its_streams() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir.path().join("leases.db")).await;
+    let mut changes = subscribe(&store, "b").await;
+    store.close().await;
+    assert_eq!(
+        tokio::time::timeout(WAKE, changes.next())
+            .await
+            .expect("the stream ends"),
+        None
+    );
+    let err = store.changes(&lease(), &id("b")).await.err().expect("closed");
+    assert!(err.is_transient(), "{err:?}");
+}
+
 /// When the directory cannot be watched, `changes` answers `None` (the engine polls) rather than
 /// failing the campaign.
 #[tokio::test]
