@@ -174,6 +174,65 @@ pub async fn acquire_release_reacquire(backend: Arc<dyn Backend>) {
     scene.log("ok");
 }
 
+/// The holder's own acquire keeps the lease for it: granted again to it (a new term, or its
+/// own grant), never freed for the candidates queued behind it. An engine's acquire that it gave
+/// up on may reach the store late, while that candidate leads on a newer grant: a store that
+/// then let the lease go would make two leaders (the model check's
+/// `an_acquire_that_frees_the_callers_own_grant_is_caught`).
+///
+/// # Panics
+///
+/// When the holder's acquire is refused, or leaves the lease free or to another candidate.
+pub async fn acquire_by_the_holder_keeps_the_lease(backend: Arc<dyn Backend>) {
+    let scene = Scene::new(backend, "acquire_by_the_holder_keeps_the_lease").await;
+    let p = &scene.prefix;
+    let (store_a, store_b) = (scene.connect().await, scene.connect().await);
+    let lease = scene.lease_name();
+    let a = CandidateId::new("candidate-a").expect("valid id");
+    let b = CandidateId::new("candidate-b").expect("valid id");
+    let g1 = scene.grant(&*store_a, &request(&lease, &a, scene.ttl)).await;
+    // B queues behind A (on FIFO stores it is next).
+    scene.held(&*store_b, &request(&lease, &b, scene.ttl)).await;
+
+    let mut latest = g1.clone();
+    match store_a.acquire(&request(&lease, &a, scene.ttl)).await {
+        Ok(Acquired::Granted(g)) => {
+            assert_eq!(g.holder, a, "{p}: granted to the wrong candidate: {g:?}");
+            assert!(g.term >= g1.term, "{p}: term {} below the holder's {}", g.term, g1.term);
+            latest = g;
+        }
+        Ok(Acquired::Held(seen)) => {
+            assert_eq!(
+                seen.holder.as_ref().map(|h| &h.id),
+                Some(&a),
+                "{p}: the holder's own acquire let the lease go: {seen:?}"
+            );
+        }
+        Err(e) => panic!("{p}: the holder's own acquire failed: {e}"),
+    }
+    for (what, seen) in [
+        ("inspect", store_b.inspect(&lease).await.expect("inspect")),
+        (
+            "B's acquire",
+            scene.held(&*store_b, &request(&lease, &b, scene.ttl)).await,
+        ),
+    ] {
+        assert_eq!(
+            seen.holder.as_ref().map(|h| &h.id),
+            Some(&a),
+            "{p}: after the holder's own acquire, {what} shows {seen:?}"
+        );
+    }
+    scene.log(format_args!("A's grants: term {} then {}", g1.term, latest.term));
+    store_a.release(&latest).await.expect("release");
+    if latest.term != g1.term {
+        // The first grant ended with the second: its release changes nothing.
+        store_a.release(&g1).await.expect("a stale release is not an error");
+    }
+    store_b.withdraw(&lease, &b).await.expect("withdraw");
+    scene.finish().await;
+}
+
 /// One elector leads for 10 TTLs: one election, no deposition, the term unchanged, and
 /// `ensure_valid` succeeding throughout.
 ///

@@ -47,8 +47,8 @@ pub mod safety;
 pub mod secrets;
 
 pub use basics::{
-    acquire_release_reacquire, corrupt_record_is_typed_error, invalid_inputs, renew_keeps_lease,
-    renew_many_answers_as_renew_does,
+    acquire_by_the_holder_keeps_the_lease, acquire_release_reacquire, corrupt_record_is_typed_error, invalid_inputs,
+    renew_keeps_lease, renew_many_answers_as_renew_does,
 };
 pub use cost::{idle_follower_makes_no_requests, requests_per_transition_do_not_grow, thousand_leases};
 pub use faults::{
@@ -75,6 +75,7 @@ macro_rules! __every_scenario {
         $crate::$callback! {
             $($args)*;
             acquire_release_reacquire
+            acquire_by_the_holder_keeps_the_lease
             renew_keeps_lease
             renew_many_answers_as_renew_does
             race_has_one_winner

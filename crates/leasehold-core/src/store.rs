@@ -108,8 +108,15 @@ pub trait LeaseStore: Debug + Send + Sync + 'static {
     ///
     /// Takes a free lease; replaces a held one only when `request.takeover` names its current
     /// record version (observed-expiry stores), the store itself has expired it, or the holder is
-    /// `request.candidate` itself (its earlier leadership has ended). Every grant, also a repeated
-    /// one to the same candidate, has a term greater than every earlier grant of the lease.
+    /// `request.candidate` itself. Every grant, also a repeated one to the same candidate, has a
+    /// term greater than every earlier grant of the lease.
+    ///
+    /// The holder's own acquire keeps the lease for it: it is granted again (or answered with
+    /// the holder's grant), never let go to the candidates waiting behind it. The engine asks
+    /// again once that leadership has ended for it, but an acquire it gave up on may still
+    /// reach the store while it leads on a newer grant; a store that then let the lease go
+    /// would make two leaders (the model check's `an_acquire_that_frees_the_callers_own_grant_is_caught`,
+    /// the conformance scenario `acquire_by_the_holder_keeps_the_lease`).
     ///
     /// # Errors
     ///

@@ -158,6 +158,10 @@ struct Election {
     /// Every message is delivered (or lost, held back, refused) before time moves on: delays
     /// come only from held-back requests and pauses. Cuts the space by orders of magnitude.
     prompt: bool,
+    /// A store that breaks the contract as etcd's acquire did: an acquire by the holder itself
+    /// ends its grant and frees the lease for the others (it queues again) instead of keeping
+    /// the lease for it (the same grant, or a new term for it in the same step).
+    own_acquire_frees: bool,
 }
 
 fn local_now(rates: &[u64; 3], now_ms: u64, i: usize) -> Instant {
@@ -212,6 +216,11 @@ impl Election {
         let version = s.versions;
         match request {
             Request::Acquire(req) => {
+                if self.own_acquire_frees && s.record.as_ref().is_some_and(|r| r.holder == from && !r.reserved) {
+                    s.record = None;
+                    s.previous_end = Some(EndReason::Expired);
+                    return ModelReply::Acquire(Acquired::Held(self.observation(s)));
+                }
                 let take = match &s.record {
                     None => true,
                     Some(r) if r.holder == from => true,
@@ -609,6 +618,7 @@ fn model(expiry: Expiry, drift: u32) -> Election {
         hand_overs: false,
         focus: None,
         prompt: false,
+        own_acquire_frees: false,
     }
 }
 
@@ -708,6 +718,27 @@ fn hand_overs_with_late_requests_are_safe() {
         assert!(!found.contains(&"terms strictly increase"), "{expiry:?}");
         assert!(found.contains(&"leadership changes hands"), "{expiry:?}");
     }
+}
+
+/// An acquire of the leader's own, abandoned by its machine and applied late (a held-back
+/// request, or an abandoned call whose steps run on), reaches the store while that candidate
+/// leads on a newer grant. A store whose acquire then frees the lease for the others (etcd's
+/// did: "a key granted before means that leadership ended") makes two leaders; the contract
+/// (`LeaseStore::acquire`: the holder's own acquire keeps the lease for it) is what the other
+/// models' store follows.
+#[test]
+fn an_acquire_that_frees_the_callers_own_grant_is_caught() {
+    let model = Election {
+        own_acquire_frees: true,
+        focus: Some(0),
+        ..late_requests_model(Expiry::ServerClock, true)
+    };
+    let (states, found) = check(model, 3_000_000);
+    println!("own acquire frees the lease: {states} unique states explored; discoveries: {found:?}");
+    assert!(
+        found.contains(&"at most one candidate believes it leads"),
+        "no counterexample found"
+    );
 }
 
 /// The directed search of finding 1: faults only to candidate 0 (its acquires held back or

@@ -336,8 +336,8 @@ impl ZookeeperStore {
             }
         }
         if let Some(node) = own.take_if(|n| n.granted) {
-            // The leadership of this znode has ended; a new term needs a new znode.
-            inner.delete_own(&client, lease, &node.name).await?;
+            // A new term needs a new znode.
+            self.retire_granted(request, &client, &node.name, node.czxid).await?;
             inner.set_own(lease, candidate, None);
         }
         // Take a place in the queue first: that request is applied even if its reply is lost,
@@ -366,6 +366,15 @@ impl ZookeeperStore {
             .map(|c| c.name.clone())
             .collect();
         for name in &stale {
+            if let Some((_, stat)) = inner.read_candidate(&client, lease, name).await?
+                && inner
+                    .read_history(&client, lease, Term(stat.czxid as u64))
+                    .await?
+                    .is_some()
+            {
+                // Granted: a read-back may have adopted it.
+                self.retire_granted(request, &client, name, stat.czxid).await?;
+            }
             inner.withdraw_node(&client, lease, name).await?;
         }
         queue.retain(|c| !stale.contains(&c.name));
@@ -419,6 +428,33 @@ impl ZookeeperStore {
         };
         let outcome = inner.grant(&client, lease, &own, candidate, stat.version).await?;
         self.answer(request, &client, own, outcome).await
+    }
+
+    /// Ends the term of a granted znode of the candidate's own that its acquire will not use.
+    /// The engine asks again once that leadership ended for it, but this may also be an acquire
+    /// it gave up on, still running, while it leads on that znode: the lease must stay this
+    /// candidate's (`LeaseStore::acquire`), whereas deleting the znode would give it to the next
+    /// in the queue. So the term is handed over to the candidate itself, and its acquire takes
+    /// the reservation with a new term; nobody else can take it meanwhile.
+    async fn retire_granted(
+        &self,
+        request: &AcquireRequest,
+        client: &zk::Client,
+        name: &str,
+        czxid: i64,
+    ) -> Result<()> {
+        // A garbage record is an error before anything changes, as everywhere.
+        if self.inner.read_candidate(client, &request.lease, name).await?.is_none() {
+            return Ok(());
+        }
+        let grant = Grant {
+            lease: request.lease.clone(),
+            holder: request.candidate.clone(),
+            term: Term(czxid as u64),
+            ttl: request.ttl,
+            token: name.to_string(),
+        };
+        self.try_hand_over(&grant, &request.candidate).await
     }
 
     /// An acquire of a reserved lease (`own.ahead`: the znodes still queued ahead of ours;
