@@ -59,8 +59,8 @@ fn applied_before(resp: &TxnResponse, rev: i64, private: i64) -> bool {
 /// The engine runs every call to completion (or a TTL); a caller that drops one half-way
 /// leaves nothing half-written, because every write is one etcd transaction. A dropped
 /// `acquire` may leave the candidate's key queued, or a grant written that nobody heard of:
-/// the engine's read-back adopts it, or the candidate's next `acquire` ends that term as
-/// expired and queues afresh with a new term (its `withdraw` ends it too). A dropped renewal
+/// the engine's read-back adopts it, or the candidate's next `acquire` hands that term over to
+/// the candidate itself and takes it again with a new term (its `withdraw` ends it). A dropped renewal
 /// cuts a keepalive round short; the next caller sends another.
 ///
 /// # Examples
@@ -508,8 +508,25 @@ impl LeaseStore for EtcdStore {
         let mut queued = self.enqueue(&keys, &own, request).await?;
         if queued.is_stale() {
             inner.publish(&own, None);
-            let clear = end_term(&keys, &own, queued.rev, &queued.snapshot, EndReason::Expired);
-            inner.txn("acquire (requeue)", clear).await?;
+            if queued.granted_before() {
+                // The engine asks again once that leadership ended for it, but this may also
+                // be an acquire it gave up on, still running, while it leads on this key: the
+                // lease must stay this candidate's (`LeaseStore::acquire`), whereas ending the
+                // term would give it to the next in the queue. So the term is handed over to
+                // the candidate itself, and this acquire takes the reservation below with a
+                // new term; nobody else can take it meanwhile.
+                let term = Grant {
+                    lease: request.lease.clone(),
+                    holder: request.candidate.clone(),
+                    term: Term(u64::try_from(queued.rev).unwrap_or(0)),
+                    ttl: request.ttl,
+                    token: queued.rev.to_string(),
+                };
+                self.hand_over(&term, &request.candidate).await?;
+            } else {
+                let clear = end_term(&keys, &own, queued.rev, &queued.snapshot, EndReason::Expired);
+                inner.txn("acquire (requeue)", clear).await?;
+            }
             queued = self.enqueue(&keys, &own, request).await?;
             if queued.is_stale() {
                 // Another process campaigns under the same id, and queued again meanwhile.
