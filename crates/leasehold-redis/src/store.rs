@@ -30,8 +30,11 @@ use crate::scripts::{
 /// Each lease is a hash that expires (`PEXPIRE`) holding the holder, its fencing term, its TTL
 /// and a record version; a persistent hash keeps the last term and how it ended; a stream keeps
 /// the history. Every operation is one Lua script, so each compare-and-set is atomic on the
-/// server, and the server's clock expires a silent holder ([`Expiry::ServerClock`]). Releases,
-/// breaks and takeovers are announced on a pub/sub channel per lease. When the server sends
+/// server, and the server's clock expires a silent holder ([`Expiry::ServerClock`]). Followers
+/// queue behind the holder (a sorted set per lease, joined by an acquire answered `Held`): a
+/// release or break wakes the longest waiter still listening on its own pub/sub channel, a
+/// handover its successor, not every follower (see the [crate docs](crate::docs), "Who is
+/// woken"). When the server sends
 /// expired key-events (see [`ExpiryEvents`](crate::ExpiryEvents)), the expiry of an abandoned
 /// lease wakes its followers too ([`Notifications::ReleaseAndExpiry`]: idle followers make no
 /// requests); otherwise ([`Notifications::Release`]) followers sleep until the holder's `PTTL`

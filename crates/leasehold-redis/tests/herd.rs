@@ -2,7 +2,8 @@
 //! measures it (TTL 2 s, each candidate its own `RedisStore`, the engine's default timings):
 //! store requests of all candidates from the leader's `resign()` until the successor is elected
 //! (plus 50 ms), the requests of idle followers while the leader renews, and the graceful
-//! handover (from `resign()`'s return to the follower's election). A measurement, not a check:
+//! handover (from `resign()`'s return to the follower's election), and what a crashed leader's
+//! expiry costs 100 followers. A measurement, not a check:
 //! `cargo test -p leasehold-redis --release --test herd -- --ignored --nocapture`.
 
 mod common;
@@ -10,7 +11,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use leasehold_conformance::{Faults, FaultyStore};
+use leasehold_conformance::{Direction, Fault, Faults, FaultyStore};
 use leasehold_core::{Elector, Event, Leader, LeaseStore, random_u64};
 use leasehold_redis::RedisStore;
 use tokio::sync::mpsc;
@@ -82,6 +83,39 @@ async fn requests_per_transition_idle_and_handover() {
     current.1.resign().await;
     campaigns.shutdown().await;
     println!("redis: store requests per transition with {n} candidates: {counts:?}");
+
+    // A crash: a leader cut off (blackholed, its record expires on the server's clock) and
+    // 100 followers; their requests from the cut until one is elected (plus 50 ms).
+    let leader_faults = Faults::new();
+    let crashing = RedisStore::from_config(config.clone()).await.unwrap();
+    let crashing = Arc::new(FaultyStore::new(Arc::new(crashing), leader_faults.clone()));
+    let leader = elector(crashing, "crash", "crashing").campaign().await.unwrap();
+    let faults = Faults::new();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Leader>();
+    let mut campaigns = JoinSet::new();
+    for (i, s) in stores(&config, n, &faults).await.into_iter().enumerate() {
+        let (e, tx) = (elector(s, "crash", &format!("c{i}")), tx.clone());
+        campaigns.spawn(async move {
+            if let Ok(leader) = e.campaign().await {
+                let _ = tx.send(leader);
+            }
+        });
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    faults.reset_counts();
+    leader_faults.set(Direction::Both, Fault::Blackhole);
+    let cut = Instant::now();
+    let next = tokio::time::timeout(TTL * 5, rx.recv()).await.unwrap().unwrap();
+    let took = next.elected_at().saturating_duration_since(cut);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    println!(
+        "redis: a crash with {n} followers: elected {took:?} after the cut, {} requests ({})",
+        faults.counts().total(),
+        faults.counts()
+    );
+    next.resign().await;
+    campaigns.shutdown().await;
+    drop(leader);
 
     // Idle: a leader and 3 followers, a 5 s window.
     let leader_faults = Faults::new();
