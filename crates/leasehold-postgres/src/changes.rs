@@ -31,7 +31,8 @@
 //!
 //! A release that gave its lock back says so in its notification ([`QUEUED`]); a store with a
 //! running watcher on the lease does not wake its candidates for it (the head wakes by the
-//! lock). Without a watcher (none could connect, or [`MAX_WATCHERS`] are running), every
+//! lock). A handover names its successor ([`HANDOVER`]): only the successor is woken (a head
+//! whose store does not have it wakes nobody). Without a watcher (none could connect, or [`MAX_WATCHERS`] are running), every
 //! notification wakes every candidate, as before the queue. Followers also poll at
 //! `retry_every` (the store notifies [`Release`](leasehold_core::Notifications::Release)), so a
 //! lost wake-up costs time, never an election.
@@ -46,7 +47,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use leasehold_core::{Acquired, CandidateId, Changes, LeaseName};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
-use sqlx::{AssertSqlSafe, Connection, PgConnection};
+use sqlx::{AssertSqlSafe, Connection, PgConnection, Row};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tracing::debug;
@@ -58,6 +59,10 @@ use crate::sql::CHANNEL;
 /// The line a release's notification payload ends with when its statement gave the lease's
 /// lock back (see [`Context::queued_payload`](crate::session::Context::queued_payload)).
 pub(crate) const QUEUED: &str = "queued";
+
+/// The start of the line a handover's notification payload ends with, followed by the
+/// successor (see [`Context::handover_payload`](crate::session::Context::handover_payload)).
+pub(crate) const HANDOVER: &str = "handover:";
 
 /// Queue watchers one store runs at most (each is a connection). A lease waited on beyond that
 /// has none: its candidates wake on every notification, as without the queue.
@@ -159,6 +164,7 @@ struct QueueSetup {
     /// `$1` lease, `$2` its lock key → waits until the lock is free and the statement that freed
     /// it has committed, then gives the shared lock back; all in one statement, so that the
     /// shared lock is never held across a round trip (a lost reply must not leave it held).
+    /// Answers the successor the row is reserved for, if it was handed over.
     free_wait: String,
 }
 
@@ -218,11 +224,13 @@ impl Notifier {
                 free_wait: format!(
                     "WITH k AS MATERIALIZED (SELECT pg_advisory_lock_shared($2::int8)),
                      r AS MATERIALIZED (
-                        SELECT 1 FROM (SELECT count(*) AS n FROM k) AS kk, {}.leases AS l
+                        SELECT l.holder, l.previous_end
+                        FROM (SELECT count(*) AS n FROM k) AS kk, {}.leases AS l
                         WHERE l.name = $1::text AND kk.n > 0
                         FOR SHARE OF l)
                      SELECT CASE WHEN (SELECT count(*) FROM k) + (SELECT count(*) FROM r) >= 0
-                                 THEN pg_advisory_unlock_shared($2::int8) END",
+                                 THEN pg_advisory_unlock_shared($2::int8) END,
+                            (SELECT holder FROM r WHERE previous_end = 'handed_over')",
                     quoted(schema)
                 ),
             }),
@@ -362,35 +370,57 @@ impl Drop for Unsubscribe {
     }
 }
 
-/// Wakes the waiters of `lease` except the candidate `by` who made the change; for a release
-/// that gave its lock back (`queued`), only where the store has no queue watcher on the lease
-/// waiting on its lock (none, or one whose candidate found the row orphaned or reserved).
-/// `false` once the store is gone.
-fn wake(state: &Weak<Mutex<State>>, lease: &str, by: &str, queued: bool) -> bool {
+/// What a notification says, beyond the lease and who made the change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind<'p> {
+    /// A takeover, a break, an expiry, or a release that did not give a lock back: everyone
+    /// looks.
+    Any,
+    /// A release that gave its lock back: the head of the queue wakes by the lock.
+    Queued,
+    /// A handover to this successor: only it can take the lease now.
+    HandOver(&'p str),
+}
+
+/// Wakes the waiters of `lease` except the candidate `by` who made the change: for a release
+/// that gave its lock back, only where the store has no queue watcher on the lease waiting on
+/// its lock (none, or one whose candidate found the row orphaned or reserved); for a handover,
+/// only the successor. `false` once the store is gone.
+fn wake(state: &Weak<Mutex<State>>, lease: &str, by: &str, kind: Kind<'_>) -> bool {
     let Some(state) = state.upgrade() else {
         return false;
     };
     let state = state.lock().expect("notifier lock poisoned");
-    if let Some(entry) = state.leases.get(lease)
-        && !(queued && entry.watcher.as_ref().is_some_and(|w| !w.free))
-    {
-        for waiter in entry.waiters.iter().filter(|w| w.candidate != by) {
-            waiter.wake();
+    let Some(entry) = state.leases.get(lease) else {
+        return true;
+    };
+    if kind == Kind::Queued && entry.watcher.as_ref().is_some_and(|w| !w.free) {
+        return true;
+    }
+    for waiter in entry.waiters.iter().filter(|w| w.candidate != by) {
+        match kind {
+            Kind::HandOver(to) if waiter.candidate != to => {}
+            _ => waiter.wake(),
         }
     }
     true
 }
 
 /// A `<schema>/<lease>/<by>[\n<flag>]` payload of this store: the lease, who made the change, and
-/// whether it is a release that gave its lock back.
-fn parse<'p>(payload: &'p str, prefix: &str) -> Option<(&'p str, &'p str, bool)> {
+/// what kind of change it is.
+fn parse<'p>(payload: &'p str, prefix: &str) -> Option<(&'p str, &'p str, Kind<'p>)> {
     let (change, flag) = match payload.split_once('\n') {
         Some((change, flag)) => (change, Some(flag)),
         None => (payload, None),
     };
     // Lease names have no '/', candidate ids may.
     let (lease, by) = change.strip_prefix(prefix)?.split_once('/')?;
-    Some((lease, by, flag == Some(QUEUED)))
+    let kind = match flag {
+        Some(QUEUED) => Kind::Queued,
+        Some(flag) => flag.strip_prefix(HANDOVER).map_or(Kind::Any, Kind::HandOver),
+        None => Kind::Any,
+    };
+    Some((lease, by, kind))
 }
 
 async fn listen(state: Weak<Mutex<State>>, options: PgConnectOptions, connect_timeout: Duration, prefix: String) {
@@ -410,8 +440,8 @@ async fn listen(state: Weak<Mutex<State>>, options: PgConnectOptions, connect_ti
         // reconnect, for nothing in the usual case.)
         listener.listen(CHANNEL).await?;
         while let Some(notification) = listener.try_recv().await? {
-            if let Some((lease, by, queued)) = parse(notification.payload(), &prefix)
-                && !wake(&state, lease, by, queued)
+            if let Some((lease, by, kind)) = parse(notification.payload(), &prefix)
+                && !wake(&state, lease, by, kind)
             {
                 return Ok(());
             }
@@ -494,22 +524,28 @@ fn anyone_waits(state: &Weak<Mutex<State>>, lease: &str) -> bool {
         .is_some_and(|entry| entry.waiters.iter().any(Waiter::live))
 }
 
-/// Wakes the first waiting candidate of `lease`; `false` if there is none.
-fn wake_head(state: &Weak<Mutex<State>>, lease: &str) -> bool {
-    let Some(state) = state.upgrade() else {
-        return false;
+/// Wakes the first waiting candidate of `lease`, or, when the lease was handed over (`reserved`
+/// names the successor), the successor if it is one of this store's: another candidate would
+/// only find the reservation, and the successor of another store is woken by the handover's
+/// notification (which this store then passes on to its own candidates too, see
+/// [`Watcher::free`]).
+fn wake_head(state: &Weak<Mutex<State>>, lease: &str, reserved: Option<&str>) {
+    let Some(state) = state.upgrade() else { return };
+    let mut state = state.lock().expect("notifier lock poisoned");
+    let Some(entry) = state.leases.get_mut(lease) else {
+        return;
     };
-    let state = state.lock().expect("notifier lock poisoned");
-    match state
-        .leases
-        .get(lease)
-        .and_then(|entry| entry.waiters.iter().find(|w| w.live()))
-    {
-        Some(waiter) => {
-            waiter.wake();
-            true
+    let next = match reserved {
+        Some(successor) => entry.waiters.iter().find(|w| w.candidate == successor && w.live()),
+        None => entry.waiters.iter().find(|w| w.live()),
+    };
+    match next {
+        Some(waiter) => waiter.wake(),
+        None => {
+            if let Some(watcher) = &mut entry.watcher {
+                watcher.free = true;
+            }
         }
-        None => false,
     }
 }
 
@@ -537,12 +573,12 @@ async fn wait_for(
     poke: &Notify,
     conn: &mut PgConnection,
     statement: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
-) -> Option<Result<(), sqlx::Error>> {
-    let running = statement.execute(&mut *conn);
+) -> Option<Result<Vec<sqlx::postgres::PgRow>, sqlx::Error>> {
+    let running = statement.fetch_all(&mut *conn);
     tokio::pin!(running);
     loop {
         tokio::select! {
-            done = &mut running => return Some(done.map(|_| ())),
+            done = &mut running => return Some(done),
             () = poke.notified() => {
                 if !anyone_waits(state, lease) {
                     return None;
@@ -604,7 +640,7 @@ async fn watch_queue(state: Weak<Mutex<State>>, setup: Arc<QueueSetup>, lease: S
                     let enqueue = sqlx::query("SELECT pg_advisory_lock($1::int8)").bind(queue);
                     match wait_for(&state, &lease, &poke, &mut conn, enqueue).await {
                         None => return terminate(&setup, me, conn).await,
-                        Some(Ok(())) => head = true,
+                        Some(Ok(_)) => head = true,
                         Some(Err(e)) => waited = Err(e),
                     }
                 }
@@ -614,14 +650,20 @@ async fn watch_queue(state: Weak<Mutex<State>>, setup: Arc<QueueSetup>, lease: S
                     let free = sqlx::query(AssertSqlSafe(setup.free_wait.clone()))
                         .bind(lease.as_str())
                         .bind(key);
+                    let mut reserved = None;
                     match wait_for(&state, &lease, &poke, &mut conn, free).await {
                         None => return terminate(&setup, me, conn).await,
-                        Some(result) => waited = result,
+                        Some(Ok(rows)) => {
+                            reserved = rows
+                                .first()
+                                .and_then(|row| row.try_get::<Option<String>, _>(1).ok().flatten());
+                        }
+                        Some(Err(e)) => waited = Err(e),
                     }
-                }
-                if waited.is_ok() {
-                    armed = false;
-                    wake_head(&state, &lease);
+                    if waited.is_ok() {
+                        armed = false;
+                        wake_head(&state, &lease, reserved.as_deref());
+                    }
                 }
                 waited
             }
@@ -659,9 +701,13 @@ mod tests {
 
     #[test]
     fn payloads_name_the_lease_the_candidate_and_a_queued_release() {
-        assert_eq!(parse("s/a/c1", "s/"), Some(("a", "c1", false)));
-        assert_eq!(parse("s/a/team/c1\nqueued", "s/"), Some(("a", "team/c1", true)));
-        assert_eq!(parse("s/a/c1\nsomething-else", "s/"), Some(("a", "c1", false)));
+        assert_eq!(parse("s/a/c1", "s/"), Some(("a", "c1", Kind::Any)));
+        assert_eq!(parse("s/a/team/c1\nqueued", "s/"), Some(("a", "team/c1", Kind::Queued)));
+        assert_eq!(
+            parse("s/a/c1\nhandover:team/c2", "s/"),
+            Some(("a", "c1", Kind::HandOver("team/c2")))
+        );
+        assert_eq!(parse("s/a/c1\nsomething-else", "s/"), Some(("a", "c1", Kind::Any)));
         assert_eq!(parse("other/a/c1\nqueued", "s/"), None);
         assert_eq!(parse("s/a", "s/"), None);
     }

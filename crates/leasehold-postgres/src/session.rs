@@ -130,6 +130,14 @@ impl Context {
     pub(crate) fn queued_payload(&self, lease: &LeaseName, by: &str) -> String {
         format!("{}\n{}", self.payload(lease, by), crate::changes::QUEUED)
     }
+
+    /// The payload of a handover by `by` to `to`: [`Context::payload`] and
+    /// [`HANDOVER`](crate::changes::HANDOVER) followed by the successor on a line of its own. A
+    /// store of this version wakes only the successor for it (the others would only find the
+    /// reservation); older versions wake everyone, as before.
+    pub(crate) fn handover_payload(&self, lease: &LeaseName, by: &str, to: &str) -> String {
+        format!("{}\n{}{to}", self.payload(lease, by), crate::changes::HANDOVER)
+    }
 }
 
 /// What a renewal found.

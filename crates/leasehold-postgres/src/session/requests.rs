@@ -484,7 +484,7 @@ impl Actor {
     pub(super) async fn hand_over(&mut self, grant: &Grant, to: &CandidateId) -> Result<()> {
         let limit = self.statement_limit(None);
         self.connect(limit).await.map_err(|f| f.to_error("hand_over"))?;
-        self.ending(grant, "hand_over", false, |cx| {
+        self.ending(grant, "hand_over", Some(to), |cx| {
             sql::query(&cx.sql.hand_over)
                 .bind(grant.lease.as_str())
                 .bind(grant.holder.as_str())
@@ -499,7 +499,7 @@ impl Actor {
     /// Ends the term of `grant` in the row and the history as `reason`, notifies, and gives back
     /// its lock if this session holds it.
     async fn end_term(&mut self, grant: &Grant, reason: &str) -> Result<()> {
-        self.ending(grant, "release", true, |cx| {
+        self.ending(grant, "release", None, |cx| {
             sql::query(&cx.sql.release)
                 .bind(grant.lease.as_str())
                 .bind(grant.holder.as_str())
@@ -513,15 +513,16 @@ impl Actor {
     /// ones: the notification payload, the lock key this session holds for the grant if any, and
     /// the session's idle timeout without it), and gives the key back if the statement failed.
     ///
-    /// `frees`: the statement leaves the lease free (a release, not a handover). When it also
-    /// gives back the lock, the notification says so ([`Context::queued_payload`]): the candidate
+    /// `successor`: a handover to it (the notification names it, [`Context::handover_payload`]),
+    /// or a release. When a release gives back the lock, the notification says so
+    /// ([`Context::queued_payload`]): the candidate
     /// at the head of the store-side queue is woken by the lock itself, and the others need not
     /// wake.
     async fn ending<'q>(
         &mut self,
         grant: &'q Grant,
         operation: &'static str,
-        frees: bool,
+        successor: Option<&CandidateId>,
         statement: impl FnOnce(&Context) -> Query<'q, Postgres, PgArguments>,
     ) -> Result<()> {
         let limit = self.statement_limit(None);
@@ -538,10 +539,10 @@ impl Actor {
         }
         let after = idle_timeout(&session.held, None, None);
         let cx = self.cx.clone();
-        let payload = if frees && key.is_some() {
-            cx.queued_payload(&grant.lease, grant.holder.as_str())
-        } else {
-            cx.payload(&grant.lease, grant.holder.as_str())
+        let payload = match successor {
+            Some(to) => cx.handover_payload(&grant.lease, grant.holder.as_str(), to.as_str()),
+            None if key.is_some() => cx.queued_payload(&grant.lease, grant.holder.as_str()),
+            None => cx.payload(&grant.lease, grant.holder.as_str()),
         };
         let query = statement(&cx)
             .bind(payload)
