@@ -4,11 +4,12 @@
 //! After every transaction that granted, released, handed over or broke a lease (never after a
 //! transaction of renewals or refused acquires only), the writer rewrites one byte of a small
 //! file next to the database, `<file>-changes` (the [`Signal`]). It does so after the commit
-//! returned, so whoever looks next sees the change. A store's [`Notifier`] watches that file's
-//! directory (inotify on Linux, through `notify`) with one watcher and one connection of its
-//! own, shared by all its subscriptions. On an event it reads, in one statement, the rows of the
-//! leases somebody waits for, and wakes the waiters of each lease whose holder, term or end
-//! changed. A renewal changes only the record version, which is not compared: nobody wakes.
+//! returned, so whoever looks next sees the change. The file's directory is watched (inotify on
+//! Linux, through `notify`) by one [`FileWatch`] per file and process, shared by every store on
+//! it. A store's [`Notifier`], while somebody waits, has a connection and a task of its own: on an
+//! event it reads, in one statement, the rows of the leases its candidates wait for, and wakes
+//! the waiters of each lease whose holder, term or end changed. A renewal changes only the record
+//! version, which is not compared: nobody wakes.
 //!
 //! Why a file of our own rather than the database's `-wal`: a commit appends to the log and
 //! *then* (after its sync) publishes itself in the shared-memory index, which produces no file
@@ -32,14 +33,14 @@ use std::ffi::OsString;
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, LazyLock, Weak};
 
 use futures::StreamExt;
 use leasehold_core::{CandidateId, Changes, LeaseName};
 use notify::{RecommendedWatcher, RecursiveMode, Watcher};
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{ConnectOptions, Connection, Row, SqliteConnection};
-use tokio::sync::{Mutex, mpsc, watch};
+use tokio::sync::{Mutex, oneshot, watch};
 use tracing::debug;
 
 /// The file whose writes say "a lease changed hands": `<database>-changes`, next to the
@@ -160,13 +161,15 @@ impl Shared {
     }
 }
 
-/// The watcher of a store and its connection; the watch ends when this is dropped.
+/// A store's share of the file watcher, its connection and its task; the task ends when this
+/// is dropped.
 #[derive(Debug)]
 struct Running {
     /// Tells this watcher's task from an earlier one's.
     generation: u64,
     conn: SqliteConnection,
-    _watcher: RecommendedWatcher,
+    _watch: Arc<FileWatch>,
+    _stop: oneshot::Sender<()>,
 }
 
 /// The notification side of a store.
@@ -255,11 +258,52 @@ impl Notifier {
         }
     }
 
-    /// Watches the signal's directory and opens the connection that reads the rows.
+    /// Joins the process's watcher of the signal file and opens the connection that reads the
+    /// rows.
     async fn start(&self, generation: u64) -> Result<Running, Box<dyn std::error::Error + Send + Sync>> {
-        let name = self.signal.file_name().ok_or("the signal file has no name")?;
-        // Capacity one: events that come while a read is pending collapse into one more read.
-        let (events_tx, events) = mpsc::channel(1);
+        let watch = FileWatch::of(&self.signal)?;
+        // Subscribed before any row is read: an event from now on is seen.
+        let events = watch.events.subscribe();
+        let conn = self.options.connect().await?;
+        let (stop, stopped) = oneshot::channel();
+        tokio::spawn(follow(Arc::downgrade(&self.shared), generation, events, stopped));
+        Ok(Running {
+            generation,
+            conn,
+            _watch: watch,
+            _stop: stop,
+        })
+    }
+}
+
+/// The file watchers of this process, one per signal file, shared by every store on that file.
+static WATCHES: LazyLock<std::sync::Mutex<HashMap<PathBuf, Weak<FileWatch>>>> = LazyLock::new(Default::default);
+
+/// One watcher (one inotify instance and thread on Linux) of a signal file's directory; the
+/// watch ends when the last store using it lets go.
+struct FileWatch {
+    /// Counts the signal file's events; receivers see that it changed.
+    events: Arc<watch::Sender<u64>>,
+    _watcher: RecommendedWatcher,
+}
+
+impl std::fmt::Debug for FileWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileWatch").finish_non_exhaustive()
+    }
+}
+
+impl FileWatch {
+    /// The process's watcher of `signal`, started if there is none.
+    fn of(signal: &Signal) -> Result<Arc<FileWatch>, Box<dyn std::error::Error + Send + Sync>> {
+        let mut watches = WATCHES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        watches.retain(|_, watch| watch.strong_count() > 0);
+        if let Some(watch) = watches.get(&signal.path).and_then(Weak::upgrade) {
+            return Ok(watch);
+        }
+        let name = signal.file_name().ok_or("the signal file has no name")?;
+        let events = Arc::new(watch::channel(0_u64).0);
+        let tx = Arc::clone(&events);
         let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
             let relevant = match &event {
                 Ok(event) => event.need_rescan() || event.paths.iter().any(|p| p.file_name() == Some(&name)),
@@ -267,32 +311,44 @@ impl Notifier {
                 Err(_) => true,
             };
             if relevant {
-                let _ = events_tx.try_send(());
+                tx.send_modify(|n| *n = n.wrapping_add(1));
             }
         })?;
-        watcher.watch(&self.signal.dir(), RecursiveMode::NonRecursive)?;
-        let conn = self.options.connect().await?;
-        tokio::spawn(follow(Arc::downgrade(&self.shared), generation, events));
-        Ok(Running {
-            generation,
-            conn,
+        watcher.watch(&signal.dir(), RecursiveMode::NonRecursive)?;
+        let watch = Arc::new(FileWatch {
+            events,
             _watcher: watcher,
-        })
+        });
+        watches.insert(signal.path.clone(), Arc::downgrade(&watch));
+        Ok(watch)
     }
 }
 
 /// The watcher's task: on each event, reads the rows of the watched leases and wakes the waiters
 /// of those that changed hands. Ends when the store is dropped, when nobody waits any more, or
 /// when a read fails (every stream then ends).
-async fn follow(shared: Weak<Mutex<Shared>>, generation: u64, mut events: mpsc::Receiver<()>) {
-    // `None`: the watcher was dropped (the store, or this task, stopped it).
-    while events.recv().await.is_some() {
+async fn follow(
+    shared: Weak<Mutex<Shared>>,
+    generation: u64,
+    mut events: watch::Receiver<u64>,
+    mut stopped: oneshot::Receiver<()>,
+) {
+    loop {
+        // Events that come while a read is under way collapse into one more read.
+        tokio::select! {
+            biased;
+            // The store stopped this watcher (its `Running` was dropped).
+            _ = &mut stopped => return,
+            changed = events.changed() => if changed.is_err() {
+                return;
+            },
+        }
         let Some(shared) = shared.upgrade() else {
             return;
         };
         let mut guard = shared.lock().await;
         let shared = &mut *guard;
-        // A watcher that was replaced may still deliver an event or two: not ours to handle.
+        // Replaced meanwhile: not ours to handle.
         if shared.running.as_ref().is_none_or(|r| r.generation != generation) {
             return;
         }
