@@ -147,3 +147,27 @@ async fn a_call_that_never_answers_is_cut_off_one_ttl_after_it_was_sent() {
     }
     campaign.abort();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_grant_that_comes_after_the_machine_gave_up_reaches_it() {
+    // The first acquire is granted 6 s after it was sent; the machine gave up on it at 3 s and
+    // read back in the same step. Its late reply must still reach the machine, which adopts it
+    // (counted from the first send: it is ours, the store holds it for us), instead of it being
+    // lost with the driver's handle on the call and the lease held by nobody's knowledge.
+    let store = SlowAcquire {
+        inner: MemoryStore::new(),
+        delay: Some(REQUEST_TIMEOUT * 2),
+        calls: Arc::default(),
+    };
+    let elector = elector(&store);
+    let leader = tokio::time::timeout(TTL, elector.campaign())
+        .await
+        .expect("elected within a TTL")
+        .expect("campaign");
+    assert_eq!(leader.term().0, 1, "the first (late) grant is the one adopted");
+    let first = store.calls.lock().unwrap().started[0];
+    assert!(
+        leader.elected_at() <= (first + REQUEST_TIMEOUT * 2 + Duration::from_millis(10)).into_std(),
+        "elected when the late grant came"
+    );
+}

@@ -189,14 +189,7 @@ impl Driver {
                 }
             }
             if self.op.as_ref().map(|op| op.id) != self.machine.pending() {
-                // The machine gave up on it: stop waiting; the call runs on in its task and its
-                // reply, when it comes, is handed to the machine as a late one.
-                if let Some(PendingOp { id, failed, task }) = self.op.take() {
-                    let store = self.inner.store.name();
-                    self.late.push(Box::pin(async move {
-                        (id, task.await.unwrap_or_else(|e| failed(ended(store, e))))
-                    }));
-                }
+                self.abandon_op();
             }
             let input = self.next_input(elected.as_mut()).await;
             let now = now();
@@ -206,6 +199,18 @@ impl Driver {
         }
         for ack in self.resign_acks.drain(..) {
             let _ = ack.send(());
+        }
+    }
+
+    /// The machine gave up on the call under way: stop waiting; the call runs on in its task and
+    /// its reply, when it comes, is handed to the machine as a late one (a late grant is
+    /// released, or adopted from the time the acquire was sent).
+    fn abandon_op(&mut self) {
+        if let Some(PendingOp { id, failed, task }) = self.op.take() {
+            let store = self.inner.store.name();
+            self.late.push(Box::pin(async move {
+                (id, task.await.unwrap_or_else(|e| failed(ended(store, e))))
+            }));
         }
     }
 
@@ -441,6 +446,9 @@ impl Driver {
                     }
                     .in_current_span(),
                 );
+                // The machine sends its next request in the same step as it gives up on the
+                // last one: that one's reply still comes, late.
+                self.abandon_op();
                 self.op = Some(PendingOp { id, failed, task });
                 None
             }
