@@ -51,9 +51,9 @@ struct Waiter {
     candidate: CandidateId,
     position: watch::Receiver<Option<Position>>,
     /// The watch on the reservation key, while waiting.
-    reservation: Option<WatchStream>,
+    reservation: Option<Box<WatchStream>>,
     /// The predecessor watch, for the position it was set up for.
-    watch: Option<(WatchStream, Position)>,
+    watch: Option<Box<(WatchStream, Position)>>,
     /// The position for which "first" was announced, and whether the engine acted on it.
     announced: Option<Position>,
     tick: Option<(tokio::time::Interval, i64)>,
@@ -82,24 +82,45 @@ pub(crate) fn changes(
 
 impl Waiter {
     /// Runs until the next notification; `None` ends the stream (the engine then polls).
+    ///
+    /// A leader's stream (and one whose candidate has not queued) waits here, for its position
+    /// only, in a small future; the watches of a waiting candidate run in a boxed one, made
+    /// when it starts waiting and dropped when it stops (10,000 leaders would otherwise each
+    /// keep the waiting state's futures, about 1 KB).
     async fn next(&mut self) -> Option<()> {
+        loop {
+            let waiting = self.position.borrow().is_some_and(|p| !p.granted);
+            if waiting || self.watch.is_some() || self.reservation.is_some() || self.tick.is_some() {
+                if let Some(answer) = Box::pin(self.next_while_waiting()).await {
+                    return answer;
+                }
+            } else if self.position.changed().await.is_err() {
+                return None;
+            }
+        }
+    }
+
+    /// [`Waiter::next`] while the candidate waits in the queue: `None` when it no longer waits
+    /// (its watches are dropped), `Some` with the stream's answer.
+    async fn next_while_waiting(&mut self) -> Option<Option<()>> {
         loop {
             let position = *self.position.borrow_and_update();
             let waiting = position.filter(|p| !p.granted);
-            if self.watch.as_ref().map(|(_, p)| *p) != waiting {
+            if self.watch.as_ref().map(|w| w.1) != waiting {
                 self.watch = None;
             }
             self.set_tick(waiting);
             if waiting.is_none() {
                 self.reservation = None;
+                return None;
             }
             if let (Some(p), None) = (waiting, &self.reservation) {
                 match Box::pin(self.watch_reservation(p)).await {
-                    Ok(true) => return Some(()),
+                    Ok(true) => return Some(Some(())),
                     Ok(false) => {}
                     Err(e) => {
                         tracing::debug!(error = %e, "etcd change stream ends; the engine polls");
-                        return None;
+                        return Some(None);
                     }
                 }
             }
@@ -107,11 +128,11 @@ impl Waiter {
                 // Boxed: the look-up's etcd futures are large, and a stream's state lives as
                 // long as its candidate (10,000 leaders would otherwise hold ~44 KB each).
                 match Box::pin(self.look(p)).await {
-                    Ok(true) => return Some(()),
+                    Ok(true) => return Some(Some(())),
                     Ok(false) => {}
                     Err(e) => {
                         tracing::debug!(error = %e, "etcd change stream ends; the engine polls");
-                        return None;
+                        return Some(None);
                     }
                 }
             }
@@ -128,15 +149,15 @@ impl Waiter {
                             });
                             let ended = resp.events().iter().any(|e| e.event_type() == EventType::Delete);
                             if for_me || (ended && self.announced.is_some()) {
-                                return Some(());
+                                return Some(Some(()));
                             }
                         }
-                        Ok(_) | Err(_) => return None,
+                        Ok(_) | Err(_) => return Some(None),
                     }
                 }
                 changed = self.position.changed() => {
                     if changed.is_err() {
-                        return None;
+                        return Some(None);
                     }
                 }
                 message = async { watch.as_mut().expect("guarded").0.message().await }, if watch.is_some() => {
@@ -148,7 +169,7 @@ impl Waiter {
                                 self.watch = None;
                             }
                         }
-                        Ok(None) | Err(_) => return None,
+                        Ok(None) | Err(_) => return Some(None),
                     }
                 }
                 _ = async { tick.as_mut().expect("guarded").0.tick().await }, if tick.is_some() => {
@@ -157,15 +178,15 @@ impl Waiter {
                             // We announced "first" a tick ago and the engine has not asked since
                             // (it may have missed it while a request was out): say it again.
                             if waiting.is_some() && self.announced == waiting {
-                                return Some(());
+                                return Some(Some(()));
                             }
                         }
                         Some(false) => {
                             // Our session is gone, and our key with it: the engine must queue again.
-                            return Some(());
+                            return Some(Some(()));
                         }
                         // Unreachable: the watch may be dead too; let the engine poll.
-                        None => return None,
+                        None => return Some(None),
                     }
                 }
             }
@@ -214,7 +235,7 @@ impl Waiter {
                 .await
         })
         .await?;
-        self.reservation = Some(watch);
+        self.reservation = Some(Box::new(watch));
         Ok(read.kvs().first().is_some_and(|kv| self.names_me(kv)))
     }
 
@@ -260,7 +281,7 @@ impl Waiter {
                 .await
         })
         .await?;
-        self.watch = Some((watch, position));
+        self.watch = Some(Box::new((watch, position)));
         Ok(false)
     }
 

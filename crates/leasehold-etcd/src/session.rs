@@ -33,43 +33,54 @@ pub(crate) type SessionKeys = (i64, Arc<HashSet<Vec<u8>>>);
 
 impl Inner {
     /// Runs one etcd request of the engine's (the engine bounds it).
-    pub(crate) async fn call<T>(
-        &self,
+    ///
+    /// Every etcd request goes through here (or [`Inner::call_unless_lease_gone`]), which puts
+    /// the request's future on the heap when it is made: etcd-client's futures are large (a
+    /// keepalive's is several KB), and a caller that holds one inline carries that size for as
+    /// long as it lives, even while it only waits for a lock (10,000 renewals waiting for the
+    /// shared keepalive round took about 14 KB each).
+    pub(crate) fn call<'a, T: 'a>(
+        &'a self,
         operation: &'static str,
-        fut: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
-    ) -> Result<T> {
-        fut.await.map_err(|e| map_error(operation, &self.endpoints, &e))
+        fut: impl Future<Output = std::result::Result<T, etcd_client::Error>> + 'a,
+    ) -> impl Future<Output = Result<T>> + 'a {
+        let fut = Box::pin(fut);
+        async move { fut.await.map_err(|e| map_error(operation, &self.endpoints, &e)) }
     }
 
     /// Runs one etcd request that names an etcd lease; `None` when etcd says that lease is gone.
-    pub(crate) async fn call_unless_lease_gone<T>(
-        &self,
+    pub(crate) fn call_unless_lease_gone<'a, T: 'a>(
+        &'a self,
         operation: &'static str,
-        fut: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
-    ) -> Result<Option<T>> {
-        match fut.await {
-            Ok(answer) => Ok(Some(answer)),
-            Err(e) if lease_gone(&e) => Ok(None),
-            Err(e) => Err(map_error(operation, &self.endpoints, &e)),
+        fut: impl Future<Output = std::result::Result<T, etcd_client::Error>> + 'a,
+    ) -> impl Future<Output = Result<Option<T>>> + 'a {
+        let fut = Box::pin(fut);
+        async move {
+            match fut.await {
+                Ok(answer) => Ok(Some(answer)),
+                Err(e) if lease_gone(&e) => Ok(None),
+                Err(e) => Err(map_error(operation, &self.endpoints, &e)),
+            }
         }
     }
 
     /// Runs one request the store makes on its own, which many callers may wait for (a
     /// session's keepalive round): at once, bypassing admission, and bounded by `limit`.
     /// `None` when etcd says the lease it names is gone.
-    pub(crate) async fn call_shared<T>(
-        &self,
+    pub(crate) fn call_shared<'a, T: 'a>(
+        &'a self,
         operation: &'static str,
         limit: Duration,
-        fut: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
-    ) -> Result<Option<T>> {
-        tokio::time::timeout(limit, self.call_unless_lease_gone(operation, fut))
-            .await
-            .unwrap_or(Err(Error::Timeout {
+        fut: impl Future<Output = std::result::Result<T, etcd_client::Error>> + 'a,
+    ) -> impl Future<Output = Result<Option<T>>> + 'a {
+        let call = self.call_unless_lease_gone(operation, fut);
+        async move {
+            tokio::time::timeout(limit, call).await.unwrap_or(Err(Error::Timeout {
                 store: STORE,
                 operation,
                 after: limit,
             }))
+        }
     }
 
     pub(crate) fn client(&self) -> Client {
@@ -90,10 +101,9 @@ impl Inner {
     pub(crate) async fn read_txn(&self, operation: &'static str, txn: Txn) -> Result<TxnResponse> {
         let mut client = self.client();
         let again = txn.clone();
-        match client.txn(txn).await {
+        match self.call(operation, async move { client.txn(txn).await }).await {
             Ok(answer) => return Ok(answer),
-            Err(e) => {
-                let error = map_error(operation, &self.endpoints, &e);
+            Err(error) => {
                 if !error.is_transient() {
                     return Err(error);
                 }
