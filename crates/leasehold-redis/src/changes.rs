@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
-use leasehold_core::{Changes, Error, Result};
+use leasehold_core::{Announcements, Changes, Error, HolderFields, HolderInfo, LeaseName, Observation, Result};
 use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::ExpiryEvents;
 use crate::error::{self, STORE};
 use crate::expiry::{self, Probe, Route};
+use crate::record::TTL_RANGE;
 
 /// Whether the server sends expiry events, as last asked.
 const UNKNOWN: u8 = 0;
@@ -48,10 +49,24 @@ pub(crate) struct Hub {
     dropped: CancellationToken,
 }
 
+/// The streams of one subscribed channel.
+struct Channel {
+    /// Changes streams: sent a wake-up ([`wakes`]).
+    wake: watch::Sender<()>,
+    /// Announcement streams: the last `granted` message.
+    granted: watch::Sender<Option<Vec<u8>>>,
+}
+
+impl Channel {
+    fn receivers(&self) -> usize {
+        self.wake.receiver_count() + self.granted.receiver_count()
+    }
+}
+
 /// One pub/sub connection and its subscriptions.
 struct Live {
     sink: PubSubSink,
-    channels: Mutex<HashMap<String, watch::Sender<()>>>,
+    channels: Mutex<HashMap<String, Channel>>,
     /// Where expired keys are announced, when this connection is subscribed to them.
     expired: Option<Route>,
     /// Cancelled when the connection is given up.
@@ -208,6 +223,50 @@ impl Hub {
         Ok(Some(stream.boxed()))
     }
 
+    /// The grants announced on the lease's `channel`, from now on (a subscriber that falls
+    /// behind sees the latest), each as `inspect` would show it right after the grant.
+    pub(crate) async fn announcements(&self, lease: LeaseName, channel: String) -> Result<Option<Announcements>> {
+        let timed_out = |after| Error::Timeout {
+            store: STORE,
+            operation: "announcements",
+            after,
+        };
+        let live = tokio::time::timeout(self.timeout * 3, self.live())
+            .await
+            .map_err(|_| timed_out(self.timeout * 3))??;
+        let (rx, subscribing) = live.join_granted(&channel);
+        let held = Held {
+            live: live.clone(),
+            channel,
+            rx,
+        };
+        if let Some(subscribing) = subscribing {
+            match tokio::time::timeout(self.timeout, subscribing).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    live.dead.cancel();
+                    return Err(error::map(e, "announcements"));
+                }
+                Err(_) => {
+                    live.dead.cancel();
+                    return Err(timed_out(self.timeout));
+                }
+            }
+        }
+        let stream = futures::stream::unfold((held, lease), |(mut held, lease)| async move {
+            loop {
+                held.rx.changed().await.ok()?;
+                let payload = held.rx.borrow_and_update().clone();
+                match payload.as_deref().map(|p| granted(&lease, p)) {
+                    Some(Ok(seen)) => return Some((seen, (held, lease))),
+                    Some(Err(e)) => tracing::debug!(error = %e, "an unreadable grant announcement"),
+                    None => {}
+                }
+            }
+        });
+        Ok(Some(stream.boxed()))
+    }
+
     /// The live connection, opened if there is none.
     async fn live(&self) -> Result<Arc<Live>> {
         let mut slot = self.live.lock().await;
@@ -267,14 +326,33 @@ impl Hub {
 type Subscribing = futures::future::BoxFuture<'static, redis::RedisResult<()>>;
 
 impl Live {
-    /// A receiver for `channel`, and the pending subscription if this is its first receiver.
+    /// A wake-up receiver for `channel`, and the pending subscription if this is its first
+    /// receiver.
     fn join(&self, channel: &str) -> (watch::Receiver<()>, Option<Subscribing>) {
+        self.enter(channel, |c| c.wake.subscribe())
+    }
+
+    /// A receiver of the grants announced on `channel` (none yet), and the pending subscription
+    /// if this is its first receiver.
+    fn join_granted(&self, channel: &str) -> (watch::Receiver<Option<Vec<u8>>>, Option<Subscribing>) {
+        self.enter(channel, |c| {
+            let mut rx = c.granted.subscribe();
+            rx.mark_unchanged();
+            rx
+        })
+    }
+
+    fn enter<R>(&self, channel: &str, receiver: impl Fn(&Channel) -> R) -> (R, Option<Subscribing>) {
         let mut channels = self.channels.lock().expect("channels lock poisoned");
-        if let Some(tx) = channels.get(channel) {
-            return (tx.subscribe(), None);
+        if let Some(c) = channels.get(channel) {
+            return (receiver(c), None);
         }
-        let (tx, rx) = watch::channel(());
-        channels.insert(channel.to_string(), tx);
+        let c = Channel {
+            wake: watch::channel(()).0,
+            granted: watch::channel(None).0,
+        };
+        let rx = receiver(&c);
+        channels.insert(channel.to_string(), c);
         // Polled once under the lock, the request is queued on the connection before any later
         // (un)subscription of the same channel.
         let mut sink = self.sink.clone();
@@ -295,7 +373,7 @@ impl Live {
             return;
         }
         let mut channels = self.channels.lock().expect("channels lock poisoned");
-        if channels.get(channel).is_some_and(|tx| tx.receiver_count() <= 1) {
+        if channels.get(channel).is_some_and(|c| c.receivers() <= 1) {
             channels.remove(channel);
             let mut sink = self.sink.clone();
             let channel = channel.to_string();
@@ -305,8 +383,21 @@ impl Live {
     }
 
     fn notify(&self, channel: &str) {
-        if let Some(tx) = self.channels.lock().expect("channels lock poisoned").get(channel) {
-            tx.send_replace(());
+        if let Some(c) = self.channels.lock().expect("channels lock poisoned").get(channel) {
+            c.wake.send_replace(());
+        }
+    }
+
+    /// Hands a message to the streams of its channel: a wake-up ([`wakes`]) and a grant to the
+    /// announcement streams.
+    fn deliver(&self, channel: &str, payload: &[u8]) {
+        if let Some(c) = self.channels.lock().expect("channels lock poisoned").get(channel) {
+            if wakes(payload) {
+                c.wake.send_replace(());
+            }
+            if payload.starts_with(b"granted ") {
+                c.granted.send_replace(Some(payload.to_vec()));
+            }
         }
     }
 
@@ -333,6 +424,53 @@ impl Drop for Subscription {
     }
 }
 
+/// An announcement stream's hold on the lease's channel.
+struct Held {
+    live: Arc<Live>,
+    channel: String,
+    rx: watch::Receiver<Option<Vec<u8>>>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.live.leave(&self.channel);
+    }
+}
+
+/// The holder a `granted <term> <ttl_ms> <version> <holder>` message announces, as `inspect`
+/// would show it right after the grant (the full TTL remaining).
+pub(crate) fn granted(lease: &LeaseName, payload: &[u8]) -> Result<Observation> {
+    let text = std::str::from_utf8(payload).map_err(|e| error::unexpected("announcements", e.to_string()))?;
+    let mut words = text.splitn(5, ' ');
+    let (Some("granted"), Some(term), Some(ttl_ms), Some(version), Some(id)) =
+        (words.next(), words.next(), words.next(), words.next(), words.next())
+    else {
+        return Err(error::unexpected(
+            "announcements",
+            text.chars().take(80).collect::<String>(),
+        ));
+    };
+    let ttl = Duration::from_millis(
+        ttl_ms
+            .parse()
+            .map_err(|_| error::unexpected("announcements", format!("ttl {ttl_ms:?}")))?,
+    );
+    let fields = HolderFields {
+        id,
+        term: term.into(),
+        ttl_ms: ttl_ms.into(),
+        version,
+        store_remaining: Some(ttl),
+    };
+    let info = HolderInfo::from_record(STORE, lease, fields, &TTL_RANGE)?;
+    Ok(Observation {
+        lease: lease.clone(),
+        last_term: info.term,
+        holder: Some(info),
+        previous_end: None,
+    })
+}
+
 /// Whether a message on a lease's channel or a waiter's own wakes its streams: one that names
 /// nobody (`released <term>`, `broken <term>`, and on a waiter's channel every wake-up), not
 /// one that names who was woken or took the lease (a third word: `released <term> <woken>`,
@@ -356,8 +494,7 @@ async fn read(live: Arc<Live>, mut stream: PubSubStream, dropped: CancellationTo
                             live.notify(&channel);
                         }
                     }
-                    _ if wakes(message.get_payload_bytes()) => live.notify(message.get_channel_name()),
-                    _ => {}
+                    _ => live.deliver(message.get_channel_name(), message.get_payload_bytes()),
                 },
                 None => {
                     tracing::debug!("redis pub/sub connection closed; candidates poll");
@@ -396,7 +533,30 @@ async fn keep_alive(live: Arc<Live>, dropped: CancellationToken, timeout: Durati
 
 #[cfg(test)]
 mod tests {
-    use super::wakes;
+    use super::{granted, wakes};
+    use leasehold_core::{LeaseName, Term};
+
+    #[test]
+    fn a_grant_announcement_reads_as_an_observation() {
+        let lease = LeaseName::new("jobs").unwrap();
+        let seen = granted(&lease, b"granted 1795 2000 00112233aabbccdd host a 42").unwrap();
+        let holder = seen.holder.unwrap();
+        assert_eq!(
+            (holder.id.as_str(), holder.term, seen.last_term),
+            ("host a 42", Term(1795), Term(1795))
+        );
+        assert_eq!(holder.ttl, std::time::Duration::from_secs(2));
+        assert_eq!(holder.store_remaining, Some(holder.ttl));
+        assert!(!holder.reserved);
+        for bad in [
+            &b"granted 1795 2000"[..],
+            b"granted x 2000 00112233aabbccdd a",
+            b"released 1 a",
+            b"\xff",
+        ] {
+            assert!(granted(&lease, bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn only_messages_naming_nobody_wake() {

@@ -199,7 +199,6 @@ if stored and ge(stored, '9223372036854775807') then
   return {nonce, 'corrupt', 'key ' .. state_key .. ' holds term ' .. stored .. ', which no term can follow'}
 end
 local now = now_ms()
-local takeover = false
 if lease then
   if lease.holder ~= candidate then
     join(candidate, ARGV[8])
@@ -217,7 +216,6 @@ else
   if state.term and state.ended == '' then
     -- The previous term expired: record it, at the time the server let it go.
     finish(state, 'expired', state.deadline, maxlen)
-    takeover = true
   end
 end
 -- The next term is max(stored + 1, the server's time in microseconds), so that it is above every
@@ -239,8 +237,8 @@ redis.call('HSET', state_key, 'holder', candidate, 'deadline', fmt(now + tonumbe
 append(maxlen, 'grant', term, 'holder', candidate, 'ttl', ttl)
 redis.call('ZREM', queue_key, candidate)
 redis.call('DEL', woken_key)
--- Names the holder: wakes nobody (every follower was woken by the expiry).
-if takeover then redis.call('PUBLISH', channel, 'granted ' .. term .. ' ' .. candidate) end
+-- Announces the new holder (`announcements`); names it, so it wakes nobody.
+redis.call('PUBLISH', channel, 'granted ' .. term .. ' ' .. ttl .. ' ' .. version .. ' ' .. candidate)
 return {nonce, 'granted', term}
 "#;
 

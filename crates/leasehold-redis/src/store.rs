@@ -7,8 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::{StreamExt, TryStreamExt};
 use leasehold_core::{
-    AcquireRequest, Acquired, CandidateId, Capabilities, Changes, Error, Expiry, Grant, LeaseName, LeaseStore,
-    Notifications, Observation, RecordVersion, Renewed, Result, Term, Transition,
+    AcquireRequest, Acquired, Announcements, CandidateId, Capabilities, Changes, Error, Expiry, Grant, LeaseName,
+    LeaseStore, Notifications, Observation, RecordVersion, Renewed, Result, Term, Transition,
 };
 
 use redis::Value;
@@ -562,6 +562,14 @@ impl LeaseStore for RedisStore {
         let keys = self.keys(lease);
         let waiter = keys.waiter_channel(candidate);
         self.inner.hub.changes(keys.channel, waiter).await
+    }
+
+    /// Every grant, from the acquire script's `granted <term> <ttl_ms> <version> <holder>` on
+    /// the lease's channel (which wakes no follower): followers that were not woken learn of the
+    /// new leader without a request.
+    async fn announcements(&self, lease: &LeaseName) -> Result<Option<Announcements>> {
+        let channel = self.keys(lease).channel;
+        self.inner.hub.announcements(lease.clone(), channel).await
     }
 
     /// `true`: [`break_lease`](LeaseStore::break_lease) works.

@@ -107,7 +107,19 @@ async fn a_release_wakes_only_the_longest_live_waiter() {
     assert!(quiet(&mut w).await);
     assert_eq!(members(&backend, &lease).await, ["d"], "C is dropped from the queue");
 
+    // A follower that was not woken learns of the new holder from the announcement.
+    let mut announced = store.announcements(&lease).await.unwrap().unwrap();
     let d_grant = grant(&store, &lease, "d", TTL).await;
+    let seen = tokio::time::timeout(Duration::from_secs(2), announced.next())
+        .await
+        .unwrap()
+        .unwrap();
+    let holder = seen.holder.unwrap();
+    assert_eq!(
+        (holder.id, holder.term, holder.version),
+        (id("d"), d_grant.term, d_grant.token.clone())
+    );
+    assert!(quiet(&mut w).await, "an announcement wakes nobody");
     assert!(members(&backend, &lease).await.is_empty());
     store.release(&d_grant).await.unwrap();
     assert!(wakes(&mut w).await, "nobody queued: every follower is woken");
