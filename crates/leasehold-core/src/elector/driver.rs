@@ -455,7 +455,10 @@ impl Driver {
             Output::Elected { grant, valid_until } => {
                 let now = now();
                 info!(term = %grant.term, "elected");
-                // A leader learns of another holder from its renewals.
+                // A leader learns of another holder from its renewals: it needs neither the
+                // store's change notifications nor its announcements (a watch, a listener's
+                // routing or a read per change on some stores). A new campaign asks again.
+                self.changes = None;
                 self.announcements = None;
                 self.announcements_asked = None;
                 *self.inner.leading.lock().expect("leading lock") = Some(valid_until);
