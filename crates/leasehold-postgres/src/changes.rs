@@ -37,6 +37,15 @@
 //! `retry_every` (the store notifies [`Release`](leasehold_core::Notifications::Release)), so a
 //! lost wake-up costs time, never an election.
 //!
+//! # Announcements
+//!
+//! Every grant also sends `NOTIFY leasehold_granted, '<schema>/<lease>\n<term>\n<ttl_ms>\n<version>\n<holder>'`
+//! in its statement (see [`GRANTED_CHANNEL`]). The same listener listens to that channel and
+//! passes each grant of a lease to that lease's announcement streams
+//! ([`Notifier::announcements`]) as what `inspect` would show right after it: followers that
+//! the queue does not wake learn of the new leader at once, without a read each. A grant wakes
+//! no change stream (it is on another channel, which older versions do not listen to).
+//!
 //! The listener never retries on its own: when its connection fails, every stream ends (the
 //! engine then polls) and the next [`Notifier::changes`] starts a new listener.
 
@@ -45,16 +54,17 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures::StreamExt;
-use leasehold_core::{Acquired, CandidateId, Changes, LeaseName};
+use leasehold_core::{Acquired, Announcements, CandidateId, Changes, HolderFields, HolderInfo, LeaseName, Observation};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, PgConnection, Row};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tracing::debug;
 
-use crate::record::lock_key;
+use crate::error::STORE;
+use crate::record::{TTL_RANGE, lock_key};
 use crate::schema::quoted;
-use crate::sql::CHANNEL;
+use crate::sql::{CHANNEL, GRANTED_CHANNEL};
 
 /// The line a release's notification payload ends with when its statement gave the lease's
 /// lock back (see [`Context::queued_payload`](crate::session::Context::queued_payload)).
@@ -144,6 +154,8 @@ struct Lease {
 #[derive(Debug, Default)]
 struct State {
     leases: HashMap<String, Lease>,
+    /// Per lease with announcement streams: the last grant announced (streams see the latest).
+    announced: HashMap<String, watch::Sender<Option<Observation>>>,
     listener: Option<JoinHandle<()>>,
     next_id: u64,
 }
@@ -259,6 +271,20 @@ impl Notifier {
                 tx,
                 waiting: false,
             });
+        self.ensure_listener(&mut state);
+        let guard = Unsubscribe {
+            state: Arc::downgrade(&self.state),
+            lease: lease.as_str().to_string(),
+            id,
+        };
+        futures::stream::unfold((rx, guard), |(mut rx, guard)| async move {
+            rx.changed().await.ok().map(|()| ((), (rx, guard)))
+        })
+        .boxed()
+    }
+
+    /// Starts the listener unless one runs.
+    fn ensure_listener(&self, state: &mut State) {
         if state.listener.as_ref().is_none_or(JoinHandle::is_finished) {
             state.listener = Some(tokio::spawn(listen(
                 Arc::downgrade(&self.state),
@@ -267,13 +293,32 @@ impl Notifier {
                 self.prefix.clone(),
             )));
         }
-        let guard = Unsubscribe {
+    }
+
+    /// The grants of `lease` from now on, each as `inspect` would show it right after the grant
+    /// (a stream that falls behind sees the latest). It ends when the listener's connection
+    /// fails.
+    pub(crate) fn announcements(&self, lease: &LeaseName) -> Announcements {
+        let mut state = self.state.lock().expect("notifier lock poisoned");
+        let mut rx = state
+            .announced
+            .entry(lease.as_str().to_string())
+            .or_insert_with(|| watch::channel(None).0)
+            .subscribe();
+        rx.mark_unchanged();
+        self.ensure_listener(&mut state);
+        let guard = StopAnnouncing {
             state: Arc::downgrade(&self.state),
             lease: lease.as_str().to_string(),
-            id,
         };
         futures::stream::unfold((rx, guard), |(mut rx, guard)| async move {
-            rx.changed().await.ok().map(|()| ((), (rx, guard)))
+            loop {
+                rx.changed().await.ok()?;
+                let seen = rx.borrow_and_update().clone();
+                if let Some(seen) = seen {
+                    return Some((seen, (rx, guard)));
+                }
+            }
         })
         .boxed()
     }
@@ -330,6 +375,7 @@ impl Drop for Notifier {
             if let Some(listener) = state.listener.take() {
                 listener.abort();
             }
+            state.announced.clear();
             // Ends every stream; each watcher then finds nobody waiting and stops.
             for entry in state.leases.values_mut() {
                 entry.waiters.clear();
@@ -368,6 +414,86 @@ impl Drop for Unsubscribe {
             None => {}
         }
     }
+}
+
+/// Forgets a lease's announcements when its last stream is dropped (after its receiver).
+struct StopAnnouncing {
+    state: Weak<Mutex<State>>,
+    lease: String,
+}
+
+impl Drop for StopAnnouncing {
+    fn drop(&mut self) {
+        let Some(state) = self.state.upgrade() else { return };
+        let Ok(mut state) = state.lock() else { return };
+        if state
+            .announced
+            .get(&self.lease)
+            .is_some_and(|tx| tx.receiver_count() == 0)
+        {
+            state.announced.remove(&self.lease);
+        }
+    }
+}
+
+/// A grant announcement of this store, `<schema>/<lease>\n<term>\n<ttl_ms>\n<version>\n<holder>`:
+/// the lease and the rest (see [`granted`]).
+fn granted_lease<'p>(payload: &'p str, prefix: &str) -> Option<(&'p str, &'p str)> {
+    payload.strip_prefix(prefix)?.split_once('\n')
+}
+
+/// The holder a grant announcement names (the part after the lease, see [`granted_lease`]), as
+/// `inspect` would show it right after the grant (the full TTL remaining).
+fn granted(lease: &LeaseName, fields: &str) -> leasehold_core::Result<Observation> {
+    let mut lines = fields.splitn(4, '\n');
+    let (Some(term), Some(ttl_ms), Some(version), Some(id)) = (lines.next(), lines.next(), lines.next(), lines.next())
+    else {
+        return Err(leasehold_core::Error::corrupt(
+            STORE,
+            lease,
+            format!("grant announcement: {} lines, expected 4", fields.split('\n').count()),
+        ));
+    };
+    let store_remaining = ttl_ms.parse::<u64>().ok().map(Duration::from_millis);
+    let fields = HolderFields {
+        id,
+        term: term.into(),
+        ttl_ms: ttl_ms.into(),
+        version,
+        store_remaining,
+    };
+    let info = HolderInfo::from_record(STORE, lease, fields, &TTL_RANGE)?;
+    Ok(Observation {
+        lease: lease.clone(),
+        last_term: info.term,
+        holder: Some(info),
+        previous_end: None,
+    })
+}
+
+/// Passes a grant announcement to the announcement streams of its lease. `false` once the
+/// store is gone.
+fn announce(state: &Weak<Mutex<State>>, payload: &str, prefix: &str) -> bool {
+    let Some(state) = state.upgrade() else {
+        return false;
+    };
+    let state = state.lock().expect("notifier lock poisoned");
+    let Some((name, fields)) = granted_lease(payload, prefix) else {
+        return true;
+    };
+    let Some(tx) = state.announced.get(name) else {
+        return true;
+    };
+    let Ok(lease) = LeaseName::new(name) else {
+        return true;
+    };
+    match granted(&lease, fields) {
+        Ok(seen) => {
+            tx.send_replace(Some(seen));
+        }
+        Err(e) => debug!(error = %e, "an unreadable grant announcement"),
+    }
+    true
 }
 
 /// What a notification says, beyond the lease and who made the change.
@@ -438,9 +564,13 @@ async fn listen(state: Weak<Mutex<State>>, options: PgConnectOptions, connect_ti
         // A change made while this connects is missed; followers also poll, so it is seen at the
         // next poll. (Waking everyone here instead would add a request per waiter at every
         // reconnect, for nothing in the usual case.)
-        listener.listen(CHANNEL).await?;
+        listener.listen_all([CHANNEL, GRANTED_CHANNEL]).await?;
         while let Some(notification) = listener.try_recv().await? {
-            if let Some((lease, by, kind)) = parse(notification.payload(), &prefix)
+            if notification.channel() == GRANTED_CHANNEL {
+                if !announce(&state, notification.payload(), &prefix) {
+                    return Ok(());
+                }
+            } else if let Some((lease, by, kind)) = parse(notification.payload(), &prefix)
                 && !wake(&state, lease, by, kind)
             {
                 return Ok(());
@@ -464,6 +594,8 @@ async fn listen(state: Weak<Mutex<State>>, options: PgConnectOptions, connect_ti
             }
         }
         state.leases.retain(|_, entry| entry.watcher.is_some());
+        // Ends every announcement stream (their senders go).
+        state.announced.clear();
         state.listener = None;
     }
 }
@@ -710,6 +842,33 @@ mod tests {
         assert_eq!(parse("s/a/c1\nsomething-else", "s/"), Some(("a", "c1", Kind::Any)));
         assert_eq!(parse("other/a/c1\nqueued", "s/"), None);
         assert_eq!(parse("s/a", "s/"), None);
+    }
+
+    #[test]
+    fn a_grant_announcement_reads_as_an_observation_and_is_no_change() {
+        let lease = LeaseName::new("a").unwrap();
+        let payload = "s/a\n17\n2000\n00112233aabbccdd\nteam/c 1";
+        // Not a change of this store, whichever schema (were it on the changes' channel).
+        assert_eq!(parse(payload, "s/"), None);
+        assert_eq!(parse(payload, "s/a\n17/"), None);
+        let (name, fields) = granted_lease(payload, "s/").unwrap();
+        assert_eq!(name, "a");
+        assert_eq!(granted_lease(payload, "t/"), None);
+        let seen = granted(&lease, fields).unwrap();
+        assert_eq!(seen.last_term, leasehold_core::Term(17));
+        let holder = seen.holder.unwrap();
+        assert_eq!(holder.id.as_str(), "team/c 1");
+        assert_eq!(holder.term, leasehold_core::Term(17));
+        assert_eq!(holder.ttl, Duration::from_millis(2000));
+        assert_eq!(holder.store_remaining, Some(Duration::from_millis(2000)));
+        assert!(!holder.orphaned && !holder.reserved);
+        for bad in [
+            "17\n2000\n00112233aabbccdd",
+            "x\n2000\n00112233aabbccdd\nc",
+            "17\n2000\nzz\nc",
+        ] {
+            assert!(granted(&lease, bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

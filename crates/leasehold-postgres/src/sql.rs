@@ -19,6 +19,13 @@ use crate::schema::quoted;
 /// `<schema>/<lease>/<candidate who made the change>`.
 pub(crate) const CHANNEL: &str = "leasehold";
 
+/// The channel of grant announcements: each grant sends `<schema>/<lease>` and, a line each, the
+/// new term, its TTL in milliseconds, the record version and the holder (last: candidate ids
+/// may hold anything but control characters). Another channel than [`CHANNEL`], so that no
+/// change stream, of this version or an older one, takes a grant for a wake-up (older versions
+/// do not even receive it).
+pub(crate) const GRANTED_CHANNEL: &str = "leasehold_granted";
+
 /// The statements of one schema.
 #[derive(Debug)]
 pub(crate) struct Sql {
@@ -64,6 +71,7 @@ impl Sql {
                 .replace("{min_ttl_ms}", &millis(*TTL_RANGE.start()).to_string())
                 .replace("{max_ttl_ms}", &millis(*TTL_RANGE.end()).to_string())
                 .replace("{channel}", CHANNEL)
+                .replace("{granted_channel}", GRANTED_CHANNEL)
                 .into()
         };
         Sql {
@@ -99,14 +107,15 @@ impl Sql {
             // versions, $7 the record version to take over (`AcquireRequest::takeover`, or
             // NULL), $8 notification payloads, $9 the TTL of the grant this session holds on the
             // lease (or NULL); $10 history limit, $11 the shortest TTL among the session's other
-            // leases (0: none) → per request, in order: whether the lock was free, whether
+            // leases (0: none), $12 `<schema>/` (the prefix of grant announcements) → per request, in order: whether the lock was free, whether
             // granted, the new term, the record as it was, whether it was valid.
             //
             // Per request: takes the lock (unless already held), reads the row, grants if the
             // lock is ours and the row is absent, free, the candidate's own, or has exactly the
             // version to take over (the engine decides when a record whose holder's session ended
             // may be replaced); writes the row and the history; gives the lock back if it was
-            // taken but not used. Then sets the session's idle timeout to the shortest TTL it
+            // taken but not used; announces each grant on `GRANTED_CHANNEL` (what `inspect`
+            // shows right after it). Then sets the session's idle timeout to the shortest TTL it
             // holds afterwards.
             //
             // Rows are read with the statement's snapshot, taken before the locks: a release
@@ -199,6 +208,11 @@ impl Sql {
                     FROM verdict AS v JOIN granted AS g ON g.name = v.name
                     WHERE v.c_holder IS NOT NULL AND v.c_holder <> v.candidate
                  ),
+                 announced AS (
+                    SELECT pg_notify('{granted_channel}', $12::text || g.name || E'\n' || g.term
+                        || E'\n' || v.ttl_ms || E'\n' || v.version || E'\n' || v.candidate)
+                    FROM verdict AS v JOIN granted AS g ON g.name = v.name
+                 ),
                  timeout AS MATERIALIZED (
                     SELECT set_config('idle_session_timeout', COALESCE(least(NULLIF($11::int8, 0),
                         (SELECT min(CASE WHEN g.name IS NOT NULL THEN v.ttl_ms ELSE v.old_ttl_ms END)
@@ -208,7 +222,8 @@ impl Sql {
                  SELECT v.i, v.got, g.term IS NOT NULL, g.term,
                         v.present, v.c_holder, v.c_term, v.c_ttl_ms, v.c_version, v.c_previous_end,
                         v.history_term, v.valid,
-                        (SELECT count(*) FROM unlocked), (SELECT count(*) FROM notified),
+                        (SELECT count(*) FROM unlocked),
+                        (SELECT count(*) FROM notified) + (SELECT count(*) FROM announced),
                         (SELECT count(*) FROM ended) + (SELECT count(*) FROM began)
                             + (SELECT count(*) FROM pruned),
                         (SELECT setting FROM timeout)

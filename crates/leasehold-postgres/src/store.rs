@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use leasehold_core::{
-    AcquireRequest, Acquired, CandidateId, Capabilities, Changes, Error, Expiry, Grant, LeaseName, LeaseStore,
-    Notifications, Observation, Renewed, Result, Term, Transition,
+    AcquireRequest, Acquired, Announcements, CandidateId, Capabilities, Changes, Error, Expiry, Grant, LeaseName,
+    LeaseStore, Notifications, Observation, Renewed, Result, Term, Transition,
 };
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, Row};
@@ -413,6 +413,12 @@ impl LeaseStore for PostgresStore {
 
     async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {
         Ok(Some(self.inner.notifier.changes(lease, candidate)))
+    }
+
+    /// Every grant announces itself on the `leasehold_granted` channel in its own statement;
+    /// the store's listener passes those of `lease` on (see [`docs`](crate::docs)).
+    async fn announcements(&self, lease: &LeaseName) -> Result<Option<Announcements>> {
+        Ok(Some(self.inner.notifier.announcements(lease)))
     }
 
     /// `true`: [`break_lease`](LeaseStore::break_lease) works.

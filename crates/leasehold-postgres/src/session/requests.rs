@@ -126,7 +126,8 @@ impl Actor {
             .bind(payloads)
             .bind(old_ttls)
             .bind(i64::from(cx.config.history_limit()))
-            .bind(millis(base));
+            .bind(millis(base))
+            .bind(format!("{}/", cx.config.schema()));
         let rows = match self.fetch_all(query, limit).await {
             Ok(rows) if rows.len() == batch.len() => rows,
             outcome => {
