@@ -609,6 +609,94 @@ async fn releases_and_breaks_are_notified() {
     assert!(futures::FutureExt::now_or_never(other.next()).is_none());
 }
 
+/// Every grant is announced to the announcement streams of other stores as `inspect` shows it
+/// right after the grant, and wakes no change stream: not this version's, nor an older
+/// version's listener on the `leasehold` channel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_are_announced_and_wake_no_change_stream() {
+    let Some(pg) = server() else { return };
+    let ttl = Duration::from_secs(5);
+    let lease = common::lease("announce");
+    let (holder, follower) = (
+        PostgresStore::connect(&pg.url).await.unwrap(),
+        PostgresStore::connect(&pg.url).await.unwrap(),
+    );
+    let mut changes = follower
+        .changes(&lease, &candidate("b"))
+        .await
+        .unwrap()
+        .expect("a stream");
+    let mut announced = follower.announcements(&lease).await.unwrap().expect("announcements");
+    let mut other = follower.announcements(&common::lease("other")).await.unwrap().unwrap();
+    // An older version's listener: it listens on `leasehold` only.
+    let mut old = sqlx::postgres::PgListener::connect(&pg.url).await.unwrap();
+    old.listen("leasehold").await.unwrap();
+    // The follower's listener connects in the background: the holder is granted again (a new
+    // term each time, by the holder itself, which notifies no change) until one is announced.
+    let started = Instant::now();
+    let mut first = None;
+    while first.is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "no grant was ever announced"
+        );
+        granted(acquire(&holder, &lease, "a", ttl).await);
+        first = tokio::time::timeout(Duration::from_millis(100), announced.next())
+            .await
+            .ok()
+            .map(|seen| seen.expect("the stream lives"));
+    }
+    let grant = granted(acquire(&holder, &lease, "a", ttl).await);
+    let seen = tokio::time::timeout(Duration::from_secs(2), announced.next())
+        .await
+        .expect("a grant is announced")
+        .expect("the stream lives");
+    let inspected = holder.inspect(&lease).await.unwrap();
+    let shown = seen.holder.clone().expect("a holder");
+    assert_eq!(shown.id, candidate("a"));
+    assert_eq!(shown.term, grant.term);
+    assert_eq!(shown.ttl, ttl);
+    assert_eq!(shown.version, grant.token);
+    assert_eq!(shown.store_remaining, Some(ttl));
+    assert!(!shown.orphaned && !shown.reserved);
+    assert_eq!(seen.last_term, grant.term);
+    assert_eq!(seen.lease, lease);
+    let inspected_holder = inspected.holder.expect("held");
+    assert_eq!(
+        (
+            &inspected_holder.id,
+            inspected_holder.term,
+            inspected_holder.ttl,
+            &inspected_holder.version
+        ),
+        (&shown.id, shown.term, shown.ttl, &shown.version),
+        "what inspect shows"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        futures::FutureExt::now_or_never(changes.next()).is_none(),
+        "a grant wakes no change stream"
+    );
+    assert!(
+        futures::FutureExt::now_or_never(other.next()).is_none(),
+        "another lease's grant"
+    );
+    loop {
+        match tokio::time::timeout(Duration::from_millis(100), old.try_recv()).await {
+            Err(_) => break,
+            Ok(notification) => {
+                let notification = notification.unwrap().expect("the old listener lives");
+                assert!(
+                    !notification.payload().contains(lease.as_str()),
+                    "an older version's listener was told of a grant: {:?}",
+                    notification.payload()
+                );
+            }
+        }
+    }
+    holder.release(&grant).await.unwrap();
+}
+
 /// A table of leasehold's name but another shape: a typed error naming it, nothing dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_foreign_table_is_a_typed_error_and_left_alone() {
