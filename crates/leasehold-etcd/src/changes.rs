@@ -168,6 +168,17 @@ impl Waiter {
                                 // Gone (or the watch was cancelled, e.g. compacted): look again.
                                 self.watch = None;
                             }
+                            if gone {
+                                // The predecessor left: usually the holder, so we are first. Say so
+                                // at once rather than after a look-up (one round trip less between
+                                // a release and the successor's grant): the grant's compare-and-set
+                                // checks that no key is ahead, and a candidate that is not first
+                                // is answered `Held`. The look-up follows when the engine next
+                                // polls the stream, and watches the next key ahead if any; it does
+                                // not announce "first" a second time.
+                                self.announced = waiting;
+                                return Some(Some(()));
+                            }
                         }
                         Ok(None) | Err(_) => return Some(None),
                     }
