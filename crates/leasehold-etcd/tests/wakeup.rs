@@ -12,7 +12,7 @@ use leasehold_conformance::{Direction, Fault, FaultProxy, require_server};
 use leasehold_core::{AcquireRequest, Acquired, CandidateId, LeaseName, LeaseStore};
 use leasehold_etcd::EtcdStore;
 
-const DELAY: Duration = Duration::from_millis(400);
+const DELAY: Duration = Duration::from_millis(600);
 const TTL: Duration = Duration::from_secs(10);
 
 fn request(lease: &LeaseName, candidate: &str) -> AcquireRequest {
