@@ -675,8 +675,9 @@ async fn failover_process(av: &Available, url: &str, lease: &LeaseName) -> Outco
 const OBSERVE_LIMIT: Duration = Duration::from_secs(40);
 
 /// `observe()` after a crash: leader L (a child process killed with SIGKILL, or a blackholed
-/// store in process), N queued next and T third, each on its own client. From N's Elected event
-/// to the `since` of T's `observe()` value that shows N (when T first saw N lead).
+/// store in process), N queued next and T third, each on its own client. From the Elected event
+/// of whichever of them takes over (N on FIFO stores; either where an expiry wakes everyone) to
+/// the `since` of the other's `observe()` value that shows it (when it first saw the new leader).
 async fn observe_after_crash(av: &Available, run: u64, reps: usize, child_processes: bool) -> Outcome<Stats> {
     let ttl = av.ttl;
     let mut samples = Vec::new();
@@ -692,20 +693,22 @@ async fn observe_after_crash(av: &Available, run: u64, reps: usize, child_proces
                 in_process = Some(campaign(&elector(store, &lease, "crashing", ttl)?, ttl * 5).await?);
             }
         }
-        // N holds on once elected (until the sample is taken), so that T can see it lead.
+        // Whoever takes over holds on (until the sample is taken), so that the other can see it
+        // lead.
+        let holding = |e: Elector| async move {
+            if let Ok(leader) = e.campaign().await {
+                std::future::pending::<()>().await;
+                leader.resign().await;
+            }
+        };
         let n = elector(connect(av).await?, &lease, "next", ttl)?;
         let mut n_events = n.events();
-        let n_task = tokio::spawn(async move { n.campaign().await });
+        let n_task = tokio::spawn(holding(n.clone()));
         let _ = tokio::time::timeout(ttl, sees_holder(&mut n_events)).await;
         tokio::time::sleep(Duration::from_millis(20)).await;
         let t = elector(connect(av).await?, &lease, "third", ttl)?;
-        let mut t_seen = t.observe();
         let mut t_events = t.events();
-        let t_task = tokio::spawn(async move {
-            if let Ok(leader) = t.campaign().await {
-                leader.resign().await;
-            }
-        });
+        let t_task = tokio::spawn(holding(t.clone()));
         let _ = tokio::time::timeout(ttl, sees_holder(&mut t_events)).await;
         // Let N and T settle into waiting.
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -715,25 +718,30 @@ async fn observe_after_crash(av: &Available, run: u64, reps: usize, child_proces
         } else {
             faults.set(Direction::Both, Fault::Blackhole);
         }
-        let n_at = within(ttl * 3 + Duration::from_secs(5), "N elected", elected(&mut n_events))
-            .await?
-            .ok_or("N's events closed")?;
-        let next = CandidateId::new("next").map_err(|e| e.to_string())?;
+        let (winner, at, observer) = within(ttl * 3 + Duration::from_secs(5), "N or T elected", async {
+            tokio::select! {
+                Some(at) = elected(&mut n_events) => Ok((n.id().clone(), at, &t)),
+                Some(at) = elected(&mut t_events) => Ok((t.id().clone(), at, &n)),
+                else => Err("N's and T's events closed".to_string()),
+            }
+        })
+        .await??;
+        let mut seen = observer.observe();
+        let what = format!("{} observing {winner}", observer.id());
         let seen = within(
             OBSERVE_LIMIT,
-            "T observing N",
-            t_seen.wait_for(|v| v.as_ref().is_some_and(|info| info.holder == next)),
+            &what,
+            seen.wait_for(|v| v.as_ref().is_some_and(|info| info.holder == winner)),
         )
         .await?
-        .map_err(|_| "T's observe() closed".to_string())?
+        .map_err(|_| format!("{}'s observe() closed", observer.id()))?
         .as_ref()
         .map(|info| info.since)
-        .ok_or("T's observe() shows nobody")?;
-        samples.push(seen.saturating_duration_since(n_at));
+        .ok_or("observe() shows nobody")?;
+        samples.push(seen.saturating_duration_since(at));
+        // Dropping a campaign's future (the task's) releases what it holds.
+        n_task.abort();
         t_task.abort();
-        if let Ok(Ok(Ok(leader))) = tokio::time::timeout(ttl, n_task).await {
-            leader.resign().await;
-        }
         faults.heal();
         drop(in_process);
     }

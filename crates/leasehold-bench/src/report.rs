@@ -521,9 +521,10 @@ fn observe_after_crash(w: &mut String, reports: &[BackendReport], smoke: bool) {
     let _ = writeln!(
         w,
         "Leader L (the crash-failover leader: a process killed with SIGKILL, or a blackholed store in \
-         process), then N and T campaign in that order, each on its own client, so N is next and T third. \
-         From N's `Elected` event to the `since` of T's `observe()` value showing N (when T first saw N \
-         lead); N holds on until then. Target on backends with notification: every sample within one \
+         process), then N and T campaign in that order, each on its own client, so N is next and T third \
+         (on a FIFO store). From the `Elected` event of whichever takes over (N on FIFO stores; either \
+         where an expiry wakes everyone) to the `since` of the other's `observe()` value showing it \
+         (when it first saw the new leader lead); the new leader holds on until then. Target on backends with notification: every sample within one \
          notification, taken as at most {} (a poll would be `retry_every`).\n",
         ms(OBSERVE_TARGET)
     );
