@@ -336,8 +336,11 @@ impl ZookeeperStore {
             }
         }
         if let Some(node) = own.take_if(|n| n.granted) {
-            // A new term needs a new znode.
-            self.retire_granted(request, &client, &node.name, node.czxid).await?;
+            // A new term needs a new znode. A garbage record is an error before anything
+            // changes, as everywhere.
+            if inner.read_candidate(&client, lease, &node.name).await?.is_some() {
+                self.retire_granted(request, &node.name, node.czxid).await?;
+            }
             inner.set_own(lease, candidate, None);
         }
         // Take a place in the queue first: that request is applied even if its reply is lost,
@@ -373,7 +376,7 @@ impl ZookeeperStore {
                     .is_some()
             {
                 // Granted: a read-back may have adopted it.
-                self.retire_granted(request, &client, name, stat.czxid).await?;
+                self.retire_granted(request, name, stat.czxid).await?;
             }
             inner.withdraw_node(&client, lease, name).await?;
         }
@@ -436,17 +439,8 @@ impl ZookeeperStore {
     /// candidate's (`LeaseStore::acquire`), whereas deleting the znode would give it to the next
     /// in the queue. So the term is handed over to the candidate itself, and its acquire takes
     /// the reservation with a new term; nobody else can take it meanwhile.
-    async fn retire_granted(
-        &self,
-        request: &AcquireRequest,
-        client: &zk::Client,
-        name: &str,
-        czxid: i64,
-    ) -> Result<()> {
-        // A garbage record is an error before anything changes, as everywhere.
-        if self.inner.read_candidate(client, &request.lease, name).await?.is_none() {
-            return Ok(());
-        }
+    /// The caller has read the znode (a garbage record is an error before anything changes).
+    async fn retire_granted(&self, request: &AcquireRequest, name: &str, czxid: i64) -> Result<()> {
         let grant = Grant {
             lease: request.lease.clone(),
             holder: request.candidate.clone(),
