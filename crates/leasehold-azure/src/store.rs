@@ -419,6 +419,7 @@ impl LeaseStore for AzureBlobStore {
             ttl: TTL_RANGE,
             expiry: Expiry::ServerClock,
             notifications: Notifications::None,
+            announces: leasehold_core::Announces::None,
             fifo: false,
         }
     }

@@ -31,6 +31,6 @@ pub use wrap::{Admitted, CountingStore, LimitStore, RequestCounts, RequestLimit}
 /// store needs no `async-trait` dependency of its own (see [`LeaseStore`]'s example).
 pub use async_trait::async_trait;
 pub use types::{
-    AcquireRequest, Acquired, CandidateId, Capabilities, EndReason, Expiry, Grant, HolderInfo, LeaseName,
+    AcquireRequest, Acquired, Announces, CandidateId, Capabilities, EndReason, Expiry, Grant, HolderInfo, LeaseName,
     MAX_CANDIDATE_ID_LEN, MAX_LEASE_NAME_LEN, Notifications, Observation, Renewed, Term, Transition, random_u64,
 };

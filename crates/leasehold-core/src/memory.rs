@@ -219,6 +219,7 @@ impl LeaseStore for MemoryStore {
             ttl: Duration::from_millis(1)..=Duration::from_secs(24 * 3600),
             expiry: self.expiry,
             notifications: Notifications::Release,
+            announces: crate::types::Announces::Grants,
             fifo: false,
         }
     }

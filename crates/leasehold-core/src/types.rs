@@ -444,6 +444,21 @@ pub enum Notifications {
     ReleaseAndExpiry,
 }
 
+/// What a store's [announcements](crate::LeaseStore::announcements) cover.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Announces {
+    /// The store does not announce.
+    None,
+    /// New holders: every grant.
+    Grants,
+    /// Every grant and every renewal (a new record version of the same holder and term): a
+    /// follower sees each version as it is written without reading the lease, so it needs no
+    /// polls to time an expiry it observes itself, nor to have seen a holder's last renewal when
+    /// the holder's session ends.
+    GrantsAndRenewals,
+}
+
 /// What a store can do. The engine and the conformance suite read it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Capabilities {
@@ -453,6 +468,8 @@ pub struct Capabilities {
     pub expiry: Expiry,
     /// Which changes are notified.
     pub notifications: Notifications,
+    /// What [announcements](crate::LeaseStore::announcements) cover.
+    pub announces: Announces,
     /// Whether candidates queue in FIFO order (the longest waiter is next).
     pub fifo: bool,
 }
@@ -616,6 +633,7 @@ mod tests {
             ttl: Duration::from_secs(15)..=Duration::from_secs(60),
             expiry: Expiry::ServerClock,
             notifications: Notifications::None,
+            announces: Announces::None,
             fifo: false,
         };
         assert!(caps.check_ttl("azure", Duration::from_secs(15)).is_ok());

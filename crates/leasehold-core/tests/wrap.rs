@@ -93,6 +93,7 @@ impl LeaseStore for Gated {
             ttl: Duration::from_millis(1)..=Duration::from_secs(60),
             expiry: Expiry::ServerClock,
             notifications: Notifications::None,
+            announces: leasehold_core::Announces::None,
             fifo: true,
         }
     }

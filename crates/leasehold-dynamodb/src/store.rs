@@ -451,6 +451,7 @@ impl LeaseStore for Table {
             ttl: TTL_RANGE,
             expiry: Expiry::ObservedByContenders,
             notifications: Notifications::None,
+            announces: leasehold_core::Announces::None,
             fifo: false,
         }
     }

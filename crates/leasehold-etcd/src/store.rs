@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use etcd_client::{Client, Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnResponse};
 use futures::stream::{FuturesUnordered, StreamExt};
 use leasehold_core::{
-    AcquireRequest, Acquired, CandidateId, Capabilities, Changes, EndReason, Error, Expiry, Grant, LeaseName,
+    AcquireRequest, Acquired, Announcements, CandidateId, Capabilities, Changes, EndReason, Error, Expiry, Grant, LeaseName,
     LeaseStore, Notifications, Observation, Renewed, Result, Term, Transition,
 };
 use tokio::sync::{Mutex as AsyncMutex, watch};
@@ -20,8 +20,8 @@ use crate::changes::Position;
 use crate::config::EtcdConfig;
 use crate::error::{CONNECT, STORE, lease_gone, map_error};
 use crate::record::{
-    Keys, Snapshot, TTL_RANGE, candidate_value, end_term, ended_value, first_of, kvs_of, last_of, reserved_value,
-    revision, session_ttl_secs, started_value,
+    Keys, Snapshot, TTL_RANGE, candidate_value, end_term, ended_value, first_of, granted_value, kvs_of, last_of,
+    reserved_value, revision, session_ttl_secs, started_value,
 };
 use crate::session::{self, Session};
 
@@ -95,6 +95,8 @@ pub(crate) struct Inner {
     positions: Mutex<HashMap<String, watch::Sender<Option<Position>>>>,
     /// etcd leases granted for one grant each (see `EtcdStore::grant_in_one_shot`).
     pub(crate) private: Mutex<HashSet<i64>>,
+    /// One watch per followed lease, shared by its followers in this store (see `announce`).
+    pub(crate) announcers: Mutex<HashMap<LeaseName, crate::announce::Announcer>>,
 }
 
 impl fmt::Debug for EtcdStore {
@@ -164,6 +166,7 @@ impl EtcdStore {
                 current: Mutex::default(),
                 positions: Mutex::default(),
                 private: Mutex::default(),
+                announcers: Mutex::default(),
             }),
         })
     }
@@ -235,6 +238,11 @@ impl EtcdStore {
                     Some(PutOptions::new().with_lease(private)),
                 ),
                 TxnOp::put(keys.started(rev), started_value(&request.candidate), None),
+                TxnOp::put(
+                    keys.granted(),
+                    granted_value(rev, request.ttl, &request.candidate),
+                    None,
+                ),
             ])
             .or_else([TxnOp::get(own.to_string(), None)]);
         let send = || {
@@ -481,6 +489,7 @@ impl LeaseStore for EtcdStore {
             ttl: TTL_RANGE,
             expiry: Expiry::ServerClock,
             notifications: Notifications::ReleaseAndExpiry,
+            announces: leasehold_core::Announces::Grants,
             fifo: true,
         }
     }
@@ -590,7 +599,14 @@ impl LeaseStore for EtcdStore {
                 Compare::create_revision(own.clone(), CompareOp::Equal, rev),
                 Compare::create_revision(keys.started(rev), CompareOp::Equal, 0),
             ];
-            let mut ops = vec![TxnOp::put(keys.started(rev), started_value(&request.candidate), None)];
+            let mut ops = vec![
+                TxnOp::put(keys.started(rev), started_value(&request.candidate), None),
+                TxnOp::put(
+                    keys.granted(),
+                    granted_value(rev, request.ttl, &request.candidate),
+                    None,
+                ),
+            ];
             match &reservation {
                 Some(r) => {
                     compares.push(Compare::mod_revision(keys.reserved(), CompareOp::Equal, r.version));
@@ -799,6 +815,14 @@ impl LeaseStore for EtcdStore {
             candidate.clone(),
             position,
         )))
+    }
+
+    /// Every grant rewrites the lease's `granted` key in its own transaction; the store's one
+    /// watch on that key per followed lease (shared by its followers, dropped with the last)
+    /// passes each new holder on, with no request per grant or per follower.
+    async fn announcements(&self, lease: &LeaseName) -> Result<Option<Announcements>> {
+        let keys = self.keys(lease);
+        crate::announce::announcements(&self.inner, keys).await.map(Some)
     }
 
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {

@@ -345,6 +345,7 @@ fn capabilities(notifications: Notifications) -> Capabilities {
         ttl: TTL_RANGE,
         expiry: Expiry::ServerClock,
         notifications,
+        announces: leasehold_core::Announces::Grants,
         fifo: true,
     }
 }

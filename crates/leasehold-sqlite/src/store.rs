@@ -184,6 +184,7 @@ impl LeaseStore for SqliteStore {
             ttl: TTL_RANGE,
             expiry: Expiry::ObservedByContenders,
             notifications: Notifications::Release,
+            announces: leasehold_core::Announces::None,
             fifo: false,
         }
     }

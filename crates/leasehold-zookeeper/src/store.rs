@@ -229,6 +229,7 @@ impl LeaseStore for ZookeeperStore {
             ttl: self.inner.ttl_range.clone(),
             expiry: Expiry::ServerSession,
             notifications: Notifications::ReleaseAndExpiry,
+            announces: leasehold_core::Announces::Grants,
             fifo: true,
         }
     }
