@@ -7,6 +7,10 @@
 //!   Value: `leasehold1 c {ttl_ms}`.
 //! - `P/L/h/{term:020}`: written when the term is granted. Value: `leasehold1 h {unix_ms} {holder}`.
 //! - `P/L/e/{term:020}`: written when the term ends. Value: `leasehold1 e {unix_ms} {reason}`.
+//! - `P/L/granted`: rewritten by every grant, in the grant's transaction. Value:
+//!   `leasehold1 g {term} {ttl_ms} {holder}`: who holds the lease now, as `inspect` shows it right
+//!   after the grant, for the announcements ([`crate::announce`]). No other operation reads it
+//!   (versions before it neither write nor read it, and ignore it when listing).
 //! - `P/L/reserved`: only while a handed-over lease waits for its successor, bound to an etcd
 //!   lease of its own (granted with the handed-over grant's TTL, never kept alive: etcd deletes
 //!   an untaken reservation after that TTL). Value: `leasehold1 r {ttl_ms} {term} {successor}`.
@@ -72,6 +76,47 @@ impl Keys {
 
     pub(crate) fn ended(&self, term: i64) -> String {
         format!("{}e/{term:020}", self.base)
+    }
+
+    /// The latest grant, as announced to followers.
+    pub(crate) fn granted(&self) -> String {
+        format!("{}granted", self.base)
+    }
+
+    /// Reads the latest grant's key: the holder it names, as `inspect` shows it right after
+    /// the grant.
+    pub(crate) fn parse_granted(&self, value: &[u8]) -> Result<Observation> {
+        let text = std::str::from_utf8(value).unwrap_or("");
+        let mut fields = text.splitn(5, ' ');
+        let parsed = match (
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next(),
+        ) {
+            (Some(MAGIC), Some("g"), Some(term), Some(ttl), Some(holder)) => {
+                match (term.parse::<i64>(), ttl.parse::<u64>(), CandidateId::new(holder)) {
+                    (Ok(term), Ok(ttl), Ok(holder)) if term > 0 && ttl > 0 => Some((term, ttl, holder)),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        let (term, ttl, id) =
+            parsed.ok_or_else(|| self.corrupt(format!("granted: not a leasehold grant: {}", preview(value))))?;
+        let holder = Candidate {
+            id,
+            rev: term,
+            lease: 0,
+            ttl: Duration::from_millis(ttl),
+        };
+        Ok(Observation {
+            lease: self.lease.clone(),
+            holder: Some(holder_info(&holder)),
+            last_term: holder.term(),
+            previous_end: None,
+        })
     }
 
     /// The reservation of a handed-over lease for its successor.
@@ -211,6 +256,11 @@ pub(crate) fn candidate_value(ttl: Duration) -> String {
 /// The value of a history key.
 pub(crate) fn started_value(holder: &CandidateId) -> String {
     format!("{MAGIC} h {} {holder}", unix_ms())
+}
+
+/// The value of the latest grant's key: term `term` granted to `holder` for `ttl`.
+pub(crate) fn granted_value(term: i64, ttl: Duration, holder: &CandidateId) -> String {
+    format!("{MAGIC} g {term} {} {holder}", ttl.as_millis().max(1))
 }
 
 /// The value of the reservation key.
@@ -533,5 +583,40 @@ mod tests {
         assert_eq!(keys.started(42), "app/jobs/h/00000000000000000042");
         assert_eq!(keys.ended(42), "app/jobs/e/00000000000000000042");
         assert!(keys.started(i64::MAX) > keys.started(99));
+        assert_eq!(keys.granted(), "app/jobs/granted");
+    }
+
+    #[test]
+    fn a_grant_reads_back_as_inspect_shows_its_holder() {
+        let keys = Keys::new("app", &LeaseName::new("jobs").unwrap());
+        let holder = CandidateId::new("host 7 x").unwrap();
+        let value = granted_value(42, Duration::from_millis(2500), &holder);
+        assert_eq!(value, "leasehold1 g 42 2500 host 7 x");
+        let seen = keys.parse_granted(value.as_bytes()).unwrap();
+        // As `Snapshot::observation` shows a holder whose candidate key has create_revision 42.
+        let candidate = Candidate {
+            id: holder,
+            rev: 42,
+            lease: 7,
+            ttl: Duration::from_millis(2500),
+        };
+        let inspected = Observation {
+            lease: keys.lease.clone(),
+            holder: Some(holder_info(&candidate)),
+            last_term: Term(42),
+            previous_end: None,
+        };
+        assert_eq!(seen, inspected);
+        for bad in [
+            "leasehold1 g 0 2500 a",
+            "leasehold1 g 42 0 a",
+            "leasehold1 g 42 2500",
+            "leasehold1 h 42 2500 a",
+            "leasehold1 g x 2500 a",
+            "leasehold1 g 42 2500 a\u{1}",
+        ] {
+            let err = keys.parse_granted(bad.as_bytes()).unwrap_err();
+            assert!(matches!(err, Error::CorruptRecord { .. }), "{bad}: {err}");
+        }
     }
 }

@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use etcd_client::{Client, Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnResponse};
 use futures::stream::{FuturesUnordered, StreamExt};
 use leasehold_core::{
-    AcquireRequest, Acquired, Announcements, CandidateId, Capabilities, Changes, EndReason, Error, Expiry, Grant, LeaseName,
-    LeaseStore, Notifications, Observation, Renewed, Result, Term, Transition,
+    AcquireRequest, Acquired, Announcements, CandidateId, Capabilities, Changes, EndReason, Error, Expiry, Grant,
+    LeaseName, LeaseStore, Notifications, Observation, Renewed, Result, Term, Transition,
 };
 use tokio::sync::{Mutex as AsyncMutex, watch};
 use tokio::time::Instant;
