@@ -148,9 +148,7 @@ impl Watching {
             }) else {
                 continue;
             };
-            let mut task = AbortOnDrop(tokio::spawn(async move {
-                watcher.changed().await;
-            }));
+            let mut task = AbortOnDrop(tokio::spawn(async move { watcher.changed().await.event_type }));
             let Some(doorbell) = self.doorbell.as_mut() else {
                 continue;
             };
@@ -160,7 +158,17 @@ impl Watching {
             let recheck = bound;
             loop {
                 tokio::select! {
-                    _ = task.wait() => break,
+                    event = task.wait() => {
+                        if position == 1 && event == Some(zk::EventType::NodeDeleted) {
+                            // The only znode ahead of ours is gone: ours heads the queue (a znode
+                            // queued later sorts after it). Say so now, without listing the queue
+                            // again (a round trip on the way to a failover's grant); the grant
+                            // checks the queue in its own transaction.
+                            self.announced = Some(own.name.clone());
+                            return Some(());
+                        }
+                        break;
+                    }
                     // The lease was handed over to us: acquire it now.
                     _ = doorbell.rung.wait() => {
                         self.doorbell = None;
@@ -192,16 +200,16 @@ impl Watching {
 }
 
 /// A task that is aborted when its handle is dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+struct AbortOnDrop<T = ()>(tokio::task::JoinHandle<T>);
 
-impl AbortOnDrop {
-    /// Waits until the task ends; a panicked task ends it too.
-    async fn wait(&mut self) {
-        let _ = (&mut self.0).await;
+impl<T> AbortOnDrop<T> {
+    /// Waits until the task ends: its output, or `None` when it panicked.
+    async fn wait(&mut self) -> Option<T> {
+        (&mut self.0).await.ok()
     }
 }
 
-impl Drop for AbortOnDrop {
+impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
     }

@@ -361,25 +361,29 @@ impl ZookeeperStore {
         };
         let mut queue = inner.queue(&client, lease).await?.unwrap_or_default();
         // Other znodes of ours: requests whose replies were lost. One of them may even have been
-        // adopted by a read-back; none may be granted again. Withdrawing one that was granted
-        // ends its term and hands the lease to the next waiting znode in the same transaction,
-        // so the rest of this listing stays valid without them.
+        // adopted by a read-back; none may be granted again. One that was granted is handed over
+        // to this candidate itself (the lease stays ours, reserved); the others are deleted.
+        // Either way the rest of this listing stays valid without them.
         let stale: Vec<String> = queue
             .iter()
             .filter(|c| c.name.starts_with(&prefix) && c.name != own.name && !inner.is_dead(lease, &c.name))
             .map(|c| c.name.clone())
             .collect();
         for name in &stale {
-            if let Some((_, stat)) = inner.read_candidate(&client, lease, name).await?
-                && inner
-                    .read_history(&client, lease, Term(stat.czxid as u64))
-                    .await?
-                    .is_some()
+            let Some((_, stat)) = inner.read_candidate(&client, lease, name).await? else {
+                continue;
+            };
+            if inner
+                .read_history(&client, lease, Term(stat.czxid as u64))
+                .await?
+                .is_some()
             {
-                // Granted: a read-back may have adopted it.
+                // Granted: a read-back may have adopted it. Handed over to this candidate (its
+                // znode deleted, the lease reserved for us): this acquire takes it below.
                 self.retire_granted(request, name, stat.czxid).await?;
+            } else {
+                inner.delete_own(&client, lease, name).await?;
             }
-            inner.withdraw_node(&client, lease, name).await?;
         }
         queue.retain(|c| !stale.contains(&c.name));
         let (own, queue, position) = match queue.iter().position(|c| c.name == own.name) {
