@@ -26,7 +26,8 @@ pub use leader::Leader;
 use leader::{Command, Shared, Status};
 
 use crate::types::{
-    Acquired, CandidateId, Capabilities, EndReason, LeaseName, Notifications, Observation, Renewed, Term, random_u64,
+    Acquired, Announces, CandidateId, Capabilities, EndReason, LeaseName, Notifications, Observation, Renewed, Term,
+    random_u64,
 };
 
 /// Who leads a lease, as one candidate sees it.

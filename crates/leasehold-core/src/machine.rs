@@ -88,10 +88,18 @@ pub enum Input {
     Notified,
     /// Notifications stopped working (the stream ended): fall back to polling.
     NotificationsLost,
-    /// The store announced a new holder ([`LeaseStore::announcements`](crate::LeaseStore::announcements)).
-    /// A follower takes it as the leader it reports when its term is higher than the one last
-    /// seen; nothing else changes (the announcement decides no election).
+    /// The store announced a new holder ([`LeaseStore::announcements`](crate::LeaseStore::announcements)),
+    /// or, where [`Input::RenewalsAnnounced`] says so, a holder's renewal. A follower takes a
+    /// higher term than the one last seen as the leader it reports. While renewals are announced,
+    /// an idle follower (no request under way) also takes a new holder or a new version of the
+    /// holder it watches as a sighting, as if a read had shown it now: the store wrote that
+    /// version before announcing it, so the holder sent its request earlier still.
     Announced(Observation),
+    /// Whether the store's announcements now reach this candidate with every grant and renewal
+    /// ([`Announces::GrantsAndRenewals`](crate::Announces::GrantsAndRenewals), the stream live):
+    /// then an idle follower attempts only once the version it watches has been unchanged for a
+    /// TTL, instead of polling for new versions. The driver says `false` when the stream ends.
+    RenewalsAnnounced(bool),
     /// A reply to the request with this id.
     Reply(OpId, Reply),
     /// The leader's work reported progress at this instant.
@@ -398,6 +406,8 @@ pub struct Machine {
     /// A grant of ours whose reply came after the machine had stopped waiting for it: never
     /// believed (its term is under the floor) and released once the machine is idle.
     stray: Option<Grant>,
+    /// [`Input::RenewalsAnnounced`]: followers see every new version without reading.
+    renewals_announced: bool,
 }
 
 /// The highest term an observation proves was granted.
@@ -452,6 +462,7 @@ impl Machine {
             rng: seed | 1,
             store: "lease",
             stray: None,
+            renewals_announced: false,
         })
     }
 
@@ -554,13 +565,12 @@ impl Machine {
                     f.next_attempt = f.next_attempt.min(now.max(f.not_before));
                 }
             }
-            Input::Announced(observation) => {
-                let newer = |h: &HolderInfo| self.leader_seen.as_ref().is_none_or(|(_, term)| *term < h.term);
-                if let (State::Following(_), Some(h)) = (&self.state, &observation.holder)
-                    && h.id != self.me
-                    && newer(h)
-                {
-                    self.set_leader_seen(Some((h.id.clone(), h.term)), out);
+            Input::Announced(observation) => self.announced(now, &observation, out),
+            Input::RenewalsAnnounced(live) => {
+                self.renewals_announced = live;
+                let retry = now + self.retry_delay();
+                if let (false, Some(f)) = (live, self.following_mut()) {
+                    f.next_attempt = f.next_attempt.min(retry);
                 }
             }
             Input::Reply(id, reply) => match self.pending.take_if(|p| p.id == id) {
@@ -979,6 +989,9 @@ impl Machine {
         self.stray.take_if(|stray| stray.term == grant.term);
         self.raise_term_floor(grant.term);
         self.set_leader_seen(Some((grant.holder.clone(), grant.term)), out);
+        // A leader's driver drops its announcements; a follower again counts on them only once
+        // they are live again.
+        self.renewals_announced = false;
         out.push(Output::Elected {
             grant: grant.clone(),
             valid_until,
@@ -1044,6 +1057,29 @@ impl Machine {
         }
     }
 
+    /// An announced holder (see [`Input::Announced`]).
+    fn announced(&mut self, now: Instant, observation: &Observation, out: &mut Vec<Output>) {
+        let (State::Following(f), Some(h)) = (&self.state, &observation.holder) else {
+            return;
+        };
+        if h.id == self.me {
+            return;
+        }
+        let newer = self.leader_seen.as_ref().is_none_or(|(_, term)| *term < h.term);
+        // A new version of the holder watched, or a newer holder; never an older term (an
+        // announcement can come after a read that showed what followed it).
+        let sighting = self.renewals_announced
+            && self.pending.is_none()
+            && f.seen.as_ref().is_none_or(|seen| {
+                seen.term < h.term || (seen.term == h.term && seen.holder == h.id && seen.version != h.version)
+            });
+        if sighting {
+            self.observe(now, observation, out);
+        } else if newer {
+            self.set_leader_seen(Some((h.id.clone(), h.term)), out);
+        }
+    }
+
     /// Records what a follower saw and picks its next attempt.
     fn observe(&mut self, now: Instant, observation: &Observation, out: &mut Vec<Output>) {
         let retry = now + self.retry_delay();
@@ -1051,6 +1087,7 @@ impl Machine {
         let expiry = self.expiry;
         let lock_delay = self.timing.lock_delay.unwrap_or_default();
         let safety_poll = now + self.timing.ttl * SAFETY_POLL_TTLS;
+        let renewals_announced = self.renewals_announced;
         let me = self.me.clone();
         self.raise_term_floor(highest_term(observation));
         let Some(f) = self.following_mut() else { return };
@@ -1087,8 +1124,14 @@ impl Machine {
             // A takeover of this very version was refused (the store knows better): wait a retry
             // interval rather than ask again at once.
             (Some(seen), _) if seen.observed && seen.takeover_asked => retry,
+            // Every new version is announced: nothing to poll for until this one has been
+            // unchanged for a TTL.
+            (Some(seen), _) if seen.observed && renewals_announced => seen.since + seen.ttl + lock_delay,
             (Some(seen), _) if seen.observed => retry.min(seen.since + seen.ttl + lock_delay),
             (Some(_), Notifications::ReleaseAndExpiry) => safety_poll,
+            // The store ends the grant itself; a holder that stops renewing is looked at once
+            // its last version is a TTL old (a notification may come sooner).
+            (Some(seen), _) if renewals_announced => retry.max(seen.since + seen.ttl + lock_delay),
             (Some(seen), Notifications::Release) => seen.store_deadline.map_or(retry, |at| at.max(retry)),
             (Some(_), _) => retry,
         };

@@ -1,18 +1,18 @@
 //! An in-memory [`LeaseStore`] with the whole contract, for tests and simulation.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::record::RecordVersion;
 use crate::store::{Announcements, Changes, LeaseStore};
 use crate::types::{
-    AcquireRequest, Acquired, CandidateId, Capabilities, EndReason, Expiry, Grant, HolderInfo, LeaseName,
+    AcquireRequest, Acquired, Announces, CandidateId, Capabilities, EndReason, Expiry, Grant, HolderInfo, LeaseName,
     Notifications, Observation, Renewed, Term, Transition,
 };
 
@@ -20,6 +20,10 @@ const STORE: &str = "memory";
 
 /// An in-memory lease store shared by clones of it: terms, history, expiry and release
 /// notifications, all in one process.
+///
+/// Followers queue: a release wakes the longest-waiting follower still listening, a takeover,
+/// an expiry, a handover or a break wakes them all; every grant and renewal is announced
+/// ([`Announces::GrantsAndRenewals`]), so idle followers make no requests.
 ///
 /// Time is tokio's, so tests can run it under `tokio::time::pause`. By default the store
 /// expires leases by its own clock ([`Expiry::ServerClock`]); [`MemoryStore::observed_expiry`]
@@ -54,8 +58,9 @@ struct Entry {
     last_term: Term,
     previous_end: Option<EndReason>,
     history: Vec<Transition>,
-    changed: watch::Sender<u64>,
-    /// The last grant, as [`LeaseStore::announcements`] announces it.
+    /// Change streams, oldest first; one whose stream was dropped is skipped.
+    waiters: VecDeque<Arc<Notify>>,
+    /// The last grant or renewal, as [`LeaseStore::announcements`] announces it.
     announced: watch::Sender<Option<Observation>>,
     corrupt: bool,
 }
@@ -116,7 +121,7 @@ impl MemoryStore {
             last_term: Term(0),
             previous_end: None,
             history: Vec::new(),
-            changed: watch::channel(0).0,
+            waiters: VecDeque::new(),
             announced: watch::channel(None).0,
             corrupt: false,
         });
@@ -133,6 +138,7 @@ impl MemoryStore {
             let now = Instant::now();
             if expiry == Expiry::ServerClock && entry.holder.as_ref().is_some_and(|h| now >= h.expires_at) {
                 entry.end(EndReason::Expired);
+                entry.wake_all();
             }
             Ok(f(entry, now))
         })
@@ -164,8 +170,32 @@ impl Entry {
                 t.ended = Some((SystemTime::now(), reason));
             }
             self.previous_end = Some(if h.reserved { EndReason::HandedOver } else { reason });
-            self.changed.send_modify(|n| *n += 1);
         }
+    }
+
+    /// Wakes every follower still listening.
+    fn wake_all(&mut self) {
+        self.waiters.retain(|w| Arc::strong_count(w) > 1);
+        for waiter in &self.waiters {
+            waiter.notify_one();
+        }
+    }
+
+    /// Wakes the longest-waiting follower still listening (it stays first in line until its
+    /// stream is dropped, e.g. once it leads).
+    fn wake_next(&mut self) {
+        while let Some(waiter) = self.waiters.front() {
+            if Arc::strong_count(waiter) > 1 {
+                waiter.notify_one();
+                return;
+            }
+            self.waiters.pop_front();
+        }
+    }
+
+    /// Announces the holder as it is now.
+    fn announce(&self, lease: &LeaseName, now: Instant, expiry: Expiry) {
+        self.announced.send_replace(Some(self.observation(lease, now, expiry)));
     }
 
     fn grant(&mut self, lease: &LeaseName, id: &CandidateId, ttl: Duration, now: Instant) -> Grant {
@@ -186,7 +216,6 @@ impl Entry {
         });
         let grant = holding.grant(lease);
         self.holder = Some(holding);
-        self.changed.send_modify(|n| *n += 1);
         grant
     }
 }
@@ -219,7 +248,7 @@ impl LeaseStore for MemoryStore {
             ttl: Duration::from_millis(1)..=Duration::from_secs(24 * 3600),
             expiry: self.expiry,
             notifications: Notifications::Release,
-            announces: crate::types::Announces::Grants,
+            announces: Announces::GrantsAndRenewals,
             fifo: false,
         }
     }
@@ -235,13 +264,12 @@ impl LeaseStore for MemoryStore {
                 Some(h) if h.id == request.candidate => entry.end(EndReason::Expired),
                 Some(h) if request.takeover.as_ref() == Some(&h.version) && expiry == Expiry::ObservedByContenders => {
                     entry.end(EndReason::Expired);
+                    entry.wake_all();
                 }
                 Some(_) => return Acquired::Held(entry.observation(lease, now, expiry)),
             }
             let grant = entry.grant(lease, &request.candidate, request.ttl, now);
-            entry
-                .announced
-                .send_replace(Some(entry.observation(lease, now, expiry)));
+            entry.announce(lease, now, expiry);
             Acquired::Granted(grant)
         })
     }
@@ -251,7 +279,9 @@ impl LeaseStore for MemoryStore {
         self.with_live_entry(&grant.lease, |entry, now| match &mut entry.holder {
             Some(h) if h.id == grant.holder && h.term == grant.term && !h.reserved => {
                 h.refresh(now);
-                Renewed::Renewed(h.grant(&grant.lease))
+                let renewed = h.grant(&grant.lease);
+                entry.announce(&grant.lease, now, expiry);
+                Renewed::Renewed(renewed)
             }
             _ => Renewed::Lost(entry.observation(&grant.lease, now, expiry)),
         })
@@ -265,6 +295,7 @@ impl LeaseStore for MemoryStore {
                 .is_some_and(|h| h.id == grant.holder && h.term == grant.term)
             {
                 entry.end(EndReason::Released);
+                entry.wake_next();
             }
         })
     }
@@ -284,7 +315,7 @@ impl LeaseStore for MemoryStore {
             h.id = to.clone();
             h.reserved = true;
             h.refresh(now);
-            entry.changed.send_modify(|n| *n += 1);
+            entry.wake_all();
         })
     }
 
@@ -317,13 +348,17 @@ impl LeaseStore for MemoryStore {
     }
 
     async fn changes(&self, lease: &LeaseName, _candidate: &CandidateId) -> Result<Option<Changes>> {
-        let mut rx = self.with_entry(lease, |entry| entry.changed.subscribe());
-        rx.mark_unchanged();
-        let stream = futures::stream::unfold(rx, |mut rx| async move { rx.changed().await.ok().map(|()| ((), rx)) });
+        let waiter = Arc::new(Notify::new());
+        self.with_entry(lease, |entry| entry.waiters.push_back(waiter.clone()));
+        let stream = futures::stream::unfold(waiter, |waiter| async move {
+            waiter.notified().await;
+            Some(((), waiter))
+        });
         Ok(Some(Box::pin(stream)))
     }
 
-    /// Every grant, from the moment it is made (a subscriber that falls behind sees the latest).
+    /// Every grant and renewal, from the moment it is made (a subscriber that falls behind sees
+    /// the latest).
     async fn announcements(&self, lease: &LeaseName) -> Result<Option<Announcements>> {
         let mut rx = self.with_entry(lease, |entry| entry.announced.subscribe());
         rx.mark_unchanged();
@@ -347,6 +382,7 @@ impl LeaseStore for MemoryStore {
         self.with_live_entry(lease, |entry, _| {
             let term = entry.holder.as_ref().map(|h| h.term);
             entry.end(EndReason::Broken);
+            entry.wake_all();
             term
         })
     }

@@ -59,6 +59,9 @@ enum Msg {
         id: OpId,
         reply: ModelReply,
     },
+    /// The store announces a grant or renewal to a follower (its own connection: late,
+    /// interleaved with replies in any order, or lost).
+    Announce { to: usize, observation: Observation },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -107,6 +110,7 @@ struct State {
     stalled: [bool; 3],
     max_elected_term: u64,
     term_went_back: bool,
+    announced: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -162,6 +166,11 @@ struct Election {
     /// ends its grant and frees the lease for the others (it queues again) instead of keeping
     /// the lease for it (the same grant, or a new term for it in the same step).
     own_acquire_frees: bool,
+    /// The store announces every grant and renewal to the other candidates
+    /// ([`Announces::GrantsAndRenewals`](leasehold_core::Announces)), and the machines count on
+    /// it ([`Input::RenewalsAnnounced`]): followers take announced versions as sightings and
+    /// stop polling.
+    announce: bool,
 }
 
 fn local_now(rates: &[u64; 3], now_ms: u64, i: usize) -> Instant {
@@ -243,6 +252,7 @@ impl Election {
                 };
                 let grant = self.grant(&record);
                 s.record = Some(record);
+                self.announce(s, from);
                 ModelReply::Acquire(Acquired::Granted(grant))
             }
             Request::Renew(g) => match &mut s.record {
@@ -250,6 +260,7 @@ impl Election {
                     r.version = version;
                     r.expires_at = s.now + ttl;
                     let grant = self.grant(r);
+                    self.announce(s, from);
                     ModelReply::Renew(Renewed::Renewed(grant))
                 }
                 _ => ModelReply::Renew(Renewed::Lost(self.observation(s))),
@@ -281,6 +292,20 @@ impl Election {
             }
             Request::Inspect => ModelReply::Inspect(self.observation(s)),
             Request::Withdraw => ModelReply::Withdraw,
+        }
+    }
+
+    /// The store announces the record it just wrote for `from` to everyone else.
+    fn announce(&self, s: &mut State, from: usize) {
+        if !self.announce {
+            return;
+        }
+        let observation = self.observation(s);
+        for to in (0..self.candidates).filter(|&to| to != from) {
+            s.net.push(Msg::Announce {
+                to,
+                observation: observation.clone(),
+            });
         }
     }
 
@@ -347,7 +372,7 @@ impl Election {
     }
 
     fn machine(&self, i: usize, now: Instant) -> Machine {
-        Machine::new(
+        let mut machine = Machine::new(
             self.timing,
             self.expiry,
             Notifications::None,
@@ -356,7 +381,11 @@ impl Election {
             now,
             7,
         )
-        .unwrap()
+        .unwrap();
+        if self.announce {
+            machine.handle(now, Input::RenewalsAnnounced(true), &mut Vec::new());
+        }
+        machine
     }
 }
 
@@ -390,6 +419,7 @@ impl Model for Election {
             stalled: [false; 3],
             max_elected_term: 0,
             term_went_back: false,
+            announced: false,
         }]
     }
 
@@ -435,20 +465,21 @@ impl Model for Election {
         let settled = !self.prompt
             || s.net
                 .iter()
-                .all(|m| matches!(m, Msg::Reply { to, .. } if s.paused[*to]));
+                .all(|m| matches!(m, Msg::Reply { to, .. } | Msg::Announce { to, .. } if s.paused[*to]));
         if s.now < self.horizon_ms && !someone_due && settled {
             actions.push(Action::Advance);
         }
         // Each direction of each candidate's connection is FIFO; the connections interleave freely.
         let channel = |msg: &Msg| match msg {
-            Msg::Request { from, .. } => (*from, false),
-            Msg::Reply { to, .. } => (*to, true),
+            Msg::Request { from, .. } => (*from, 0),
+            Msg::Reply { to, .. } => (*to, 1),
+            Msg::Announce { to, .. } => (*to, 2),
         };
         for (k, msg) in s.net.iter().enumerate() {
             if s.net[..k].iter().any(|earlier| channel(earlier) == channel(msg)) {
                 continue;
             }
-            if let Msg::Reply { to, .. } = msg {
+            if let Msg::Reply { to, .. } | Msg::Announce { to, .. } = msg {
                 if s.paused[*to] {
                     continue;
                 }
@@ -532,6 +563,12 @@ impl Model for Election {
             }
             Action::Deliver(k) => match s.net.remove(k) {
                 msg @ Msg::Request { .. } => self.answer(&mut s, msg, false),
+                // The announcement stream outlives a campaign's machine no more than its driver
+                // does, but a new campaign's stream would have seen the same announcements.
+                Msg::Announce { to, observation } => {
+                    s.announced = true;
+                    self.feed(&mut s, to, Input::Announced(observation));
+                }
                 // The earlier campaign's driver is gone: nobody reads this reply.
                 Msg::Reply { to, generation, .. } if generation != s.generation[to] => {}
                 Msg::Reply { to, id, reply, .. } => {
@@ -568,6 +605,7 @@ impl Model for Election {
             Property::always("terms strictly increase", |_, s: &State| !s.term_went_back),
             Property::sometimes("a leader is elected", |_, s: &State| s.max_elected_term >= 1),
             Property::sometimes("leadership changes hands", |_, s: &State| s.max_elected_term >= 2),
+            Property::sometimes("an announcement reaches a follower", |_, s: &State| s.announced),
         ]
     }
 
@@ -619,6 +657,7 @@ fn model(expiry: Expiry, drift: u32) -> Election {
         focus: None,
         prompt: false,
         own_acquire_frees: false,
+        announce: false,
     }
 }
 
@@ -794,4 +833,53 @@ fn shutdown_stall_and_lock_delay_are_safe() {
     assert!(!found.contains(&"at most one candidate believes it leads"));
     assert!(!found.contains(&"terms strictly increase"));
     assert!(found.contains(&"leadership changes hands"));
+}
+
+/// The store announces every grant and renewal; followers take announced versions as sightings
+/// (as if a read showed them when the announcement arrived) and stop polling. Announcements come
+/// late, lost, or after a read that already showed what followed them.
+#[test]
+fn announced_renewals_are_safe() {
+    for expiry in [Expiry::ServerClock, Expiry::ObservedByContenders] {
+        let (states, found) = check(
+            Election {
+                announce: true,
+                ..model(expiry, 200)
+            },
+            4_000_000,
+        );
+        println!("announced renewals, {expiry:?}: {states} unique states explored; discoveries: {found:?}");
+        assert!(states >= 100_000, "explored only {states} states");
+        assert!(
+            !found.contains(&"at most one candidate believes it leads"),
+            "{expiry:?}"
+        );
+        assert!(!found.contains(&"terms strictly increase"), "{expiry:?}");
+        assert!(found.contains(&"leadership changes hands"), "{expiry:?}");
+        assert!(found.contains(&"an announcement reaches a follower"), "{expiry:?}");
+    }
+}
+
+/// The same with requests applied late, refused, and new campaigns, and hand-overs.
+#[test]
+fn announced_renewals_with_late_requests_are_safe() {
+    for expiry in [Expiry::ServerClock, Expiry::ObservedByContenders] {
+        let model = Election {
+            announce: true,
+            hand_overs: true,
+            ..late_requests_model(expiry, true)
+        };
+        let (states, found) = check(model, 3_000_000);
+        println!(
+            "announced renewals, late requests, {expiry:?}: {states} unique states explored; discoveries: {found:?}"
+        );
+        assert!(states >= 100_000, "explored only {states} states");
+        assert!(
+            !found.contains(&"at most one candidate believes it leads"),
+            "{expiry:?}"
+        );
+        assert!(!found.contains(&"terms strictly increase"), "{expiry:?}");
+        assert!(found.contains(&"leadership changes hands"), "{expiry:?}");
+        assert!(found.contains(&"an announcement reaches a follower"), "{expiry:?}");
+    }
 }

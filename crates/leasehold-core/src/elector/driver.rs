@@ -275,7 +275,12 @@ impl Driver {
                 answer = async { asked.as_mut().expect("guarded").await }, if asked.is_some() => {
                     self.announcements_asked = None;
                     match answer {
-                        Ok(Ok(Some(stream))) => self.announcements = Some(stream),
+                        Ok(Ok(Some(stream))) => {
+                            self.announcements = Some(stream);
+                            if self.inner.caps.announces == Announces::GrantsAndRenewals {
+                                break Input::RenewalsAnnounced(true);
+                            }
+                        }
                         Ok(Ok(None)) => self.announcements_unsupported = true,
                         Ok(Err(error)) => debug!(%error, "announcements unavailable"),
                         Err(error) => debug!(%error, "asking for announcements ended without a reply"),
@@ -287,6 +292,9 @@ impl Driver {
                         Some(observation) => Input::Announced(observation),
                         None => {
                             self.announcements = None;
+                            if self.inner.caps.announces == Announces::GrantsAndRenewals {
+                                break Input::RenewalsAnnounced(false);
+                            }
                             continue;
                         }
                     }
