@@ -64,7 +64,7 @@ use tracing::debug;
 use crate::error::STORE;
 use crate::record::{TTL_RANGE, lock_key};
 use crate::schema::quoted;
-use crate::sql::{CHANNEL, GRANTED_CHANNEL};
+use crate::sql::{CHANNEL, GRANTED_CHANNEL, RENEWED_CHANNEL};
 
 /// The line a release's notification payload ends with when its statement gave the lease's
 /// lock back (see [`Context::queued_payload`](crate::session::Context::queued_payload)).
@@ -564,11 +564,15 @@ async fn listen(state: Weak<Mutex<State>>, options: PgConnectOptions, connect_ti
         // A change made while this connects is missed; followers also poll, so it is seen at the
         // next poll. (Waking everyone here instead would add a request per waiter at every
         // reconnect, for nothing in the usual case.)
-        listener.listen_all([CHANNEL, GRANTED_CHANNEL]).await?;
+        listener.listen_all([CHANNEL, GRANTED_CHANNEL, RENEWED_CHANNEL]).await?;
         while let Some(notification) = listener.try_recv().await? {
-            if notification.channel() == GRANTED_CHANNEL {
-                if !announce(&state, notification.payload(), &prefix) {
-                    return Ok(());
+            if notification.channel() == GRANTED_CHANNEL || notification.channel() == RENEWED_CHANNEL {
+                // A renewal announcement carries the records of one statement, an empty line
+                // between two.
+                for record in notification.payload().split("\n\n") {
+                    if !announce(&state, record, &prefix) {
+                        return Ok(());
+                    }
                 }
             } else if let Some((lease, by, kind)) = parse(notification.payload(), &prefix)
                 && !wake(&state, lease, by, kind)

@@ -26,6 +26,36 @@ pub(crate) const CHANNEL: &str = "leasehold";
 /// do not even receive it).
 pub(crate) const GRANTED_CHANNEL: &str = "leasehold_granted";
 
+/// The channel of renewal announcements: each statement that renews grants (a renewal, a
+/// relock) sends the renewed records in as few notifications as fit in Postgres's 8000-byte
+/// payload, each record written as on [`GRANTED_CHANNEL`], records separated by an empty line
+/// (no field is empty and none holds a newline). Another channel than grants', so that older
+/// versions, which listen to grants only, receive none of them.
+pub(crate) const RENEWED_CHANNEL: &str = "leasehold_renewed";
+
+/// Bytes of announcement records per notification before another begins: a record is at most
+/// about 500 bytes (schema 63, lease 128, holder 256, term, TTL, version), so a notification
+/// stays under the server's 8000-byte payload limit.
+const RENEWED_CHUNK_BYTES: usize = 7000;
+
+/// The CTEs `lines`, `chunks` and `announced` announcing the rows of `{renewed}` (columns
+/// `name`, `term`, `ttl_ms`, `version`, `holder`; `{prefix}` the `<schema>/` parameter) on
+/// [`RENEWED_CHANNEL`]; `announced` yields one row per notification sent.
+const ANNOUNCE_RENEWED_SQL: &str = "lines AS MATERIALIZED (
+                    SELECT {prefix} || u.name || E'\\n' || u.term || E'\\n' || u.ttl_ms || E'\\n'
+                           || u.version || E'\\n' || u.holder AS line
+                    FROM {renewed} AS u
+                 ),
+                 chunks AS MATERIALIZED (
+                    SELECT line, sum(octet_length(line) + 2) OVER (ORDER BY line ROWS UNBOUNDED PRECEDING)
+                               / {chunk_bytes} AS chunk
+                    FROM lines
+                 ),
+                 announced AS MATERIALIZED (
+                    SELECT pg_notify('{renewed_channel}', string_agg(line, E'\\n\\n' ORDER BY line))
+                    FROM chunks GROUP BY chunk
+                 )";
+
 /// The statements of one schema.
 #[derive(Debug)]
 pub(crate) struct Sql {
@@ -64,7 +94,10 @@ impl Sql {
     pub(crate) fn new(schema: &str) -> Sql {
         let s = quoted(schema);
         let fill = |text: &str| -> Arc<str> {
-            text.replace("{record}", RECORD_COLUMNS)
+            text.replace("{announce_renewed}", ANNOUNCE_RENEWED_SQL)
+                .replace("{chunk_bytes}", &RENEWED_CHUNK_BYTES.to_string())
+                .replace("{renewed_channel}", RENEWED_CHANNEL)
+                .replace("{record}", RECORD_COLUMNS)
                 .replace("{lock_free}", LOCK_FREE_SQL)
                 .replace("{valid}", VALID_ROW_SQL)
                 .replace("{schema}", &s)
@@ -230,10 +263,12 @@ impl Sql {
                  FROM verdict AS v LEFT JOIN granted AS g ON g.name = v.name
                  ORDER BY v.i",
             ),
-            // $1 leases, $2 holders, $3 terms, $4 new versions, $5 lock keys → the renewed leases.
+            // $1 leases, $2 holders, $3 terms, $4 new versions, $5 lock keys, $6 `<schema>/` (the
+            // prefix of announcements) → per renewed lease: its name, the notifications sent.
             // A row is renewed only if it still names the grant (not as a reservation: see
             // hand_over), was written by this session
-            // (lock_pid) and pg_locks shows this session holding the lease's key.
+            // (lock_pid) and pg_locks shows this session holding the lease's key. The renewed
+            // records are announced on `RENEWED_CHANNEL` (what `inspect` shows right after).
             renew: fill(
                 "WITH mine AS MATERIALIZED (
                     SELECT classid, objid FROM pg_locks
@@ -243,18 +278,26 @@ impl Sql {
                  r AS (
                     SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::text[], $5::int8[])
                         AS r(name, holder, term, version, key)
-                 )
-                 UPDATE {schema}.leases AS l SET version = r.version, renewed_at = now()
-                 FROM r
-                 WHERE l.name = r.name AND l.holder = r.holder AND l.term = r.term
-                   AND l.previous_end IS NULL AND l.lock_pid = pg_backend_pid()
-                   AND EXISTS (SELECT 1 FROM mine AS m
-                               WHERE m.classid = ((r.key >> 32) & 4294967295)::oid
-                                 AND m.objid = (r.key & 4294967295)::oid)
-                 RETURNING l.name",
-            ),
+                 ),
+                 upd AS (
+                    UPDATE {schema}.leases AS l SET version = r.version, renewed_at = now()
+                    FROM r
+                    WHERE l.name = r.name AND l.holder = r.holder AND l.term = r.term
+                      AND l.previous_end IS NULL AND l.lock_pid = pg_backend_pid()
+                      AND EXISTS (SELECT 1 FROM mine AS m
+                                  WHERE m.classid = ((r.key >> 32) & 4294967295)::oid
+                                    AND m.objid = (r.key & 4294967295)::oid)
+                    RETURNING l.name, l.term, l.ttl_ms, l.version, l.holder
+                 ),
+                 {announce_renewed}
+                 SELECT u.name, (SELECT count(*) FROM announced) FROM upd AS u",
+            )
+            .replace("{renewed}", "upd")
+            .replace("{prefix}", "$6::text")
+            .into(),
             // $1 lease, $2 holder, $3 term, $4 lock key, $5 new version, $6 idle_session_timeout
-            // if renewed, $7 otherwise → whether it was renewed.
+            // if renewed, $7 otherwise, $8 `<schema>/` → whether it was renewed (announced on
+            // `RENEWED_CHANNEL` if so).
             //
             // Renews a grant whose lock this session does not hold (its earlier session ended: a
             // reset, a reply lost mid-statement, a restarted server) by taking the lock again,
@@ -269,21 +312,27 @@ impl Sql {
                         renewed_at = now()
                     WHERE name = $1::text AND holder = $2::text AND term = $3::int8
                       AND previous_end IS NULL AND EXISTS (SELECT 1 FROM lk)
-                    RETURNING name
+                    RETURNING name, term, ttl_ms, version, holder
                  ),
                  unlocked AS (
                     SELECT pg_advisory_unlock($4::int8) FROM lk
                     WHERE NOT EXISTS (SELECT 1 FROM upd)
-                 )
+                 ),
+                 {announce_renewed}
                  SELECT EXISTS (SELECT 1 FROM upd), (SELECT count(*) FROM unlocked),
                         set_config('idle_session_timeout',
                                    CASE WHEN EXISTS (SELECT 1 FROM upd) THEN $6::text
-                                        ELSE $7::text END, false)",
-            ),
+                                        ELSE $7::text END, false),
+                        (SELECT count(*) FROM announced)",
+            )
+            .replace("{renewed}", "upd")
+            .replace("{prefix}", "$8::text")
+            .into(),
             // $1 leases (each once), $2 holders, $3 terms, $4 lock keys, $5 new versions, $6
-            // ttl_ms, $7 the shortest TTL among the session's leases (0: none) → per grant, in
-            // order: its index, whether the lock was free, whether it was renewed, the locks
-            // given back, the session's idle_session_timeout afterwards.
+            // ttl_ms, $7 the shortest TTL among the session's leases (0: none), $8 `<schema>/` →
+            // per grant, in order: its index, whether the lock was free, whether it was renewed,
+            // the locks given back, the session's idle_session_timeout afterwards, the
+            // notifications sent (the renewed records, on `RENEWED_CHANNEL`).
             //
             // `relock` for many grants at once (after a lost session, every grant of the store
             // takes its lock again), without waiting: a lock someone holds is not taken, and the
@@ -302,8 +351,9 @@ impl Sql {
                     FROM r JOIN lk ON lk.i = r.i
                     WHERE lk.got AND l.name = r.name AND l.holder = r.holder AND l.term = r.term
                       AND l.previous_end IS NULL
-                    RETURNING r.i, r.ttl_ms
+                    RETURNING r.i, r.ttl_ms, l.name, l.term, l.version, l.holder
                  ),
+                 {announce_renewed},
                  unlocked AS (
                     SELECT pg_advisory_unlock(r.key) FROM r JOIN lk ON lk.i = r.i
                     WHERE lk.got AND NOT EXISTS (SELECT 1 FROM upd WHERE upd.i = r.i)
@@ -314,10 +364,14 @@ impl Sql {
                         false) AS setting
                  )
                  SELECT r.i, lk.got, EXISTS (SELECT 1 FROM upd WHERE upd.i = r.i),
-                        (SELECT count(*) FROM unlocked), (SELECT setting FROM timeout)
+                        (SELECT count(*) FROM unlocked), (SELECT setting FROM timeout),
+                        (SELECT count(*) FROM announced)
                  FROM r JOIN lk ON lk.i = r.i
                  ORDER BY r.i",
-            ),
+            )
+            .replace("{renewed}", "upd")
+            .replace("{prefix}", "$8::text")
+            .into(),
             // $1 lease, $2 holder, $3 term, $4 end reason, $5 notification payload, $6 lock key,
             // $7 whether to unlock it, $8 idle_session_timeout afterwards.
             //

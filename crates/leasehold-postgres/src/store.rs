@@ -278,7 +278,7 @@ impl LeaseStore for PostgresStore {
             ttl: TTL_RANGE,
             expiry: Expiry::ServerSession,
             notifications: Notifications::Release,
-            announces: leasehold_core::Announces::Grants,
+            announces: leasehold_core::Announces::GrantsAndRenewals,
             fifo: false,
         }
     }

@@ -999,3 +999,103 @@ async fn lease_writes_commit_synchronously_whatever_the_defaults() {
         "the pool's synchronous_commit (break_lease writes there)"
     );
 }
+
+/// Every renewal is announced to other stores' announcement streams as `inspect` shows it right
+/// after (same holder and term, the new version, the full TTL), `renew` and `renew_many` alike;
+/// a `renew_many` of 40 grants sends its records in a few notifications, each under Postgres's
+/// 8000-byte payload limit, not one per lease. Without the renewal's announcement the streams
+/// see nothing after the grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_are_announced_in_few_notifications() {
+    let Some(pg) = server() else { return };
+    let ttl = Duration::from_secs(30);
+    let run = leasehold_core::random_u64() & 0xffff_ffff;
+    // Long names and holder ids: about 420 bytes per record, 40 records do not fit one payload.
+    let who = "h".repeat(250);
+    let leases: Vec<LeaseName> = (0..40)
+        .map(|i| LeaseName::new(format!("renewed-{run:08x}-{i:02}-{}", "x".repeat(100))).unwrap())
+        .collect();
+    let (holder, follower) = (
+        PostgresStore::connect(&pg.url).await.unwrap(),
+        PostgresStore::connect(&pg.url).await.unwrap(),
+    );
+    let mut grants = Vec::new();
+    for lease in &leases {
+        grants.push(granted(acquire(&holder, lease, &who, ttl).await));
+    }
+    let mut streams = Vec::new();
+    for lease in &leases {
+        streams.push(follower.announcements(lease).await.unwrap().expect("announcements"));
+    }
+    let mut raw = sqlx::postgres::PgListener::connect(&pg.url).await.unwrap();
+    raw.listen("leasehold_renewed").await.unwrap();
+    // The follower's listener connects in the background: renew the first grant until one
+    // renewal is announced.
+    let started = Instant::now();
+    loop {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "no renewal was ever announced"
+        );
+        let Renewed::Renewed(renewed) = holder.renew(&grants[0]).await.unwrap() else {
+            panic!("renewed")
+        };
+        if let Ok(seen) = tokio::time::timeout(Duration::from_millis(100), streams[0].next()).await {
+            let shown = seen.expect("the stream lives").holder.expect("a holder");
+            if shown.version == renewed.token {
+                assert_eq!((shown.term, shown.ttl), (grants[0].term, ttl));
+                break;
+            }
+        }
+    }
+    while tokio::time::timeout(Duration::from_millis(100), raw.try_recv())
+        .await
+        .is_ok()
+    {}
+
+    let answers = holder.renew_many(&grants).await.unwrap();
+    for ((answer, stream), grant) in answers.into_iter().zip(&mut streams).zip(&grants) {
+        let Ok(Renewed::Renewed(renewed)) = answer else {
+            panic!("renewed: {answer:?}")
+        };
+        let seen = tokio::time::timeout(Duration::from_secs(2), async {
+            loop {
+                let seen = stream.next().await.expect("the stream lives");
+                if seen.holder.as_ref().is_some_and(|h| h.version == renewed.token) {
+                    return seen;
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("the renewal of {} is announced", grant.lease));
+        let shown = seen.holder.clone().expect("a holder");
+        let inspected = holder.inspect(&grant.lease).await.unwrap().holder.expect("held");
+        assert_eq!(seen.lease, grant.lease);
+        assert_eq!(seen.last_term, grant.term);
+        assert_eq!((&shown.id, shown.term, shown.ttl), (&grant.holder, grant.term, ttl));
+        assert_eq!(shown.store_remaining, Some(ttl));
+        assert!(!shown.orphaned && !shown.reserved);
+        assert_eq!(
+            (&inspected.id, inspected.term, inspected.ttl, &inspected.version),
+            (&shown.id, shown.term, shown.ttl, &shown.version),
+            "what inspect shows"
+        );
+    }
+    let mut notifications = 0;
+    let mut records = 0;
+    while let Ok(notification) = tokio::time::timeout(Duration::from_millis(200), raw.try_recv()).await {
+        let notification = notification.unwrap().expect("the raw listener lives");
+        assert!(
+            notification.payload().len() < 8000,
+            "{} bytes",
+            notification.payload().len()
+        );
+        notifications += 1;
+        records += notification.payload().split("\n\n").count();
+    }
+    assert_eq!(records, 40, "one record per renewed lease");
+    assert!(
+        (2..=4).contains(&notifications),
+        "{notifications} notifications for 40 records"
+    );
+}

@@ -262,7 +262,8 @@ impl Actor {
             )
             .bind(mine.iter().map(|(g, ..)| term_value(g.term)).collect::<Vec<_>>())
             .bind(versions.clone())
-            .bind(mine.iter().map(|(g, ..)| cx.key(&g.lease)).collect::<Vec<_>>());
+            .bind(mine.iter().map(|(g, ..)| cx.key(&g.lease)).collect::<Vec<_>>())
+            .bind(format!("{}/", cx.config.schema()));
         let rows = match self.fetch_all(query, limit).await {
             Ok(rows) => rows,
             Err(failure) => {
@@ -358,7 +359,8 @@ impl Actor {
             .bind(keys.clone())
             .bind(versions.clone())
             .bind(batch.iter().map(|(g, ..)| millis(g.ttl)).collect::<Vec<_>>())
-            .bind(millis(base));
+            .bind(millis(base))
+            .bind(format!("{}/", cx.config.schema()));
         let rows = match self.fetch_all(query, limit).await {
             Ok(rows) if rows.len() == batch.len() => rows,
             Err(failure @ (Failure::NoAnswer(_) | Failure::NotConnected(_))) => {
@@ -440,7 +442,8 @@ impl Actor {
             .bind(key)
             .bind(&version)
             .bind(setting(if_renewed))
-            .bind(setting(otherwise));
+            .bind(setting(otherwise))
+            .bind(format!("{}/", self.cx.config.schema()));
         let renewed = match self.fetch_one(query, limit).await {
             Ok(row) => row.try_get::<bool, _>(0).unwrap_or(false),
             // Someone else holds the lock (lock_timeout), or the session broke: not renewed.
