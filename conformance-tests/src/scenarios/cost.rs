@@ -2,7 +2,7 @@
 //! follower's requests.
 
 use futures::future::join_all;
-use leasehold_core::Notifications;
+use leasehold_core::{Announces, Notifications};
 
 use super::*;
 use crate::faults::{Direction, Fault};
@@ -167,10 +167,11 @@ pub async fn requests_per_transition_do_not_grow(backend: Arc<dyn Backend>) {
     scene.finish().await;
 }
 
-/// Where releases and expiries are notified (`Notifications::ReleaseAndExpiry`), an idle follower
-/// makes no store requests while the leader renews for 5 TTLs (half the engine's safety-poll
-/// interval), and the crashed leader's expiry wakes it: elected within a TTL and a second of the
-/// crash, after its `valid_until`, with at most 2 requests.
+/// Where releases and expiries are notified (`Notifications::ReleaseAndExpiry`), or every grant
+/// and renewal is announced (`Announces::GrantsAndRenewals`), an idle follower makes no store
+/// requests while the leader renews for 5 TTLs (half the engine's safety-poll interval), and
+/// the crashed leader's expiry wakes it (or its last renewal, a TTL old): elected within a TTL
+/// and a second of the crash, after its `valid_until`, with at most 2 requests.
 ///
 /// # Panics
 ///
@@ -178,10 +179,11 @@ pub async fn requests_per_transition_do_not_grow(backend: Arc<dyn Backend>) {
 pub async fn idle_follower_makes_no_requests(backend: Arc<dyn Backend>) {
     let scene = Scene::new(backend, "idle_follower_makes_no_requests").await;
     let p = &scene.prefix;
-    if scene.caps.notifications != Notifications::ReleaseAndExpiry {
+    if scene.caps.notifications != Notifications::ReleaseAndExpiry && scene.caps.announces != Announces::GrantsAndRenewals
+    {
         return scene.not_applicable(format_args!(
-            "the store notifies {:?}, not expiries: idle followers poll",
-            scene.caps.notifications
+            "the store notifies {:?}, not expiries, and announces {:?}, not renewals: idle followers poll",
+            scene.caps.notifications, scene.caps.announces
         ));
     }
     let ttl = scene.ttl;

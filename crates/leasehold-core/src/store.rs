@@ -279,11 +279,17 @@ pub trait LeaseStore: Debug + Send + Sync + 'static {
     /// read the lease again until it is free. Stores that do not announce return `Ok(None)`
     /// (the default).
     ///
-    /// The engine subscribes while its candidate follows. Announcements only inform
+    /// The engine subscribes while its candidate follows. Announcements inform
     /// [`Elector::observe`](crate::Elector::observe) and
-    /// [`Event::LeaderChanged`](crate::Event::LeaderChanged), and only with a higher term than
-    /// the one last seen; they never decide an election (a candidate acquires or reads the lease
-    /// for that), so a lost or late announcement costs freshness, never safety.
+    /// [`Event::LeaderChanged`](crate::Event::LeaderChanged), only with a higher term than the
+    /// one last seen. A store whose announcements also cover every renewal says so
+    /// ([`Announces::GrantsAndRenewals`](crate::Announces::GrantsAndRenewals)): each renewal is
+    /// then announced too, as `inspect` would show it right after (same holder and term, the new
+    /// record version), no earlier than the write, and an idle follower takes each announced
+    /// version as a sighting, as if a read had shown it when the announcement arrived, instead of
+    /// polling for it. Announcements never decide an election by themselves: a takeover still
+    /// names the record version it replaces, which the store checks, so a lost, late or
+    /// reordered announcement costs freshness or one refused request, never safety.
     ///
     /// # Errors
     ///
