@@ -48,6 +48,11 @@ enum Scenario {
     /// The command starts a grandchild in a new session (`setsid`) that ignores SIGTERM, then
     /// exits 0 (when the test creates the file `go`).
     SetsidGrandchild,
+    /// A graceful stop (SIGTERM to `leasehold run`) of a command that exits on SIGTERM at once,
+    /// leaving behind a child that ignores it: the child guard exits first, while the child still
+    /// lives (then the grace, SIGKILL). The path a handover takes when the command stops
+    /// promptly: `run` waits for the guard's exit, then for the tree to be empty.
+    LeftoverIgnoresSigterm,
     /// The command's grandchild double-forks into a new session (a daemon, reparented away from
     /// the command); `leasehold run` itself is SIGKILLed.
     DoubleForkDaemon,
@@ -68,6 +73,7 @@ impl Scenario {
                 "setsid sh -c 'trap \"\" TERM; sleep 30' & while [ ! -e '{}' ]; do sleep 0.01; done; exit 0",
                 go.display()
             ),
+            Scenario::LeftoverIgnoresSigterm => "(trap '' TERM; exec sleep 30) & exec sleep 30".into(),
             Scenario::DoubleForkDaemon => {
                 "(setsid sh -c 'trap \"\" TERM; sleep 30 & sleep 30' > /dev/null 2>&1 &); sleep 30".into()
             }
@@ -124,13 +130,13 @@ fn run_scenario(store: &Store, scenario: Scenario, extra: &[&str]) -> Outcome {
     let leader = LeaderProcesses::of(ledger_entry(&old));
     match scenario {
         Scenario::GuardKilled => kill(Pid::from_raw(leader.group), Signal::SIGKILL).unwrap(),
-        Scenario::ForkingIgnoresSigterm => a.signal(Signal::SIGTERM),
+        Scenario::ForkingIgnoresSigterm | Scenario::LeftoverIgnoresSigterm => a.signal(Signal::SIGTERM),
         Scenario::SetsidGrandchild | Scenario::ForkingLeftBehind => std::fs::write(&go, "").unwrap(), // the command exits
         Scenario::DoubleForkDaemon => kill(Pid::from_raw(leader.leasehold), Signal::SIGKILL).unwrap(),
     }
     let expected_exit = match scenario {
         Scenario::GuardKilled => Some(137),
-        Scenario::ForkingIgnoresSigterm => Some(143),
+        Scenario::ForkingIgnoresSigterm | Scenario::LeftoverIgnoresSigterm => Some(143),
         Scenario::SetsidGrandchild | Scenario::ForkingLeftBehind => Some(0),
         Scenario::DoubleForkDaemon => None, // SIGKILLed
     };
@@ -278,6 +284,21 @@ fn command_ignoring_sigterm_and_forking_sqlite_without_cgroup() {
 #[test]
 fn command_ignoring_sigterm_and_forking_redis() {
     on_redis(Scenario::ForkingIgnoresSigterm);
+}
+
+#[test]
+fn graceful_stop_with_a_leftover_ignoring_sigterm_sqlite() {
+    on_sqlite(Scenario::LeftoverIgnoresSigterm, &[]);
+}
+
+#[test]
+fn graceful_stop_with_a_leftover_ignoring_sigterm_sqlite_without_cgroup() {
+    on_sqlite(Scenario::LeftoverIgnoresSigterm, &["--no-cgroup"]);
+}
+
+#[test]
+fn graceful_stop_with_a_leftover_ignoring_sigterm_redis() {
+    on_redis(Scenario::LeftoverIgnoresSigterm);
 }
 
 #[test]
