@@ -36,12 +36,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock, Weak};
 
 use futures::StreamExt;
-use leasehold_core::{CandidateId, Changes, LeaseName};
+use leasehold_core::{Announcements, CandidateId, Changes, LeaseName, Observation};
 use notify::{RecommendedWatcher, RecursiveMode, Watcher};
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{ConnectOptions, Connection, Row, SqliteConnection};
 use tokio::sync::{Mutex, oneshot, watch};
 use tracing::debug;
+
+use crate::record::Record;
 
 /// The file whose writes say "a lease changed hands": `<database>-changes`, next to the
 /// database (its path made canonical, so that every process names the same file).
@@ -114,13 +116,64 @@ struct Hands {
     key: String,
 }
 
-/// One lease somebody waits for.
-#[derive(Debug, Default)]
+/// A watched lease's row as one read showed it.
+#[derive(Debug)]
+struct ReadRow {
+    hands: Hands,
+    /// The row as [`inspect`](leasehold_core::LeaseStore::inspect) shows it; `None` when it
+    /// cannot be decoded (nothing is announced; readers get the error themselves).
+    seen: Option<Observation>,
+}
+
+/// One lease somebody waits for or follows.
+#[derive(Debug)]
 struct Watched {
     /// The row as last read (`None`: no row).
     hands: Option<Hands>,
+    /// The row as last read, decoded.
+    seen: Option<Observation>,
     /// One channel per waiting candidate; the value counts wake-ups.
     waiters: HashMap<String, watch::Sender<u64>>,
+    /// Each grant and renewal read since the first subscription: the announcement streams.
+    announced: watch::Sender<Option<Observation>>,
+}
+
+impl Watched {
+    fn new(row: Option<ReadRow>) -> Watched {
+        let (hands, seen) = row.map_or((None, None), |row| (Some(row.hands), row.seen));
+        Watched {
+            hands,
+            seen,
+            waiters: HashMap::new(),
+            announced: watch::channel(None).0,
+        }
+    }
+
+    /// Whether any stream still listens.
+    fn wanted(&self) -> bool {
+        !self.waiters.is_empty() || self.announced.receiver_count() > 0
+    }
+
+    /// Takes the row as read now: wakes the waiters if it changed hands, announces it if it
+    /// names a holder with a record version not announced (or read) before.
+    fn update(&mut self, now: Option<ReadRow>) {
+        let (hands, seen) = now.map_or((None, None), |row| (Some(row.hands), row.seen));
+        if hands != self.hands {
+            self.wake(self.hands.as_ref(), hands.as_ref());
+            self.hands = hands;
+        }
+        if seen != self.seen {
+            let version =
+                |o: &Option<Observation>| o.as_ref().and_then(|o| o.holder.as_ref()).map(|h| h.version.clone());
+            if let Some(new) = seen
+                .as_ref()
+                .filter(|_| version(&seen).is_some() && version(&seen) != version(&self.seen))
+            {
+                self.announced.send_replace(Some(new.clone()));
+            }
+            self.seen = seen;
+        }
+    }
 }
 
 impl Watched {
@@ -156,7 +209,7 @@ impl Shared {
     fn prune(&mut self) {
         self.leases.retain(|_, watched| {
             watched.waiters.retain(|_, tx| tx.receiver_count() > 0);
-            !watched.waiters.is_empty()
+            watched.wanted()
         });
     }
 }
@@ -211,6 +264,54 @@ impl Notifier {
         lease: &LeaseName,
         candidate: &CandidateId,
     ) -> Result<Option<Changes>, sqlx::Error> {
+        let rx = self
+            .with_watched(lease, |watched| {
+                watched
+                    .waiters
+                    .entry(candidate.as_str().to_string())
+                    .or_insert_with(|| watch::channel(0).0)
+                    .subscribe()
+            })
+            .await?;
+        Ok(rx.map(|rx| {
+            futures::stream::unfold(rx, |mut rx| async move { rx.changed().await.ok().map(|()| ((), rx)) }).boxed()
+        }))
+    }
+
+    /// Every grant and renewal of `lease` that this process's watcher reads from now on (one
+    /// read per signal, shared by every follower of the store), or `None` when the file system
+    /// cannot be watched. A subscriber that falls behind sees the latest.
+    ///
+    /// # Errors
+    ///
+    /// As [`Notifier::changes`].
+    pub(crate) async fn announcements(&self, lease: &LeaseName) -> Result<Option<Announcements>, sqlx::Error> {
+        let rx = self
+            .with_watched(lease, |watched| watched.announced.subscribe())
+            .await?;
+        Ok(rx.map(|mut rx| {
+            rx.mark_unchanged();
+            futures::stream::unfold(rx, |mut rx| async move {
+                loop {
+                    rx.changed().await.ok()?;
+                    let seen = rx.borrow_and_update().clone();
+                    if let Some(seen) = seen {
+                        return Some((seen, rx));
+                    }
+                }
+            })
+            .boxed()
+        }))
+    }
+
+    /// Runs `f` on the watched entry of `lease`, starting the watcher and reading the row first
+    /// if needed (the watch is in place before the read: a change made afterwards is seen).
+    /// `None` when the file system cannot be watched.
+    async fn with_watched<R>(
+        &self,
+        lease: &LeaseName,
+        f: impl FnOnce(&mut Watched) -> R,
+    ) -> Result<Option<R>, sqlx::Error> {
         let mut guard = self.shared.lock().await;
         let shared = &mut *guard;
         if shared.closed {
@@ -232,20 +333,10 @@ impl Notifier {
             std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
             std::collections::hash_map::Entry::Vacant(entry) => {
                 let mut rows = read(conn, &[lease.as_str()]).await?;
-                entry.insert(Watched {
-                    hands: rows.remove(lease.as_str()),
-                    waiters: HashMap::new(),
-                })
+                entry.insert(Watched::new(rows.remove(lease.as_str())))
             }
         };
-        let rx = watched
-            .waiters
-            .entry(candidate.as_str().to_string())
-            .or_insert_with(|| watch::channel(0).0)
-            .subscribe();
-        Ok(Some(
-            futures::stream::unfold(rx, |mut rx| async move { rx.changed().await.ok().map(|()| ((), rx)) }).boxed(),
-        ))
+        Ok(Some(f(watched)))
     }
 
     /// Ends every subscription and stops the watcher (the store was closed).
@@ -362,11 +453,7 @@ async fn follow(
         match read(&mut running.conn, &names).await {
             Ok(mut rows) => {
                 for (name, watched) in &mut shared.leases {
-                    let now = rows.remove(name.as_str());
-                    if now != watched.hands {
-                        watched.wake(watched.hands.as_ref(), now.as_ref());
-                        watched.hands = now;
-                    }
+                    watched.update(rows.remove(name.as_str()));
                 }
             }
             Err(e) => {
@@ -381,7 +468,7 @@ async fn follow(
 }
 
 /// The rows of `names` that exist, in one statement.
-async fn read(conn: &mut SqliteConnection, names: &[&str]) -> Result<HashMap<String, Hands>, sqlx::Error> {
+async fn read(conn: &mut SqliteConnection, names: &[&str]) -> Result<HashMap<String, ReadRow>, sqlx::Error> {
     // Lease names are ASCII letters, digits, '-', '_' and '.': nothing to escape in JSON.
     let list = format!(
         "[{}]",
@@ -391,7 +478,10 @@ async fn read(conn: &mut SqliteConnection, names: &[&str]) -> Result<HashMap<Str
         "SELECT l.name,
                 CASE WHEN typeof(l.holder) = 'text' THEN l.holder END,
                 l.holder IS NOT NULL AND l.previous_end IS 'handed_over',
-                quote(l.holder) || ' ' || quote(l.term) || ' ' || quote(l.previous_end)
+                quote(l.holder) || ' ' || quote(l.term) || ' ' || quote(l.previous_end),
+                l.holder, l.term, l.ttl_ms, l.version, l.previous_end,
+                (SELECT MAX(t.term) FROM leasehold_terms AS t WHERE t.name = l.name),
+                1
          FROM json_each(?1) AS wanted JOIN leasehold_leases AS l ON l.name = wanted.value",
     )
     .bind(list)
@@ -399,12 +489,19 @@ async fn read(conn: &mut SqliteConnection, names: &[&str]) -> Result<HashMap<Str
     .await?;
     rows.iter()
         .map(|row| {
+            let name = row.try_get::<String, _>(0)?;
+            let seen = LeaseName::new(name.as_str())
+                .ok()
+                .and_then(|lease| Some(Record::decode(&lease, row, 4).ok()?.observation(&lease)));
             Ok((
-                row.try_get::<String, _>(0)?,
-                Hands {
-                    holder: row.try_get(1)?,
-                    reserved: row.try_get(2)?,
-                    key: row.try_get(3)?,
+                name,
+                ReadRow {
+                    hands: Hands {
+                        holder: row.try_get(1)?,
+                        reserved: row.try_get(2)?,
+                        key: row.try_get(3)?,
+                    },
+                    seen,
                 },
             ))
         })

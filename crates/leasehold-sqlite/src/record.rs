@@ -112,7 +112,7 @@ impl From<Error> for Failure {
 impl Record {
     /// Decodes `(holder, term, ttl_ms, version, previous_end, max history term, row present)`,
     /// starting at column `at`.
-    fn decode(lease: &LeaseName, row: &SqliteRow, at: usize) -> Result<Record> {
+    pub(crate) fn decode(lease: &LeaseName, row: &SqliteRow, at: usize) -> Result<Record> {
         let corrupt = |detail: String| Error::corrupt(STORE, lease, detail);
         let history_term = match integer(row, at + 5, "leasehold_terms.term").map_err(corrupt)? {
             None => Term(0),

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::{
-    AcquireRequest, Acquired, CandidateId, Capabilities, Changes, Error, Expiry, Grant, LeaseName, LeaseStore,
-    Notifications, Observation, Renewed, Result, Term, Transition,
+    AcquireRequest, Acquired, Announcements, CandidateId, Capabilities, Changes, Error, Expiry, Grant, LeaseName,
+    LeaseStore, Notifications, Observation, Renewed, Result, Term, Transition,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection};
@@ -184,7 +184,7 @@ impl LeaseStore for SqliteStore {
             ttl: TTL_RANGE,
             expiry: Expiry::ObservedByContenders,
             notifications: Notifications::Release,
-            announces: leasehold_core::Announces::None,
+            announces: leasehold_core::Announces::GrantsAndRenewals,
             fifo: false,
         }
     }
@@ -302,6 +302,28 @@ impl LeaseStore for SqliteStore {
             .changes(lease, candidate)
             .await
             .map_err(|e| error::map(&e, "changes", self.config.busy_timeout))
+    }
+
+    /// Every grant and renewal of the lease by any process or store on this file, as
+    /// [`inspect`](LeaseStore::inspect) would show it after the commit
+    /// ([`Announces::GrantsAndRenewals`](leasehold_core::Announces::GrantsAndRenewals)): each
+    /// transaction that renews or grants anything rewrites `<file>-changes` once, and the
+    /// store's watcher reads the followed rows in one statement per signal, shared by all the
+    /// store's followers (no request of theirs). An idle follower so makes no requests while the
+    /// holder renews. `Ok(None)` when the directory cannot be watched (the engine polls).
+    ///
+    /// # Errors
+    ///
+    /// A transient error when the lease's row cannot be read.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future or the stream ends the subscription; nothing else changes.
+    async fn announcements(&self, lease: &LeaseName) -> Result<Option<Announcements>> {
+        self.notifier
+            .announcements(lease)
+            .await
+            .map_err(|e| error::map(&e, "announcements", self.config.busy_timeout))
     }
 
     /// `true`: [`break_lease`](LeaseStore::break_lease) works.

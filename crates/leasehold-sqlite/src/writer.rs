@@ -78,7 +78,8 @@ pub(crate) struct Writer {
 
 impl Writer {
     /// Starts the writer task on the current tokio runtime.
-    /// After each transaction that changed a lease's holder, it sends `signal`.
+    /// After each transaction that granted, renewed, released, handed over or broke a lease, it
+    /// sends `signal` (once per transaction).
     pub(crate) fn spawn(pool: SqlitePool, config: SqliteConfig, signal: Signal) -> Writer {
         let (jobs, queue) = mpsc::unbounded_channel();
         tokio::spawn(run(pool, config, signal, queue));
@@ -112,9 +113,10 @@ async fn run(pool: SqlitePool, config: SqliteConfig, signal: Signal, mut queue: 
         let mut done = Vec::with_capacity(steps.len());
         for steps in steps.chunks(MAX_BATCH) {
             match transaction(&pool, &config, steps).await {
-                Ok((answers, changed_hands)) => {
-                    // Committed and visible: wake the followers (renewals alone wake nobody).
-                    if changed_hands {
+                Ok((answers, changed)) => {
+                    // Committed and visible: tell the watchers (one file write per transaction,
+                    // however many leases it renewed or handed on).
+                    if changed {
                         signal.send();
                     }
                     done.extend(answers.into_iter().map(Done::Answered));
@@ -203,8 +205,8 @@ fn renewed_each(done: Vec<Done>) -> Result<Outcome> {
     Ok(Outcome::RenewedEach(answers))
 }
 
-/// Runs `steps` in one transaction, answering each, and whether a lease changed hands (was
-/// granted, released, handed over or broken). A step whose record is corrupt gets its own error
+/// Runs `steps` in one transaction, answering each, and whether a lease changed (was granted,
+/// renewed, released, handed over or broken: anything watchers announce or wake on). A step whose record is corrupt gets its own error
 /// (it wrote nothing); an SQL error abandons the whole transaction.
 async fn transaction(
     pool: &SqlitePool,
@@ -232,7 +234,9 @@ async fn transaction(
         };
         changed_hands |= matches!(
             answer,
-            Ok(Outcome::Acquired(Acquired::Granted(_)) | Outcome::Broken(Some(_)))
+            Ok(Outcome::Acquired(Acquired::Granted(_))
+                | Outcome::Renewed(Renewed::Renewed(_))
+                | Outcome::Broken(Some(_)))
         );
         answers.push(match answer {
             Ok(outcome) => Ok(outcome),
