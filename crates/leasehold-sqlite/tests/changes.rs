@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use leasehold_core::{
-    AcquireRequest, Acquired, CandidateId, Changes, Elector, Grant, LeaseName, LeaseStore, Notifications, Renewed,
+    AcquireRequest, Acquired, Announces, CandidateId, Changes, Elector, Grant, LeaseName, LeaseStore, Notifications,
+    Renewed,
 };
 use leasehold_sqlite::SqliteStore;
 
@@ -67,6 +68,14 @@ async fn not_woken(changes: &mut Changes, what: &str) {
     }
 }
 
+async fn next(announced: &mut leasehold_core::Announcements) -> leasehold_core::Observation {
+    match tokio::time::timeout(WAKE, announced.next()).await {
+        Ok(Some(o)) => o,
+        Ok(None) => panic!("the announcement stream ended"),
+        Err(_) => panic!("nothing announced within {WAKE:?}"),
+    }
+}
+
 async fn open(path: &Path) -> SqliteStore {
     SqliteStore::open(path).await.unwrap()
 }
@@ -117,6 +126,55 @@ async fn changes_of_hands_by_another_store_wake_the_follower() {
 
     leader.break_lease(&lease()).await.unwrap();
     woken(&mut changes, "break").await;
+}
+
+/// Every grant and renewal made through one store is announced, with its new record version,
+/// to a follower of another store on the same file (`Announces::GrantsAndRenewals`: what lets an
+/// idle follower make no requests); a release and a refused acquire announce nothing.
+#[tokio::test]
+async fn grants_and_renewals_are_announced_to_another_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("leases.db");
+    let (leader, follower) = (open(&path).await, open(&path).await);
+    assert_eq!(follower.capabilities().announces, Announces::GrantsAndRenewals);
+    let mut announced = follower
+        .announcements(&lease())
+        .await
+        .unwrap()
+        .expect("the store watches its file");
+
+    let mut held = grant(&leader, "a").await;
+    let seen = next(&mut announced).await;
+    let holder = seen.holder.expect("a grant names its holder");
+    assert_eq!(
+        (holder.id.as_str(), holder.term, holder.version.as_str()),
+        ("a", held.term, held.token.as_str())
+    );
+
+    for round in 0..3 {
+        held = match leader.renew(&held).await.unwrap() {
+            Renewed::Renewed(grant) => grant,
+            Renewed::Lost(o) => panic!("renewal lost: {o:?}"),
+        };
+        let seen = next(&mut announced).await;
+        let holder = seen.holder.expect("a renewal names its holder");
+        assert_eq!(
+            (holder.id.as_str(), holder.term, holder.version.as_str()),
+            ("a", held.term, held.token.as_str()),
+            "renewal {round}"
+        );
+    }
+    let refused = AcquireRequest {
+        lease: lease(),
+        candidate: id("b"),
+        ttl: TTL,
+        takeover: None,
+    };
+    assert!(matches!(leader.acquire(&refused).await.unwrap(), Acquired::Held(_)));
+    leader.release(&held).await.unwrap();
+    if let Ok(item) = tokio::time::timeout(QUIET, announced.next()).await {
+        panic!("announced {item:?} after a refused acquire and a release");
+    }
 }
 
 /// A candidate is not woken by its own grant or release, but is woken when another takes the
