@@ -1,26 +1,27 @@
 //! Change notifications through the file system: a follower in any process wakes when a lease it
 //! waits for changes hands, instead of at its next poll.
 //!
-//! After every transaction that granted, released, handed over or broke a lease (never after a
-//! transaction of renewals or refused acquires only), the writer rewrites one byte of a small
-//! file next to the database, `<file>-changes` (the [`Signal`]). It does so after the commit
+//! After every transaction that granted, renewed, released, handed over or broke a lease (never
+//! after one of refused acquires only), the writer rewrites one byte of a small file next to the
+//! database, `<file>-changes` (the [`Signal`]), once per transaction. It does so after the commit
 //! returned, so whoever looks next sees the change. The file's directory is watched (inotify on
 //! Linux, through `notify`) by one [`FileWatch`] per file and process, shared by every store on
-//! it. A store's [`Notifier`], while somebody waits, has a connection and a task of its own: on an
-//! event it reads, in one statement, the rows of the leases its candidates wait for, and wakes
-//! the waiters of each lease whose holder, term or end changed. A renewal changes only the record
-//! version, which is not compared: nobody wakes.
+//! it. A store's [`Notifier`], while somebody waits or follows, has a connection and a task of
+//! its own: on an event it reads, in one statement, the rows of the leases its candidates wait
+//! for or follow, and wakes the waiters of each lease whose holder, term or end changed. A
+//! renewal changes only the record version, which wakes nobody: each new version is announced
+//! to the lease's announcement streams instead (the row as read after the commit).
 //!
 //! Why a file of our own rather than the database's `-wal`: a commit appends to the log and
 //! *then* (after its sync) publishes itself in the shared-memory index, which produces no file
 //! event. A reader woken by the log's last write can run before that and see nothing new, and
-//! no further event would come. The signal is written after the commit is visible. It also
-//! means that renewals, the most frequent commits, cost the watchers nothing.
+//! no further event would come. The signal is written after the commit is visible.
 //!
 //! A candidate is not woken by its own change (a leader that released learns nothing from it),
 //! as on Postgres. Writes by anything other than leasehold-sqlite (the `sqlite3` shell, an older
-//! release) send no signal: followers see them at their next poll, which they keep making, since
-//! SQLite has no clock and expiry is observed by polling ([`Notifications::Release`]).
+//! release) send no signal: followers see them at their next poll; while the announcements run,
+//! an idle follower's next request is its takeover attempt a TTL after the last version it saw
+//! ([`Notifications::Release`]).
 //!
 //! The notifier never retries on its own: when the watcher cannot be created, subscribing answers
 //! `None` (the engine polls); when a read fails, every stream ends (the engine polls) and the
@@ -78,7 +79,7 @@ impl Signal {
         }
     }
 
-    /// Tells every watcher that a lease may have changed hands: rewrites the file's first byte.
+    /// Tells every watcher that a lease may have changed (hands or version): rewrites the file's first byte.
     /// A failure only costs the watchers their wake-up (they poll), so it is logged, not returned.
     pub(crate) fn send(&self) {
         let sent = OpenOptions::new()

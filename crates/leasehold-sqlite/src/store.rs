@@ -35,9 +35,10 @@ use crate::writer::{Op, Outcome, Writer};
 /// down, writes fail as [`Error::Unreachable`]).
 ///
 /// Followers are woken when a lease changes hands, in every process on the file: each commit
-/// that grants, releases, hands over or breaks a lease rewrites `<file>-changes`, which the
-/// followers' stores watch ([`Notifications::Release`]; renewals wake nobody). They still poll
-/// for expiry.
+/// that grants, renews, releases, hands over or breaks a lease rewrites `<file>-changes`, which
+/// the followers' stores watch ([`Notifications::Release`]). Renewals wake nobody; they are
+/// announced ([`announcements`](LeaseStore::announcements)), so idle followers make no requests
+/// while the holder renews.
 ///
 /// The file uses write-ahead logging, a busy timeout and a small connection pool; the tables are
 /// `leasehold_leases`, `leasehold_terms` (history) and `leasehold_meta` (schema version), created
