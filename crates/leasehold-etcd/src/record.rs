@@ -9,7 +9,7 @@
 //! - `P/L/e/{term:020}`: written when the term ends. Value: `leasehold1 e {unix_ms} {reason}`.
 //! - `P/L/granted`: rewritten by every grant, in the grant's transaction. Value:
 //!   `leasehold1 g {term} {ttl_ms} {holder}`: who holds the lease now, as `inspect` shows it right
-//!   after the grant, for the announcements ([`crate::announce`]). No other operation reads it
+//!   after the grant, for the announcements (`announce.rs`). No other operation reads it
 //!   (versions before it neither write nor read it, and ignore it when listing).
 //! - `P/L/reserved`: only while a handed-over lease waits for its successor, bound to an etcd
 //!   lease of its own (granted with the handed-over grant's TTL, never kept alive: etcd deletes
