@@ -220,10 +220,13 @@ pub(crate) async fn measure_backend(backend: &Backend, plan: &Plan) -> BackendRe
         av.caps.expiry,
         leasehold::Expiry::ServerClock | leasehold::Expiry::ServerSession
     );
-    report.notifications = match av.caps.notifications {
-        leasehold::Notifications::None => "none (polling)",
-        leasehold::Notifications::Release => "releases (polls for expiry)",
-        leasehold::Notifications::ReleaseAndExpiry => "releases and expiry",
+    report.notifications = match (av.caps.notifications, av.caps.announces) {
+        (leasehold::Notifications::None, _) => "none (polling)",
+        (leasehold::Notifications::ReleaseAndExpiry, _) => "releases and expiry",
+        (leasehold::Notifications::Release, leasehold::Announces::GrantsAndRenewals) => {
+            "releases; renewals announced (expiry timed without polls)"
+        }
+        (leasehold::Notifications::Release, _) => "releases (polls for expiry)",
         _ => "other",
     };
     report.scale_ttl = av.scale_ttl;

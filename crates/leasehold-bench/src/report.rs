@@ -16,10 +16,6 @@ const HEADING: &str = "## Backends side by side";
 const SVG: &str = "benchmarks-latency.svg";
 
 /// Backends whose store notifies waiting candidates (the "backends with notification").
-fn notification_backend(name: &str) -> bool {
-    matches!(name, "etcd" | "zookeeper" | "postgres" | "redis")
-}
-
 fn verdict(smoke: bool, met: bool) -> &'static str {
     match (smoke, met) {
         (true, _) => "n/a (smoke)",
@@ -155,7 +151,7 @@ pub(crate) fn render(
     );
     let _ = writeln!(w, "|---|---|---|---|---|---|---|");
     for r in reports {
-        let target = if notification_backend(r.name) {
+        let target = if r.notifies {
             Duration::from_millis(5)
         } else {
             r.retry_every.mul_f64(1.2) + Duration::from_millis(5)
@@ -292,7 +288,7 @@ pub(crate) fn render(
                 let secs = i.window.as_secs_f64();
                 let per_follower = i.follower_requests as f64 / i.followers.max(1) as f64 / secs;
                 let allowed = (secs / r.renew_every.as_secs_f64()).floor() as u64 + 1;
-                let fv = if notification_backend(r.name) {
+                let fv = if r.notifies {
                     verdict(smoke, i.follower_requests == 0)
                 } else {
                     "n/a (polling)"
