@@ -338,7 +338,8 @@ impl Driver {
         let observation: Option<&Observation> = match input {
             Input::Reply(_, Reply::Acquire(Ok(Acquired::Held(o))))
             | Input::Reply(_, Reply::Inspect(Ok(o)))
-            | Input::Reply(_, Reply::Renew(Ok(Renewed::Lost(o)))) => Some(o),
+            | Input::Reply(_, Reply::Renew(Ok(Renewed::Lost(o))))
+            | Input::Announced(o) => Some(o),
             Input::Notified => {
                 let p = &mut self.previous;
                 if let Some((.., alive_at, store_deadline)) = &p.seen
