@@ -1655,15 +1655,28 @@ fn hand_over_steps_down_and_hands_the_lease_over_once_the_work_stopped() {
 fn announced_renewals_are_sightings_and_replace_polls() {
     let mut h = Harness::new(timing(), Expiry::ObservedByContenders, Notifications::Release);
     let op = sent_op(&h.step(0, Input::RenewalsAnnounced(true)));
-    let _ = h.reply(0, op, Reply::Acquire(Ok(Acquired::Held(held(holder(other(), 2, "v1", None))))));
+    let _ = h.reply(
+        0,
+        op,
+        Reply::Acquire(Ok(Acquired::Held(held(holder(other(), 2, "v1", None))))),
+    );
     // No polls for new versions: the next attempt is when v1 is a TTL old.
     assert_eq!(h.wake(), Some(10_000));
     // Each announced renewal is a sighting, as a read at that moment would be.
-    assert_eq!(h.step(3_000, Input::Announced(held(holder(other(), 2, "v2", None)))), vec![]);
+    assert_eq!(
+        h.step(3_000, Input::Announced(held(holder(other(), 2, "v2", None)))),
+        vec![]
+    );
     assert_eq!(h.wake(), Some(13_000));
     // The same version again changes nothing; an older term is not a sighting.
-    assert_eq!(h.step(4_000, Input::Announced(held(holder(other(), 2, "v2", None)))), vec![]);
-    assert_eq!(h.step(4_500, Input::Announced(held(holder(other(), 1, "v0", None)))), vec![]);
+    assert_eq!(
+        h.step(4_000, Input::Announced(held(holder(other(), 2, "v2", None)))),
+        vec![]
+    );
+    assert_eq!(
+        h.step(4_500, Input::Announced(held(holder(other(), 1, "v0", None)))),
+        vec![]
+    );
     assert_eq!(h.wake(), Some(13_000));
     assert_eq!(h.tick(12_999), vec![]);
     let out = h.tick(13_000);
@@ -1674,7 +1687,11 @@ fn announced_renewals_are_sightings_and_replace_polls() {
 fn a_follower_polls_again_when_announcements_stop() {
     let mut h = Harness::new(timing(), Expiry::ObservedByContenders, Notifications::Release);
     let op = sent_op(&h.step(0, Input::RenewalsAnnounced(true)));
-    let _ = h.reply(0, op, Reply::Acquire(Ok(Acquired::Held(held(holder(other(), 2, "v1", None))))));
+    let _ = h.reply(
+        0,
+        op,
+        Reply::Acquire(Ok(Acquired::Held(held(holder(other(), 2, "v1", None))))),
+    );
     assert_eq!(h.wake(), Some(10_000));
     assert_eq!(h.step(1_000, Input::RenewalsAnnounced(false)), vec![]);
     assert_eq!(h.wake(), Some(3_000));
@@ -1702,7 +1719,11 @@ fn an_announcement_during_a_request_is_not_a_sighting() {
 fn a_session_store_follower_with_announced_renewals_waits_a_ttl_not_a_poll() {
     let mut h = Harness::new(timing(), Expiry::ServerSession, Notifications::Release);
     let op = sent_op(&h.step(0, Input::RenewalsAnnounced(true)));
-    let _ = h.reply(0, op, Reply::Acquire(Ok(Acquired::Held(held(holder(other(), 2, "v1", None))))));
+    let _ = h.reply(
+        0,
+        op,
+        Reply::Acquire(Ok(Acquired::Held(held(holder(other(), 2, "v1", None))))),
+    );
     assert_eq!(h.wake(), Some(10_000));
     let _ = h.step(3_000, Input::Announced(held(holder(other(), 2, "v2", None))));
     assert_eq!(h.wake(), Some(13_000));
