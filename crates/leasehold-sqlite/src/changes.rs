@@ -155,12 +155,13 @@ impl Watched {
         !self.waiters.is_empty() || self.announced.receiver_count() > 0
     }
 
-    /// Takes the row as read now: wakes the waiters if it changed hands, announces it if it
-    /// names a holder with a record version not announced (or read) before.
-    fn update(&mut self, now: Option<ReadRow>) {
+    /// Takes the row as read now: wakes a waiter if it changed hands, announces it if it names
+    /// a holder with a record version not announced (or read) before. `queue`: the lease's
+    /// waiters in every process, first first, when it was read (the lease became free).
+    fn update(&mut self, now: Option<ReadRow>, queue: Option<&[(String, i64)]>) {
         let (hands, seen) = now.map_or((None, None), |row| (Some(row.hands), row.seen));
         if hands != self.hands {
-            self.wake(self.hands.as_ref(), hands.as_ref());
+            self.wake(self.hands.as_ref(), hands.as_ref(), queue);
             self.hands = hands;
         }
         if seen != self.seen {
@@ -178,18 +179,41 @@ impl Watched {
 }
 
 impl Watched {
-    /// Wakes the waiters of a lease whose row went from `before` to `now`, except a candidate
-    /// that made the change itself: the new holder, or the holder that let the lease go.
-    fn wake(&self, before: Option<&Hands>, now: Option<&Hands>) {
-        let holds = |hands: Option<&Hands>, candidate: &str| {
-            hands.is_some_and(|h| !h.reserved && h.holder.as_deref() == Some(candidate))
-        };
-        let let_go = now.is_none_or(|h| h.reserved || h.holder.is_none());
-        for (candidate, tx) in &self.waiters {
-            let took_it = holds(now, candidate);
-            let gave_it_up = let_go && holds(before, candidate);
-            if !took_it && !gave_it_up {
+    /// Wakes whom a change of the row from `before` to `now` concerns, never the candidate that
+    /// made it: for a reservation, the successor it names; for a lease that became free
+    /// (released, broken, a row leasehold cannot read), the first live waiter of `queue` (every
+    /// process's waiters, longest first) other than the holder that let it go, if it waits
+    /// here, or every waiter here when the queue could not be read. A grant wakes nobody:
+    /// followers learn of it from the announcements.
+    fn wake(&self, before: Option<&Hands>, now: Option<&Hands>, queue: Option<&[(String, i64)]>) {
+        let ring = |candidate: &str| {
+            if let Some(tx) = self.waiters.get(candidate) {
                 tx.send_modify(|n| *n += 1);
+            }
+        };
+        match now {
+            Some(h) if h.reserved => {
+                if let Some(successor) = h.holder.as_deref() {
+                    ring(successor);
+                }
+            }
+            Some(h) if h.holder.is_some() => {}
+            _ => {
+                let let_go = before.filter(|h| !h.reserved).and_then(|h| h.holder.as_deref());
+                let others = |candidate: &&str| Some(*candidate) != let_go;
+                match queue {
+                    Some(queue) => {
+                        let first = queue
+                            .iter()
+                            .find(|(candidate, pid)| others(&candidate.as_str()) && alive(*pid));
+                        if let Some((candidate, pid)) = first
+                            && *pid == own_pid()
+                        {
+                            ring(candidate);
+                        }
+                    }
+                    None => self.waiters.keys().map(String::as_str).filter(others).for_each(ring),
+                }
             }
         }
     }
@@ -206,12 +230,21 @@ struct Shared {
 }
 
 impl Shared {
-    /// Forgets the waiters whose streams were dropped, and the leases nobody waits for.
-    fn prune(&mut self) {
-        self.leases.retain(|_, watched| {
-            watched.waiters.retain(|_, tx| tx.receiver_count() > 0);
+    /// Forgets the waiters whose streams were dropped, and the leases nobody waits for; answers
+    /// the waiters forgotten, `(lease, candidate)`.
+    fn prune(&mut self) -> Vec<(String, String)> {
+        let mut gone = Vec::new();
+        self.leases.retain(|name, watched| {
+            watched.waiters.retain(|candidate, tx| {
+                let live = tx.receiver_count() > 0;
+                if !live {
+                    gone.push((name.clone(), candidate.clone()));
+                }
+                live
+            });
             watched.wanted()
         });
+        gone
     }
 }
 
@@ -266,7 +299,7 @@ impl Notifier {
         candidate: &CandidateId,
     ) -> Result<Option<Changes>, sqlx::Error> {
         let rx = self
-            .with_watched(lease, |watched| {
+            .with_watched(lease, Some(candidate), |watched| {
                 watched
                     .waiters
                     .entry(candidate.as_str().to_string())
@@ -288,7 +321,7 @@ impl Notifier {
     /// As [`Notifier::changes`].
     pub(crate) async fn announcements(&self, lease: &LeaseName) -> Result<Option<Announcements>, sqlx::Error> {
         let rx = self
-            .with_watched(lease, |watched| watched.announced.subscribe())
+            .with_watched(lease, None, |watched| watched.announced.subscribe())
             .await?;
         Ok(rx.map(|mut rx| {
             rx.mark_unchanged();
@@ -307,10 +340,12 @@ impl Notifier {
 
     /// Runs `f` on the watched entry of `lease`, starting the watcher and reading the row first
     /// if needed (the watch is in place before the read: a change made afterwards is seen).
-    /// `None` when the file system cannot be watched.
+    /// `None` when the file system cannot be watched. A `waiter` not yet waiting here joins the
+    /// lease's queue of waiters (`leasehold_waiters`) first.
     async fn with_watched<R>(
         &self,
         lease: &LeaseName,
+        waiter: Option<&CandidateId>,
         f: impl FnOnce(&mut Watched) -> R,
     ) -> Result<Option<R>, sqlx::Error> {
         let mut guard = self.shared.lock().await;
@@ -328,8 +363,9 @@ impl Notifier {
                 }
             }
         }
-        shared.prune();
+        let gone = shared.prune();
         let conn = &mut shared.running.as_mut().expect("started above").conn;
+        forget(conn, &gone).await;
         let watched = match shared.leases.entry(lease.as_str().to_string()) {
             std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
             std::collections::hash_map::Entry::Vacant(entry) => {
@@ -337,6 +373,11 @@ impl Notifier {
                 entry.insert(Watched::new(rows.remove(lease.as_str())))
             }
         };
+        if let Some(waiter) = waiter
+            && !watched.waiters.contains_key(waiter.as_str())
+        {
+            join(conn, lease.as_str(), waiter.as_str()).await?;
+        }
         Ok(Some(f(watched)))
     }
 
@@ -344,8 +385,14 @@ impl Notifier {
     pub(crate) async fn close(&self) {
         let mut shared = self.shared.lock().await;
         shared.closed = true;
+        let gone: Vec<(String, String)> = shared
+            .leases
+            .iter()
+            .flat_map(|(name, watched)| watched.waiters.keys().map(|c| (name.clone(), c.clone())))
+            .collect();
         shared.leases.clear();
-        if let Some(running) = shared.running.take() {
+        if let Some(mut running) = shared.running.take() {
+            forget(&mut running.conn, &gone).await;
             let _ = running.conn.close().await;
         }
     }
@@ -444,17 +491,45 @@ async fn follow(
         if shared.running.as_ref().is_none_or(|r| r.generation != generation) {
             return;
         }
-        shared.prune();
+        let gone = shared.prune();
+        let running = shared.running.as_mut().expect("checked above");
+        forget(&mut running.conn, &gone).await;
         if shared.leases.is_empty() {
             shared.running = None;
             return;
         }
-        let running = shared.running.as_mut().expect("checked above");
         let names: Vec<&str> = shared.leases.keys().map(String::as_str).collect();
         match read(&mut running.conn, &names).await {
             Ok(mut rows) => {
+                // The leases that became free and have waiters here: whom to wake is the first
+                // live waiter of every process.
+                let freed: Vec<&str> = shared
+                    .leases
+                    .iter()
+                    .filter(|(name, watched)| {
+                        let now = rows.get(name.as_str()).map(|row| &row.hands);
+                        !watched.waiters.is_empty()
+                            && now != watched.hands.as_ref()
+                            && now.is_none_or(|h| h.holder.is_none())
+                    })
+                    .map(|(name, _)| name.as_str())
+                    .collect();
+                let queues = if freed.is_empty() {
+                    Some(HashMap::new())
+                } else {
+                    match queues(&mut running.conn, &freed).await {
+                        Ok(queues) => Some(queues),
+                        Err(e) => {
+                            debug!(error = %e, "reading the waiters failed; waking every waiter of a freed lease");
+                            None
+                        }
+                    }
+                };
                 for (name, watched) in &mut shared.leases {
-                    watched.update(rows.remove(name.as_str()));
+                    let queue = queues
+                        .as_ref()
+                        .map(|queues| queues.get(name).map_or(&[][..], Vec::as_slice));
+                    watched.update(rows.remove(name.as_str()), queue);
                 }
             }
             Err(e) => {
@@ -466,6 +541,79 @@ async fn follow(
             }
         }
     }
+}
+
+/// This process's id, as `leasehold_waiters.pid` records it.
+fn own_pid() -> i64 {
+    i64::from(std::process::id())
+}
+
+/// Whether process `pid` of this machine runs (where `/proc` tells; elsewhere assumed). A
+/// waiter wrongly taken for live costs a TTL (the followers' own timers), never safety.
+fn alive(pid: i64) -> bool {
+    if pid == own_pid() {
+        return true;
+    }
+    let proc = Path::new("/proc");
+    !proc.join("self").exists() || proc.join(pid.to_string()).exists()
+}
+
+/// Puts `candidate` in the queue of `lease`'s waiters (keeping its place if it is there).
+async fn join(conn: &mut SqliteConnection, lease: &str, candidate: &str) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO leasehold_waiters (name, candidate, pid, since)
+         VALUES (?1, ?2, ?3, (SELECT COALESCE(MAX(since), 0) + 1 FROM leasehold_waiters))
+         ON CONFLICT (name, candidate) DO UPDATE SET pid = excluded.pid",
+    )
+    .bind(lease)
+    .bind(candidate)
+    .bind(own_pid())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Takes this process's `gone` waiters out of their queues; a failure leaves a row that the
+/// next release may pick (its wake-up then falls to the followers' timers).
+async fn forget(conn: &mut SqliteConnection, gone: &[(String, String)]) {
+    for (lease, candidate) in gone {
+        let deleted = sqlx::query("DELETE FROM leasehold_waiters WHERE name = ?1 AND candidate = ?2 AND pid = ?3")
+            .bind(lease)
+            .bind(candidate)
+            .bind(own_pid())
+            .execute(&mut *conn)
+            .await;
+        if let Err(e) = deleted {
+            debug!(error = %e, "cannot leave the queue of waiters");
+        }
+    }
+}
+
+/// The waiters of each of `names`, `(candidate, pid)`, longest waiting first, in one statement.
+async fn queues(
+    conn: &mut SqliteConnection,
+    names: &[&str],
+) -> Result<HashMap<String, Vec<(String, i64)>>, sqlx::Error> {
+    let list = format!(
+        "[{}]",
+        names.iter().map(|n| format!("\"{n}\"")).collect::<Vec<_>>().join(",")
+    );
+    let rows = sqlx::query(
+        "SELECT w.name, w.candidate, w.pid
+         FROM json_each(?1) AS wanted JOIN leasehold_waiters AS w ON w.name = wanted.value
+         ORDER BY w.since",
+    )
+    .bind(list)
+    .fetch_all(conn)
+    .await?;
+    let mut queues: HashMap<String, Vec<(String, i64)>> = HashMap::new();
+    for row in &rows {
+        queues
+            .entry(row.try_get(0)?)
+            .or_default()
+            .push((row.try_get(1)?, row.try_get(2)?));
+    }
+    Ok(queues)
 }
 
 /// The rows of `names` that exist, in one statement.

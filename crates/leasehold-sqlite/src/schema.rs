@@ -69,6 +69,25 @@ const TABLES: &[Table] = &[
             ("end_reason", "TEXT", false, 0),
         ],
     },
+    // The followers waiting for each lease, in the order they started waiting (`since`), with
+    // the process they run in: a release wakes only the first live one. No safety decision
+    // reads it; added without a schema version change (older builds ignore it).
+    Table {
+        name: "leasehold_waiters",
+        create: "CREATE TABLE leasehold_waiters (
+            name      TEXT    NOT NULL,
+            candidate TEXT    NOT NULL,
+            pid       INTEGER NOT NULL,
+            since     INTEGER NOT NULL,
+            PRIMARY KEY (name, candidate)
+        ) WITHOUT ROWID",
+        columns: &[
+            ("name", "TEXT", true, 1),
+            ("candidate", "TEXT", true, 2),
+            ("pid", "INTEGER", true, 0),
+            ("since", "INTEGER", true, 0),
+        ],
+    },
 ];
 
 /// Switches the file to write-ahead logging, then creates the missing tables and checks the

@@ -87,8 +87,9 @@ async fn declares_release_notifications() {
     assert_eq!(store.capabilities().notifications, Notifications::Release);
 }
 
-/// A release, a grant, a hand-over and a break made through one store wake a follower
-/// subscribed through another store on the same file; renewals wake nobody.
+/// A release, a hand-over to the follower and a break made through one store wake a follower
+/// subscribed through another store on the same file; renewals and grants wake nobody (they are
+/// announced).
 #[tokio::test]
 async fn changes_of_hands_by_another_store_wake_the_follower() {
     let dir = tempfile::tempdir().unwrap();
@@ -110,7 +111,7 @@ async fn changes_of_hands_by_another_store_wake_the_follower() {
     woken(&mut changes, "release").await;
 
     let c = grant(&leader, "c").await;
-    woken(&mut changes, "a grant to another candidate").await;
+    not_woken(&mut changes, "a grant to another candidate (announced, wakes nobody)").await;
 
     leader.hand_over(&c, &id("b")).await.unwrap();
     woken(&mut changes, "hand-over to the follower").await;
@@ -177,8 +178,8 @@ async fn grants_and_renewals_are_announced_to_another_store() {
     }
 }
 
-/// A candidate is not woken by its own grant or release, but is woken when another takes the
-/// lease; a change to another lease wakes nobody.
+/// A candidate is not woken by its own grant or release, nor when another takes the lease (it is
+/// announced); a change to another lease wakes nobody.
 #[tokio::test]
 async fn own_changes_and_other_leases_do_not_wake() {
     let dir = tempfile::tempdir().unwrap();
@@ -201,7 +202,39 @@ async fn own_changes_and_other_leases_do_not_wake() {
     not_woken(&mut changes, "another lease's grant").await;
 
     grant(&theirs, "b").await;
-    woken(&mut changes, "another candidate's grant").await;
+    not_woken(&mut changes, "another candidate's grant (announced)").await;
+}
+
+/// A release wakes one follower: the one waiting longest, whatever store or process it is in
+/// (`leasehold_waiters`); a follower that left the queue is skipped.
+#[tokio::test]
+async fn a_release_wakes_only_the_longest_waiting_follower() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("leases.db");
+    let leader = open(&path).await;
+    let stores = [open(&path).await, open(&path).await, open(&path).await];
+    let a = grant(&leader, "a").await;
+    let mut b = subscribe(&stores[1], "b").await;
+    let mut c = subscribe(&stores[0], "c").await;
+    let mut d = subscribe(&stores[2], "d").await;
+
+    leader.release(&a).await.unwrap();
+    woken(&mut b, "the longest waiter, on a release").await;
+    not_woken(&mut c, "the second waiter").await;
+    not_woken(&mut d, "the third waiter").await;
+
+    // b takes the lease and leaves the queue; its release wakes c alone.
+    let b_grant = grant(&stores[1], "b").await;
+    drop(b);
+    // Any signal lets b's store see the dropped stream and take b out of the queue.
+    let b_grant = match stores[1].renew(&b_grant).await.unwrap() {
+        Renewed::Renewed(grant) => grant,
+        Renewed::Lost(o) => panic!("renewal lost: {o:?}"),
+    };
+    tokio::time::sleep(QUIET).await;
+    stores[1].release(&b_grant).await.unwrap();
+    woken(&mut c, "the next waiter, on the next release").await;
+    not_woken(&mut d, "the last waiter").await;
 }
 
 /// Dropping a stream ends its subscription; the store's other subscribers keep theirs.

@@ -55,7 +55,12 @@ async fn creates_the_file_and_tables_in_wal_mode() {
     assert!(path.exists());
     assert_eq!(
         tables(&path).await,
-        ["leasehold_leases", "leasehold_meta", "leasehold_terms"]
+        [
+            "leasehold_leases",
+            "leasehold_meta",
+            "leasehold_terms",
+            "leasehold_waiters"
+        ]
     );
     let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
         .fetch_one(&mut raw(&path).await)
@@ -261,6 +266,11 @@ async fn many_stores_open_a_new_file_at_once() {
     }
     assert_eq!(
         tables(&path).await,
-        ["leasehold_leases", "leasehold_meta", "leasehold_terms"]
+        [
+            "leasehold_leases",
+            "leasehold_meta",
+            "leasehold_terms",
+            "leasehold_waiters"
+        ]
     );
 }

@@ -27,6 +27,7 @@ async fn stores_on_one_file_share_one_watcher() {
     let before = inotify_instances();
     let mut stores = Vec::new();
     let mut streams = Vec::new();
+    let mut announced = Vec::new();
     for i in 0..20 {
         let store = Arc::new(SqliteStore::open(&path).await.unwrap());
         let changes = store
@@ -34,12 +35,19 @@ async fn stores_on_one_file_share_one_watcher() {
             .await
             .unwrap()
             .expect("the store watches its file");
+        announced.push(
+            store
+                .announcements(&"jobs".parse().unwrap())
+                .await
+                .unwrap()
+                .expect("the store watches its file"),
+        );
         stores.push(store);
         streams.push(changes);
     }
     assert_eq!(inotify_instances(), before + 1, "20 stores on one file, one watcher");
 
-    // Each store's followers are still woken.
+    // Each store's followers still learn of the grant (announced; a grant wakes nobody).
     let request = AcquireRequest {
         lease: "jobs".parse().unwrap(),
         candidate: "leader".parse().unwrap(),
@@ -50,11 +58,12 @@ async fn stores_on_one_file_share_one_watcher() {
         stores[0].acquire(&request).await.unwrap(),
         Acquired::Granted(_)
     ));
-    for (i, changes) in streams.iter_mut().enumerate() {
-        tokio::time::timeout(std::time::Duration::from_secs(5), changes.next())
+    for (i, announced) in announced.iter_mut().enumerate() {
+        let seen = tokio::time::timeout(std::time::Duration::from_secs(5), announced.next())
             .await
-            .unwrap_or_else(|_| panic!("store {i}'s follower not woken"))
+            .unwrap_or_else(|_| panic!("store {i}'s follower not told"))
             .expect("the stream lives");
+        assert_eq!(seen.holder.expect("a holder").id.as_str(), "leader");
     }
 
     // Another file gets a watcher of its own; once nobody watches, the watchers go.
@@ -65,7 +74,7 @@ async fn stores_on_one_file_share_one_watcher() {
         .unwrap()
         .expect("watched");
     assert_eq!(inotify_instances(), before + 2);
-    drop((streams, stores, other_changes, other));
+    drop((streams, announced, stores, other_changes, other));
     let gone = async {
         while inotify_instances() > before {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
