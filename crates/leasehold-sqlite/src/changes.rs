@@ -8,9 +8,11 @@
 //! Linux, through `notify`) by one [`FileWatch`] per file and process, shared by every store on
 //! it. A store's [`Notifier`], while somebody waits or follows, has a connection and a task of
 //! its own: on an event it reads, in one statement, the rows of the leases its candidates wait
-//! for or follow, and wakes the waiters of each lease whose holder, term or end changed. A
-//! renewal changes only the record version, which wakes nobody: each new version is announced
-//! to the lease's announcement streams instead (the row as read after the commit).
+//! for or follow, and wakes whom a change of hands concerns: for a lease that became free, the
+//! first live follower in its queue (`leasehold_waiters`, shared by every process, so every
+//! store agrees on the one to wake); for a reservation, the successor it names. A grant or a
+//! renewal wakes nobody: each new record version is announced to the lease's announcement
+//! streams instead (the row as read after the commit).
 //!
 //! Why a file of our own rather than the database's `-wal`: a commit appends to the log and
 //! *then* (after its sync) publishes itself in the shared-memory index, which produces no file

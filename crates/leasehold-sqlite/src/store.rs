@@ -36,9 +36,10 @@ use crate::writer::{Op, Outcome, Writer};
 ///
 /// Followers are woken when a lease changes hands, in every process on the file: each commit
 /// that grants, renews, releases, hands over or breaks a lease rewrites `<file>-changes`, which
-/// the followers' stores watch ([`Notifications::Release`]). Renewals wake nobody; they are
-/// announced ([`announcements`](LeaseStore::announcements)), so idle followers make no requests
-/// while the holder renews.
+/// the followers' stores watch ([`Notifications::Release`]). A release wakes one follower, the
+/// longest-waiting live one in any process. Grants and renewals wake nobody; they are announced
+/// ([`announcements`](LeaseStore::announcements)), so idle followers make no requests while the
+/// holder renews.
 ///
 /// The file uses write-ahead logging, a busy timeout and a small connection pool; the tables are
 /// `leasehold_leases`, `leasehold_terms` (history) and `leasehold_meta` (schema version), created
@@ -283,9 +284,12 @@ impl LeaseStore for SqliteStore {
         Ok(transitions)
     }
 
-    /// A stream that yields when the lease changes hands (granted, released, handed over, broken,
-    /// taken over) by a write of any process or store on this file, except a change `candidate`
-    /// made itself. Renewals do not wake it. All subscriptions of a store share one file watcher
+    /// A stream that yields when the lease changes hands in a way that concerns `candidate`, by
+    /// a write of any process or store on this file: when the lease becomes free (released,
+    /// broken) and `candidate` is the longest-waiting live follower (one follower per release,
+    /// across processes), or when it is handed over to `candidate`. Grants and renewals do not
+    /// wake it (they are [announced](LeaseStore::announcements)), nor changes `candidate` made
+    /// itself. All subscriptions of a store share one file watcher
     /// (inotify on Linux) and one connection; see [`docs`](crate::docs#change-notifications).
     ///
     /// `Ok(None)` (the engine polls) when the directory cannot be watched: no inotify watch left,
