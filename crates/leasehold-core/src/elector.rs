@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::StreamExt;
-use tokio::sync::{broadcast, mpsc, oneshot, watch};
+use tokio::sync::{broadcast, oneshot, watch};
 use tokio::task::{AbortHandle, JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -21,9 +21,8 @@ mod driver;
 mod leader;
 
 pub use builder::ElectorBuilder;
-use driver::Driver;
 pub use leader::Leader;
-use leader::{Command, Shared, Status};
+use leader::{Alive, Command, Mailbox, Shared, Status};
 
 use crate::types::{
     Acquired, Announces, CandidateId, Capabilities, EndReason, LeaseName, Notifications, Observation, Renewed, Term,
@@ -282,10 +281,7 @@ impl Elector {
         tokio::spawn(
             async move {
                 let _running = inner.one_driver.clone().lock_owned().await;
-                match Driver::new(inner) {
-                    Ok(driver) => driver.run(elected_tx).await,
-                    Err(e) => warn!(error = %e, "the election cannot run"),
-                }
+                driver::campaign(inner, elected_tx).await;
             }
             .instrument(span),
         );

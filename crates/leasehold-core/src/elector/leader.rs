@@ -9,7 +9,18 @@ use super::*;
 #[derive(Clone, Debug)]
 pub struct Leader {
     pub(super) shared: Arc<Shared>,
-    pub(super) _alive: mpsc::Sender<()>,
+    pub(super) _alive: Arc<Alive>,
+}
+
+/// Held by every clone of one [`Leader`]: when the last clone goes, the work has stopped, and
+/// the driver hears of it through the mailbox (after whatever the handles asked before).
+#[derive(Debug)]
+pub(super) struct Alive(pub(super) Arc<Shared>);
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        let _ = self.0.commands.send(Command::WorkStopped);
+    }
 }
 
 #[derive(Debug)]
@@ -22,7 +33,7 @@ pub(super) struct Shared {
     pub(super) token: CancellationToken,
     /// Nanoseconds after `elected_at` of the last heartbeat.
     pub(super) heartbeat: AtomicU64,
-    pub(super) commands: mpsc::UnboundedSender<Command>,
+    pub(super) commands: Mailbox,
     pub(super) abort: Mutex<Option<AbortHandle>>,
     /// The work is cancelled at `valid_until - step_down_margin` at the latest.
     pub(super) step_down_margin: Duration,
@@ -48,6 +59,73 @@ pub(super) enum Command {
     Shutdown,
     /// The leader's handle ended the leadership (see [`Input::StepDown`]).
     StepDown(DeposedReason),
+    /// Every clone of the leader's handle is gone: the work has stopped.
+    WorkStopped,
+}
+
+/// The driver's mailbox: what the leader's handles, the hand-over watcher and `run` ask of it,
+/// in the order asked. Lighter than a channel (tokio's allocates a block of 32 messages up
+/// front, thousands of leases in one process pay for it): a queue that is empty nearly always
+/// and a [`Notify`](tokio::sync::Notify).
+#[derive(Debug, Default)]
+pub(super) struct Mailbox {
+    queue: Mutex<Queue>,
+    ready: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    commands: std::collections::VecDeque<Command>,
+    /// The driver is gone: nothing is queued any more.
+    closed: bool,
+}
+
+impl Mailbox {
+    /// Queues `command` for the driver; gives it back once the driver is gone.
+    pub(super) fn send(&self, command: Command) -> std::result::Result<(), Command> {
+        {
+            let mut queue = self.queue.lock().expect("mailbox lock");
+            if queue.closed {
+                return Err(command);
+            }
+            queue.commands.push_back(command);
+        }
+        self.ready.notify_one();
+        Ok(())
+    }
+
+    /// The next command. Cancel safe: a command stays queued until it is returned.
+    pub(super) async fn recv(&self) -> Command {
+        loop {
+            if let Some(command) = self.pop() {
+                return command;
+            }
+            // `notify_one` stores a permit when nobody waits: a command queued after the look
+            // above still wakes this wait.
+            self.ready.notified().await;
+        }
+    }
+
+    fn pop(&self) -> Option<Command> {
+        let mut queue = self.queue.lock().expect("mailbox lock");
+        let command = queue.commands.pop_front();
+        if queue.commands.is_empty() && queue.commands.capacity() > 0 {
+            // Commands are rare: an idle leader keeps no buffer.
+            queue.commands = std::collections::VecDeque::new();
+        }
+        command
+    }
+
+    /// The driver is gone: later sends fail, and what was queued is dropped (an acknowledgement
+    /// waited for ends the wait).
+    pub(super) fn close(&self) {
+        let dropped = {
+            let mut queue = self.queue.lock().expect("mailbox lock");
+            queue.closed = true;
+            std::mem::take(&mut queue.commands)
+        };
+        drop(dropped);
+    }
 }
 
 impl Shared {
