@@ -6,8 +6,9 @@
 //!   (`LeaseKeepAlive`), then nothing: from the keepalive's send to the watch's delete event
 //!   (another client).
 //! - ZooKeeper: a session of 2 s timeout (through a loopback TCP relay of this process) with an
-//!   ephemeral node; once the client sent one more packet (its ping) the relay stops forwarding and
-//!   closes both sides: from that packet's forwarding to the deletion watch (another client).
+//!   ephemeral node; once the client sent one more packet (a read, after the random pause) the
+//!   relay stops forwarding and closes both sides: from that packet's forwarding to the deletion
+//!   watch (another client).
 //! - Redis: `PEXPIRE key 2000`: from its send to the `expired` keyspace event (another client).
 
 use std::sync::{Arc, Mutex};
@@ -270,9 +271,15 @@ async fn zookeeper(url: &str, run: u64, reps: usize) -> Outcome<Floor> {
             return Err("the ephemeral node vanished before the measure".into());
         }
         jitter().await;
-        // The client's next packet is its ping (it sends one when idle for a third of the
-        // session timeout): forward it, then nothing more.
-        let sent = relay.cut_after_next_packet(granted).await?;
+        // The client's last packet is a read sent now, after the random pause (not its next
+        // ping: pings keep the phase of the session's start, and the session starts right after
+        // the previous sample's expiry, which is on one of the server's ticks): forward it, then
+        // nothing more. Its reply is lost with the connection.
+        let probe = async {
+            let _ = tokio::time::timeout(granted, owner.check_stat(&path)).await;
+        };
+        let (sent, ()) = tokio::join!(relay.cut_after_next_packet(granted), probe);
+        let sent = sent?;
         let event = within(granted * 5, "deletion watch", deleted.changed()).await?;
         let at = Instant::now();
         if event.event_type != zk::EventType::NodeDeleted {
@@ -283,7 +290,7 @@ async fn zookeeper(url: &str, run: u64, reps: usize) -> Outcome<Floor> {
         drop(relay);
     }
     Ok(Floor {
-        what: "ZooKeeper session, its last ping forwarded, then cut: ping sent -> deletion watch",
+        what: "ZooKeeper session, its last packet (a read at a random instant) forwarded, then cut: read sent -> deletion watch",
         ttl: granted,
         stats: Stats::of(&samples).ok_or("no samples")?,
     })
