@@ -651,6 +651,9 @@ async fn leader_process(
 
 async fn failover_process(av: &Available, url: &str, lease: &LeaseName) -> Outcome<Duration> {
     let ttl = av.ttl;
+    // A random pause first, so that samples do not keep one phase against the store's expiry
+    // timers (each sample would otherwise start right after the last one's expiry, on a tick).
+    tokio::time::sleep(Duration::from_millis(leasehold::random_u64() % 500)).await;
     let (mut child, mut lines) = leader_process(url, lease, ttl).await?;
     let (mut events, task) = follower(av, lease).await?;
     let (seen, age) = within(ttl * 2, "leader process renewed", next_line(&mut lines, "RENEWED "))

@@ -185,7 +185,8 @@ pub(crate) fn render(
         "From the instant the leader's last successful renew request was sent (its `valid_until` minus \
          TTL x (1 - drift)) to the successor's `Elected` event. The leader is a separate process killed \
          with SIGKILL (the in-memory store cannot be shared with another process: there the leader's store \
-         is blackholed in both directions). Target: every sample at most 1.1 x TTL + `retry_every`. \
+         is blackholed in both directions), after a random pause of up to 500 ms so that samples do not keep \
+         one phase against the store's expiry timers. Target: every sample at most 1.1 x TTL + `retry_every`. \
          \"Store expiry floor\" is the store's own expiry with no leasehold code (table below): p50 / max \
          as multiples of its TTL.\n"
     );
@@ -468,8 +469,8 @@ fn expiry_floor(w: &mut String, reports: &[BackendReport]) {
          server-side expiry. etcd: an etcd lease of TTL {} granted with etcd-client, a key put on it, one \
          keepalive, then none; from the keepalive's send to the delete event of a watch on another client. \
          ZooKeeper: a session of {} timeout (through a loopback relay in the benchmark) with an ephemeral \
-         node; the relay forwards the client's next packet (its ping), then cuts the connection; from that \
-         packet to the deletion watch of another client. Redis: `PEXPIRE key {}`, from its send to the \
+         node; after the random pause the client sends a read, which the relay forwards, then cuts the \
+         connection; from that read to the deletion watch of another client. Redis: `PEXPIRE key {}`, from its send to the \
          `expired` keyspace event on another client. 5 samples each (1 in smoke mode), each after a random \
          pause of up to 500 ms so that they do not keep one phase against the store's timers. Where the \
          floor's max is above 1.05 x TTL, no failover that waits for the store's expiry can meet 1.05 x TTL \
