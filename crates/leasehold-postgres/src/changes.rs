@@ -33,9 +33,10 @@
 //! running watcher on the lease does not wake its candidates for it (the head wakes by the
 //! lock). A handover names its successor ([`HANDOVER`]): only the successor is woken (a head
 //! whose store does not have it wakes nobody). Without a watcher (none could connect, or [`MAX_WATCHERS`] are running), every
-//! notification wakes every candidate, as before the queue. Followers also poll at
-//! `retry_every` (the store notifies [`Release`](leasehold_core::Notifications::Release)), so a
-//! lost wake-up costs time, never an election.
+//! notification wakes every candidate, as before the queue. Followers also attempt on their own
+//! timer (the store notifies [`Release`](leasehold_core::Notifications::Release): at
+//! `retry_every`, or a TTL after the last version announced), so a lost wake-up costs time,
+//! never an election.
 //!
 //! # Announcements
 //!
@@ -43,8 +44,11 @@
 //! in its statement (see [`GRANTED_CHANNEL`]). The same listener listens to that channel and
 //! passes each grant of a lease to that lease's announcement streams
 //! ([`Notifier::announcements`]) as what `inspect` would show right after it: followers that
-//! the queue does not wake learn of the new leader at once, without a read each. A grant wakes
-//! no change stream (it is on another channel, which older versions do not listen to).
+//! the queue does not wake learn of the new leader at once, without a read each. Every statement
+//! that renews sends its renewed records the same way on [`RENEWED_CHANNEL`] (as many per
+//! notification as fit, an empty line between two), passed on as each lease's latest version: an
+//! idle follower then sees every version without polling. Neither wakes a change stream (other
+//! channels, which older versions do not listen to).
 //!
 //! The listener never retries on its own: when its connection fails, every stream ends (the
 //! engine then polls) and the next [`Notifier::changes`] starts a new listener.
@@ -561,8 +565,8 @@ async fn listen(state: Weak<Mutex<State>>, options: PgConnectOptions, connect_ti
         let mut listener = PgListener::connect_with(&pool).await?;
         listener.ignore_pool_close_event(true);
         listener.eager_reconnect(false);
-        // A change made while this connects is missed; followers also poll, so it is seen at the
-        // next poll. (Waking everyone here instead would add a request per waiter at every
+        // A change made while this connects is missed; followers also attempt on their own
+        // timer, so it is seen at the next attempt. (Waking everyone here instead would add a request per waiter at every
         // reconnect, for nothing in the usual case.)
         listener.listen_all([CHANNEL, GRANTED_CHANNEL, RENEWED_CHANNEL]).await?;
         while let Some(notification) = listener.try_recv().await? {

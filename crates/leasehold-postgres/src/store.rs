@@ -416,8 +416,9 @@ impl LeaseStore for PostgresStore {
         Ok(Some(self.inner.notifier.changes(lease, candidate)))
     }
 
-    /// Every grant announces itself on the `leasehold_granted` channel in its own statement;
-    /// the store's listener passes those of `lease` on (see [`docs`](crate::docs)).
+    /// Every grant announces itself on the `leasehold_granted` channel in its own statement,
+    /// every renewal on `leasehold_renewed` in its statement; the store's listener passes those
+    /// of `lease` on (see [`docs`](crate::docs)).
     async fn announcements(&self, lease: &LeaseName) -> Result<Option<Announcements>> {
         Ok(Some(self.inner.notifier.announcements(lease)))
     }
