@@ -149,7 +149,7 @@ struct Inner {
     id: CandidateId,
     timing: Timing,
     caps: Capabilities,
-    leader: watch::Sender<Option<LeaderInfo>>,
+    leader: Mutex<LeaderSeen>,
     /// While this candidate leads: until when its leadership may be believed.
     leading: Mutex<Option<Instant>>,
     /// Made by the first [`Elector::events`] call; until then events go nowhere.
@@ -164,6 +164,14 @@ struct Inner {
     one_driver: Arc<tokio::sync::Mutex<()>>,
     /// The lease whose holder names a successor to hand over to, if the leader watches it.
     hand_over_requests: Option<LeaseName>,
+}
+
+/// The leader this candidate sees. Its watch channel is made by the first [`Elector::observe`]:
+/// a few hundred bytes that thousands of leases nobody observes in one process do not pay for.
+#[derive(Debug, Default)]
+struct LeaderSeen {
+    current: Option<LeaderInfo>,
+    watch: Option<watch::Sender<Option<LeaderInfo>>>,
 }
 
 /// Why [`Elector::run`] returned.
@@ -237,7 +245,11 @@ impl Elector {
 
     /// The leader as this candidate sees it, updated while it campaigns or leads.
     pub fn observe(&self) -> watch::Receiver<Option<LeaderInfo>> {
-        self.inner.leader.subscribe()
+        let mut seen = self.inner.leader.lock().expect("leader lock");
+        let LeaderSeen { current, watch } = &mut *seen;
+        watch
+            .get_or_insert_with(|| watch::channel(current.clone()).0)
+            .subscribe()
     }
 
     /// Whether this candidate leads now: elected, not deposed, and its believed leadership

@@ -150,7 +150,7 @@ impl ElectorBuilder {
                 id,
                 timing,
                 caps,
-                leader: watch::channel(None).0,
+                leader: Mutex::default(),
                 leading: Mutex::new(None),
                 events: std::sync::OnceLock::new(),
                 not_before: Mutex::new(None),

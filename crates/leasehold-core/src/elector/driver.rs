@@ -620,7 +620,13 @@ impl Driver {
                 if let Some(info) = &info {
                     metrics::gauge!(telemetry::TERM, "lease" => lease).set(info.term.0 as f64);
                 }
-                self.inner.leader.send_replace(info.clone());
+                {
+                    let mut seen = self.inner.leader.lock().expect("leader lock");
+                    if let Some(watch) = &seen.watch {
+                        watch.send_replace(info.clone());
+                    }
+                    seen.current = info.clone();
+                }
                 self.emit(Event::LeaderChanged(info));
                 None
             }
