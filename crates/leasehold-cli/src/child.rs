@@ -165,19 +165,23 @@ impl CommandGroup {
             self.tree.members().iter().filter(|p| p.pid != self.guard_pid).count()
         };
         if graceful {
-            let reap = self.tokio_reaps();
-            let emptied = tokio::select! {
-                emptied = self.tree.wait_empty(kill_at, &guard, &reap) => emptied,
-                () = hurry.cancelled() => false,
+            // The guard exits by itself once the command has exited and what it left behind has
+            // ended: its exit (SIGCHLD, not a timer) is the moment to look at the tree.
+            let status = tokio::select! {
+                status = self.wait() => Some(status),
+                () = tokio::time::sleep_until(kill_at.into()) => None,
+                () = hurry.cancelled() => None,
             };
-            if emptied {
-                // The guard exits by itself once the command has.
-                let status = tokio::select! {
-                    status = self.wait() => Some(status),
-                    () = tokio::time::sleep_until(kill_at.into()) => None,
-                    () = hurry.cancelled() => None,
-                };
-                if status.is_some() && self.clear(Some(Instant::now())).await.is_ok() {
+            if status.is_some() {
+                // Seen empty in two scans begun after the guard's exit; else (a guard killed by
+                // someone else leaves its tree behind) what got SIGTERM has the rest of the grace.
+                let emptied = self.tree.is_empty_now(&[])
+                    || tokio::select! {
+                        emptied = self.tree.wait_empty(kill_at, &[], &[]) => emptied,
+                        () = hurry.cancelled() => false,
+                    };
+                if emptied {
+                    self.emptied = true;
                     return Ok(Stop {
                         how: Stopped::Terminated,
                         processes,

@@ -89,6 +89,8 @@ pub(crate) struct Containment {
     hurry: CancellationToken,
     /// Whether the containment (cgroup or subreapers only) was said.
     said: AtomicBool,
+    /// Whether stale leaves of dead `leasehold` processes were swept.
+    swept: AtomicBool,
 }
 
 impl Containment {
@@ -110,6 +112,15 @@ impl Containment {
             no_cgroup,
             hurry,
             said: AtomicBool::new(false),
+            swept: AtomicBool::new(false),
+        }
+    }
+
+    /// Work done before campaigning that would otherwise come between the election and the
+    /// command's start: sweeping the stale cgroup leaves of dead `leasehold` processes.
+    pub(crate) fn prepare(&self) {
+        if !self.command.is_empty() && !self.no_cgroup && !self.swept.swap(true, Ordering::SeqCst) {
+            Cgroup::sweep_stale();
         }
     }
 
@@ -237,7 +248,7 @@ impl Containment {
             }
             return None;
         }
-        if first {
+        if !self.swept.swap(true, Ordering::SeqCst) {
             Cgroup::sweep_stale();
         }
         match Cgroup::create(name) {

@@ -10,8 +10,9 @@
 //! 3. asks the kernel for a SIGHUP when its parent dies (`PR_SET_PDEATHSIG`; the parent thread
 //!    is `run`'s main thread, which lives as long as the process), then checks that the parent
 //!    is still the one that started it (it may have died before the request);
-//! 4. starts the command (through `leasehold __enter-cgroup DIR`, which moves itself into the
-//!    cgroup leaf `run` made and then executes the command, when there is one), and waits for it;
+//! 4. starts the command, in the cgroup leaf `run` made when there is one (the guard moves itself
+//!    into the leaf for the fork and back out to its own cgroup right after, so the command is
+//!    born in the leaf and the guard is not in it), and waits for it;
 //! 5. if the parent dies meanwhile (SIGHUP and `getppid()` changed, or the once-a-second check
 //!    sees it), kills the whole tree with SIGKILL until nothing of it is left, and exits;
 //! 6. when the command exits, ends what it left behind (SIGTERM, then SIGKILL after the grace,
@@ -22,7 +23,6 @@
 //! which a `pre_exec` hook in the command itself would need.
 
 use std::ffi::OsString;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -32,7 +32,7 @@ use nix::sys::signal::Signal;
 use nix::unistd::{Pid, getppid};
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::child::{exit_code, own_executable};
+use crate::child::exit_code;
 use crate::exit::{NOT_EXECUTABLE, NOT_FOUND, RUNTIME};
 use crate::tree::{Cgroup, Tree, list};
 
@@ -61,36 +61,6 @@ pub(crate) struct GuardArgs {
     /// The command and its arguments.
     #[arg(required = true, last = true, value_parser = clap::value_parser!(OsString))]
     command: Vec<OsString>,
-}
-
-/// The arguments of the hidden `__enter-cgroup` subcommand.
-#[derive(Debug, Args)]
-pub(crate) struct EnterArgs {
-    /// The cgroup v2 leaf to move into.
-    cgroup: PathBuf,
-    /// The command and its arguments.
-    #[arg(required = true, last = true, value_parser = clap::value_parser!(OsString))]
-    command: Vec<OsString>,
-}
-
-/// `leasehold __enter-cgroup DIR -- CMD...`: moves itself into the leaf, then becomes CMD, so
-/// that every process CMD starts is born in the leaf (no window in which a fork escapes it).
-pub(crate) fn enter_cgroup(args: EnterArgs) -> i32 {
-    if let Err(e) = Cgroup::at(&args.cgroup).enter() {
-        eprintln!(
-            "leasehold: cannot move the command into cgroup {}: {e}; it is contained by the child \
-             subreapers only",
-            args.cgroup.display()
-        );
-    }
-    let program = &args.command[0];
-    let error = std::process::Command::new(program).args(&args.command[1..]).exec();
-    eprintln!("leasehold: cannot run {}: {error}", program.to_string_lossy());
-    if error.kind() == std::io::ErrorKind::NotFound {
-        NOT_FOUND
-    } else {
-        NOT_EXECUTABLE
-    }
 }
 
 /// Runs the guard; returns its exit code.
@@ -128,26 +98,43 @@ async fn guard(args: GuardArgs) -> i32 {
     if getppid() != parent {
         return RUNTIME; // `run` died before the command could start: start nothing.
     }
-    let cgroup = args.cgroup.as_ref().map(Cgroup::at);
-    let tree = Tree::below_me(cgroup.clone());
+    let mut cgroup = args.cgroup.as_ref().map(Cgroup::at);
     let program = &args.command[0];
-    let mut command = match &cgroup {
-        Some(cgroup) => {
-            let mut hop = tokio::process::Command::new(own_executable());
-            hop.arg0("leasehold")
-                .arg("__enter-cgroup")
-                .arg(cgroup.path())
-                .arg("--")
-                .args(&args.command);
-            hop
+    let mut command = tokio::process::Command::new(program);
+    command.args(&args.command[1..]);
+    // The command is born in the leaf: the guard steps into it for the fork, and back out to its
+    // own cgroup right after (no process of its own in the leaf, so that the leaf empties when the
+    // command's tree does). No `pre_exec` (the workspace forbids `unsafe`), and no extra exec of
+    // a helper on the way to the command.
+    let entered = cgroup.as_ref().and_then(|leaf| match enter_for_spawn(leaf) {
+        Ok(own) => Some(own),
+        Err(e) => {
+            eprintln!(
+                "leasehold: cannot move the command into cgroup {}: {e}; it is contained by the child \
+                 subreapers only",
+                leaf.path().display()
+            );
+            None
         }
-        None => {
-            let mut direct = tokio::process::Command::new(program);
-            direct.args(&args.command[1..]);
-            direct
-        }
-    };
-    let mut child = match command.spawn() {
+    });
+    let spawned = command.spawn();
+    if let Some(own) = entered
+        && let Err(e) = own.enter()
+    {
+        // Still in the leaf: the leaf can no longer tell when the command's tree is empty
+        // (the guard is in it), so the guard follows its tree by parent pids only; `run` waits
+        // for the guard's exit before it looks at the leaf.
+        eprintln!(
+            "leasehold: child guard: cannot leave cgroup leaf {}: {e}; following the command's \
+             tree by parent pids",
+            args.cgroup
+                .as_ref()
+                .map_or_else(String::new, |p| p.display().to_string()),
+        );
+        cgroup = None;
+    }
+    let tree = Tree::below_me(cgroup);
+    let mut child = match spawned {
         Ok(child) => child,
         Err(e) => {
             eprintln!("leasehold: cannot run {}: {e}", program.to_string_lossy());
@@ -204,6 +191,22 @@ async fn guard(args: GuardArgs) -> i32 {
         ));
     }
     code
+}
+
+/// Moves the guard into `leaf` (what it forks next is born there); returns the cgroup to move
+/// back to: the leaf's parent, where `run` made it, which is the guard's own (inherited from `run`).
+fn enter_for_spawn(leaf: &Cgroup) -> std::io::Result<Cgroup> {
+    let own = leaf
+        .path()
+        .parent()
+        .map(Cgroup::at)
+        .ok_or_else(|| std::io::Error::other("the leaf has no parent cgroup"))?;
+    // Checked first, so that a guard that could not step back out never steps in.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(own.path().join("cgroup.procs"))?;
+    leaf.enter()?;
+    Ok(own)
 }
 
 /// `run` is gone: nobody renews the lease any more, so nothing of the tree may go on. Kills it

@@ -177,10 +177,6 @@ enum Command {
     /// Internal: the small supervisor `run` puts at the head of the command's process group.
     #[command(name = "__child-guard", hide = true)]
     ChildGuard(guard::GuardArgs),
-
-    /// Internal: moves itself into a cgroup v2 leaf, then executes the command.
-    #[command(name = "__enter-cgroup", hide = true)]
-    EnterCgroup(guard::EnterArgs),
 }
 
 /// `leasehold shards ...`.
@@ -348,7 +344,6 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let code = match cli.command {
         Command::ChildGuard(args) => guard::main(args),
-        Command::EnterCgroup(args) => guard::enter_cgroup(args),
         command => match dispatch(cli.store, cli.json, command) {
             Ok(code) => code,
             Err(failure) => failure.report(),
@@ -387,7 +382,7 @@ fn dispatch(store: Option<String>, json: bool, command: Command) -> Result<i32, 
             Command::Handover { lease, to, within } => handover::handover(&store, &lease, &to, within, json).await,
             Command::Shards(ShardsCommand::Run(args)) => shards::run(&store, args).await,
             Command::Shards(ShardsCommand::Status { group }) => shards::status(&store, &group, json).await,
-            Command::ChildGuard(_) | Command::EnterCgroup(_) => unreachable!("handled before the runtime starts"),
+            Command::ChildGuard(_) => unreachable!("handled before the runtime starts"),
         }
     })
 }

@@ -89,6 +89,7 @@ pub(crate) async fn run(url: &str, args: RunArgs) -> Result<i32, Failure> {
         auth: Arc::new(AuthWatch::new(args.auth_retry, args.wait.is_some())),
         serving,
     });
+    ctx.contain.prepare();
     // Subscribed before the first campaign: an early failure is not missed.
     tokio::spawn(log_events(elector.events(), elector.clone(), ctx.clone()));
     if let Some(wait) = args.wait {

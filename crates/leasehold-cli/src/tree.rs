@@ -475,6 +475,14 @@ impl Tree {
         }
     }
 
+    /// Whether the tree is empty but for `except` now: no live member in two scans begun now,
+    /// one after the other, and the leaf (if any) unpopulated. Reaps first.
+    pub(crate) fn is_empty_now(&self, except: &[i32]) -> bool {
+        let since = Instant::now();
+        Tree::reap_in(&scan_since(since).processes, &[]);
+        self.is_empty_since(since, except).0
+    }
+
     /// Waits up to `until` for every member but `except` to be gone; reaps meanwhile. Whether it
     /// emptied.
     pub(crate) async fn wait_empty(&self, until: Instant, except: &[i32], reap_except: &[i32]) -> bool {
