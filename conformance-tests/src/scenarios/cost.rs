@@ -179,7 +179,8 @@ pub async fn requests_per_transition_do_not_grow(backend: Arc<dyn Backend>) {
 pub async fn idle_follower_makes_no_requests(backend: Arc<dyn Backend>) {
     let scene = Scene::new(backend, "idle_follower_makes_no_requests").await;
     let p = &scene.prefix;
-    if scene.caps.notifications != Notifications::ReleaseAndExpiry && scene.caps.announces != Announces::GrantsAndRenewals
+    if scene.caps.notifications != Notifications::ReleaseAndExpiry
+        && scene.caps.announces != Announces::GrantsAndRenewals
     {
         return scene.not_applicable(format_args!(
             "the store notifies {:?}, not expiries, and announces {:?}, not renewals: idle followers poll",
