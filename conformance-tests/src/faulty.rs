@@ -423,7 +423,11 @@ mod tests {
         let silent = tokio::time::timeout(Duration::from_millis(100), changes.next()).await;
         assert!(silent.is_err(), "no change may pass a blackhole");
         faults.heal();
-        memory.acquire(&request(&lease, "b")).await.unwrap();
+        // A release wakes the longest waiter: "a" (the memory store's grants wake nobody).
+        let Acquired::Granted(grant) = memory.acquire(&request(&lease, "b")).await.unwrap() else {
+            panic!("free lease")
+        };
+        memory.release(&grant).await.unwrap();
         let seen = tokio::time::timeout(Duration::from_secs(1), changes.next()).await;
         assert_eq!(seen.unwrap(), Some(()));
     }
