@@ -362,16 +362,7 @@ impl LeaseStore for MemoryStore {
     async fn announcements(&self, lease: &LeaseName) -> Result<Option<Announcements>> {
         let mut rx = self.with_entry(lease, |entry| entry.announced.subscribe());
         rx.mark_unchanged();
-        let stream = futures::stream::unfold(rx, |mut rx| async move {
-            loop {
-                rx.changed().await.ok()?;
-                let seen = rx.borrow_and_update().clone();
-                if let Some(seen) = seen {
-                    return Some((seen, rx));
-                }
-            }
-        });
-        Ok(Some(Box::pin(stream)))
+        Ok(Some(crate::store::watched_announcements(rx)))
     }
 
     fn can_break(&self) -> bool {

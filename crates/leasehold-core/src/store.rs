@@ -21,6 +21,21 @@ pub type Changes = BoxStream<'static, ()>;
 /// the grant. A stream that ends makes the engine ask for a new one the next time it follows.
 pub type Announcements = BoxStream<'static, Observation>;
 
+/// The announcements a `watch` channel carries: each holder the sender sets after the receiver
+/// last looked (`None` values are skipped; one that falls behind sees the latest). The stream ends
+/// when the sender is dropped. For stores that keep the last announcement of a lease in one.
+pub fn watched_announcements(rx: tokio::sync::watch::Receiver<Option<Observation>>) -> Announcements {
+    Box::pin(futures::stream::unfold(rx, |mut rx| async move {
+        loop {
+            rx.changed().await.ok()?;
+            let seen = rx.borrow_and_update().clone();
+            if let Some(seen) = seen {
+                return Some((seen, rx));
+            }
+        }
+    }))
+}
+
 /// A lease store: one implementation per backend, usable as `Arc<dyn LeaseStore>`.
 ///
 /// A store translates operations; it never sleeps, retries in a loop or decides how long a grant

@@ -13,7 +13,6 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use etcd_client::{EventType, WatchFilterType, WatchOptions, WatchStream};
-use futures::StreamExt;
 use leasehold_core::{Announcements, Error, LeaseName, Observation, Result};
 use tokio::sync::watch;
 
@@ -54,16 +53,7 @@ pub(crate) async fn announcements(inner: &Arc<Inner>, keys: Keys) -> Result<Anno
             }
         }
     };
-    Ok(futures::stream::unfold(rx, |mut rx| async move {
-        loop {
-            rx.changed().await.ok()?;
-            let seen = rx.borrow_and_update().clone();
-            if let Some(seen) = seen {
-                return Some((seen, rx));
-            }
-        }
-    })
-    .boxed())
+    Ok(leasehold_core::watched_announcements(rx))
 }
 
 /// A receiver of the store's announcements of `lease`, if it watches it.

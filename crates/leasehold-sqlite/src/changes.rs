@@ -327,16 +327,7 @@ impl Notifier {
             .await?;
         Ok(rx.map(|mut rx| {
             rx.mark_unchanged();
-            futures::stream::unfold(rx, |mut rx| async move {
-                loop {
-                    rx.changed().await.ok()?;
-                    let seen = rx.borrow_and_update().clone();
-                    if let Some(seen) = seen {
-                        return Some((seen, rx));
-                    }
-                }
-            })
-            .boxed()
+            leasehold_core::watched_announcements(rx)
         }))
     }
 

@@ -4,7 +4,6 @@
 //! from the notification alone (its path), with no read: one request to set the watch, none per
 //! transition, however many watch.
 
-use futures::StreamExt;
 use futures::stream::BoxStream;
 use leasehold_core::{LeaseName, Observation, Operation, Result};
 use tokio::sync::watch;
@@ -58,16 +57,7 @@ impl ZookeeperStore {
                 &format_args!("the announcements of lease {lease}"),
             )
         })?;
-        Ok(futures::stream::unfold(rx, |mut rx| async move {
-            loop {
-                rx.changed().await.ok()?;
-                let seen = rx.borrow_and_update().clone();
-                if let Some(seen) = seen {
-                    return Some((seen, rx));
-                }
-            }
-        })
-        .boxed())
+        Ok(leasehold_core::watched_announcements(rx))
     }
 }
 
