@@ -9,7 +9,12 @@
 //! The rules, all in this file:
 //!
 //! - A grant is believed until `sent + ttl * (1 - drift)`, where `sent` is when the acquire or
-//!   renew request was sent, never when its reply arrived.
+//!   renew request was sent, never when its reply arrived. A grant that is valid only since an
+//!   earlier instant `since` (a store that grants on the strength of an earlier request: the etcd
+//!   store's queued successor, granted on its predecessor's release from its last confirmed
+//!   keepalive) says so by a [`Grant::ttl`] shorter than asked ([`Grant::valid_since`]), and is
+//!   believed until `min(sent, since) + ttl * (1 - drift)`: the machine subtracts the shortfall
+//!   from `sent` (never scaled by the drift). It keeps the grant with the TTL it asked for.
 //! - A leader renews every `renew_every`; when no renewal has been confirmed by
 //!   `valid_until - step_down_margin`, it is deposed and its work cancelled; work still running at
 //!   `valid_until` is aborted.
@@ -871,8 +876,12 @@ impl Machine {
                 Ok(Renewed::Renewed(grant)) => {
                     let believed_ttl = self.timing.believed_ttl();
                     let renew_every = self.timing.renew_every;
+                    // A renewal that rests on an earlier request counts from it, as a grant does.
+                    let (since, grant) = self.counted_from(pending.sent, grant);
                     if let State::Leading(l) = &mut self.state {
-                        l.valid_until = l.valid_until.max(pending.sent + believed_ttl);
+                        if let Some(since) = since {
+                            l.valid_until = l.valid_until.max(since + believed_ttl);
+                        }
                         l.next_renew = pending.sent + renew_every;
                         l.grant = grant;
                         l.last_error = None;
@@ -958,8 +967,22 @@ impl Machine {
         }
     }
 
+    /// When a grant answering a request sent at `sent` counts from: `sent`, or earlier by as much
+    /// as the grant's TTL falls short of the TTL asked for ([`Grant::valid_since`]: a store whose
+    /// grant rests on an earlier request). `None` when that is before this process's clock
+    /// began (nothing can be believed). The grant comes back with the TTL asked for, which the
+    /// machine keeps asking for.
+    fn counted_from(&self, sent: Instant, mut grant: Grant) -> (Option<Instant>, Grant) {
+        let short = self.timing.ttl.saturating_sub(grant.ttl);
+        grant.ttl = grant.ttl.max(self.timing.ttl);
+        (sent.checked_sub(short), grant)
+    }
+
     fn granted(&mut self, now: Instant, sent: Instant, grant: Grant, out: &mut Vec<Output>) {
-        let valid_until = sent + self.timing.believed_ttl();
+        let (since, grant) = self.counted_from(sent, grant);
+        // A grant valid since before the clock began is believed not at all: "too late" below.
+        let valid_until = since.map_or(now, |since| since + self.timing.believed_ttl());
+        let since = since.unwrap_or(now);
         if self.state == State::Stopping {
             self.send(now, Purpose::Release, Request::Release(grant), out);
             return;
@@ -983,7 +1006,7 @@ impl Machine {
             }
             return;
         }
-        let next_renew = sent + self.timing.renew_every;
+        let next_renew = since + self.timing.renew_every;
         // A store that hands a candidate its existing place again (a FIFO queue) may grant the
         // term of a stray: it is in use now, not to be released.
         self.stray.take_if(|stray| stray.term == grant.term);

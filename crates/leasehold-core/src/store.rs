@@ -50,6 +50,12 @@ pub fn watched_announcements(rx: tokio::sync::watch::Receiver<Option<Observation
 /// after it first sees the new record version). The engine builds its conservative deadline on
 /// that promise.
 ///
+/// A store that can promise only a TTL from some moment *before* the request was sent (the etcd
+/// store grants a queued candidate on its predecessor's release, with no further request, on the
+/// strength of the candidate's last confirmed keepalive) answers the grant made
+/// [`valid_since`](crate::Grant::valid_since) that moment's send: the engine then believes it
+/// only until `since + ttl * (1 - drift)`.
+///
 /// # Compare-and-set
 ///
 /// Every write is conditional: `acquire` only takes a free lease, or replaces the exact record

@@ -353,6 +353,89 @@ fn grant_too_late_to_use_is_released_not_elected() {
     assert_eq!(h.tick(7_500), vec![Ev::Send(OpId(2), acquire(None))]);
 }
 
+/// A follower that was told the lease is held at 0 and asks again at 2 000 ms.
+fn follower_asking_again_at_2000() -> (Harness, OpId) {
+    let mut h = Harness::follower();
+    let op = h.send_at(0);
+    let _ = h.reply(
+        0,
+        op,
+        Reply::Acquire(Ok(Acquired::Held(held(holder(other(), 1, "v1", None))))),
+    );
+    let op = h.send_at(2_000);
+    (h, op)
+}
+
+#[test]
+fn a_grant_valid_since_an_earlier_instant_is_believed_from_that_instant_not_the_send() {
+    // The etcd successor's case: granted on its predecessor's release, at once, on the strength
+    // of a keepalive sent at 1 500 ms; the acquire itself was sent at 2 000 ms.
+    let (mut h, op) = follower_asking_again_at_2000();
+    let since = grant(2, "v2").valid_since(h.at(1_500), h.at(2_000));
+    assert_eq!(since.ttl, TTL - ms(500));
+    let out = h.reply(2_000, op, Reply::Acquire(Ok(Acquired::Granted(since))));
+    assert_eq!(
+        out,
+        vec![
+            Ev::LeaderChanged(Some((me(), Term(2)))),
+            // 1 500 + 8 000, not 2 000 + 8 000; the grant is kept with the TTL asked for.
+            Ev::Elected {
+                grant: grant(2, "v2"),
+                valid_until: ms(9_500)
+            },
+        ]
+    );
+    assert!(h.believes(9_499));
+    assert!(!h.believes(9_500), "believed past since + ttl * (1 - drift)");
+    // Renewals count from the earlier instant too, and ask for the full TTL.
+    assert_eq!(h.wake(), Some(4_500));
+    assert_eq!(h.tick(4_500), vec![Ev::Send(OpId(2), Request::Renew(grant(2, "v2")))]);
+
+    // The store answers later than the acquire was sent: never believed past since + 8 000.
+    let (mut h, op) = follower_asking_again_at_2000();
+    let since = grant(2, "v2").valid_since(h.at(1_500), h.at(2_300));
+    let out = h.reply(2_300, op, Reply::Acquire(Ok(Acquired::Granted(since))));
+    let until = out.iter().find_map(|e| match e {
+        Ev::Elected { valid_until, .. } => Some(*valid_until),
+        _ => None,
+    });
+    assert_eq!(until, Some(ms(9_200)), "{out:?}");
+}
+
+#[test]
+fn a_grant_valid_since_too_long_ago_is_released_not_elected() {
+    let (mut h, op) = follower_asking_again_at_2000();
+    // Valid since 7 100 ms before the acquire was sent: 900 ms left, less than the 1 000 ms margin.
+    let since = grant(2, "v2").valid_since(h.at(0), h.at(7_100));
+    let out = h.reply(2_000, op, Reply::Acquire(Ok(Acquired::Granted(since))));
+    assert_eq!(
+        out,
+        vec![
+            Ev::Trouble("engine"),
+            Ev::Send(OpId(2), Request::Release(grant(2, "v2")))
+        ]
+    );
+    assert!(!h.believes(2_000));
+    // More than the whole TTL ago: nothing is left at all.
+    let (mut h, op) = follower_asking_again_at_2000();
+    let since = grant(2, "v2").valid_since(h.at(0), h.at(20_000));
+    assert_eq!(since.ttl, Duration::ZERO);
+    let out = h.reply(2_000, op, Reply::Acquire(Ok(Acquired::Granted(since))));
+    assert!(!out.iter().any(|e| matches!(e, Ev::Elected { .. })), "{out:?}");
+    assert!(!h.believes(2_000));
+}
+
+#[test]
+fn a_renewal_valid_since_an_earlier_instant_extends_only_from_it() {
+    let mut h = Harness::leader();
+    let op = h.send_at(3_000);
+    let since = grant(1, "v2").valid_since(h.at(2_500), h.at(3_000));
+    let out = h.reply(3_000, op, Reply::Renew(Ok(Renewed::Renewed(since))));
+    assert_eq!(out, vec![Ev::Extended(ms(10_500))]);
+    assert!(!h.believes(10_500));
+    assert_eq!(h.tick(6_000), vec![Ev::Send(OpId(2), Request::Renew(grant(1, "v2")))]);
+}
+
 #[test]
 fn held_reports_the_leader_and_retries_after_retry_every() {
     let mut h = Harness::follower();
