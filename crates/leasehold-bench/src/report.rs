@@ -475,7 +475,7 @@ fn expiry_floor(w: &mut String, reports: &[BackendReport]) {
          pause of up to 500 ms so that they do not keep one phase against the store's timers. Where the \
          floor's max is above 1.05 x TTL, no failover that waits for the store's expiry can meet 1.05 x TTL \
          every sample: etcd's leader looks for expired leases every 500 ms, ZooKeeper expires sessions in \
-         buckets of its `tickTime` (500 ms in `scripts/services`), and Redis's active expiry samples keys \
+         buckets of its `tickTime` (50 ms in `scripts/services`), and Redis's active expiry samples keys \
          `hz` (10) times a second, besides looking up an expired key when it is read.\n",
         ms(crate::floor::FLOOR_TTL),
         ms(crate::floor::FLOOR_TTL),
