@@ -8,6 +8,10 @@
 //! after that is missed); the watch ends when the last subscriber drops its stream (a follower
 //! that becomes leader drops it), or when etcd ends it (then every stream of it ends, and the
 //! engine asks for a new one the next time it follows).
+//!
+//! The same watch carries the release markers a release of the first key in the queue writes
+//! there (`record::released_value`): the store keeps the term the latest one names, for its
+//! queued candidates (see `EtcdStore::grant_on_release`).
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -23,6 +27,9 @@ use crate::store::Inner;
 /// The shared watch of one lease: subscribers take receivers of its sender.
 pub(crate) struct Announcer {
     sender: watch::Sender<Option<Observation>>,
+    /// The term named by the latest release marker the watch saw (`record::released_value`):
+    /// that term's key was first in the queue, with no reservation, when its holder released it.
+    pub(crate) released: watch::Sender<Option<i64>>,
     /// Which watch this is (a lease watched again after one ended has a new one).
     id: u64,
 }
@@ -41,14 +48,16 @@ pub(crate) async fn announcements(inner: &Arc<Inner>, keys: Keys) -> Result<Anno
             } else {
                 let (sender, rx) = watch::channel(None);
                 let id = leasehold_core::random_u64();
+                let released = watch::Sender::new(None);
                 announcers.insert(
                     keys.lease.clone(),
                     Announcer {
                         sender: sender.clone(),
+                        released: released.clone(),
                         id,
                     },
                 );
-                tokio::spawn(run(Arc::downgrade(inner), keys, stream, sender, id));
+                tokio::spawn(run(Arc::downgrade(inner), keys, stream, sender, released, id));
                 rx
             }
         }
@@ -60,6 +69,13 @@ pub(crate) async fn announcements(inner: &Arc<Inner>, keys: Keys) -> Result<Anno
 fn subscribe(inner: &Inner, lease: &LeaseName) -> Option<watch::Receiver<Option<Observation>>> {
     let announcers = inner.announcers.lock().expect("announcers lock");
     announcers.get(lease).map(|a| a.sender.subscribe())
+}
+
+/// The release markers of `lease` this store sees, while it watches the lease (some follower of
+/// it in this store takes its announcements).
+pub(crate) fn released(inner: &Inner, lease: &LeaseName) -> Option<watch::Receiver<Option<i64>>> {
+    let announcers = inner.announcers.lock().expect("announcers lock");
+    announcers.get(lease).map(|a| a.released.subscribe())
 }
 
 /// Watches the `granted` key from the current revision on, and waits until etcd says the watch
@@ -88,6 +104,7 @@ async fn run(
     keys: Keys,
     mut stream: WatchStream,
     sender: watch::Sender<Option<Observation>>,
+    released: watch::Sender<Option<i64>>,
     id: u64,
 ) {
     loop {
@@ -109,6 +126,10 @@ async fn run(
                         let Some(kv) = event.kv().filter(|_| event.event_type() == EventType::Put) else {
                             continue;
                         };
+                        if let Some(term) = crate::record::parse_released(kv.value()) {
+                            released.send_replace(Some(term));
+                            continue;
+                        }
                         match keys.parse_granted(kv.value()) {
                             Ok(seen) => {
                                 sender.send_if_modified(|current| {

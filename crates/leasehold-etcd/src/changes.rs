@@ -32,6 +32,11 @@ use tokio::time::{Instant, MissedTickBehavior};
 use crate::record::Keys;
 use crate::store::Inner;
 
+/// How long a waiting candidate whose predecessor's key went waits for the release marker of it
+/// (see `Waiter::await_marker`): the marker and the deletion are one revision, sent by etcd at
+/// once on two watches of one connection.
+const MARKER_GRACE: Duration = Duration::from_millis(5);
+
 /// Where a candidate's key stands, as its last `acquire` saw it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Position {
@@ -57,6 +62,11 @@ struct Waiter {
     /// The position for which "first" was announced, and whether the engine acted on it.
     announced: Option<Position>,
     tick: Option<(tokio::time::Interval, i64)>,
+    /// The release markers the store's announcement watch sees (see `announce::released`).
+    released: Option<watch::Receiver<Option<i64>>>,
+    /// The position whose predecessor was released while first in the queue (its marker was
+    /// seen): the candidate is first, no look-up is needed.
+    first_by_release: Option<Position>,
 }
 
 pub(crate) fn changes(
@@ -74,6 +84,8 @@ pub(crate) fn changes(
         watch: None,
         announced: None,
         tick: None,
+        released: None,
+        first_by_release: None,
     };
     Box::pin(futures::stream::unfold(waiter, |mut waiter| async move {
         waiter.next().await.map(|()| ((), waiter))
@@ -124,7 +136,12 @@ impl Waiter {
                     }
                 }
             }
-            if let (Some(p), None) = (waiting, &self.watch) {
+            if self.released.as_ref().is_none_or(|r| r.has_changed().is_err()) {
+                self.released = crate::announce::released(&self.inner, &self.keys.lease);
+            }
+            if let (Some(p), None) = (waiting, &self.watch)
+                && self.first_by_release != Some(p)
+            {
                 // Boxed: the look-up's etcd futures are large, and a stream's state lives as
                 // long as its candidate (10,000 leaders would otherwise hold ~44 KB each).
                 match Box::pin(self.look(p)).await {
@@ -139,7 +156,21 @@ impl Waiter {
             let watch = &mut self.watch;
             let tick = &mut self.tick;
             let reservation = &mut self.reservation;
+            let released = &mut self.released;
             tokio::select! {
+                changed = async { released.as_mut().expect("guarded").changed().await }, if released.is_some() => {
+                    if changed.is_err() {
+                        // The store's announcement watch ended: looked for again next time.
+                        self.released = None;
+                    } else if let Some(p) = waiting.filter(|p| self.marker_for(*p)) {
+                        // Our predecessor was released while first: we are first (its key's
+                        // deletion, at the same revision, may come on the other watch later).
+                        self.watch = None;
+                        self.first_by_release = Some(p);
+                        self.announced = Some(p);
+                        return Some(Some(()));
+                    }
+                }
                 message = async { reservation.as_mut().expect("guarded").message().await }, if reservation.is_some() => {
                     match message {
                         Ok(Some(resp)) if !resp.canceled() => {
@@ -169,6 +200,9 @@ impl Waiter {
                                 self.watch = None;
                             }
                             if gone {
+                                if let Some(p) = waiting {
+                                    Box::pin(self.await_marker(p)).await;
+                                }
                                 // The predecessor left: usually the holder, so we are first. Say so
                                 // at once rather than after a look-up (one round trip less between
                                 // a release and the successor's grant): the grant's compare-and-set
@@ -201,6 +235,33 @@ impl Waiter {
                     }
                 }
             }
+        }
+    }
+
+    /// Whether the latest release marker names the predecessor this candidate watched at `p`.
+    fn marker_for(&self, p: Position) -> bool {
+        let own = self.keys.candidate(&self.candidate);
+        let predecessor = self.inner.predecessor(&own, p);
+        let marker = self.released.as_ref().and_then(|r| *r.borrow());
+        predecessor.is_some() && marker == predecessor
+    }
+
+    /// After the predecessor's key went: waits a moment for the release marker that a release
+    /// of it while first wrote at the same revision (it comes on the store's other watch, the
+    /// announcements'), so that the engine's acquire finds it and is granted without a request
+    /// (see `EtcdStore::grant_on_release`). Not there after [`MARKER_GRACE`]: the key went
+    /// otherwise (expired, withdrawn, handed over, broken), and the engine takes the ordinary path.
+    async fn await_marker(&mut self, p: Position) {
+        let own = self.keys.candidate(&self.candidate);
+        let Some(predecessor) = self.inner.predecessor(&own, p) else {
+            return;
+        };
+        let Some(released) = self.released.as_mut() else {
+            return;
+        };
+        let seen = tokio::time::timeout(MARKER_GRACE, released.wait_for(|m| *m == Some(predecessor))).await;
+        if matches!(seen, Ok(Ok(_))) {
+            self.first_by_release = Some(p);
         }
     }
 
@@ -280,6 +341,8 @@ impl Waiter {
             return Ok(news);
         };
         self.announced = None;
+        let own = self.keys.candidate(&self.candidate);
+        self.inner.note_predecessor(&own, position, kv.create_revision());
         // From just after the read, so that nothing since is missed.
         let key = kv.key().to_vec();
         let options = WatchOptions::new()

@@ -10,7 +10,11 @@
 //! - `P/L/granted`: rewritten by every grant, in the grant's transaction. Value:
 //!   `leasehold1 g {term} {ttl_ms} {holder}`: who holds the lease now, as `inspect` shows it right
 //!   after the grant, for the announcements (`announce.rs`). No other operation reads it
-//!   (versions before it neither write nor read it, and ignore it when listing).
+//!   (versions before it neither write nor read it, and ignore it when listing). A release of the
+//!   key first in the queue, with no reservation there, rewrites it in the release's transaction
+//!   to `leasehold1 released {term}`: the queued successor's store, watching this key, learns
+//!   from it that its predecessor's key went by that release, so that its own key is now first
+//!   (see `EtcdStore::grant_on_release`). Readers that know only grants skip it as unreadable.
 //! - `P/L/reserved`: only while a handed-over lease waits for its successor, bound to an etcd
 //!   lease of its own (granted with the handed-over grant's TTL, never kept alive: etcd deletes
 //!   an untaken reservation after that TTL). Value: `leasehold1 r {ttl_ms} {term} {successor}`.
@@ -261,6 +265,23 @@ pub(crate) fn started_value(holder: &CandidateId) -> String {
 /// The value of the latest grant's key: term `term` granted to `holder` for `ttl`.
 pub(crate) fn granted_value(term: i64, ttl: Duration, holder: &CandidateId) -> String {
     format!("{MAGIC} g {term} {} {holder}", ttl.as_millis().max(1))
+}
+
+/// The value a release puts in the latest grant's key when the released key was first in the
+/// queue and no reservation was there (see `EtcdStore::release`): `leasehold1 released {term}`.
+/// Readers of `granted` before it skip it as unreadable (it has three fields, a grant five).
+pub(crate) fn released_value(term: i64) -> String {
+    format!("{MAGIC} released {term}")
+}
+
+/// The term a release marker (see [`released_value`]) names, if `value` is one.
+pub(crate) fn parse_released(value: &[u8]) -> Option<i64> {
+    let text = std::str::from_utf8(value).ok()?;
+    let mut fields = text.split(' ');
+    match (fields.next(), fields.next(), fields.next(), fields.next()) {
+        (Some(MAGIC), Some("released"), Some(term), None) => term.parse::<i64>().ok().filter(|t| *t > 0),
+        _ => None,
+    }
 }
 
 /// The value of the reservation key.

@@ -207,6 +207,16 @@ impl Inner {
         Ok(Some(current.id))
     }
 
+    /// When the last keepalive (or the grant) of the session `id` of this TTL that etcd confirmed
+    /// was *sent*: etcd keeps the session, and every key bound to it, at least its TTL from a
+    /// moment after that. `None` when the session of this TTL is another one, or none. Waits for
+    /// a keepalive round under way (its answer may move the instant on).
+    pub(crate) async fn confirmed_since(&self, ttl_secs: i64, id: i64) -> Option<Instant> {
+        let slot = self.slot(ttl_secs);
+        let session = slot.lock().await;
+        session.as_ref().filter(|s| s.id == id).map(|s| s.confirmed)
+    }
+
     /// The keys bound to the session of this TTL, read after a keepalive sent at or after
     /// `since` was confirmed: one round (a keepalive and a key listing) serves every renewal
     /// that began before it. `None` when the session has expired.

@@ -21,7 +21,7 @@ use crate::config::EtcdConfig;
 use crate::error::{CONNECT, STORE, lease_gone, map_error};
 use crate::record::{
     Keys, Snapshot, TTL_RANGE, candidate_value, end_term, ended_value, first_of, granted_value, kvs_of, last_of,
-    reserved_value, revision, session_ttl_secs, started_value,
+    released_value, reserved_value, revision, session_ttl_secs, started_value,
 };
 use crate::session::{self, Session};
 
@@ -97,6 +97,12 @@ pub(crate) struct Inner {
     pub(crate) private: Mutex<HashSet<i64>>,
     /// One watch per followed lease, shared by its followers in this store (see `announce`).
     pub(crate) announcers: Mutex<HashMap<LeaseName, crate::announce::Announcer>>,
+    /// Per waiting candidate key: the position its change stream watched a predecessor for, and
+    /// that predecessor's create_revision (see `EtcdStore::grant_on_release`).
+    behind: Mutex<HashMap<String, (Position, i64)>>,
+    /// Per candidate key granted on its predecessor's release: held until its grant's records
+    /// are written, and waited for by every later operation of the key.
+    records: Mutex<HashMap<String, Arc<AsyncMutex<()>>>>,
 }
 
 impl fmt::Debug for EtcdStore {
@@ -167,6 +173,8 @@ impl EtcdStore {
                 positions: Mutex::default(),
                 private: Mutex::default(),
                 announcers: Mutex::default(),
+                behind: Mutex::default(),
+                records: Mutex::default(),
             }),
         })
     }
@@ -174,6 +182,104 @@ impl EtcdStore {
     /// The configuration (its `Debug` and `Display` redact the password).
     pub fn config(&self) -> &EtcdConfig {
         &self.inner.config
+    }
+
+    /// Grants a queued candidate whose predecessor was released, with no request at all: its
+    /// key is first in the queue, and stays first while its session lives.
+    ///
+    /// Why: the candidate's change stream watched its immediate predecessor `p` (the key with the
+    /// greatest create_revision below its own, found when it began waiting; no key can appear
+    /// between them later, since new keys get higher revisions). A release of `p` puts a marker
+    /// naming `p` in the lease's `granted` key, in the release's transaction, only if no
+    /// candidate key was created before `p` and no reservation was there (compared in that same
+    /// transaction, before its writes). So once the marker is seen, no key is ahead of ours:
+    /// none was ahead of `p`, `p` is gone, and none can appear. No reservation can appear
+    /// either: only a holder hands over, and only the first key (ours) can be granted now.
+    /// Our key is then taken only by its session's expiry (or by this candidate, or an
+    /// operator's break), and etcd keeps the session at least its TTL from a moment after the
+    /// last keepalive it confirmed was *sent*: the grant is valid since that send
+    /// ([`Grant::valid_since`]), not since this call, which is later.
+    ///
+    /// The grant's records (`started` and `granted`) are written right after, in one
+    /// transaction, in a task of their own: every later operation of this key in this store
+    /// waits for it ([`Inner::records_written`]). A process that dies before they are written
+    /// leaves a term without a history entry (and not announced); its key ends with its
+    /// session. `None`: not this case (no marker for our predecessor seen, another session, or
+    /// a keepalive too long ago); the caller takes the ordinary path.
+    async fn grant_on_release(
+        &self,
+        keys: &Keys,
+        own: &str,
+        request: &AcquireRequest,
+        position: Position,
+    ) -> Option<Grant> {
+        let inner = &self.inner;
+        let predecessor = inner.predecessor(own, position)?;
+        let released = crate::announce::released(inner, &keys.lease)?;
+        if *released.borrow() != Some(predecessor) {
+            return None;
+        }
+        let since = inner.confirmed_since(position.ttl_secs, position.lease).await?;
+        let now = Instant::now();
+        if now.saturating_duration_since(since) >= request.ttl / 2 {
+            // The session's keepalives fell behind: the ordinary path confirms it anew.
+            return None;
+        }
+        let rev = position.rev;
+        let grant = Grant {
+            lease: request.lease.clone(),
+            holder: request.candidate.clone(),
+            term: Term(u64::try_from(rev).unwrap_or(0)),
+            ttl: request.ttl,
+            token: rev.to_string(),
+        }
+        .valid_since(since.into_std(), now.into_std());
+        // Held from here until the records are written: a release, renewal or hand-over of this
+        // key in this store is not sent before.
+        let pending = Arc::new(AsyncMutex::new(()));
+        let held = pending.clone().try_lock_owned().expect("a new mutex is free");
+        inner
+            .records
+            .lock()
+            .expect("records lock")
+            .insert(own.to_string(), pending.clone());
+        inner.publish(
+            own,
+            Some(Position {
+                granted: true,
+                ..position
+            }),
+        );
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(own.to_string(), CompareOp::Equal, rev),
+                Compare::create_revision(keys.started(rev), CompareOp::Equal, 0),
+            ])
+            .and_then([
+                TxnOp::put(keys.started(rev), started_value(&request.candidate), None),
+                TxnOp::put(
+                    keys.granted(),
+                    granted_value(rev, request.ttl, &request.candidate),
+                    None,
+                ),
+            ]);
+        let inner = inner.clone();
+        let own = own.to_string();
+        tokio::spawn(async move {
+            for _ in 0..3 {
+                match inner.txn("acquire (records)", txn.clone()).await {
+                    Ok(_) => break,
+                    Err(e) => tracing::debug!(error = %e, key = %own, "writing a grant's records failed"),
+                }
+            }
+            let mut records = inner.records.lock().expect("records lock");
+            if records.get(&own).is_some_and(|p| Arc::ptr_eq(p, &pending)) {
+                records.remove(&own);
+            }
+            drop(records);
+            drop(held);
+        });
+        Some(grant)
     }
 
     /// Grants a queued candidate that has become first in one transaction, needing no answer
@@ -415,6 +521,28 @@ impl EtcdStore {
 }
 
 impl Inner {
+    /// The change stream of the candidate key `own`, waiting at `position`, watches the key
+    /// created at `predecessor` (the greatest create_revision below its own).
+    pub(crate) fn note_predecessor(&self, own: &str, position: Position, predecessor: i64) {
+        let mut behind = self.behind.lock().expect("behind lock");
+        behind.insert(own.to_string(), (position, predecessor));
+    }
+
+    /// The predecessor the change stream of `own` watched at `position`, if it did.
+    pub(crate) fn predecessor(&self, own: &str, position: Position) -> Option<i64> {
+        let behind = self.behind.lock().expect("behind lock");
+        behind.get(own).filter(|(p, _)| *p == position).map(|(_, rev)| *rev)
+    }
+
+    /// Waits until the records of a grant of `own` made on its predecessor's release are
+    /// written (or their writing gave up), so that nothing of that key is ordered before them.
+    async fn records_written(&self, own: &str) {
+        let pending = self.records.lock().expect("records lock").get(own).cloned();
+        if let Some(pending) = pending {
+            drop(pending.lock().await);
+        }
+    }
+
     fn position(&self, own: &str) -> watch::Sender<Option<Position>> {
         let mut positions = self.positions.lock().expect("positions lock");
         positions
@@ -425,6 +553,9 @@ impl Inner {
 
     /// Tells the candidate's change stream where its key stands.
     fn publish(&self, own: &str, position: Option<Position>) {
+        if position.is_none_or(|p| p.granted) {
+            self.behind.lock().expect("behind lock").remove(own);
+        }
         self.position(own).send_if_modified(|p| {
             let changed = *p != position;
             *p = position;
@@ -508,7 +639,13 @@ impl LeaseStore for EtcdStore {
         let keys = self.keys(&request.lease);
         let own = keys.candidate(&request.candidate);
         let ttl_secs = session_ttl_secs(request.ttl);
+        inner.records_written(&own).await;
         let queued = (*inner.position(&own).borrow()).filter(|p| !p.granted && p.ttl_secs == ttl_secs);
+        if let Some(position) = queued
+            && let Some(grant) = self.grant_on_release(&keys, &own, request, position).await
+        {
+            return Ok(Acquired::Granted(grant));
+        }
         if let Some(position) = queued
             && let Some(grant) = self.grant_in_one_shot(&keys, &own, request, position).await?
         {
@@ -659,6 +796,7 @@ impl LeaseStore for EtcdStore {
         // after a confirmed keepalive lives a TTL from a moment after this request began. Both are shared by every renewal of the
         // session that began before them.
         let own_key = keys.candidate(&grant.holder);
+        inner.records_written(&own_key).await;
         let known = *inner.position(&own_key).borrow();
         if let Some(p) = known.filter(|p| p.granted && p.rev == i64::try_from(grant.term.0).unwrap_or(0))
             && inner.private.lock().expect("private lock").contains(&p.lease)
@@ -703,11 +841,22 @@ impl LeaseStore for EtcdStore {
         let Ok(term) = i64::try_from(grant.term.0) else {
             return Ok(());
         };
+        self.inner.records_written(&own).await;
+        // The release marker for the successor (see `grant_on_release`): only if no candidate
+        // key was created before ours and no reservation is there. etcd evaluates every compare
+        // of a transaction, nested ones included, before any of its writes.
+        let first = Txn::new()
+            .when([
+                Compare::create_revision(keys.candidates(), CompareOp::Greater, term - 1).with_prefix(),
+                Compare::create_revision(keys.reserved(), CompareOp::Equal, 0),
+            ])
+            .and_then([TxnOp::put(keys.granted(), released_value(term), None)]);
         let txn = Txn::new()
             .when([Compare::create_revision(own.clone(), CompareOp::Equal, term)])
             .and_then([
                 TxnOp::delete(own.clone(), None),
                 TxnOp::put(keys.ended(term), ended_value(EndReason::Released), None),
+                TxnOp::txn(first),
             ]);
         let resp = self.inner.txn("release", txn).await?;
         if resp.succeeded() {
@@ -726,6 +875,7 @@ impl LeaseStore for EtcdStore {
         let Ok(term) = i64::try_from(grant.term.0) else {
             return Ok(());
         };
+        inner.records_written(&own).await;
         let ttl_secs = session_ttl_secs(grant.ttl);
         let mut client = inner.client();
         let lease = inner
@@ -763,6 +913,7 @@ impl LeaseStore for EtcdStore {
     async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
         let keys = self.keys(lease);
         let key = keys.candidate(candidate);
+        self.inner.records_written(&key).await;
         self.inner.publish(&key, None);
         let own = self.inner.get("withdraw", key.clone(), None).await?;
         let Some(rev) = own.kvs().first().map(KeyValue::create_revision) else {
