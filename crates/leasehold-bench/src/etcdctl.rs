@@ -28,6 +28,9 @@ pub(crate) struct EtcdctlReport {
     /// `leasehold run`: from SIGTERM of the leader's process to the successor's command's first
     /// line.
     pub(crate) cli: Outcome<Stats>,
+    /// The like-for-like floor of `cli`: `etcdctl elect` with the same command started and stopped
+    /// around it by a shell wrapper (no containment), timed the same way.
+    pub(crate) wrapped: Outcome<Stats>,
 }
 
 impl EtcdctlReport {
@@ -37,6 +40,7 @@ impl EtcdctlReport {
             failover: Err(why.to_string()),
             election: Err(why.to_string()),
             cli: Err(why.to_string()),
+            wrapped: Err(why.to_string()),
         }
     }
 }
@@ -125,6 +129,7 @@ pub(crate) async fn measure(etcd_url: &str, plan: &Plan, cli: Option<&Outcome<Pa
         failover: skipped(),
         election: Err("not run (--only)".into()),
         cli: skipped(),
+        wrapped: skipped(),
     };
     if plan.wants("etcdctl") {
         eprintln!("== etcdctl elect (reference)");
@@ -149,6 +154,11 @@ pub(crate) async fn measure(etcd_url: &str, plan: &Plan, cli: Option<&Outcome<Pa
             None => Err("the leasehold CLI was not located".into()),
         };
         print_stats("leasehold run handover", &report.cli);
+        report.wrapped = repeat(reps, |i| {
+            wrapped_graceful(&endpoints, format!("bench-wrapped-{run}-h{i}"))
+        })
+        .await;
+        print_stats("etcdctl elect + sh wrapper handover", &report.wrapped);
     }
     if plan.wants("election") {
         eprintln!("== etcd-client Election (reference)");
@@ -328,6 +338,57 @@ async fn graceful(endpoints: &str, election: String) -> Outcome<Duration> {
     let at = b.elected("B", Duration::from_secs(10)).await;
     a.stop().await;
     b.stop().await;
+    Ok(at?.saturating_duration_since(t0))
+}
+
+/// `etcdctl elect` run by a shell wrapper that starts the bench's command
+/// (`sh -c 'echo up NAME; exec sleep 1000'`) once elected, and on SIGTERM stops it (SIGTERM,
+/// waits for it) before it makes etcdctl resign (SIGINT): what `leasehold run` does, without
+/// its containment (no process group, cgroup, subreapers or checks that the tree is empty).
+const WRAPPER: &str = r#"
+dir=$(mktemp -d) && mkfifo "$dir/out" || exit 1
+ETCDCTL_API=3 etcdctl --endpoints="$1" elect "$2" "$3" > "$dir/out" 2>/dev/null & elect=$!
+exec 3< "$dir/out"
+rm -r "$dir"
+trap 'kill -INT $elect; wait $elect; exit 143' TERM
+while read -r line <&3; do [ "$line" = "$3" ] && break; done
+sh -c "echo up $3; exec sleep 1000" & cmd=$!
+trap 'kill -TERM $cmd; wait $cmd; kill -INT $elect; wait $elect; exit 143' TERM
+wait $cmd
+"#;
+
+/// Leader `A` (the wrapper above) gets SIGTERM; time until `B`'s command prints its line.
+async fn wrapped_graceful(endpoints: &str, election: String) -> Outcome<Duration> {
+    let spawn = |name: &str| -> Outcome<Candidate> {
+        let mut child = Command::new("sh")
+            .args(["-c", WRAPPER, "sh", endpoints, &election, name])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("sh: {e}"))?;
+        let stdout = child.stdout.take().expect("piped");
+        let (tx, lines) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut reader = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                if tx.send((Instant::now(), line)).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Candidate { child, lines })
+    };
+    let mut a = spawn("A")?;
+    a.elected("up A", Duration::from_secs(10)).await?;
+    let mut b = spawn("B")?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let t0 = Instant::now();
+    a.signal(Signal::SIGTERM);
+    let at = b.elected("up B", Duration::from_secs(10)).await;
+    a.stop_with(Signal::SIGTERM).await;
+    b.stop_with(Signal::SIGTERM).await;
     Ok(at?.saturating_duration_since(t0))
 }
 

@@ -402,7 +402,10 @@ pub(crate) fn render(
              `campaign` returning. The CLI: two `leasehold run --store {{etcd}} --lease L --ttl 2s -- sh -c \
              'echo up NAME; exec sleep 1000'` processes (release build), SIGTERM to the leader's leasehold \
              (it stops its command, releases and exits), timed to the successor's command's first line, \
-             against `etcdctl elect` as above. Same repetitions as the graceful handover.\n"
+             against `etcdctl elect` as above, and against the like-for-like floor: `etcdctl elect` run \
+             by a shell wrapper that starts the same command once elected and, on SIGTERM, stops it \
+             (SIGTERM, waits for it) before making etcdctl resign (SIGINT), without leasehold's \
+             containment. Same repetitions as the graceful handover.\n"
         );
         let _ = writeln!(
             w,
@@ -435,6 +438,12 @@ pub(crate) fn render(
             "| CLI graceful handover, from the signal to the successor's output (`leasehold run`: SIGTERM) | {} | | {} |",
             stat(&e.handover),
             stat(&e.cli)
+        );
+        let _ = writeln!(
+            w,
+            "| the same, like for like: `etcdctl elect` with the same command started and stopped around it by a \
+             shell wrapper (SIGTERM) | {} | | |",
+            stat(&e.wrapped)
         );
         let _ = writeln!(
             w,

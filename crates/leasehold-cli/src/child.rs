@@ -9,9 +9,12 @@
 //! see [`Tree`].
 
 use std::ffi::OsString;
+use std::io::IoSlice;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::ExitStatus;
+use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
@@ -65,6 +68,19 @@ impl CommandGroup {
         cgroup: Option<Cgroup>,
         quiet: bool,
     ) -> Result<Self, Failure> {
+        Self::spawn_guard(command, env, grace, cgroup, quiet, None)
+    }
+
+    /// Starts the guard; with `control`, the guard is pre-started: the command waits, exec'd only
+    /// when [`Prestarted::go`] says so through `control` (the guard's stdin).
+    fn spawn_guard(
+        command: &[OsString],
+        env: &[(&str, String)],
+        grace: Duration,
+        cgroup: Option<Cgroup>,
+        quiet: bool,
+        control: Option<OwnedFd>,
+    ) -> Result<Self, Failure> {
         let mut guard = tokio::process::Command::new(own_executable());
         guard
             .arg0("leasehold")
@@ -81,6 +97,9 @@ impl CommandGroup {
         }
         if crate::output::timestamps() {
             guard.arg("--timestamps");
+        }
+        if let Some(control) = control {
+            guard.arg("--prestarted").stdin(Stdio::from(control));
         }
         guard
             .arg("--")
@@ -160,7 +179,9 @@ impl CommandGroup {
         let graceful = kill_at > now && !hurry.is_cancelled();
         // One scan for both: the count, and the processes that get SIGTERM.
         let processes = if graceful {
-            self.tree.signal(Signal::SIGTERM, &guard).len()
+            let n = self.tree.signal_quickly(Signal::SIGTERM, &guard).len();
+            crate::trace::point("stop.sigterm_sent");
+            n
         } else {
             self.tree.members().iter().filter(|p| p.pid != self.guard_pid).count()
         };
@@ -172,6 +193,7 @@ impl CommandGroup {
                 () = tokio::time::sleep_until(kill_at.into()) => None,
                 () = hurry.cancelled() => None,
             };
+            crate::trace::point("stop.guard_exited");
             if status.is_some() {
                 // Seen empty in two scans begun after the guard's exit; else (a guard killed by
                 // someone else leaves its tree behind) what got SIGTERM has the rest of the grace.
@@ -180,6 +202,7 @@ impl CommandGroup {
                         emptied = self.tree.wait_empty(kill_at, &[], &[]) => emptied,
                         () = hurry.cancelled() => false,
                     };
+                crate::trace::point("stop.tree_empty");
                 if emptied {
                     self.emptied = true;
                     return Ok(Stop {
@@ -218,6 +241,85 @@ impl CommandGroup {
         self.tree.kill_until_empty(until, &reap).await?;
         self.emptied = true;
         Ok(found)
+    }
+}
+
+/// A child guard started before the election, with its command waiting to be exec'd (in the
+/// cgroup leaf already, where there is one): what is left to do once elected is one message and
+/// an exec, instead of a leaf, two exec's of this binary, a runtime and a cgroup migration (about
+/// 10 ms: the kernel waits for an RCU grace period on the first move of a process into a
+/// cgroup). Nothing of the command runs before [`Prestarted::go`]: the waiting process is this
+/// binary (`__exec-when-elected`), which execs the command only on the message `go` sends, and
+/// exits without running anything when the message never comes (its socket closes).
+#[derive(Debug)]
+pub(crate) struct Prestarted {
+    group: CommandGroup,
+    /// `run`'s end of the guard's stdin, a `SOCK_SEQPACKET` socket shared by the waiting process.
+    control: OwnedFd,
+}
+
+impl Prestarted {
+    /// Starts the guard and the waiting process for `command`.
+    pub(crate) fn start(
+        command: &[OsString],
+        grace: Duration,
+        cgroup: Option<Cgroup>,
+        quiet: bool,
+    ) -> Result<Self, Failure> {
+        use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
+        let (control, theirs) = socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
+            .map_err(|e| Failure::runtime(format!("cannot make the child guard's socket: {e}")))?;
+        let group = CommandGroup::spawn_guard(command, &[], grace, cgroup, quiet, Some(theirs))?;
+        Ok(Prestarted { group, control })
+    }
+
+    /// The process group id (the guard's pid).
+    pub(crate) fn pgid(&self) -> i32 {
+        self.group.guard_pid
+    }
+
+    /// Execs the command with `env` added, and this process's stdin as its stdin. `Err` with the
+    /// group (to [`Prestarted::discard`]) when the waiting process is gone: nothing was started.
+    pub(crate) fn go(mut self, env: &[(&str, String)]) -> Result<CommandGroup, Box<Prestarted>> {
+        use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags, sendmsg};
+        if let Ok(Some(_)) = self.group.guard.try_wait() {
+            return Err(Box::new(self));
+        }
+        let mut message = Vec::new();
+        for (key, value) in env {
+            message.extend_from_slice(key.as_bytes());
+            message.push(b'=');
+            message.extend_from_slice(value.as_bytes());
+            message.push(0);
+        }
+        // The command's stdin is this process's, as for a command started directly (a closed
+        // stdin: none is passed, and the command gets /dev/null).
+        let stdin = std::io::stdin().as_fd().try_clone_to_owned().ok();
+        let fds: Vec<_> = stdin.iter().map(AsFd::as_fd).collect();
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut ancillary = SendAncillaryBuffer::new(&mut space);
+        if !fds.is_empty() {
+            ancillary.push(SendAncillaryMessage::ScmRights(&fds));
+        }
+        let sent = sendmsg(
+            &self.control,
+            &[IoSlice::new(&message)],
+            &mut ancillary,
+            SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
+        );
+        match sent {
+            Ok(_) => Ok(self.group),
+            Err(_) => Err(Box::new(self)),
+        }
+    }
+
+    /// Ends the guard and its waiting process (nothing of the command ever ran), and waits until
+    /// they are gone.
+    pub(crate) async fn discard(self) {
+        let Prestarted { mut group, control } = self;
+        drop(control); // the waiting process reads the end of its socket and exits
+        let _ = group.clear(Some(Instant::now() + STUCK_AFTER)).await;
+        group.wait().await;
     }
 }
 

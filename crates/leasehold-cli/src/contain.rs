@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use leasehold::{Leader, LeaseName};
 use tokio_util::sync::CancellationToken;
 
-use crate::child::{CommandGroup, STUCK_AFTER, Stopped};
+use crate::child::{CommandGroup, Prestarted, STUCK_AFTER, Stopped};
 use crate::exit::Failure;
 use crate::output::{self, short};
 use crate::tree::{Cgroup, Process, Tree, list};
@@ -144,6 +144,9 @@ impl Containment {
     /// next to them. `false` when leadership ended first.
     pub(crate) async fn clear_earlier(&self, leader: &Leader, name: &str) -> bool {
         let earlier = Tree::below_me(None);
+        if earlier.surely_empty() {
+            return true;
+        }
         let left = earlier.members();
         if left.is_empty() {
             return true;
@@ -168,6 +171,7 @@ impl Containment {
         leaf: &str,
     ) -> Result<CommandGroup, Failure> {
         let cgroup = self.leaf(leaf);
+        crate::trace::point("run.leaf_made");
         let group = CommandGroup::spawn(&self.command, env, self.kill.grace, cgroup, self.quiet)?;
         let place = match group.cgroup() {
             Some(dir) => format!("process group {}, cgroup {}", group.pgid(), dir.display()),
@@ -175,6 +179,46 @@ impl Containment {
         };
         self.log(format_args!("started {name} ({place}) at term {}", leader.term()));
         Ok(group)
+    }
+
+    /// Starts a guard and its waiting process before the election (see [`Prestarted`]), in a
+    /// cgroup v2 leaf `leasehold-PID-rN` where one can be made. `None` when that fails: the
+    /// command is then started the usual way once elected.
+    pub(crate) fn prestart(&self) -> Option<Prestarted> {
+        static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        if self.command.is_empty() {
+            return None;
+        }
+        let run = RUNS.fetch_add(1, Ordering::SeqCst) + 1;
+        let cgroup = self.leaf(&format!("leasehold-{}-r{run}", std::process::id()));
+        Prestarted::start(&self.command, self.kill.grace, cgroup, self.quiet).ok()
+    }
+
+    /// [`Containment::start`] with a pre-started guard: the command is exec'd at once. Falls back
+    /// to starting a guard the usual way when the pre-started one is gone.
+    pub(crate) async fn start_prestarted(
+        &self,
+        prestarted: Prestarted,
+        leader: &Leader,
+        name: &str,
+        env: &[(&str, String)],
+        leaf: &str,
+    ) -> Result<CommandGroup, Failure> {
+        let pgid = prestarted.pgid();
+        match prestarted.go(env) {
+            Ok(group) => {
+                let place = match group.cgroup() {
+                    Some(dir) => format!("process group {pgid}, cgroup {}", dir.display()),
+                    None => format!("process group {pgid}"),
+                };
+                self.log(format_args!("started {name} ({place}) at term {}", leader.term()));
+                Ok(group)
+            }
+            Err(prestarted) => {
+                prestarted.discard().await;
+                self.start(leader, name, env, leaf)
+            }
+        }
     }
 
     /// Leadership is ending, for the reason `why`: says so, then stops the command's tree

@@ -58,6 +58,10 @@ pub(crate) struct GuardArgs {
     /// Start log lines with the time (as `run` does).
     #[arg(long)]
     timestamps: bool,
+    /// Pre-started before the election: the command is exec'd only when `run` sends the word
+    /// through this process's stdin (see `child::Prestarted`).
+    #[arg(long)]
+    prestarted: bool,
     /// The command and its arguments.
     #[arg(required = true, last = true, value_parser = clap::value_parser!(OsString))]
     command: Vec<OsString>,
@@ -76,6 +80,7 @@ pub(crate) fn main(args: GuardArgs) -> i32 {
 }
 
 async fn guard(args: GuardArgs) -> i32 {
+    crate::trace::point("guard.runtime");
     crate::output::set_timestamps(args.timestamps);
     let parent = Pid::from_raw(args.parent);
     let handlers = (
@@ -100,8 +105,21 @@ async fn guard(args: GuardArgs) -> i32 {
     }
     let mut cgroup = args.cgroup.as_ref().map(Cgroup::at);
     let program = &args.command[0];
-    let mut command = tokio::process::Command::new(program);
-    command.args(&args.command[1..]);
+    let mut command = if args.prestarted {
+        // Waits in this binary for `run`'s word, then execs the command in place (same pid, born
+        // in the leaf).
+        let mut waiting = tokio::process::Command::new(crate::child::own_executable());
+        waiting
+            .arg0("leasehold")
+            .arg(EXEC_WHEN_ELECTED)
+            .arg("--")
+            .args(&args.command);
+        waiting
+    } else {
+        let mut command = tokio::process::Command::new(program);
+        command.args(&args.command[1..]);
+        command
+    };
     // The command is born in the leaf: the guard steps into it for the fork, and back out to its
     // own cgroup right after (no process of its own in the leaf, so that the leaf empties when the
     // command's tree does). No `pre_exec` (the workspace forbids `unsafe`), and no extra exec of
@@ -117,7 +135,9 @@ async fn guard(args: GuardArgs) -> i32 {
             None
         }
     });
+    crate::trace::point("guard.spawning");
     let spawned = command.spawn();
+    crate::trace::point("guard.spawned");
     if let Some(own) = entered
         && let Err(e) = own.enter()
     {
@@ -132,6 +152,13 @@ async fn guard(args: GuardArgs) -> i32 {
                 .map_or_else(String::new, |p| p.display().to_string()),
         );
         cgroup = None;
+    }
+    if args.prestarted {
+        // Only the waiting process keeps the socket: once it is gone, `run`'s word fails instead
+        // of going nowhere.
+        if let Ok(null) = std::fs::File::open("/dev/null") {
+            let _ = nix::unistd::dup2_stdin(null);
+        }
     }
     let tree = Tree::below_me(cgroup);
     let mut child = match spawned {
@@ -158,10 +185,11 @@ async fn guard(args: GuardArgs) -> i32 {
             }
             // Sent by `run` to the whole tree: the command got it too, and will exit (or be
             // killed). Stay until then.
-            _ = terminate.recv() => {}
+            _ = terminate.recv() => crate::trace::point("guard.sigterm"),
             _ = interrupt.recv() => {}
         }
     };
+    crate::trace::point("guard.child_exited");
     let code = match status {
         Ok(status) => exit_code(status),
         Err(e) => {
@@ -169,7 +197,9 @@ async fn guard(args: GuardArgs) -> i32 {
             RUNTIME
         }
     };
-    if let Some((count, how)) = end_leftovers(&tree, Duration::from_millis(args.grace_ms)).await
+    let leftovers = end_leftovers(&tree, Duration::from_millis(args.grace_ms)).await;
+    crate::trace::point("guard.exit");
+    if let Some((count, how)) = leftovers
         && !args.quiet
     {
         let (noun, them) = if count == 1 {
@@ -191,6 +221,87 @@ async fn guard(args: GuardArgs) -> i32 {
         ));
     }
     code
+}
+
+/// The hidden first argument of the process that waits for `run`'s word (`child::Prestarted`).
+pub(crate) const EXEC_WHEN_ELECTED: &str = "__exec-when-elected";
+
+/// `leasehold __exec-when-elected -- CMD...`, started by a pre-started guard, stdin a socket from
+/// `run`: waits for one message (the environment to add, `KEY=VALUE` each ended by a NUL, and
+/// `run`'s stdin as a file descriptor), then execs CMD with them. Runs nothing, and exits 0, when
+/// the socket closes without a message. No runtime and no argument parser: this is on the way
+/// from the election to the command.
+pub(crate) fn exec_when_elected(args: &[OsString]) -> i32 {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, recvmsg};
+    use std::os::fd::AsFd;
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::process::CommandExt;
+    let command = match args.first() {
+        Some(first) if first == "--" => &args[1..],
+        _ => args,
+    };
+    let Some(program) = command.first() else {
+        eprintln!("leasehold: {EXEC_WHEN_ELECTED}: no command");
+        return RUNTIME;
+    };
+    let mut buffer = vec![0u8; 64 * 1024];
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut ancillary = RecvAncillaryBuffer::new(&mut space);
+    let stdin = std::io::stdin();
+    let received = loop {
+        match recvmsg(
+            stdin.as_fd(),
+            &mut [std::io::IoSliceMut::new(&mut buffer)],
+            &mut ancillary,
+            RecvFlags::CMSG_CLOEXEC,
+        ) {
+            Err(rustix::io::Errno::INTR) => continue,
+            other => break other,
+        }
+    };
+    let bytes = match received {
+        Ok(message) if message.bytes > 0 => message.bytes,
+        Ok(_) => return 0, // never elected: `run` closed the socket
+        Err(e) => {
+            eprintln!("leasehold: {EXEC_WHEN_ELECTED}: cannot read the word to start: {e}");
+            return RUNTIME;
+        }
+    };
+    crate::trace::point("exec.received");
+    let mut passed = None;
+    for message in ancillary.drain() {
+        if let RecvAncillaryMessage::ScmRights(mut fds) = message {
+            passed = passed.or(fds.next());
+        }
+    }
+    let env: Vec<(&std::ffi::OsStr, &std::ffi::OsStr)> = buffer[..bytes]
+        .split(|b| *b == 0)
+        .filter_map(|pair| {
+            let at = pair.iter().position(|b| *b == b'=')?;
+            Some((
+                std::ffi::OsStr::from_bytes(&pair[..at]),
+                std::ffi::OsStr::from_bytes(&pair[at + 1..]),
+            ))
+        })
+        .collect();
+    // The command's stdin is `run`'s (or /dev/null when `run` had none), not this socket.
+    let replaced = match passed {
+        Some(fd) => nix::unistd::dup2_stdin(fd),
+        None => std::fs::File::open("/dev/null")
+            .map_err(|e| nix::Error::from_raw(e.raw_os_error().unwrap_or(0)))
+            .and_then(nix::unistd::dup2_stdin),
+    };
+    if let Err(e) = replaced {
+        eprintln!("leasehold: {EXEC_WHEN_ELECTED}: cannot set the command's stdin: {e}");
+        return RUNTIME;
+    }
+    let error = std::process::Command::new(program).args(&command[1..]).envs(env).exec();
+    eprintln!("leasehold: cannot run {}: {error}", program.to_string_lossy());
+    if error.kind() == std::io::ErrorKind::NotFound {
+        NOT_FOUND
+    } else {
+        NOT_EXECUTABLE
+    }
 }
 
 /// Moves the guard into `leaf` (what it forks next is born there); returns the cgroup to move

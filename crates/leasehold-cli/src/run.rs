@@ -13,7 +13,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
 use crate::RunArgs;
-use crate::child::{CommandGroup, STUCK_AFTER, check_program, describe, exit_code};
+use crate::child::{CommandGroup, Prestarted, STUCK_AFTER, check_program, describe, exit_code};
 use crate::contain::{Containment, KillTiming};
 use crate::exit::{AUTH, Failure, NOT_ELECTED, is_auth_failure};
 use crate::http;
@@ -56,7 +56,7 @@ pub(crate) async fn run(url: &str, args: RunArgs) -> Result<i32, Failure> {
     };
     let serving = Arc::new(http::State::new(args.ttl));
     let stop = Shutdown::listen()?;
-    let store = connect(url).await?;
+    let store = crate::trace::wrap(connect(url).await?);
     let builder = Elector::builder(store, lease.as_str())
         .ttl(args.ttl)
         .candidate_id(id.as_str())
@@ -88,6 +88,7 @@ pub(crate) async fn run(url: &str, args: RunArgs) -> Result<i32, Failure> {
         explained: Mutex::new(None),
         auth: Arc::new(AuthWatch::new(args.auth_retry, args.wait.is_some())),
         serving,
+        prestarted: Mutex::new(None),
     });
     ctx.contain.prepare();
     // Subscribed before the first campaign: an early failure is not missed.
@@ -104,7 +105,15 @@ pub(crate) async fn run(url: &str, args: RunArgs) -> Result<i32, Failure> {
         });
     }
     let mut failures = 0u32;
-    loop {
+    let code = loop {
+        // The next term's command waits, exec'd as soon as elected (also after --keep-running's
+        // restart); a term after a loss within one round starts its command the usual way.
+        {
+            let mut slot = ctx.prestarted.lock().expect("prestarted lock");
+            if slot.is_none() {
+                *slot = ctx.contain.prestart();
+            }
+        }
         let finished = CancellationToken::new();
         *ctx.finished.lock().expect("finished lock") = finished.clone();
         let task = {
@@ -127,17 +136,18 @@ pub(crate) async fn run(url: &str, args: RunArgs) -> Result<i32, Failure> {
         };
         match elector.run_until(task, shutdown).await {
             Ok(()) => {}
-            Err(RunError::Task(failure)) => return Err(failure),
-            Err(RunError::Panicked) => return Err(Failure::runtime("the supervisor panicked")),
+            Err(RunError::Task(failure)) => break Err(failure),
+            Err(RunError::Panicked) => break Err(Failure::runtime("the supervisor panicked")),
             Err(RunError::Election(e)) => {
-                return Err(Failure::store(format!("cannot campaign for lease {lease}"), &e));
+                break Err(Failure::store(format!("cannot campaign for lease {lease}"), &e));
             }
         }
         if let Some(signal) = stop.signal() {
-            return Ok(128 + signal);
+            crate::trace::point("run.exit");
+            break Ok(128 + signal);
         }
         if ctx.auth.give_up.is_cancelled() || (ctx.give_up.is_cancelled() && ctx.auth.failing()) {
-            return Err(ctx.auth.failure(&lease));
+            break Err(ctx.auth.failure(&lease));
         }
         if ctx.give_up.is_cancelled() && !ctx.elected.load(Ordering::SeqCst) {
             let holder = match &*elector.observe().borrow() {
@@ -148,12 +158,12 @@ pub(crate) async fn run(url: &str, args: RunArgs) -> Result<i32, Failure> {
                 "not elected for lease {lease} within --wait {} ({holder}); the command was not run",
                 short(args.wait.unwrap_or_default()),
             ));
-            return Ok(NOT_ELECTED);
+            break Ok(NOT_ELECTED);
         }
         let exited = ctx.exited.lock().expect("exit status lock").take();
         let Some(exited) = exited else { continue };
         if !ctx.keep_running {
-            return Ok(exited.code);
+            break Ok(exited.code);
         }
         if exited.code == 0 || exited.ran >= BACKOFF_CAP {
             failures = 0;
@@ -172,11 +182,17 @@ pub(crate) async fn run(url: &str, args: RunArgs) -> Result<i32, Failure> {
                 () = ctx.auth.give_up.cancelled() => {}
             }
             if let Some(signal) = stop.signal() {
-                return Ok(128 + signal);
+                break Ok(128 + signal);
             }
         }
         ctx.log(format_args!("campaigning again for lease {lease}"));
+    };
+    // Never elected again: the waiting command is ended unrun.
+    let unused = ctx.prestarted.lock().expect("prestarted lock").take();
+    if let Some(prestarted) = unused {
+        prestarted.discard().await;
     }
+    code
 }
 
 /// How the command's run ended, when it ended on its own.
@@ -213,11 +229,14 @@ struct Supervisor {
     auth: Arc<AuthWatch>,
     /// What `--http` serves: this instance's leadership and the store's health.
     serving: Arc<http::State>,
+    /// The next term's command, waiting to be exec'd (see `child::Prestarted`).
+    prestarted: Mutex<Option<Prestarted>>,
 }
 
 impl Supervisor {
     /// The leader's task: run the command until it exits, or until leadership ends.
     async fn supervise(&self, leader: Leader) -> Result<(), Failure> {
+        crate::trace::point("run.supervise");
         if self.contain.command.is_empty() {
             return self.hold(leader).await;
         }
@@ -244,7 +263,17 @@ impl Supervisor {
             ("LEASEHOLD_TERM", term.to_string()),
         ];
         let leaf = format!("leasehold-{}-{term}", std::process::id());
-        let mut group = self.contain.start(&leader, name, &env, &leaf)?;
+        crate::trace::point("run.checks_done");
+        let prestarted = self.prestarted.lock().expect("prestarted lock").take();
+        let mut group = match prestarted {
+            Some(prestarted) => {
+                self.contain
+                    .start_prestarted(prestarted, &leader, name, &env, &leaf)
+                    .await?
+            }
+            None => self.contain.start(&leader, name, &env, &leaf)?,
+        };
+        crate::trace::point("run.guard_spawned");
         let started = Instant::now();
         let leading = self.serving.leading(&leader);
         tokio::select! {
@@ -254,11 +283,13 @@ impl Supervisor {
             }
             () = leader.cancelled() => drop(leading),
         }
+        crate::trace::point("run.leader_cancelled");
 
         // Leadership is ending: say why first, once.
         *self.explained.lock().expect("explained lock") = Some(term);
         let why = self.why_ending(&leader);
         self.contain.stop(&leader, name, &mut group, &why).await;
+        crate::trace::point("run.stopped");
         Ok(())
     }
 
@@ -495,6 +526,11 @@ async fn log_events(mut events: tokio::sync::broadcast::Receiver<Event>, elector
             continue;
         }
         ctx.auth.succeeded();
+        match &event {
+            Event::Elected { .. } => crate::trace::point("event.elected"),
+            Event::Deposed { .. } => crate::trace::point("event.deposed"),
+            _ => {}
+        }
         match event {
             Event::Elected { term, valid_until, at } => {
                 last_trouble = None;
@@ -588,6 +624,7 @@ impl Shutdown {
                     output::log("second signal: killing the command now");
                     hurry.cancel();
                 } else {
+                    crate::trace::point("run.signal");
                     received.store(number, Ordering::SeqCst);
                     requested.cancel();
                 }

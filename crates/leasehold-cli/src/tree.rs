@@ -94,6 +94,37 @@ fn all_processes() -> Vec<Process> {
         .collect()
 }
 
+/// The children of `pid` (of each of its threads), from the kernel's children lists; `None` when
+/// they cannot be read (the process is gone, or the kernel has none).
+fn children_of(pid: i32) -> Option<Vec<i32>> {
+    let mut children = Vec::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let tid = entry.ok()?.file_name();
+        let text = std::fs::read_to_string(format!("/proc/{pid}/task/{}/children", tid.to_string_lossy())).ok()?;
+        children.extend(text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+    }
+    Some(children)
+}
+
+/// This process's children, zombies included. `None` when that cannot be told for sure: no
+/// children lists, or a thread came or went while they were read (a thread's children move to
+/// another thread when it exits).
+fn own_children() -> Option<Vec<i32>> {
+    let threads = || -> Option<BTreeSet<String>> {
+        std::fs::read_dir("/proc/self/task")
+            .ok()?
+            .map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect()
+    };
+    let before = threads()?;
+    let mut children = Vec::new();
+    for tid in &before {
+        let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/children")).ok()?;
+        children.extend(text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+    }
+    (threads()? == before).then_some(children)
+}
+
 /// One scan of `/proc`.
 #[derive(Clone, Debug)]
 struct Scan {
@@ -416,6 +447,66 @@ impl Tree {
         members
     }
 
+    /// The live processes of the tree found by following the kernel's children lists down from
+    /// the root (`/proc/PID/task/TID/children`), with the leaf's: a few reads for a small tree
+    /// instead of a scan of all of `/proc`. Like a scan, it may miss a process forked meanwhile:
+    /// for signalling, not for deciding that the tree is empty. `None` where the kernel has no
+    /// children lists (`CONFIG_PROC_CHILDREN`).
+    pub(crate) fn members_by_children(&self) -> Option<Vec<Process>> {
+        let mut others = guards();
+        if let Some(own) = self.guard {
+            others.remove(&own);
+        }
+        let mut members = Vec::new();
+        let mut seen = HashSet::from([self.root]);
+        let mut queue = vec![self.root];
+        while let Some(parent) = queue.pop() {
+            let children = match children_of(parent) {
+                Some(children) => children,
+                None if parent == self.root => return None,
+                None => continue,
+            };
+            for child in children {
+                if others.contains(&child) || !seen.insert(child) {
+                    continue;
+                }
+                if let Some(process) = Process::read(child) {
+                    members.push(process);
+                    queue.push(child);
+                }
+            }
+        }
+        if let Some(cgroup) = &self.cgroup {
+            for pid in cgroup.pids() {
+                if seen.insert(pid)
+                    && let Some(process) = Process::read(pid)
+                {
+                    members.push(process);
+                }
+            }
+        }
+        members.retain(Process::is_live);
+        Some(members)
+    }
+
+    /// Whether the tree is surely empty, told without scanning `/proc`: the root is this process,
+    /// whose children lists hold none but other commands' guards, and the leaf (if any) is not
+    /// populated. A live process of the tree would have a chain of parents up to this process (a
+    /// child subreaper: an orphan below it comes to it or to a living guard below it, never
+    /// elsewhere), so one of this process's children, live or a zombie, would be its ancestor.
+    /// `false` when it cannot tell this way (the caller then scans).
+    pub(crate) fn surely_empty(&self) -> bool {
+        if self.root != getpid().as_raw() {
+            return false;
+        }
+        let Some(children) = own_children() else {
+            return false;
+        };
+        let others = guards();
+        let outside = |pid: &i32| others.contains(pid) && self.guard != Some(*pid);
+        children.iter().all(outside) && self.cgroup.as_ref().is_none_or(|c| c.populated() == Some(false))
+    }
+
     /// Whether the tree is empty in two scans that began at `since` or later, one after the
     /// other: no live member but `except`, and the leaf (if any) unpopulated.
     fn is_empty_since(&self, since: Instant, except: &[i32]) -> (bool, Scan) {
@@ -431,6 +522,19 @@ impl Tree {
     /// `cgroup.kill`. Returns the members found.
     pub(crate) fn signal(&self, signal: Signal, except: &[i32]) -> Vec<Process> {
         self.signal_in(&scan_since(Instant::now()).processes, signal, except)
+    }
+
+    /// [`Tree::signal`], to the members found through the children lists where the kernel has
+    /// them (see [`Tree::members_by_children`]: no scan of `/proc` before the signal goes out).
+    pub(crate) fn signal_quickly(&self, signal: Signal, except: &[i32]) -> Vec<Process> {
+        let Some(members) = self.members_by_children() else {
+            return self.signal(signal, except);
+        };
+        let members: Vec<Process> = members.into_iter().filter(|p| !except.contains(&p.pid)).collect();
+        for process in &members {
+            send(process, signal);
+        }
+        members
     }
 
     /// [`Tree::signal`] to the members found in `processes` (a scan of `/proc`).
@@ -478,6 +582,9 @@ impl Tree {
     /// Whether the tree is empty but for `except` now: no live member in two scans begun now,
     /// one after the other, and the leaf (if any) unpopulated. Reaps first.
     pub(crate) fn is_empty_now(&self, except: &[i32]) -> bool {
+        if self.surely_empty() {
+            return true;
+        }
         let since = Instant::now();
         Tree::reap_in(&scan_since(since).processes, &[]);
         self.is_empty_since(since, except).0
@@ -486,6 +593,9 @@ impl Tree {
     /// Waits up to `until` for every member but `except` to be gone; reaps meanwhile. Whether it
     /// emptied.
     pub(crate) async fn wait_empty(&self, until: Instant, except: &[i32], reap_except: &[i32]) -> bool {
+        if self.surely_empty() {
+            return true;
+        }
         // Scans that began after the last look are news, whichever tree made them.
         let mut since = Instant::now();
         if until > since {
