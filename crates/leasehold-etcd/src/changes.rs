@@ -256,6 +256,11 @@ impl Waiter {
         let Some(predecessor) = self.inner.predecessor(&own, p) else {
             return;
         };
+        if self.released.is_none() {
+            // The engine asks for announcements beside the stream: the store's watch may have
+            // been set up after this stream last looked for it.
+            self.released = crate::announce::released(&self.inner, &self.keys.lease);
+        }
         let Some(released) = self.released.as_mut() else {
             return;
         };

@@ -43,12 +43,30 @@ struct Queue {
     b: EtcdStore,
     lease: LeaseName,
     grant_a: Grant,
-    _announcements: Announcements,
+    announcements: Option<Announcements>,
     changes: Changes,
 }
 
 impl Queue {
     async fn new() -> Option<Queue> {
+        let mut q = Queue::without_announcements().await?;
+        q.announce().await;
+        Some(q)
+    }
+
+    /// `b`'s store watches the lease's announcements from now on (the engine asks for them
+    /// beside the change stream, so they may come after it).
+    async fn announce(&mut self) {
+        let announcements = self
+            .b
+            .announcements(&self.lease)
+            .await
+            .expect("announcements")
+            .expect("etcd announces");
+        self.announcements = Some(announcements);
+    }
+
+    async fn without_announcements() -> Option<Queue> {
         let url = require_server("etcd", "LEASEHOLD_ETCD_URL")?;
         let address = url
             .trim_start_matches("etcd://")
@@ -73,11 +91,6 @@ impl Queue {
         let Acquired::Granted(grant_a) = a.acquire(&request(&lease, "a")).await.expect("a acquires") else {
             panic!("a is first and must be granted");
         };
-        let announcements = b
-            .announcements(&lease)
-            .await
-            .expect("announcements")
-            .expect("etcd announces");
         assert!(matches!(
             b.acquire(&request(&lease, "b")).await.expect("b queues"),
             Acquired::Held(_)
@@ -91,7 +104,7 @@ impl Queue {
             b,
             lease,
             grant_a,
-            _announcements: announcements,
+            announcements: None,
             changes,
         })
     }
@@ -188,6 +201,40 @@ async fn a_release_grants_the_next_candidate_with_no_request() {
         ],
         "{history:?}"
     );
+    q.b.release(&grant).await.expect("b releases");
+    q.finish().await;
+}
+
+/// The same when `b`'s store began watching the announcements only after its change stream had
+/// found and watched `a` (as the engine may have them).
+#[tokio::test]
+async fn a_release_grants_on_release_when_the_announcements_came_after_the_stream() {
+    let Some(mut q) = Queue::without_announcements().await else {
+        return;
+    };
+    let (a, grant_a) = (q.a.clone(), q.grant_a.clone());
+    let mut changes = std::mem::replace(&mut q.changes, Box::pin(futures::stream::empty()));
+    let woken = tokio::spawn(async move {
+        let yielded = changes.next().await;
+        (yielded, changes)
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    q.announce().await;
+    q.changes = Box::pin(futures::stream::empty());
+    q.proxy.faults().set(Direction::Reply, Fault::Delay(DELAY));
+    a.release(&grant_a).await.expect("a releases");
+    let (yielded, _changes) = tokio::time::timeout(DELAY * 10, woken)
+        .await
+        .expect("b is woken")
+        .expect("the stream's task");
+    assert_eq!(yielded, Some(()));
+    let (answer, took) = q.acquire_b().await;
+    let Acquired::Granted(grant) = answer else {
+        panic!("b must be granted: {answer:?}");
+    };
+    assert!(took < DELAY / 2, "b's acquire took {took:?}: it asked etcd");
+    assert!(grant.ttl < TTL, "{grant:?}");
+    q.proxy.faults().heal();
     q.b.release(&grant).await.expect("b releases");
     q.finish().await;
 }
