@@ -19,7 +19,7 @@ use crate::elector::{Elector, ElectorBuilder, Leader, RunError, now};
 use crate::error::{Error, Result};
 use crate::store::LeaseStore;
 use crate::types::{AcquireRequest, Acquired, CandidateId, Expiry, LeaseName, Observation};
-use plan::{Member, plan};
+use plan::{Member, plan_claimed};
 pub use status::{GroupMember, GroupStatus, ShardStatus};
 use status::{fnv1a, parse, shard_lease};
 
@@ -459,7 +459,15 @@ impl LeaseGroup {
         for &s in &leading {
             owners[s as usize] = Some(inner.id.clone());
         }
-        let plan = plan(&members, &owners, inner.max_moves);
+        // This member's other campaigns are its claims: the plan keeps them here (up to the
+        // quota) instead of spreading them afresh as the other shards change hands.
+        let mut claims: Vec<Option<CandidateId>> = vec![None; inner.shards as usize];
+        for &s in rounds.shards.keys() {
+            if let Some(claim) = claims.get_mut(s as usize) {
+                *claim = Some(inner.id.clone());
+            }
+        }
+        let plan = plan_claimed(&members, &owners, &claims, inner.max_moves);
         let mut pending = HashMap::new();
         let mut stopping = Vec::new();
         for shard in 0..inner.shards {
@@ -467,17 +475,28 @@ impl LeaseGroup {
             let running = rounds.shards.contains_key(&shard);
             if mine && !running {
                 // Held by someone who is no live member: a forced move once this member gets it.
-                let stranded = status
+                let record = status
                     .shards
                     .binary_search_by_key(&shard, |s| s.shard)
                     .ok()
-                    .and_then(|i| status.shards[i].lease.holder.as_ref())
+                    .map(|i| &status.shards[i].lease);
+                let stranded = record
+                    .and_then(|r| r.holder.as_ref())
                     .is_some_and(|h| h.id != inner.id && owners[shard as usize].is_none());
                 if stranded {
                     metrics::counter!(MOVES, "group" => inner.group.to_string(), "kind" => "forced").increment(1);
                 }
-                debug!(shard, stranded, "campaigning for the shard");
-                let started = self.start(shard, task)?;
+                // A record that only a contender ends (no clock, or an orphaned row): this
+                // member has been timing its version already; the shard's new elector would
+                // start timing it afresh, a TTL more.
+                let takeover = record.filter(|_| stranded).and_then(|r| rounds.takeover(r, observed));
+                debug!(
+                    shard,
+                    stranded,
+                    takeover = takeover.is_some(),
+                    "campaigning for the shard"
+                );
+                let started = self.start(shard, task, takeover)?;
                 rounds.shards.insert(shard, started);
             } else if !mine && running {
                 if leading.contains(&shard) {
@@ -547,8 +566,9 @@ impl LeaseGroup {
         }
     }
 
-    /// Starts campaigning for `shard`, running `task` whenever this member leads it.
-    fn start<F, Fut, E>(&self, shard: u32, task: &Arc<F>) -> Result<Running>
+    /// Starts campaigning for `shard`, running `task` whenever this member leads it; with
+    /// `takeover`, first replaces the stranded record (see [`Takeover`]).
+    fn start<F, Fut, E>(&self, shard: u32, task: &Arc<F>, takeover: Option<Takeover>) -> Result<Running>
     where
         F: Fn(ShardLeader) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = std::result::Result<(), E>> + Send + 'static,
@@ -570,7 +590,14 @@ impl LeaseGroup {
             let elector = elector.clone();
             let stop = stop.clone();
             let successor = successor.clone();
+            let inner = self.inner.clone();
             async move {
+                if let Some(takeover) = takeover {
+                    tokio::select! {
+                        () = takeover.run(&inner, shard) => {}
+                        () = stop.cancelled() => return,
+                    }
+                }
                 let outcome = elector
                     .run_until_handing_over(
                         move |leader| {
@@ -671,6 +698,45 @@ const IMBALANCE: &str = "leasehold_group_imbalance";
 /// live member any more (`kind="forced"`).
 const MOVES: &str = "leasehold_group_moves_total";
 
+/// A stranded shard record that this member has seen unchanged since before a campaign for it
+/// starts: at `due` (its TTL after the listing that first showed this version) the member
+/// replaces it by its version and releases it, as [`LeaseGroup::clear_dead_members`] does with
+/// member leases, so that the shard's elector finds it free instead of timing the version
+/// again from its own first sight (a second TTL). If the holder renewed meanwhile (another
+/// version) the store refuses, and the elector times the record itself.
+#[derive(Debug)]
+struct Takeover {
+    version: String,
+    due: Instant,
+}
+
+impl Takeover {
+    async fn run(self, inner: &Inner, shard: u32) {
+        tokio::time::sleep_until(tokio::time::Instant::from_std(self.due)).await;
+        let Ok(lease) = shard_lease(&inner.group, shard, inner.shards) else {
+            return;
+        };
+        let request = AcquireRequest {
+            lease,
+            candidate: inner.id.clone(),
+            ttl: inner.ttl,
+            takeover: Some(self.version),
+        };
+        let replaced = async {
+            if let Acquired::Granted(grant) = inner.store.acquire(&request).await? {
+                inner.store.release(&grant).await?;
+                debug!(shard, "replaced the record of a holder that stopped renewing it");
+            }
+            Ok::<(), Error>(())
+        };
+        match tokio::time::timeout(inner.ttl, replaced).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => debug!(shard, %error, "could not replace a stranded shard's record"),
+            Err(_) => debug!(shard, "replacing a stranded shard's record timed out"),
+        }
+    }
+}
+
 /// A running shard campaign.
 struct Running {
     stop: CancellationToken,
@@ -697,19 +763,46 @@ struct Rounds {
 impl Rounds {
     /// Whether a held record counts as alive: on stores without a clock (and for orphaned
     /// records), only until its version has been seen unchanged for its TTL.
+    ///
+    /// Every record's version is timed, also while its holder's session still holds it: when
+    /// a row is orphaned (the session ended), its version has been timed since the listing
+    /// that first showed it, not since the first listing that showed it orphaned. That is the
+    /// record-version rule: the holder's last renewal wrote that version after it was sent, so
+    /// the holder stopped believing in it before a TTL after the listing showed it.
     fn alive(&mut self, lease: &Observation, observed: bool, at: Instant) -> bool {
         let Some(holder) = &lease.holder else { return false };
+        let since = self.seen_since(&lease.lease, &holder.version, at);
         if !observed && !holder.orphaned {
             return true;
         }
+        at < since + holder.ttl
+    }
+
+    /// Since when the version `version` of `lease` has been seen (listings up to `at`).
+    fn seen_since(&mut self, lease: &LeaseName, version: &str, at: Instant) -> Instant {
         let seen = self
             .versions
-            .entry(lease.lease.clone())
-            .or_insert_with(|| (holder.version.clone(), at));
-        if seen.0 != holder.version {
-            *seen = (holder.version.clone(), at);
+            .entry(lease.clone())
+            .or_insert_with(|| (version.to_string(), at));
+        if seen.0 != version {
+            *seen = (version.to_string(), at);
         }
-        at < seen.1 + holder.ttl
+        seen.1
+    }
+
+    /// What a new campaign may take over at once (or as soon as the TTL is up): a held
+    /// record that only a contender ends (`observed`, or orphaned) and whose version this
+    /// member has been timing.
+    fn takeover(&self, record: &Observation, observed: bool) -> Option<Takeover> {
+        let holder = record.holder.as_ref()?;
+        if !observed && !holder.orphaned {
+            return None;
+        }
+        let (version, since) = self.versions.get(&record.lease)?;
+        (*version == holder.version).then(|| Takeover {
+            version: version.clone(),
+            due: *since + holder.ttl,
+        })
     }
 
     /// Forgets campaigns whose task ended on its own (it gave the shard up).

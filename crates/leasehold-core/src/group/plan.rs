@@ -6,8 +6,11 @@
 //!    to the members with the largest remainders, then to those owning the most shards now (so
 //!    a balanced group keeps its counts), then by id.
 //! 2. Every owner keeps its shards up to its quota, lowest shard numbers first.
-//! 3. Unowned shards (free, or held by someone who is not a live member) go, in shard order, to
-//!    the member furthest below its quota (ties by id): a dead member's shards are spread.
+//! 3. Unowned shards (free, or held by someone who is not a live member) that a member already
+//!    campaigns for stay with it, up to its quota (its *claims*: a campaign waiting out a dead
+//!    holder's TTL is not moved to another member when other shards change hands meanwhile);
+//!    the rest go, in shard order, to the member furthest below its quota (ties by id): a dead
+//!    member's shards are spread.
 //! 4. Shards above an owner's quota move to the member furthest below its quota, at most
 //!    `max_moves` of them per plan; the others stay where they are until a later plan.
 //!
@@ -35,7 +38,21 @@ pub(crate) struct Plan {
 
 /// Plans the group: `members` are the live members (any order, unique ids), `owners[shard]` the
 /// current owner of each shard as seen (any id; ids that are not live members count as unowned).
+#[cfg(test)]
 pub(crate) fn plan(members: &[Member], owners: &[Option<CandidateId>], max_moves: usize) -> Plan {
+    plan_claimed(members, owners, &[], max_moves)
+}
+
+/// [`plan`], with `claims[shard]`: the member known to campaign for a shard that no live member
+/// owns (a member knows only its own campaigns; missing entries are `None`). A claim keeps the
+/// shard with its claimant up to the claimant's quota; a claim on a shard a live member owns
+/// counts for nothing.
+pub(crate) fn plan_claimed(
+    members: &[Member],
+    owners: &[Option<CandidateId>],
+    claims: &[Option<CandidateId>],
+    max_moves: usize,
+) -> Plan {
     let shards = owners.len();
     let mut members: Vec<&Member> = members.iter().filter(|m| m.weight > 0).collect();
     members.sort_by(|a, b| a.id.cmp(&b.id));
@@ -75,7 +92,20 @@ pub(crate) fn plan(members: &[Member], owners: &[Option<CandidateId>], max_moves
             .filter(|&i| assigned[i] < quota[i])
             .max_by(|&a, &b| (quota[a] - assigned[a]).cmp(&(quota[b] - assigned[b])).then(b.cmp(&a)))
     };
+    // Claims before the spread: whoever campaigns for an unowned shard keeps it, so that plans
+    // made while a dead member's shards are taken over one by one (each member's counts
+    // changing between rounds) keep pointing every campaign at the same shards.
+    let mut spread = Vec::with_capacity(unowned.len());
     for shard in unowned {
+        match claims.get(shard).and_then(Option::as_ref).and_then(&index) {
+            Some(i) if assigned[i] < quota[i] => {
+                targets[shard] = Some(members[i].id.clone());
+                assigned[i] += 1;
+            }
+            _ => spread.push(shard),
+        }
+    }
+    for shard in spread {
         let i = neediest(&assigned).expect("quotas add up to the shard count");
         targets[shard] = Some(members[i].id.clone());
         assigned[i] += 1;
@@ -232,6 +262,88 @@ mod tests {
         let owners = vec![Some(id("gone")); 10];
         let plan = plan(&members(&["a", "b"]), &owners, 0);
         assert_eq!(counts(&plan, &["a", "b"]), vec![5, 5]);
+        assert_eq!(plan.moves, 0);
+    }
+
+    /// A dead member's shards are taken over one by one (each after its holder's TTL): while
+    /// some are, the plan of each member for the others must not change, or a member stops a
+    /// campaign that was about to win and starts another that waits a TTL again (seen on
+    /// Postgres: c's shards led again after 7 s instead of 4.5).
+    #[test]
+    fn a_claimed_shard_stays_with_its_claimant_while_others_are_taken_over() {
+        // c owned 0..21, a 21..43, b 43..64.
+        let owner = |s: usize| match s {
+            0..21 => "c",
+            21..43 => "a",
+            _ => "b",
+        };
+        let before: Vec<Option<CandidateId>> = (0..64).map(|s| Some(id(owner(s)))).collect();
+        let two = members(&["a", "b"]);
+        let first = plan(&two, &before, 16);
+        let planned = |who: &str| -> Vec<usize> {
+            (0..64)
+                .filter(|&s| before[s] == Some(id("c")) && first.targets[s] == Some(id(who)))
+                .collect()
+        };
+        let (for_a, for_b) = (planned("a"), planned("b"));
+        assert_eq!((for_a.len(), for_b.len()), (10, 11), "c's 21 shards, 32/32 after");
+        // b has taken over three of its planned shards (its last three: takeovers end in any
+        // order); a's campaigns still wait.
+        let (waiting_b, taken_b) = for_b.split_at(for_b.len() - 3);
+        let mut now = before.clone();
+        for &s in taken_b {
+            now[s] = Some(id("b"));
+        }
+        // a's view: its own campaigns are claims.
+        let mut claims = vec![None; 64];
+        for &s in &for_a {
+            claims[s] = Some(id("a"));
+        }
+        let seen_by_a = plan_claimed(&two, &now, &claims, 16);
+        // b's view: the rest of its own campaigns are claims.
+        let mut claims = vec![None; 64];
+        for &s in waiting_b {
+            claims[s] = Some(id("b"));
+        }
+        let seen_by_b = plan_claimed(&two, &now, &claims, 16);
+        for (view, plan) in [("a", &seen_by_a), ("b", &seen_by_b)] {
+            for &s in &for_a {
+                assert_eq!(
+                    plan.targets[s],
+                    Some(id("a")),
+                    "{view}'s plan moved a's campaign on shard {s}"
+                );
+            }
+            for &s in &for_b {
+                assert_eq!(
+                    plan.targets[s],
+                    Some(id("b")),
+                    "{view}'s plan moved b's campaign on shard {s}"
+                );
+            }
+            assert_eq!(plan.moves, 0);
+        }
+        // Without claims the spread of the rest shifts (what happened before): b needs only 8
+        // more, a 10, so the lowest unowned shards, b's campaigns, go to a, and a's to b.
+        let unclaimed = plan(&two, &now, 16);
+        let shifted = for_a.iter().filter(|&&s| unclaimed.targets[s] != Some(id("a"))).count();
+        assert!(
+            shifted >= 5,
+            "the scenario no longer shows the shift ({shifted} of a's moved)"
+        );
+    }
+
+    #[test]
+    fn a_claim_on_an_owned_shard_counts_for_nothing_and_claims_respect_quotas() {
+        let two = members(&["a", "b"]);
+        // a owns 0..4; b claims them all and 4..8 too (a stale view): b keeps 4 at most.
+        let owners: Vec<Option<CandidateId>> = (0..8).map(|s| (s < 4).then(|| id("a"))).collect();
+        let claims = vec![Some(id("b")); 8];
+        let plan = plan_claimed(&two, &owners, &claims, 8);
+        assert_eq!(counts(&plan, &["a", "b"]), vec![4, 4]);
+        for s in 0..4 {
+            assert_eq!(plan.targets[s], Some(id("a")));
+        }
         assert_eq!(plan.moves, 0);
     }
 
