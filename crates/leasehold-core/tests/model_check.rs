@@ -25,6 +25,16 @@
 //! rates) and asserts that the checker finds the double leadership; a third forgets, as the
 //! engine did before, what the earlier campaign knew, and asserts that the checker finds the
 //! stale read-back grant of the safety review's finding 1.
+//!
+//! A last pair runs the machines against etcd's queue instead of one record ([`Queue`]):
+//! sessions that expire a TTL after their last keepalive (taking their candidate's key), keys
+//! in revision order, a release of the first key leaving a marker, and a successor granted on
+//! that marker with no further keepalive. Believed from its last keepalive's send
+//! ([`Grant::valid_since`]), no double leadership is found; believed from the acquire's send, the
+//! checker finds one (the successor pauses, its session expires, the next candidate is granted
+//! while the successor still believes). That model has no message loss, no late requests, no
+//! hand-overs and no breaks, and the etcd store's own steps (the change stream's wait for the
+//! marker, the grant's records written after it) are not in it.
 
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
@@ -111,6 +121,7 @@ struct State {
     max_elected_term: u64,
     term_went_back: bool,
     announced: bool,
+    queue: Queue,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -130,6 +141,7 @@ enum Action {
     Restart(usize),
     Shutdown(usize),
     Stall(usize),
+    KeepAlive(usize),
 }
 
 struct Election {
@@ -171,6 +183,37 @@ struct Election {
     /// it ([`Input::RenewalsAnnounced`]): followers take announced versions as sightings and
     /// stop polling.
     announce: bool,
+    /// The store is etcd's queue (see [`Queue`]) instead of one record: `Some(true)` when its
+    /// grants on a predecessor's release are valid since the successor's last keepalive
+    /// ([`Grant::valid_since`]), `Some(false)` when they claim validity from the acquire's send
+    /// (the mistake the model must catch).
+    queue: Option<bool>,
+    /// How many keepalives of a session the candidates' processes may send on their own (a
+    /// waiting candidate's change stream keeps its session alive), at any moment.
+    keepalives: u8,
+}
+
+/// etcd's queue, as `leasehold-etcd` keeps it: each candidate has a session (an etcd lease that
+/// expires a TTL after its last keepalive, deleting the candidate's key with it) and a key whose
+/// revision is its place and its term; the first key leads once granted. A release of the first
+/// key leaves a marker naming it; a candidate whose predecessor (the key before its own when it
+/// queued) is named by the marker is granted without a further keepalive, on the strength of its
+/// last one (the store's own `acquire`, answered in the candidate's process). Any other grant
+/// sends a keepalive after the acquire began, as the ordinary path does; a renewal too.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+struct Queue {
+    /// (candidate, revision, predecessor's revision when it queued), in revision order.
+    keys: Vec<(usize, u64, Option<u64>)>,
+    granted: Option<u64>,
+    /// Store time (ms) at which each candidate's session expires, while it has one.
+    sessions: [Option<u64>; 3],
+    /// The candidate's local instant at which it sent its session's last confirmed keepalive.
+    confirmed: [Option<Instant>; 3],
+    /// The revision a release of the first key named last.
+    released_first: Option<u64>,
+    keepalives_left: u8,
+    /// A grant on release was made.
+    on_release: bool,
 }
 
 fn local_now(rates: &[u64; 3], now_ms: u64, i: usize) -> Instant {
@@ -216,6 +259,9 @@ impl Election {
 
     /// The store applies a request at the current real time.
     fn apply(&self, s: &mut State, from: usize, request: &Request) -> ModelReply {
+        if let Some(since_fix) = self.queue {
+            return self.apply_queue(s, from, request, since_fix);
+        }
         if self.expiry == Expiry::ServerClock && s.record.as_ref().is_some_and(|r| s.now >= r.expires_at) {
             s.record = None;
             s.previous_end = Some(EndReason::Expired);
@@ -292,6 +338,149 @@ impl Election {
             }
             Request::Inspect => ModelReply::Inspect(self.observation(s)),
             Request::Withdraw => ModelReply::Withdraw,
+        }
+    }
+
+    /// Sessions whose TTL ran out end, with their keys (an expired holder's term ends unmarked).
+    fn expire_sessions(&self, s: &mut State) {
+        for i in 0..self.candidates {
+            if s.queue.sessions[i].is_some_and(|at| s.now >= at) {
+                s.queue.sessions[i] = None;
+                s.queue.confirmed[i] = None;
+                s.queue.keys.retain(|k| k.0 != i);
+            }
+        }
+        if let Some(g) = s.queue.granted
+            && !s.queue.keys.iter().any(|k| k.1 == g)
+        {
+            s.queue.granted = None;
+            s.previous_end = Some(EndReason::Expired);
+        }
+    }
+
+    /// A keepalive of `i`'s session, sent and confirmed now (a session etcd no longer has is
+    /// not revived).
+    fn keep_alive(&self, s: &mut State, i: usize) {
+        if s.queue.sessions[i].is_some() {
+            s.queue.sessions[i] = Some(s.now + self.timing.ttl.as_millis() as u64);
+            s.queue.confirmed[i] = Some(self.local(s, i));
+        }
+    }
+
+    fn queue_observation(&self, s: &State) -> Observation {
+        let holder = s
+            .queue
+            .keys
+            .first()
+            .filter(|k| s.queue.granted == Some(k.1))
+            .map(|k| HolderInfo {
+                id: candidate(k.0),
+                term: Term(k.1),
+                ttl: self.timing.ttl,
+                version: k.1.to_string(),
+                orphaned: false,
+                reserved: false,
+                store_remaining: s.queue.sessions[k.0].map(|at| Duration::from_millis(at.saturating_sub(s.now))),
+            });
+        Observation {
+            lease: lease(),
+            last_term: Term(s.last_term),
+            previous_end: if holder.is_none() { s.previous_end } else { None },
+            holder,
+        }
+    }
+
+    fn queue_grant(&self, rev: u64, i: usize) -> Grant {
+        Grant {
+            lease: lease(),
+            holder: candidate(i),
+            term: Term(rev),
+            ttl: self.timing.ttl,
+            token: rev.to_string(),
+        }
+    }
+
+    /// [`Election::apply`] on etcd's queue ([`Queue`]).
+    fn apply_queue(&self, s: &mut State, from: usize, request: &Request, since_fix: bool) -> ModelReply {
+        self.expire_sessions(s);
+        let ttl = self.timing.ttl.as_millis() as u64;
+        let own = s.queue.keys.iter().position(|k| k.0 == from);
+        match request {
+            Request::Acquire(_) => {
+                if s.queue.sessions[from].is_none() {
+                    s.queue.sessions[from] = Some(s.now + ttl);
+                    s.queue.confirmed[from] = Some(self.local(s, from));
+                }
+                let at = match own {
+                    Some(at) => at,
+                    None => {
+                        s.last_term += 1;
+                        let predecessor = s.queue.keys.last().map(|k| k.1);
+                        s.queue.keys.push((from, s.last_term, predecessor));
+                        s.queue.keys.len() - 1
+                    }
+                };
+                let (_, rev, predecessor) = s.queue.keys[at];
+                if s.queue.granted == Some(rev) {
+                    // Asked again after that leadership ended for it (or by an abandoned call):
+                    // the etcd store hands the term over to the candidate itself and takes it
+                    // with a new one, deleting the keys queued ahead of the new key (all others).
+                    s.last_term += 1;
+                    s.queue.keys = vec![(from, s.last_term, None)];
+                    s.queue.granted = Some(s.last_term);
+                    self.keep_alive(s, from);
+                    return ModelReply::Acquire(Acquired::Granted(self.queue_grant(s.last_term, from)));
+                }
+                if at != 0 {
+                    return ModelReply::Acquire(Acquired::Held(self.queue_observation(s)));
+                }
+                let now = self.local(s, from);
+                let confirmed = s.queue.confirmed[from].expect("a live session");
+                let on_release = s.queue.granted != Some(rev)
+                    && predecessor.is_some()
+                    && s.queue.released_first == predecessor
+                    && now.duration_since(confirmed) < self.timing.ttl / 2;
+                s.queue.granted = Some(rev);
+                if on_release {
+                    s.queue.on_release = true;
+                    let grant = self.queue_grant(rev, from);
+                    let grant = if since_fix {
+                        grant.valid_since(confirmed, now)
+                    } else {
+                        grant
+                    };
+                    return ModelReply::Acquire(Acquired::Granted(grant));
+                }
+                self.keep_alive(s, from);
+                ModelReply::Acquire(Acquired::Granted(self.queue_grant(rev, from)))
+            }
+            Request::Renew(g) => match own.map(|at| s.queue.keys[at]) {
+                Some((_, rev, _)) if Term(rev) == g.term && s.queue.granted == Some(rev) => {
+                    self.keep_alive(s, from);
+                    ModelReply::Renew(Renewed::Renewed(self.queue_grant(rev, from)))
+                }
+                _ => ModelReply::Renew(Renewed::Lost(self.queue_observation(s))),
+            },
+            Request::Release(g) | Request::HandOver(g, _) => {
+                if let Some(at) = own.filter(|at| Term(s.queue.keys[*at].1) == g.term) {
+                    let (_, rev, _) = s.queue.keys.remove(at);
+                    if at == 0 {
+                        s.queue.released_first = Some(rev);
+                    }
+                    if s.queue.granted == Some(rev) {
+                        s.queue.granted = None;
+                    }
+                    s.previous_end = Some(EndReason::Released);
+                }
+                ModelReply::Release
+            }
+            Request::Inspect => ModelReply::Inspect(self.queue_observation(s)),
+            Request::Withdraw => {
+                if let Some(at) = own {
+                    s.queue.keys.remove(at);
+                }
+                ModelReply::Withdraw
+            }
         }
     }
 
@@ -420,6 +609,10 @@ impl Model for Election {
             max_elected_term: 0,
             term_went_back: false,
             announced: false,
+            queue: Queue {
+                keepalives_left: self.keepalives,
+                ..Queue::default()
+            },
         }]
     }
 
@@ -449,6 +642,9 @@ impl Model for Election {
             }
             if s.stalls_left > 0 && !s.stalled[i] && m.believes_leader(now) {
                 actions.push(Action::Stall(i));
+            }
+            if s.queue.keepalives_left > 0 && s.queue.sessions[i].is_some() {
+                actions.push(Action::KeepAlive(i));
             }
             if s.shutdowns_left > 0 && !m.is_stopped() {
                 actions.push(Action::Shutdown(i));
@@ -561,6 +757,11 @@ impl Model for Election {
                 s.stalls_left -= 1;
                 s.stalled[i] = true;
             }
+            Action::KeepAlive(i) => {
+                s.queue.keepalives_left -= 1;
+                self.expire_sessions(&mut s);
+                self.keep_alive(&mut s, i);
+            }
             Action::Deliver(k) => match s.net.remove(k) {
                 msg @ Msg::Request { .. } => self.answer(&mut s, msg, false),
                 // The announcement stream outlives a campaign's machine no more than its driver
@@ -606,6 +807,9 @@ impl Model for Election {
             Property::sometimes("a leader is elected", |_, s: &State| s.max_elected_term >= 1),
             Property::sometimes("leadership changes hands", |_, s: &State| s.max_elected_term >= 2),
             Property::sometimes("an announcement reaches a follower", |_, s: &State| s.announced),
+            Property::sometimes("a candidate is granted on its predecessor's release", |_, s: &State| {
+                s.queue.on_release
+            }),
         ]
     }
 
@@ -658,6 +862,8 @@ fn model(expiry: Expiry, drift: u32) -> Election {
         prompt: false,
         own_acquire_frees: false,
         announce: false,
+        queue: None,
+        keepalives: 0,
     }
 }
 
@@ -882,4 +1088,45 @@ fn announced_renewals_with_late_requests_are_safe() {
         assert!(found.contains(&"leadership changes hands"), "{expiry:?}");
         assert!(found.contains(&"an announcement reaches a follower"), "{expiry:?}");
     }
+}
+
+/// etcd's queue ([`Queue`]): three candidates queue with sessions; the leader may resign (its
+/// release marks the next key first), the next is then granted on the release with no further
+/// keepalive, valid since its last one; any process may pause (a paused successor stops
+/// renewing, its session expires and the third candidate takes over), a session may be kept
+/// alive once at any moment. Messages are delivered promptly (no loss, no late application):
+/// the space must stay small enough for the broken variant's counterexample to be found.
+fn queue_model(since_fix: bool) -> Election {
+    Election {
+        horizon_ms: 1_800,
+        losses: 0,
+        resigns: 1,
+        pauses: 1,
+        prompt: true,
+        queue: Some(since_fix),
+        keepalives: 1,
+        ..model(Expiry::ServerClock, 200)
+    }
+}
+
+#[test]
+fn a_grant_on_release_believed_from_the_acquire_send_is_caught() {
+    let (states, found) = check(queue_model(false), 4_000_000);
+    assert!(found.contains(&"a candidate is granted on its predecessor's release"));
+    println!("queue, grants on release from the send: {states} unique states explored; discoveries: {found:?}");
+    assert!(
+        found.contains(&"at most one candidate believes it leads"),
+        "no counterexample found"
+    );
+}
+
+#[test]
+fn a_grant_on_release_believed_from_the_last_keepalive_is_safe() {
+    let (states, found) = check(queue_model(true), 4_000_000);
+    println!("queue, grants on release from the keepalive: {states} unique states explored; discoveries: {found:?}");
+    assert!(states >= 100_000, "explored only {states} states");
+    assert!(!found.contains(&"at most one candidate believes it leads"));
+    assert!(!found.contains(&"terms strictly increase"));
+    assert!(found.contains(&"leadership changes hands"));
+    assert!(found.contains(&"a candidate is granted on its predecessor's release"));
 }
