@@ -480,15 +480,19 @@ impl LeaseGroup {
                     .binary_search_by_key(&shard, |s| s.shard)
                     .ok()
                     .map(|i| &status.shards[i].lease);
+                let live_owner = owners[shard as usize]
+                    .as_ref()
+                    .is_some_and(|o| members.iter().any(|m| &m.id == o));
                 let stranded = record
                     .and_then(|r| r.holder.as_ref())
-                    .is_some_and(|h| h.id != inner.id && owners[shard as usize].is_none());
+                    .is_some_and(|h| h.id != inner.id && !live_owner);
                 if stranded {
                     metrics::counter!(MOVES, "group" => inner.group.to_string(), "kind" => "forced").increment(1);
                 }
                 // A record that only a contender ends (no clock, or an orphaned row): this
-                // member has been timing its version already; the shard's new elector would
-                // start timing it afresh, a TTL more.
+                // member has been timing its version already (also while the record still
+                // counts as alive: a dead member's shards were renewed after its member lease);
+                // the shard's new elector would start timing it afresh, a TTL more.
                 let takeover = record.filter(|_| stranded).and_then(|r| rounds.takeover(r, observed));
                 debug!(
                     shard,
