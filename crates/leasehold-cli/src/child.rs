@@ -179,9 +179,7 @@ impl CommandGroup {
         let graceful = kill_at > now && !hurry.is_cancelled();
         // One scan for both: the count, and the processes that get SIGTERM.
         let processes = if graceful {
-            let n = self.tree.signal_quickly(Signal::SIGTERM, &guard).len();
-            crate::trace::point("stop.sigterm_sent");
-            n
+            self.tree.signal_quickly(Signal::SIGTERM, &guard).len()
         } else {
             self.tree.members().iter().filter(|p| p.pid != self.guard_pid).count()
         };
@@ -193,7 +191,6 @@ impl CommandGroup {
                 () = tokio::time::sleep_until(kill_at.into()) => None,
                 () = hurry.cancelled() => None,
             };
-            crate::trace::point("stop.guard_exited");
             if status.is_some() {
                 // Seen empty in two scans begun after the guard's exit; else (a guard killed by
                 // someone else leaves its tree behind) what got SIGTERM has the rest of the grace.
@@ -202,7 +199,6 @@ impl CommandGroup {
                         emptied = self.tree.wait_empty(kill_at, &[], &[]) => emptied,
                         () = hurry.cancelled() => false,
                     };
-                crate::trace::point("stop.tree_empty");
                 if emptied {
                     self.emptied = true;
                     return Ok(Stop {

@@ -171,7 +171,6 @@ impl Containment {
         leaf: &str,
     ) -> Result<CommandGroup, Failure> {
         let cgroup = self.leaf(leaf);
-        crate::trace::point("run.leaf_made");
         let group = CommandGroup::spawn(&self.command, env, self.kill.grace, cgroup, self.quiet)?;
         let place = match group.cgroup() {
             Some(dir) => format!("process group {}, cgroup {}", group.pgid(), dir.display()),

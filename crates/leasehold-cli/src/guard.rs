@@ -12,7 +12,11 @@
 //!    is still the one that started it (it may have died before the request);
 //! 4. starts the command, in the cgroup leaf `run` made when there is one (the guard moves itself
 //!    into the leaf for the fork and back out to its own cgroup right after, so the command is
-//!    born in the leaf and the guard is not in it), and waits for it;
+//!    born in the leaf and the guard is not in it), and waits for it. `run` starts the guard of
+//!    its next term before the election (`--prestarted`): the guard then starts, in the leaf,
+//!    this binary as `__exec-when-elected`, which waits for `run`'s word (the term's environment
+//!    and `run`'s stdin, over a socket that was the guard's stdin) and execs the command in
+//!    place; without the word it runs nothing (see `child::Prestarted`);
 //! 5. if the parent dies meanwhile (SIGHUP and `getppid()` changed, or the once-a-second check
 //!    sees it), kills the whole tree with SIGKILL until nothing of it is left, and exits;
 //! 6. when the command exits, ends what it left behind (SIGTERM, then SIGKILL after the grace,
@@ -80,7 +84,6 @@ pub(crate) fn main(args: GuardArgs) -> i32 {
 }
 
 async fn guard(args: GuardArgs) -> i32 {
-    crate::trace::point("guard.runtime");
     crate::output::set_timestamps(args.timestamps);
     let parent = Pid::from_raw(args.parent);
     let handlers = (
@@ -135,9 +138,7 @@ async fn guard(args: GuardArgs) -> i32 {
             None
         }
     });
-    crate::trace::point("guard.spawning");
     let spawned = command.spawn();
-    crate::trace::point("guard.spawned");
     if let Some(own) = entered
         && let Err(e) = own.enter()
     {
@@ -185,11 +186,10 @@ async fn guard(args: GuardArgs) -> i32 {
             }
             // Sent by `run` to the whole tree: the command got it too, and will exit (or be
             // killed). Stay until then.
-            _ = terminate.recv() => crate::trace::point("guard.sigterm"),
+            _ = terminate.recv() => {}
             _ = interrupt.recv() => {}
         }
     };
-    crate::trace::point("guard.child_exited");
     let code = match status {
         Ok(status) => exit_code(status),
         Err(e) => {
@@ -197,9 +197,7 @@ async fn guard(args: GuardArgs) -> i32 {
             RUNTIME
         }
     };
-    let leftovers = end_leftovers(&tree, Duration::from_millis(args.grace_ms)).await;
-    crate::trace::point("guard.exit");
-    if let Some((count, how)) = leftovers
+    if let Some((count, how)) = end_leftovers(&tree, Duration::from_millis(args.grace_ms)).await
         && !args.quiet
     {
         let (noun, them) = if count == 1 {
@@ -267,7 +265,6 @@ pub(crate) fn exec_when_elected(args: &[OsString]) -> i32 {
             return RUNTIME;
         }
     };
-    crate::trace::point("exec.received");
     let mut passed = None;
     for message in ancillary.drain() {
         if let RecvAncillaryMessage::ScmRights(mut fds) = message {

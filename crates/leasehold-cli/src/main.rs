@@ -29,7 +29,6 @@ mod inspect;
 mod output;
 mod run;
 mod shards;
-mod trace;
 mod tree;
 
 use std::ffi::OsString;
@@ -342,13 +341,12 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 fn main() -> ExitCode {
-    trace::point("main.start");
+    // The process that waits to become a pre-started command: no argument parser on its way.
     let raw: Vec<OsString> = std::env::args_os().collect();
     if raw.get(1).is_some_and(|a| a == guard::EXEC_WHEN_ELECTED) {
         return ExitCode::from(u8::try_from(guard::exec_when_elected(&raw[2..])).unwrap_or(1));
     }
     let cli = Cli::parse();
-    trace::point("main.parsed");
     let code = match cli.command {
         Command::ChildGuard(args) => guard::main(args),
         command => match dispatch(cli.store, cli.json, command) {

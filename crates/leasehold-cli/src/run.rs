@@ -56,7 +56,7 @@ pub(crate) async fn run(url: &str, args: RunArgs) -> Result<i32, Failure> {
     };
     let serving = Arc::new(http::State::new(args.ttl));
     let stop = Shutdown::listen()?;
-    let store = crate::trace::wrap(connect(url).await?);
+    let store = connect(url).await?;
     let builder = Elector::builder(store, lease.as_str())
         .ttl(args.ttl)
         .candidate_id(id.as_str())
@@ -143,7 +143,6 @@ pub(crate) async fn run(url: &str, args: RunArgs) -> Result<i32, Failure> {
             }
         }
         if let Some(signal) = stop.signal() {
-            crate::trace::point("run.exit");
             break Ok(128 + signal);
         }
         if ctx.auth.give_up.is_cancelled() || (ctx.give_up.is_cancelled() && ctx.auth.failing()) {
@@ -236,7 +235,6 @@ struct Supervisor {
 impl Supervisor {
     /// The leader's task: run the command until it exits, or until leadership ends.
     async fn supervise(&self, leader: Leader) -> Result<(), Failure> {
-        crate::trace::point("run.supervise");
         if self.contain.command.is_empty() {
             return self.hold(leader).await;
         }
@@ -263,7 +261,6 @@ impl Supervisor {
             ("LEASEHOLD_TERM", term.to_string()),
         ];
         let leaf = format!("leasehold-{}-{term}", std::process::id());
-        crate::trace::point("run.checks_done");
         let prestarted = self.prestarted.lock().expect("prestarted lock").take();
         let mut group = match prestarted {
             Some(prestarted) => {
@@ -273,7 +270,6 @@ impl Supervisor {
             }
             None => self.contain.start(&leader, name, &env, &leaf)?,
         };
-        crate::trace::point("run.guard_spawned");
         let started = Instant::now();
         let leading = self.serving.leading(&leader);
         tokio::select! {
@@ -283,13 +279,11 @@ impl Supervisor {
             }
             () = leader.cancelled() => drop(leading),
         }
-        crate::trace::point("run.leader_cancelled");
 
         // Leadership is ending: say why first, once.
         *self.explained.lock().expect("explained lock") = Some(term);
         let why = self.why_ending(&leader);
         self.contain.stop(&leader, name, &mut group, &why).await;
-        crate::trace::point("run.stopped");
         Ok(())
     }
 
@@ -526,11 +520,6 @@ async fn log_events(mut events: tokio::sync::broadcast::Receiver<Event>, elector
             continue;
         }
         ctx.auth.succeeded();
-        match &event {
-            Event::Elected { .. } => crate::trace::point("event.elected"),
-            Event::Deposed { .. } => crate::trace::point("event.deposed"),
-            _ => {}
-        }
         match event {
             Event::Elected { term, valid_until, at } => {
                 last_trouble = None;
@@ -624,7 +613,6 @@ impl Shutdown {
                     output::log("second signal: killing the command now");
                     hurry.cancel();
                 } else {
-                    crate::trace::point("run.signal");
                     received.store(number, Ordering::SeqCst);
                     requested.cancel();
                 }
