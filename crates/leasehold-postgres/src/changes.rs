@@ -47,7 +47,10 @@
 //! the queue does not wake learn of the new leader at once, without a read each. Every statement
 //! that renews sends its renewed records the same way on [`RENEWED_CHANNEL`] (as many per
 //! notification as fit, an empty line between two), passed on as each lease's latest version: an
-//! idle follower then sees every version without polling. Neither wakes a change stream (other
+//! idle follower then sees every version without polling. The listener listens to
+//! [`RENEWED_CHANNEL`] only while the store has an announcement stream (`UNLISTEN` when the last
+//! one ends, `LISTEN` again with the next): every renewal of the database comes on it, and a
+//! store whose followers all lead now has no use for them. Neither wakes a change stream (other
 //! channels, which older versions do not listen to).
 //!
 //! The listener never retries on its own: when its connection fails, every stream ends (the
@@ -155,18 +158,40 @@ struct Lease {
     watcher: Option<Watcher>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct State {
     leases: HashMap<String, Lease>,
     /// Per lease with announcement streams: the last grant announced (streams see the latest).
     announced: HashMap<String, watch::Sender<Option<Observation>>>,
+    /// Whether some announcement stream exists: the listener listens to [`RENEWED_CHANNEL`]
+    /// only then (every renewal of the database comes on it).
+    renewals_wanted: watch::Sender<bool>,
     listener: Option<JoinHandle<()>>,
     next_id: u64,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State {
+            leases: HashMap::new(),
+            announced: HashMap::new(),
+            renewals_wanted: watch::channel(false).0,
+            listener: None,
+            next_id: 0,
+        }
+    }
 }
 
 impl State {
     fn watchers(&self) -> usize {
         self.leases.values().filter(|l| l.watcher.is_some()).count()
+    }
+
+    /// Tells the listener whether to listen to renewals, after `announced` changed.
+    fn renewals_wanted_now(&self) {
+        let wanted = !self.announced.is_empty();
+        self.renewals_wanted
+            .send_if_modified(|w| std::mem::replace(w, wanted) != wanted);
     }
 }
 
@@ -292,6 +317,7 @@ impl Notifier {
         if state.listener.as_ref().is_none_or(JoinHandle::is_finished) {
             state.listener = Some(tokio::spawn(listen(
                 Arc::downgrade(&self.state),
+                state.renewals_wanted.subscribe(),
                 self.options.clone(),
                 self.connect_timeout,
                 self.prefix.clone(),
@@ -310,6 +336,7 @@ impl Notifier {
             .or_insert_with(|| watch::channel(None).0)
             .subscribe();
         rx.mark_unchanged();
+        state.renewals_wanted_now();
         self.ensure_listener(&mut state);
         let guard = StopAnnouncing {
             state: Arc::downgrade(&self.state),
@@ -380,6 +407,7 @@ impl Drop for Notifier {
                 listener.abort();
             }
             state.announced.clear();
+            state.renewals_wanted_now();
             // Ends every stream; each watcher then finds nobody waiting and stops.
             for entry in state.leases.values_mut() {
                 entry.waiters.clear();
@@ -436,6 +464,7 @@ impl Drop for StopAnnouncing {
             .is_some_and(|tx| tx.receiver_count() == 0)
         {
             state.announced.remove(&self.lease);
+            state.renewals_wanted_now();
         }
     }
 }
@@ -553,7 +582,13 @@ fn parse<'p>(payload: &'p str, prefix: &str) -> Option<(&'p str, &'p str, Kind<'
     Some((lease, by, kind))
 }
 
-async fn listen(state: Weak<Mutex<State>>, options: PgConnectOptions, connect_timeout: Duration, prefix: String) {
+async fn listen(
+    state: Weak<Mutex<State>>,
+    mut renewals_wanted: watch::Receiver<bool>,
+    options: PgConnectOptions,
+    connect_timeout: Duration,
+    prefix: String,
+) {
     let outcome: Result<(), sqlx::Error> = async {
         let pool = PgPoolOptions::new()
             .max_connections(1)
@@ -568,8 +603,34 @@ async fn listen(state: Weak<Mutex<State>>, options: PgConnectOptions, connect_ti
         // A change made while this connects is missed; followers also attempt on their own
         // timer, so it is seen at the next attempt. (Waking everyone here instead would add a request per waiter at every
         // reconnect, for nothing in the usual case.)
-        listener.listen_all([CHANNEL, GRANTED_CHANNEL, RENEWED_CHANNEL]).await?;
-        while let Some(notification) = listener.try_recv().await? {
+        listener.listen_all([CHANNEL, GRANTED_CHANNEL]).await?;
+        let mut renewals = false;
+        loop {
+            // Renewals only while some announcement stream exists (a renewal made before the
+            // LISTEN is missed: the follower then attempts a TTL after the version it last saw,
+            // and reads the newer one, a request, not a wrong decision).
+            let wanted = *renewals_wanted.borrow_and_update();
+            if wanted != renewals {
+                if wanted {
+                    listener.listen(RENEWED_CHANNEL).await?;
+                } else {
+                    listener.unlisten(RENEWED_CHANNEL).await?;
+                }
+                renewals = wanted;
+            }
+            // `try_recv` is cancel safe (a message is taken from the buffer only when whole).
+            let notification = tokio::select! {
+                received = listener.try_recv() => match received? {
+                    Some(notification) => notification,
+                    None => break,
+                },
+                changed = renewals_wanted.changed() => {
+                    if changed.is_err() {
+                        return Ok(());
+                    }
+                    continue;
+                }
+            };
             if notification.channel() == GRANTED_CHANNEL || notification.channel() == RENEWED_CHANNEL {
                 // A renewal announcement carries the records of one statement, an empty line
                 // between two.
@@ -604,6 +665,7 @@ async fn listen(state: Weak<Mutex<State>>, options: PgConnectOptions, connect_ti
         state.leases.retain(|_, entry| entry.watcher.is_some());
         // Ends every announcement stream (their senders go).
         state.announced.clear();
+        state.renewals_wanted_now();
         state.listener = None;
     }
 }

@@ -104,6 +104,7 @@ pub async fn lock_holder(conn: &mut PgConnection, key: i64) -> Option<i32> {
 pub struct StatementCounter {
     addr: SocketAddr,
     statements: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    notifications: std::sync::Arc<std::sync::atomic::AtomicU64>,
     accepting: tokio::task::JoinHandle<()>,
 }
 
@@ -113,9 +114,12 @@ impl StatementCounter {
         let addr = listener.local_addr().unwrap();
         let statements = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let count = statements.clone();
+        let notifications = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let notified_count = notifications.clone();
         let accepting = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let count = count.clone();
+                let notified = notified_count.clone();
                 tokio::spawn(async move {
                     let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
                         return;
@@ -127,7 +131,7 @@ impl StatementCounter {
                         let _ = tokio::io::AsyncWriteExt::shutdown(&mut server_write).await;
                     };
                     let down = async {
-                        let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+                        let _ = count_backend(&mut server_read, &mut client_write, &notified).await;
                         let _ = tokio::io::AsyncWriteExt::shutdown(&mut client_write).await;
                     };
                     tokio::join!(up, down);
@@ -137,6 +141,7 @@ impl StatementCounter {
         StatementCounter {
             addr,
             statements,
+            notifications,
             accepting,
         }
     }
@@ -148,6 +153,41 @@ impl StatementCounter {
     /// Statements run through the proxy so far.
     pub fn statements(&self) -> u64 {
         self.statements.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Notifications of the `leasehold_renewed` channel (renewal announcements) delivered to
+    /// the proxy's clients so far.
+    pub fn renewal_notifications(&self) -> u64 {
+        self.notifications.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Copies the server's messages to a client, counting NotificationResponse (`A`) messages of
+/// the `leasehold_renewed` channel. Every server message has a type byte (no TLS:
+/// `sslmode=disable`).
+async fn count_backend(
+    from: &mut tokio::net::tcp::OwnedReadHalf,
+    to: &mut tokio::net::tcp::OwnedWriteHalf,
+    count: &std::sync::atomic::AtomicU64,
+) -> std::io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    loop {
+        let kind = from.read_u8().await?;
+        let length = from.read_u32().await?;
+        let mut frame = Vec::with_capacity(length as usize + 1);
+        frame.push(kind);
+        frame.extend_from_slice(&length.to_be_bytes());
+        frame.resize(length as usize + 1, 0);
+        from.read_exact(&mut frame[5..]).await?;
+        // NotificationResponse: pid (4 bytes), then the channel, NUL-terminated.
+        if kind == b'A'
+            && frame
+                .get(9..)
+                .is_some_and(|rest| rest.starts_with(b"leasehold_renewed\0"))
+        {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        to.write_all(&frame).await?;
     }
 }
 
