@@ -60,7 +60,13 @@ type Configure = Arc<dyn Fn(ElectorBuilder) -> ElectorBuilder + Send + Sync>;
 /// is slow): after a join, `ceil(moves / max_moves_per_round)` rounds of about two
 /// `rebalance_every` each, plus the tasks' own stop time; after a crash, the dead member's shards
 /// are owned again within one TTL (its member and shard leases expire) plus one round plus the
-/// store's retry interval, or about two TTLs plus rounds on stores without a clock.
+/// store's retry interval; on stores without a clock (and for rows orphaned by an ended session)
+/// within one TTL from the listing that first showed each record's last version, plus a round or
+/// two: every member times the versions it lists, finds the member dead once its lease's version
+/// is a TTL old, and replaces each stranded shard record by its version once that is a TTL old
+/// too (then releases it, so the shard's elector takes it at once instead of timing it again).
+/// A member keeps campaigning for the unowned shards it went after (its claims count as its own
+/// in its plan), so takeovers finishing in any order do not re-spread the rest.
 ///
 /// # Examples
 ///
