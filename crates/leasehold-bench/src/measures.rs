@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use leasehold::{AcquireRequest, Acquired, CandidateId, Elector, Event, Leader, LeaseName, LeaseStore, Renewed};
-use leasehold_conformance::{Direction, Fault, Faults, FaultyStore};
+use leasehold_conformance::{Direction, Fault, Faults, FaultyStore, RequestCounts};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::{broadcast, mpsc};
 use tokio::task::JoinSet;
@@ -803,17 +803,15 @@ async fn transitions(av: &Available, run: u64, n: usize, reps: usize) -> Outcome
     let lease = lease(run, &format!("transition{n}"), 0)?;
     let faults = Faults::new();
     let clients = connect_many(av, n).await?;
-    let electors: Vec<Elector> = clients
+    // Each candidate's own store too, for the per-operation breakdown printed per transition.
+    let stores: Vec<Arc<FaultyStore>> = clients
         .into_iter()
+        .map(|c| Arc::new(FaultyStore::new(c, faults.clone())))
+        .collect();
+    let electors: Vec<Elector> = stores
+        .iter()
         .enumerate()
-        .map(|(i, c)| {
-            elector(
-                Arc::new(FaultyStore::new(c, faults.clone())),
-                &lease,
-                &format!("c{i}"),
-                ttl,
-            )
-        })
+        .map(|(i, s)| elector(s.clone(), &lease, &format!("c{i}"), ttl))
         .collect::<Outcome<_>>()?;
     let (tx, mut rx) = mpsc::unbounded_channel::<(usize, Leader)>();
     let mut campaigns = JoinSet::new();
@@ -833,18 +831,109 @@ async fn transitions(av: &Available, run: u64, n: usize, reps: usize) -> Outcome
     // Let every follower finish its first attempt and settle into waiting.
     tokio::time::sleep(ttl.mul_f64(0.5).max(Duration::from_millis(300))).await;
     let mut counts = Vec::new();
-    for _ in 0..reps {
+    for rep in 0..reps {
         faults.reset_counts();
+        let before: Vec<_> = stores.iter().map(|s| s.counts()).collect();
         let (i, leader) = current;
+        let started = Instant::now();
         leader.resign().await;
         spawn(&mut campaigns, i);
         current = within(limit, "successor", rx.recv()).await?.ok_or("no successor")?;
+        let took = started.elapsed();
         tokio::time::sleep(Duration::from_millis(50)).await;
         counts.push(faults.counts().total());
+        let delta: Vec<_> = stores
+            .iter()
+            .zip(&before)
+            .map(|(s, b)| counts_since(&s.counts(), b))
+            .collect();
+        eprintln!(
+            "{} ({took:.1?} to the successor)",
+            transition_breakdown(av, n, rep, i, current.0, &delta)
+        );
     }
     current.1.resign().await;
     campaigns.shutdown().await;
     Ok(Transitions { counts })
+}
+
+/// `later - earlier`, per operation.
+fn counts_since(later: &RequestCounts, earlier: &RequestCounts) -> RequestCounts {
+    RequestCounts {
+        acquire: later.acquire - earlier.acquire,
+        renew: later.renew - earlier.renew,
+        release: later.release - earlier.release,
+        withdraw: later.withdraw - earlier.withdraw,
+        inspect: later.inspect - earlier.inspect,
+        history: later.history - earlier.history,
+        list: later.list - earlier.list,
+        changes: later.changes - earlier.changes,
+        break_lease: later.break_lease - earlier.break_lease,
+        failed: later.failed - earlier.failed,
+    }
+}
+
+/// One transition's requests by operation and by whom: the old leader `old`, its successor `new`
+/// and the others (those that made requests, and theirs together), printed by [`transitions`], e.g.
+/// `transitions sqlite n=100 #3: 4 = old c5 [release 1 changes 1] new c7 [acquire 1] others (c9) [acquire 1]`.
+fn transition_breakdown(
+    av: &Available,
+    n: usize,
+    rep: usize,
+    old: usize,
+    new: usize,
+    delta: &[RequestCounts],
+) -> String {
+    fn ops(c: &RequestCounts) -> String {
+        let all = [
+            ("release", c.release),
+            ("acquire", c.acquire),
+            ("renew", c.renew),
+            ("inspect", c.inspect),
+            ("withdraw", c.withdraw),
+            ("changes", c.changes),
+            ("history", c.history),
+            ("list", c.list),
+            ("break", c.break_lease),
+            ("failed", c.failed),
+        ];
+        let parts: Vec<String> = all
+            .iter()
+            .filter(|(_, v)| *v > 0)
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        format!("[{}]", parts.join(" "))
+    }
+    let mut others = RequestCounts::default();
+    let mut who = Vec::new();
+    for (j, d) in delta
+        .iter()
+        .enumerate()
+        .filter(|(j, d)| *j != old && *j != new && d.total() > 0)
+    {
+        who.push(format!("c{j}"));
+        others = RequestCounts {
+            acquire: others.acquire + d.acquire,
+            renew: others.renew + d.renew,
+            release: others.release + d.release,
+            withdraw: others.withdraw + d.withdraw,
+            inspect: others.inspect + d.inspect,
+            history: others.history + d.history,
+            list: others.list + d.list,
+            changes: others.changes + d.changes,
+            break_lease: others.break_lease + d.break_lease,
+            failed: others.failed + d.failed,
+        };
+    }
+    let total: u64 = delta.iter().map(RequestCounts::total).sum();
+    format!(
+        "transitions {} n={n} #{rep}: {total} = old c{old} {} new c{new} {} others ({}) {}",
+        av.url().and_then(|u| u.split(':').next()).unwrap_or("memory"),
+        ops(&delta[old]),
+        ops(&delta[new]),
+        who.join(" "),
+        ops(&others)
+    )
 }
 
 /// Store requests per second of a leader and of idle followers, each on its own client.
