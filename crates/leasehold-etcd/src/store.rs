@@ -103,6 +103,9 @@ pub(crate) struct Inner {
     /// Per candidate key granted on its predecessor's release: held until its grant's records
     /// are written, and waited for by every later operation of the key.
     records: Mutex<HashMap<String, Arc<AsyncMutex<()>>>>,
+    /// Per candidate key: the position of its latest one-shot grant, and when the first one for
+    /// that position began (see `EtcdStore::grant_on_release`).
+    one_shots: Mutex<HashMap<String, (Position, Instant)>>,
 }
 
 impl fmt::Debug for EtcdStore {
@@ -175,6 +178,7 @@ impl EtcdStore {
                 announcers: Mutex::default(),
                 behind: Mutex::default(),
                 records: Mutex::default(),
+                one_shots: Mutex::default(),
             }),
         })
     }
@@ -198,7 +202,10 @@ impl EtcdStore {
     /// Our key is then taken only by its session's expiry (or by this candidate, or an
     /// operator's break), and etcd keeps the session at least its TTL from a moment after the
     /// last keepalive it confirmed was *sent*: the grant is valid since that send
-    /// ([`Grant::valid_since`]), not since this call, which is later.
+    /// ([`Grant::valid_since`]), not since this call, which is later. A one-shot grant of the
+    /// same key, begun earlier, may still apply (an unanswered copy) and bind the key to its
+    /// own lease, granted after that one-shot began: then the grant counts from that beginning
+    /// if it is earlier.
     ///
     /// The grant's records (`started` and `granted`) are written right after, in one
     /// transaction, in a task of their own: every later operation of this key in this store
@@ -219,7 +226,14 @@ impl EtcdStore {
         if *released.borrow() != Some(predecessor) {
             return None;
         }
-        let since = inner.confirmed_since(position.ttl_secs, position.lease).await?;
+        let mut since = inner.confirmed_since(position.ttl_secs, position.lease).await?;
+        // A one-shot grant of this key at this position may still apply (a copy unanswered):
+        // it would bind the key to a lease granted after that one-shot began, which may be
+        // before the keepalive. Counted from the earlier of the two.
+        let one_shot = inner.one_shots.lock().expect("one-shots lock").get(own).copied();
+        if let Some((_, began)) = one_shot.filter(|(p, _)| *p == position) {
+            since = since.min(began);
+        }
         let now = Instant::now();
         if now.saturating_duration_since(since) >= request.ttl / 2 {
             // The session's keepalives fell behind: the ordinary path confirms it anew.
@@ -312,6 +326,20 @@ impl EtcdStore {
         inner.private.lock().expect("private lock").insert(private);
         let ttl_secs = position.ttl_secs;
         let begun = Instant::now();
+        // A copy of this transaction may apply at any later moment (copies left unanswered,
+        // or a dropped call), rebinding the key to the fresh lease: a grant on release of this
+        // key counts from no later than now (see `grant_on_release`).
+        inner
+            .one_shots
+            .lock()
+            .expect("one-shots lock")
+            .entry(own.to_string())
+            .and_modify(|(p, at)| {
+                if *p != position {
+                    (*p, *at) = (position, begun);
+                }
+            })
+            .or_insert((position, begun));
         // Spawned: the lease must be granted even if this call is dropped with copies of the
         // transaction under way.
         let mut lease_grant = {
@@ -555,6 +583,9 @@ impl Inner {
     fn publish(&self, own: &str, position: Option<Position>) {
         if position.is_none_or(|p| p.granted) {
             self.behind.lock().expect("behind lock").remove(own);
+        }
+        if position.is_none() {
+            self.one_shots.lock().expect("one-shots lock").remove(own);
         }
         self.position(own).send_if_modified(|p| {
             let changed = *p != position;
