@@ -444,23 +444,23 @@ impl AuthWatch {
         }
     }
 
-    /// A failure: says it (once per distinct text) and starts the give-up timer of a new streak.
+    /// A failure: says it once per streak (the streak's first; the give-up line names the last)
+    /// and starts the give-up timer of a new streak. Once, not once per distinct text: one refusal
+    /// shows up in several calls (an acquire's script, the withdraw when a campaign ends), each
+    /// worded by its own operation.
     fn failed(self: &Arc<Self>, error: &str) {
         let mut streak = self.streak.lock().expect("auth lock");
-        let said = streak.as_ref().is_some_and(|(_, last)| last == error);
         let new = streak.is_none();
         let since = streak.as_ref().map_or_else(Instant::now, |(since, _)| *since);
         *streak = Some((since, error.to_string()));
         drop(streak);
-        if !said {
+        if new {
             let until = if self.wait { " or until --wait ends" } else { "" };
             output::log(format_args!(
                 "the store refused our credentials or permissions (retrying for up to {}{until}, then \
                  exit 6): {error}",
                 short(self.retry)
             ));
-        }
-        if new {
             let id = self.streaks.fetch_add(1, Ordering::SeqCst) + 1;
             let this = self.clone();
             tokio::spawn(async move {
