@@ -464,7 +464,8 @@ impl Election {
             Request::Release(g) | Request::HandOver(g, _) => {
                 if let Some(at) = own.filter(|at| Term(s.queue.keys[*at].1) == g.term) {
                     let (_, rev, _) = s.queue.keys.remove(at);
-                    if at == 0 {
+                    // A hand-over (not in these runs) leaves a reservation instead: no marker.
+                    if at == 0 && matches!(request, Request::Release(_)) {
                         s.queue.released_first = Some(rev);
                     }
                     if s.queue.granted == Some(rev) {
@@ -1122,9 +1123,10 @@ fn a_grant_on_release_believed_from_the_acquire_send_is_caught() {
 
 #[test]
 fn a_grant_on_release_believed_from_the_last_keepalive_is_safe() {
-    let (states, found) = check(queue_model(true), 4_000_000);
+    // A bounded search (the target stops it at about 5.5 million unique states), not exhaustive.
+    let (states, found) = check(queue_model(true), 12_000_000);
     println!("queue, grants on release from the keepalive: {states} unique states explored; discoveries: {found:?}");
-    assert!(states >= 100_000, "explored only {states} states");
+    assert!(states >= 1_000_000, "explored only {states} states");
     assert!(!found.contains(&"at most one candidate believes it leads"));
     assert!(!found.contains(&"terms strictly increase"));
     assert!(found.contains(&"leadership changes hands"));
