@@ -41,7 +41,7 @@ use std::sync::{Arc, LazyLock, Weak};
 use futures::StreamExt;
 use leasehold_core::{Announcements, CandidateId, Changes, LeaseName, Observation};
 use notify::{RecommendedWatcher, RecursiveMode, Watcher};
-use sqlx::sqlite::SqliteConnectOptions;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, Row, SqliteConnection};
 use tokio::sync::{Mutex, oneshot, watch};
 use tracing::debug;
@@ -277,11 +277,17 @@ impl std::fmt::Debug for Notifier {
 }
 
 impl Notifier {
+    /// The notifier of the database that `options` open. Its connection writes only the queue
+    /// of waiters (`leasehold_waiters`), which orders wake-ups and nothing else, so its commits
+    /// are not synced to disk one by one (`synchronous=NORMAL`, whatever the store's setting):
+    /// a follower joining the queue then costs no fsync, and a hundred followers subscribing at
+    /// once no longer wait up to 2 s behind each other's syncs (each settles, and makes its
+    /// first attempts, before the leader's first resignation).
     pub(crate) fn new(signal: Signal, options: SqliteConnectOptions) -> Notifier {
         Notifier {
             shared: Arc::default(),
             signal,
-            options,
+            options: options.synchronous(SqliteSynchronous::Normal),
         }
     }
 
@@ -648,4 +654,40 @@ async fn read(conn: &mut SqliteConnection, names: &[&str]) -> Result<HashMap<Str
             ))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The queue of waiters is written without a sync per commit, even when the store syncs
+    /// every commit of its leases (the default, `synchronous=FULL`). Without it, each follower's
+    /// subscription waited for a disk sync behind every other's (100 followers: up to 2 s).
+    #[tokio::test]
+    async fn the_queue_of_waiters_is_written_without_a_sync_per_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("leases.db");
+        // Creates the tables.
+        crate::SqliteStore::open(&path).await.unwrap();
+        let options = SqliteConnectOptions::new()
+            .filename(&path)
+            .synchronous(SqliteSynchronous::Full);
+        let notifier = Notifier::new(Signal::of(&path), options);
+        let lease: LeaseName = "jobs".parse().unwrap();
+        let candidate: CandidateId = "b".parse().unwrap();
+        let _changes = notifier.changes(&lease, &candidate).await.unwrap().expect("watched");
+        let mut shared = notifier.shared.lock().await;
+        let conn = &mut shared.running.as_mut().expect("started").conn;
+        let queued: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM leasehold_waiters WHERE candidate = 'b'")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!(queued, 1, "b joined the queue");
+        // 0 OFF, 1 NORMAL, 2 FULL, 3 EXTRA.
+        let synchronous: i64 = sqlx::query_scalar("PRAGMA synchronous")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!(synchronous, 1, "the notifier's connection runs synchronous=NORMAL");
+    }
 }

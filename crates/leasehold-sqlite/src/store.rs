@@ -140,10 +140,7 @@ impl SqliteStore {
         let signal = Signal::of(&config.path);
         signal.create(&config.path);
         let writer = Writer::spawn(pool.clone(), config.clone(), signal.clone());
-        // The notifier's own writes are the queue of waiters (`leasehold_waiters`), which orders
-        // wake-ups and nothing else: they are not synced to disk one by one (a commit then costs
-        // no fsync, and a hundred followers subscribing at once do not queue for a second).
-        let notifier = Arc::new(Notifier::new(signal, options.synchronous(SqliteSynchronous::Normal)));
+        let notifier = Arc::new(Notifier::new(signal, options));
         Ok(SqliteStore {
             pool,
             writer,
