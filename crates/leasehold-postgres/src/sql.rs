@@ -303,9 +303,18 @@ impl Sql {
             // reset, a reply lost mid-statement, a restarted server) by taking the lock again,
             // if the row still names the grant: nobody can have been granted the lease since,
             // or the row would name them. Waits up to lock_timeout for the lock, which a
-            // contender holds for the instant of a statement that finds the lease not yet free.
+            // contender holds for the instant of a statement that finds the lease not yet free,
+            // but only while the row (as the statement's snapshot shows it) still names the
+            // grant: a grant this session released or handed over, whose renewal was already
+            // queued, must not wait for the lock of its successor (the session serves every
+            // other lease of the store meanwhile).
             relock: fill(
-                "WITH lk AS MATERIALIZED (SELECT pg_advisory_lock($4::int8)),
+                "WITH cur AS MATERIALIZED (
+                    SELECT 1 FROM {schema}.leases
+                    WHERE name = $1::text AND holder = $2::text AND term = $3::int8
+                      AND previous_end IS NULL
+                 ),
+                 lk AS MATERIALIZED (SELECT pg_advisory_lock($4::int8) FROM cur),
                  upd AS (
                     UPDATE {schema}.leases
                     SET version = $5::text, lock_key = $4::int8, lock_pid = pg_backend_pid(),
