@@ -415,6 +415,38 @@ pub struct Machine {
     renewals_announced: bool,
 }
 
+/// A follower's next attempt after it saw `seen` (its latest view of the holder), with `retry`
+/// the next poll and `safety_poll` the long backstop of a store that notifies every end.
+fn next_attempt(
+    seen: Option<&Seen>,
+    me: &CandidateId,
+    notifications: Notifications,
+    renewals_announced: bool,
+    retry: Instant,
+    safety_poll: Instant,
+    lock_delay: Duration,
+) -> Instant {
+    match (seen, notifications) {
+        (None, _) => retry,
+        // Ours from an earlier campaign (not believed): the next acquire gets a new term.
+        (Some(seen), _) if seen.holder == *me => retry,
+        // A takeover of this very version was refused (the store knows better): wait a retry
+        // interval rather than ask again at once.
+        (Some(seen), _) if seen.observed && seen.takeover_asked => retry,
+        // Every new version is announced: nothing to poll for until this one has been
+        // unchanged for a TTL.
+        (Some(seen), _) if seen.observed && renewals_announced => seen.since + seen.ttl + lock_delay,
+        (Some(seen), _) if seen.observed => retry.min(seen.since + seen.ttl + lock_delay),
+        (Some(_), Notifications::ReleaseAndExpiry) => safety_poll,
+        // The store ends the grant itself; a holder that stops renewing is looked at once
+        // its last version is a TTL old (a notification may come sooner). A lock delay runs
+        // from the end the store then shows, not from here.
+        (Some(seen), _) if renewals_announced => retry.max(seen.since + seen.ttl),
+        (Some(seen), Notifications::Release) => seen.store_deadline.map_or(retry, |at| at.max(retry)),
+        (Some(_), _) => retry,
+    }
+}
+
 /// The highest term an observation proves was granted.
 fn highest_term(observation: &Observation) -> Term {
     observation
@@ -574,8 +606,27 @@ impl Machine {
             Input::RenewalsAnnounced(live) => {
                 self.renewals_announced = live;
                 let retry = now + self.retry_delay();
-                if let (false, Some(f)) = (live, self.following_mut()) {
-                    f.next_attempt = f.next_attempt.min(retry);
+                let idle = self.pending.is_none();
+                let (me, notifications) = (self.me.clone(), self.notifications);
+                let safety_poll = now + self.timing.ttl * SAFETY_POLL_TTLS;
+                let lock_delay = self.timing.lock_delay.unwrap_or_default();
+                match self.following_mut() {
+                    Some(f) if !live => f.next_attempt = f.next_attempt.min(retry),
+                    // Announcements came after the first answer (they are set up beside the
+                    // campaign): the poll that answer armed is not needed, as if the answer had
+                    // come now. A pending request or notification re-plans anyway.
+                    Some(f) if idle && !f.notified && f.seen.is_some() => {
+                        f.next_attempt = next_attempt(
+                            f.seen.as_ref(),
+                            &me,
+                            notifications,
+                            true,
+                            retry,
+                            safety_poll,
+                            lock_delay,
+                        );
+                    }
+                    _ => {}
                 }
             }
             Input::Reply(id, reply) => match self.pending.take_if(|p| p.id == id) {
@@ -1140,24 +1191,15 @@ impl Machine {
             }
             None => f.seen = None,
         }
-        f.next_attempt = match (&f.seen, notifications) {
-            (None, _) => retry,
-            // Ours from an earlier campaign (not believed): the next acquire gets a new term.
-            (Some(seen), _) if seen.holder == me => retry,
-            // A takeover of this very version was refused (the store knows better): wait a retry
-            // interval rather than ask again at once.
-            (Some(seen), _) if seen.observed && seen.takeover_asked => retry,
-            // Every new version is announced: nothing to poll for until this one has been
-            // unchanged for a TTL.
-            (Some(seen), _) if seen.observed && renewals_announced => seen.since + seen.ttl + lock_delay,
-            (Some(seen), _) if seen.observed => retry.min(seen.since + seen.ttl + lock_delay),
-            (Some(_), Notifications::ReleaseAndExpiry) => safety_poll,
-            // The store ends the grant itself; a holder that stops renewing is looked at once
-            // its last version is a TTL old (a notification may come sooner).
-            (Some(seen), _) if renewals_announced => retry.max(seen.since + seen.ttl + lock_delay),
-            (Some(seen), Notifications::Release) => seen.store_deadline.map_or(retry, |at| at.max(retry)),
-            (Some(_), _) => retry,
-        };
+        f.next_attempt = next_attempt(
+            f.seen.as_ref(),
+            &me,
+            notifications,
+            renewals_announced,
+            retry,
+            safety_poll,
+            lock_delay,
+        );
         if std::mem::take(&mut f.notified) {
             f.next_attempt = now.max(f.not_before);
         }

@@ -1767,6 +1767,24 @@ fn announced_renewals_are_sightings_and_replace_polls() {
 }
 
 #[test]
+fn announcements_that_start_after_the_first_answer_replace_its_poll() {
+    // The stream comes up beside the campaign, often after the first acquire's answer: the poll
+    // that answer armed would be a second acquire of every follower, for nothing.
+    let mut h = Harness::new(timing(), Expiry::ObservedByContenders, Notifications::Release);
+    let op = sent_op(&h.step(0, Input::Tick));
+    let _ = h.reply(
+        0,
+        op,
+        Reply::Acquire(Ok(Acquired::Held(held(holder(other(), 2, "v1", None))))),
+    );
+    assert_eq!(h.wake(), Some(2_000));
+    assert_eq!(h.step(500, Input::RenewalsAnnounced(true)), vec![]);
+    // v1 was first seen at 0: the next attempt is when it is a TTL old, not the poll.
+    assert_eq!(h.wake(), Some(10_000));
+    assert_eq!(h.tick(2_000), vec![]);
+}
+
+#[test]
 fn a_follower_polls_again_when_announcements_stop() {
     let mut h = Harness::new(timing(), Expiry::ObservedByContenders, Notifications::Release);
     let op = sent_op(&h.step(0, Input::RenewalsAnnounced(true)));
