@@ -593,6 +593,13 @@ impl LeaseGroup {
             .candidate_id(inner.id.as_str())
             .hand_over_requests(false)
             .build()?;
+        // The takeover ends the holder's term uncleanly, as the elector's own would: after the
+        // electors' lock delay too, never sooner.
+        let lock_delay = elector.timing().lock_delay.unwrap_or_default();
+        let takeover = takeover.map(|t| Takeover {
+            due: t.due + lock_delay,
+            ..t
+        });
         let stop = CancellationToken::new();
         let successor = Arc::new(Mutex::new(None));
         let task = task.clone();

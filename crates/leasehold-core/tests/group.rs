@@ -150,6 +150,11 @@ struct Member {
 }
 
 fn join(store: &MemoryStore, book: &Arc<Book>, id: &str) -> Member {
+    join_with(store, book, id, None)
+}
+
+/// `join`, with the shard electors' lock delay set.
+fn join_with(store: &MemoryStore, book: &Arc<Book>, id: &str, lock_delay: Option<Duration>) -> Member {
     let link = Arc::new(Link {
         store: store.clone(),
         dead: AtomicBool::new(false),
@@ -157,11 +162,13 @@ fn join(store: &MemoryStore, book: &Arc<Book>, id: &str) -> Member {
         batches: AtomicUsize::new(0),
         batched: AtomicUsize::new(0),
     });
-    let group = LeaseGroup::builder(link.clone(), "orders", SHARDS)
+    let mut group = LeaseGroup::builder(link.clone(), "orders", SHARDS)
         .member_id(id)
-        .ttl(TTL)
-        .build()
-        .unwrap();
+        .ttl(TTL);
+    if let Some(delay) = lock_delay {
+        group = group.electors(move |b| b.lock_delay(delay));
+    }
+    let group = group.build().unwrap();
     let stop = CancellationToken::new();
     let book = book.clone();
     let shutdown = stop.clone().cancelled_owned();
@@ -278,6 +285,27 @@ async fn on_a_store_without_a_clock_a_dead_members_shards_move_and_its_lease_is_
     })
     .await;
     assert!(cleared.is_ok(), "b's member lease is still listed");
+    let violations = book.violations.lock().unwrap().clone();
+    assert!(violations.is_empty(), "{violations:#?}");
+    a.stop.cancel();
+    b.stop.cancel();
+}
+
+/// A member that takes a dead member's shard record over itself (stores without a clock) waits
+/// the shard electors' lock delay too, as each elector would: never sooner than a TTL plus the
+/// delay after the cut.
+#[tokio::test(start_paused = true)]
+async fn a_dead_members_shards_are_taken_over_no_sooner_than_the_electors_lock_delay() {
+    let store = MemoryStore::observed_expiry();
+    let book = Arc::new(Book::default());
+    let lock_delay = TTL * 2;
+    let a = join_with(&store, &book, "a", Some(lock_delay));
+    let b = join_with(&store, &book, "b", Some(lock_delay));
+    balanced(&book, &[32, 32], TTL * 10).await;
+    b.link.dead.store(true, Ordering::SeqCst);
+    let took = balanced(&book, &[64], TTL * 10).await;
+    println!("observed expiry with a lock delay of {lock_delay:?}: b's shards owned by a after {took:?}");
+    assert!(took >= TTL + lock_delay, "b's shards taken over after {took:?}");
     let violations = book.violations.lock().unwrap().clone();
     assert!(violations.is_empty(), "{violations:#?}");
     a.stop.cancel();
