@@ -782,7 +782,10 @@ fn issue17(w: &mut String, reports: &[BackendReport], etcdctl: Option<&EtcdctlRe
                 Ok(f) => format!(" (store expiry floor {:.2} / {:.2})", f.p50_ttl(), f.max_ttl()),
                 Err(_) => String::new(),
             };
-            Some((format!("{p:.2} / {m:.2} x TTL{floor}{}", failover_bound(r, m)), m <= 1.05))
+            Some((
+                format!("{p:.2} / {m:.2} x TTL{floor}{}", failover_bound(r, m)),
+                m <= 1.05,
+            ))
         },
         &expiring,
     );
@@ -794,7 +797,9 @@ fn issue17(w: &mut String, reports: &[BackendReport], etcdctl: Option<&EtcdctlRe
         })
     });
     let v = match met {
-        Some(false) if bounded && !smoke => "**not met** (each store over the target is at its own expiry floor, or polls)",
+        Some(false) if bounded && !smoke => {
+            "**not met** (each store over the target is at its own expiry floor, or polls)"
+        }
         _ => verdict_of(smoke, met),
     };
     row(
