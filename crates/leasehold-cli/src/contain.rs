@@ -194,7 +194,9 @@ impl Containment {
     }
 
     /// [`Containment::start`] with a pre-started guard: the command is exec'd at once. Falls back
-    /// to starting a guard the usual way when the pre-started one is gone.
+    /// to starting a guard the usual way when the pre-started one is gone; that fallback clears
+    /// the old guard first, so the lease is checked again before it (`None`: leadership ended
+    /// meanwhile, nothing started).
     pub(crate) async fn start_prestarted(
         &self,
         prestarted: Prestarted,
@@ -202,7 +204,7 @@ impl Containment {
         name: &str,
         env: &[(&str, String)],
         leaf: &str,
-    ) -> Result<CommandGroup, Failure> {
+    ) -> Result<Option<CommandGroup>, Failure> {
         let pgid = prestarted.pgid();
         match prestarted.go(env) {
             Ok(group) => {
@@ -211,11 +213,18 @@ impl Containment {
                     None => format!("process group {pgid}"),
                 };
                 self.log(format_args!("started {name} ({place}) at term {}", leader.term()));
-                Ok(group)
+                Ok(Some(group))
             }
             Err(prestarted) => {
-                prestarted.discard().await;
-                self.start(leader, name, env, leaf)
+                // Dropped half-way when leadership ends: its tree is SIGKILLed then.
+                tokio::select! {
+                    () = prestarted.discard() => {}
+                    () = leader.cancelled() => return Ok(None),
+                }
+                if !self.lease_fits(leader).await {
+                    return Ok(None);
+                }
+                self.start(leader, name, env, leaf).map(Some)
             }
         }
     }

@@ -264,9 +264,14 @@ impl Supervisor {
         let prestarted = self.prestarted.lock().expect("prestarted lock").take();
         let mut group = match prestarted {
             Some(prestarted) => {
-                self.contain
+                let started = self
+                    .contain
                     .start_prestarted(prestarted, &leader, name, &env, &leaf)
-                    .await?
+                    .await?;
+                let Some(group) = started else {
+                    return Ok(()); // leadership ended while the gone guard was cleared
+                };
+                group
             }
             None => self.contain.start(&leader, name, &env, &leaf)?,
         };
