@@ -34,6 +34,13 @@ const ONE_SHOT_RESENDS: [Duration; 4] = [
     Duration::from_millis(200),
 ];
 
+/// How long after a one-shot grant began one of its copies may still apply: its private lease
+/// (granted no earlier, for `ttl_secs`) has expired by then, with etcd's revocation lag and a
+/// margin (the entry in `Inner::one_shots` is kept that long, also after the key was withdrawn).
+fn one_shot_reach(ttl_secs: i64) -> Duration {
+    Duration::from_secs(u64::try_from(ttl_secs).unwrap_or(1).max(1) * 2 + 1)
+}
+
 /// Whether a one-shot grant's transaction that failed its compare found the key bound to that
 /// very grant's lease: an earlier copy of it applied.
 fn applied_before(resp: &TxnResponse, rev: i64, private: i64) -> bool {
@@ -230,8 +237,12 @@ impl EtcdStore {
         // A one-shot grant of this key at this position may still apply (a copy unanswered):
         // it would bind the key to a lease granted after that one-shot began, which may be
         // before the keepalive. Counted from the earlier of the two.
+        // Matched by the key's revision (the same key, also queued again by a later campaign of
+        // this store) and kept until any lease that one-shot granted has surely expired.
         let one_shot = inner.one_shots.lock().expect("one-shots lock").get(own).copied();
-        if let Some((_, began)) = one_shot.filter(|(p, _)| *p == position) {
+        if let Some((_, began)) =
+            one_shot.filter(|(p, began)| p.rev == position.rev && began.elapsed() < one_shot_reach(p.ttl_secs))
+        {
             since = since.min(began);
         }
         let now = Instant::now();
@@ -279,11 +290,24 @@ impl EtcdStore {
             ]);
         let inner = inner.clone();
         let own = own.to_string();
+        let ttl = request.ttl;
         tokio::spawn(async move {
-            for _ in 0..3 {
+            // Until written or the key is gone (the compare fails), for up to a TTL: the key's
+            // renewals wait behind this, so a term whose records cannot be written ends with it.
+            let give_up = Instant::now() + ttl;
+            let mut pause = Duration::from_millis(10);
+            loop {
                 match inner.txn("acquire (records)", txn.clone()).await {
                     Ok(_) => break,
-                    Err(e) => tracing::debug!(error = %e, key = %own, "writing a grant's records failed"),
+                    Err(e) if Instant::now() + pause < give_up => {
+                        tracing::debug!(error = %e, key = %own, "writing a grant's records failed; again");
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_millis(500));
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, key = %own, "a grant's records (history, announcement) could not be written within its TTL");
+                        break;
+                    }
                 }
             }
             let mut records = inner.records.lock().expect("records lock");
@@ -335,7 +359,7 @@ impl EtcdStore {
             .expect("one-shots lock")
             .entry(own.to_string())
             .and_modify(|(p, at)| {
-                if *p != position {
+                if p.rev != position.rev || begun.saturating_duration_since(*at) >= one_shot_reach(p.ttl_secs) {
                     (*p, *at) = (position, begun);
                 }
             })
@@ -583,9 +607,6 @@ impl Inner {
     fn publish(&self, own: &str, position: Option<Position>) {
         if position.is_none_or(|p| p.granted) {
             self.behind.lock().expect("behind lock").remove(own);
-        }
-        if position.is_none() {
-            self.one_shots.lock().expect("one-shots lock").remove(own);
         }
         self.position(own).send_if_modified(|p| {
             let changed = *p != position;
