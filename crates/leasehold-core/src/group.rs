@@ -554,24 +554,14 @@ impl LeaseGroup {
             {
                 continue;
             }
-            let request = AcquireRequest {
-                lease: dead.lease.lease.clone(),
-                candidate: inner.id.clone(),
-                ttl: holder.ttl,
-                takeover: Some(holder.version.clone()),
-            };
-            let bound = inner.ttl;
-            let cleared = async {
-                if let Acquired::Granted(grant) = inner.store.acquire(&request).await? {
-                    inner.store.release(&grant).await?;
-                    info!(member = %dead.id, "cleared the lease of a member that stopped renewing it");
-                }
-                Ok::<(), Error>(())
-            };
-            match tokio::time::timeout(bound, cleared).await {
-                Ok(Ok(())) => {}
-                Ok(Err(error)) => debug!(member = %dead.id, %error, "could not clear a dead member's lease"),
-                Err(_) => debug!(member = %dead.id, "clearing a dead member's lease timed out"),
+            let lease = dead.lease.lease.clone();
+            match inner
+                .replace_and_release(lease, holder.ttl, holder.version.clone())
+                .await
+            {
+                Ok(true) => info!(member = %dead.id, "cleared the lease of a member that stopped renewing it"),
+                Ok(false) => {}
+                Err(error) => debug!(member = %dead.id, %error, "could not clear a dead member's lease"),
             }
         }
     }
@@ -733,23 +723,40 @@ impl Takeover {
         let Ok(lease) = shard_lease(&inner.group, shard, inner.shards) else {
             return;
         };
+        match inner.replace_and_release(lease, inner.ttl, self.version).await {
+            Ok(true) => debug!(shard, "replaced the record of a holder that stopped renewing it"),
+            Ok(false) => {}
+            Err(error) => debug!(shard, %error, "could not replace a stranded shard's record"),
+        }
+    }
+}
+
+impl Inner {
+    /// Takes `lease` over by `version` (a record nobody renews: a dead member's, a stranded
+    /// shard's) and releases it at once, within a TTL. `Ok(false)`: the store refused (the holder
+    /// renewed meanwhile); `Err`: the store failed, or a TTL passed.
+    async fn replace_and_release(
+        &self,
+        lease: LeaseName,
+        ttl: Duration,
+        version: String,
+    ) -> std::result::Result<bool, String> {
         let request = AcquireRequest {
             lease,
-            candidate: inner.id.clone(),
-            ttl: inner.ttl,
-            takeover: Some(self.version),
+            candidate: self.id.clone(),
+            ttl,
+            takeover: Some(version),
         };
         let replaced = async {
-            if let Acquired::Granted(grant) = inner.store.acquire(&request).await? {
-                inner.store.release(&grant).await?;
-                debug!(shard, "replaced the record of a holder that stopped renewing it");
-            }
-            Ok::<(), Error>(())
+            let Acquired::Granted(grant) = self.store.acquire(&request).await? else {
+                return Ok(false);
+            };
+            self.store.release(&grant).await?;
+            Ok::<bool, Error>(true)
         };
-        match tokio::time::timeout(inner.ttl, replaced).await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => debug!(shard, %error, "could not replace a stranded shard's record"),
-            Err(_) => debug!(shard, "replacing a stranded shard's record timed out"),
+        match tokio::time::timeout(self.ttl, replaced).await {
+            Ok(outcome) => outcome.map_err(|e| e.to_string()),
+            Err(_) => Err(format!("timed out after {:?}", self.ttl)),
         }
     }
 }
