@@ -6,15 +6,16 @@
 //! proxy that delays every reply by `DELAY`, so an acquire that asks etcd anything takes at
 //! least `DELAY`, and one that asks nothing answers at once.
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use leasehold_conformance::{Direction, Fault, FaultProxy, require_server};
+use leasehold_conformance::{Direction, Fault, FaultProxy};
 use leasehold_core::{
     AcquireRequest, Acquired, Announcements, CandidateId, Changes, EndReason, Grant, LeaseName, LeaseStore,
 };
 use leasehold_etcd::EtcdStore;
+
+mod common;
 
 const DELAY: Duration = Duration::from_millis(300);
 const TTL: Duration = Duration::from_secs(10);
@@ -67,34 +68,15 @@ impl Queue {
     }
 
     async fn without_announcements() -> Option<Queue> {
-        let url = require_server("etcd", "LEASEHOLD_ETCD_URL")?;
-        let address = url
-            .trim_start_matches("etcd://")
-            .split('/')
-            .next()
-            .expect("host")
-            .to_string();
-        let upstream: SocketAddr = tokio::net::lookup_host(address.as_str())
-            .await
-            .expect("etcd address resolves")
-            .next()
-            .expect("an address");
-        let proxy = FaultProxy::start(upstream).await.expect("proxy starts");
-        let prefix = format!("leasehold-on-release-tests/{}", leasehold_core::random_u64());
-        let a = EtcdStore::connect(&format!("etcd://{address}/{prefix}"))
-            .await
-            .expect("a connects");
-        let b = EtcdStore::connect(&format!("etcd://{}/{prefix}", proxy.addr()))
-            .await
-            .expect("b connects");
-        let lease = LeaseName::new("jobs").expect("lease name");
-        let Acquired::Granted(grant_a) = a.acquire(&request(&lease, "a")).await.expect("a acquires") else {
-            panic!("a is first and must be granted");
-        };
-        assert!(matches!(
-            b.acquire(&request(&lease, "b")).await.expect("b queues"),
-            Acquired::Held(_)
-        ));
+        let common::HolderAndQueued {
+            address,
+            prefix,
+            proxy,
+            a,
+            b,
+            lease,
+            grant_a,
+        } = common::holder_and_queued("leasehold-on-release-tests", TTL).await?;
         let changes = b.changes(&lease, &id("b")).await.expect("changes").expect("a stream");
         Some(Queue {
             address,

@@ -4,13 +4,13 @@
 //! every reply to the waiting candidate's store by `DELAY` (a fault proxy): the watch event
 //! arrives `DELAY` after the release; a look-up before yielding would add another `DELAY`.
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use leasehold_conformance::{Direction, Fault, FaultProxy, require_server};
+use leasehold_conformance::{Direction, Fault};
 use leasehold_core::{AcquireRequest, Acquired, CandidateId, LeaseName, LeaseStore};
-use leasehold_etcd::EtcdStore;
+
+mod common;
 
 const DELAY: Duration = Duration::from_millis(600);
 const TTL: Duration = Duration::from_secs(10);
@@ -26,36 +26,18 @@ fn request(lease: &LeaseName, candidate: &str) -> AcquireRequest {
 
 #[tokio::test]
 async fn release_wakes_the_next_candidate_without_a_look_up() {
-    let Some(url) = require_server("etcd", "LEASEHOLD_ETCD_URL") else {
+    let Some(common::HolderAndQueued {
+        address,
+        prefix,
+        proxy,
+        a,
+        b,
+        lease,
+        grant_a: grant,
+    }) = common::holder_and_queued("leasehold-wakeup-tests", TTL).await
+    else {
         return;
     };
-    let address = url
-        .trim_start_matches("etcd://")
-        .split('/')
-        .next()
-        .expect("host")
-        .to_string();
-    let upstream: SocketAddr = tokio::net::lookup_host(address.as_str())
-        .await
-        .expect("etcd address resolves")
-        .next()
-        .expect("an address");
-    let proxy = FaultProxy::start(upstream).await.expect("proxy starts");
-    let prefix = format!("leasehold-wakeup-tests/{}", leasehold_core::random_u64());
-    let a = EtcdStore::connect(&format!("etcd://{address}/{prefix}"))
-        .await
-        .expect("a connects");
-    let b = EtcdStore::connect(&format!("etcd://{}/{prefix}", proxy.addr()))
-        .await
-        .expect("b connects");
-    let lease = LeaseName::new("jobs").expect("lease name");
-    let Acquired::Granted(grant) = a.acquire(&request(&lease, "a")).await.expect("a acquires") else {
-        panic!("a is first and must be granted");
-    };
-    assert!(matches!(
-        b.acquire(&request(&lease, "b")).await.expect("b queues"),
-        Acquired::Held(_)
-    ));
     proxy.faults().set(Direction::Reply, Fault::Delay(DELAY));
     let mut changes = b
         .changes(&lease, &grant_holder("b"))
