@@ -52,15 +52,22 @@ struct Candidate {
 
 impl Candidate {
     fn spawn(endpoints: &str, election: &str, proposal: &str) -> Outcome<Candidate> {
-        let mut child = Command::new("etcdctl")
+        let mut command = Command::new("etcdctl");
+        command
             .env("ETCDCTL_API", "3")
             .arg(format!("--endpoints={endpoints}"))
-            .args(["elect", election, proposal])
+            .args(["elect", election, proposal]);
+        Candidate::start(command, "etcdctl")
+    }
+
+    /// Starts `command` (stdout read line by line, each with when it came; stderr discarded).
+    fn start(mut command: Command, what: &str) -> Outcome<Candidate> {
+        let mut child = command
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .kill_on_drop(true)
             .spawn()
-            .map_err(|e| format!("etcdctl: {e}"))?;
+            .map_err(|e| format!("{what}: {e}"))?;
         let stdout = child.stdout.take().expect("piped");
         let (tx, lines) = mpsc::unbounded_channel();
         tokio::spawn(async move {
@@ -360,25 +367,11 @@ wait $cmd
 /// Leader `A` (the wrapper above) gets SIGTERM; time until `B`'s command prints its line.
 async fn wrapped_graceful(endpoints: &str, election: String) -> Outcome<Duration> {
     let spawn = |name: &str| -> Outcome<Candidate> {
-        let mut child = Command::new("sh")
+        let mut command = Command::new("sh");
+        command
             .args(["-c", WRAPPER, "sh", endpoints, &election, name])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .stdin(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("sh: {e}"))?;
-        let stdout = child.stdout.take().expect("piped");
-        let (tx, lines) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            let mut reader = BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = reader.next_line().await {
-                if tx.send((Instant::now(), line)).is_err() {
-                    break;
-                }
-            }
-        });
-        Ok(Candidate { child, lines })
+            .stdin(Stdio::null());
+        Candidate::start(command, "sh")
     };
     let mut a = spawn("A")?;
     a.elected("up A", Duration::from_secs(10)).await?;
