@@ -97,32 +97,36 @@ fn all_processes() -> Vec<Process> {
 /// The children of `pid` (of each of its threads), from the kernel's children lists; `None` when
 /// they cannot be read (the process is gone, or the kernel has none).
 fn children_of(pid: i32) -> Option<Vec<i32>> {
-    let mut children = Vec::new();
-    for entry in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
-        let tid = entry.ok()?.file_name();
-        let text = std::fs::read_to_string(format!("/proc/{pid}/task/{}/children", tid.to_string_lossy())).ok()?;
-        children.extend(text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
-    }
-    Some(children)
+    let task = format!("/proc/{pid}/task");
+    children_listed(&task, &threads(&task)?)
 }
 
 /// This process's children, zombies included. `None` when that cannot be told for sure: no
 /// children lists, or a thread came or went while they were read (a thread's children move to
 /// another thread when it exits).
 fn own_children() -> Option<Vec<i32>> {
-    let threads = || -> Option<BTreeSet<String>> {
-        std::fs::read_dir("/proc/self/task")
-            .ok()?
-            .map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
-            .collect()
-    };
-    let before = threads()?;
+    let task = "/proc/self/task";
+    let before = threads(task)?;
+    let children = children_listed(task, &before)?;
+    (threads(task)? == before).then_some(children)
+}
+
+/// The thread ids in a `/proc/PID/task` directory.
+fn threads(task: &str) -> Option<BTreeSet<String>> {
+    std::fs::read_dir(task)
+        .ok()?
+        .map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect()
+}
+
+/// The children in the kernel's children lists of `threads` under `task`.
+fn children_listed(task: &str, threads: &BTreeSet<String>) -> Option<Vec<i32>> {
     let mut children = Vec::new();
-    for tid in &before {
-        let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/children")).ok()?;
+    for tid in threads {
+        let text = std::fs::read_to_string(format!("{task}/{tid}/children")).ok()?;
         children.extend(text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
     }
-    (threads()? == before).then_some(children)
+    Some(children)
 }
 
 /// One scan of `/proc`.
