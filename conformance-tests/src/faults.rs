@@ -67,8 +67,12 @@ pub struct RequestCounts {
     pub acquire: u64,
     /// [`LeaseStore::renew`] calls.
     pub renew: u64,
+    /// [`LeaseStore::renew_many`] calls (one per call, however many grants it renews).
+    pub renew_many: u64,
     /// [`LeaseStore::release`] calls.
     pub release: u64,
+    /// [`LeaseStore::hand_over`] calls.
+    pub hand_over: u64,
     /// [`LeaseStore::withdraw`] calls.
     pub withdraw: u64,
     /// [`LeaseStore::inspect`] calls.
@@ -86,17 +90,66 @@ pub struct RequestCounts {
 }
 
 impl RequestCounts {
-    /// All requests together.
+    /// All requests together: every [`LeaseStore`] request a [`FaultyStore`] forwards, of every
+    /// kind (`failed` is a subset, not added).
     pub fn total(&self) -> u64 {
-        self.acquire
-            + self.renew
-            + self.release
-            + self.withdraw
-            + self.inspect
-            + self.history
-            + self.list
-            + self.changes
-            + self.break_lease
+        self.per_operation().iter().map(|(_, n)| n).sum()
+    }
+
+    /// The count of each kind of request, in [`Operation::ALL`] order (an operation added to the
+    /// store contract does not compile here until it is counted).
+    pub fn per_operation(&self) -> [(Operation, u64); Operation::ALL.len()] {
+        [
+            (Operation::Acquire, self.acquire),
+            (Operation::Renew, self.renew),
+            (Operation::RenewMany, self.renew_many),
+            (Operation::Release, self.release),
+            (Operation::HandOver, self.hand_over),
+            (Operation::Withdraw, self.withdraw),
+            (Operation::Inspect, self.inspect),
+            (Operation::History, self.history),
+            (Operation::List, self.list),
+            (Operation::Changes, self.changes),
+            (Operation::BreakLease, self.break_lease),
+        ]
+    }
+
+    /// `self - earlier`, per kind (saturating at zero).
+    ///
+    /// ```
+    /// use leasehold_conformance::RequestCounts;
+    ///
+    /// let earlier = RequestCounts { renew_many: 2, ..RequestCounts::default() };
+    /// let later = RequestCounts { renew_many: 5, hand_over: 1, ..RequestCounts::default() };
+    /// let since = later.since(&earlier);
+    /// assert_eq!((since.renew_many, since.hand_over, since.total()), (3, 1, 4));
+    /// ```
+    #[must_use]
+    pub fn since(&self, earlier: &RequestCounts) -> RequestCounts {
+        self.zip(earlier, u64::saturating_sub)
+    }
+
+    /// `self + other`, per kind.
+    #[must_use]
+    pub fn plus(&self, other: &RequestCounts) -> RequestCounts {
+        self.zip(other, u64::saturating_add)
+    }
+
+    fn zip(&self, other: &RequestCounts, f: impl Fn(u64, u64) -> u64) -> RequestCounts {
+        RequestCounts {
+            acquire: f(self.acquire, other.acquire),
+            renew: f(self.renew, other.renew),
+            renew_many: f(self.renew_many, other.renew_many),
+            release: f(self.release, other.release),
+            hand_over: f(self.hand_over, other.hand_over),
+            withdraw: f(self.withdraw, other.withdraw),
+            inspect: f(self.inspect, other.inspect),
+            history: f(self.history, other.history),
+            list: f(self.list, other.list),
+            changes: f(self.changes, other.changes),
+            break_lease: f(self.break_lease, other.break_lease),
+            failed: f(self.failed, other.failed),
+        }
     }
 }
 
@@ -106,7 +159,9 @@ impl From<Counts> for RequestCounts {
         RequestCounts {
             acquire: n(Operation::Acquire),
             renew: n(Operation::Renew),
+            renew_many: n(Operation::RenewMany),
             release: n(Operation::Release),
+            hand_over: n(Operation::HandOver),
             withdraw: n(Operation::Withdraw),
             inspect: n(Operation::Inspect),
             history: n(Operation::History),
@@ -120,20 +175,10 @@ impl From<Counts> for RequestCounts {
 
 impl fmt::Display for RequestCounts {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "acquire {} renew {} release {} withdraw {} inspect {} history {} list {} changes {} break {} (failed {})",
-            self.acquire,
-            self.renew,
-            self.release,
-            self.withdraw,
-            self.inspect,
-            self.history,
-            self.list,
-            self.changes,
-            self.break_lease,
-            self.failed
-        )
+        for (i, (operation, n)) in self.per_operation().into_iter().enumerate() {
+            write!(f, "{}{operation} {n}", if i == 0 { "" } else { " " })?;
+        }
+        write!(f, " (failed {})", self.failed)
     }
 }
 
@@ -275,5 +320,24 @@ impl Faults {
         counters
             .live
             .retain(|live| !std::ptr::eq(live.as_ptr(), Arc::as_ptr(store)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_operation_of_the_store_contract_counts_in_the_total() {
+        for operation in Operation::ALL {
+            let mut counts = Counts::default();
+            counts.started[operation as usize] = 2;
+            let seen = RequestCounts::from(counts);
+            assert_eq!(seen.total(), 2, "{operation}: {seen}");
+            assert!(seen.per_operation().contains(&(operation, 2)), "{operation}: {seen}");
+            assert!(seen.to_string().contains(&format!("{operation} 2")), "{seen}");
+            assert_eq!(seen.since(&seen).total(), 0);
+            assert_eq!(seen.plus(&seen).total(), 4);
+        }
     }
 }

@@ -407,6 +407,28 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn batched_renewals_and_hand_overs_are_counted() {
+        let (memory, faulty, faults, lease) = setup();
+        let Acquired::Granted(grant) = faulty.acquire(&request(&lease, "a")).await.unwrap() else {
+            panic!("free lease")
+        };
+        let renewed = faulty.renew_many(std::slice::from_ref(&grant)).await.unwrap();
+        let Ok(Renewed::Renewed(grant)) = renewed.into_iter().next().unwrap() else {
+            panic!("the holder renews")
+        };
+        faulty.hand_over(&grant, &CandidateId::new("b").unwrap()).await.unwrap();
+        let counts = faults.counts();
+        assert_eq!(
+            (counts.acquire, counts.renew_many, counts.hand_over, counts.total()),
+            (1, 1, 1, 3),
+            "{counts}"
+        );
+        assert_eq!(faulty.counts(), counts);
+        let holder = memory.inspect(&lease).await.unwrap().holder.expect("reserved for b");
+        assert_eq!(holder.id.as_str(), "b");
+    }
+
+    #[tokio::test]
     async fn changes_are_silenced_by_a_blackhole() {
         let (memory, faulty, faults, lease) = setup();
         let other = LeaseStore::acquire(&*memory, &request(&lease, "b")).await.unwrap();

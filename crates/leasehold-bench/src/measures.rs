@@ -862,7 +862,9 @@ fn counts_since(later: &RequestCounts, earlier: &RequestCounts) -> RequestCounts
     RequestCounts {
         acquire: later.acquire - earlier.acquire,
         renew: later.renew - earlier.renew,
+        renew_many: later.renew_many - earlier.renew_many,
         release: later.release - earlier.release,
+        hand_over: later.hand_over - earlier.hand_over,
         withdraw: later.withdraw - earlier.withdraw,
         inspect: later.inspect - earlier.inspect,
         history: later.history - earlier.history,
@@ -889,6 +891,8 @@ fn transition_breakdown(
             ("release", c.release),
             ("acquire", c.acquire),
             ("renew", c.renew),
+            ("renew_many", c.renew_many),
+            ("hand_over", c.hand_over),
             ("inspect", c.inspect),
             ("withdraw", c.withdraw),
             ("changes", c.changes),
@@ -915,7 +919,9 @@ fn transition_breakdown(
         others = RequestCounts {
             acquire: others.acquire + d.acquire,
             renew: others.renew + d.renew,
+            renew_many: others.renew_many + d.renew_many,
             release: others.release + d.release,
+            hand_over: others.hand_over + d.hand_over,
             withdraw: others.withdraw + d.withdraw,
             inspect: others.inspect + d.inspect,
             history: others.history + d.history,

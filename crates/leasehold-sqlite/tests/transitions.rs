@@ -95,7 +95,9 @@ fn since(later: &RequestCounts, earlier: &RequestCounts) -> RequestCounts {
     RequestCounts {
         acquire: later.acquire - earlier.acquire,
         renew: later.renew - earlier.renew,
+        renew_many: later.renew_many - earlier.renew_many,
         release: later.release - earlier.release,
+        hand_over: later.hand_over - earlier.hand_over,
         withdraw: later.withdraw - earlier.withdraw,
         inspect: later.inspect - earlier.inspect,
         history: later.history - earlier.history,
