@@ -32,11 +32,6 @@ use tokio::time::{Instant, MissedTickBehavior};
 use crate::record::Keys;
 use crate::store::Inner;
 
-/// How long a waiting candidate whose predecessor's key went waits for the release marker of it
-/// (see `Waiter::await_marker`): the marker and the deletion are one revision, sent by etcd at
-/// once on two watches of one connection.
-const MARKER_GRACE: Duration = Duration::from_millis(5);
-
 /// Where a candidate's key stands, as its last `acquire` saw it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Position {
@@ -194,14 +189,20 @@ impl Waiter {
                 message = async { watch.as_mut().expect("guarded").0.message().await }, if watch.is_some() => {
                     match message {
                         Ok(Some(resp)) => {
-                            let gone = resp.events().iter().any(|e| e.event_type() == EventType::Delete);
-                            if resp.canceled() || gone {
+                            // The revision of the predecessor's deletion (its event's mod_revision).
+                            let gone = resp
+                                .events()
+                                .iter()
+                                .filter(|e| e.event_type() == EventType::Delete)
+                                .map(|e| e.kv().map_or(0, etcd_client::KeyValue::mod_revision))
+                                .max();
+                            if resp.canceled() || gone.is_some() {
                                 // Gone (or the watch was cancelled, e.g. compacted): look again.
                                 self.watch = None;
                             }
-                            if gone {
+                            if let Some(revision) = gone {
                                 if let Some(p) = waiting {
-                                    Box::pin(self.await_marker(p)).await;
+                                    Box::pin(self.released_at(p, revision)).await;
                                 }
                                 // The predecessor left: usually the holder, so we are first. Say so
                                 // at once rather than after a look-up (one round trip less between
@@ -246,12 +247,17 @@ impl Waiter {
         predecessor.is_some() && marker == predecessor
     }
 
-    /// After the predecessor's key went: waits a moment for the release marker that a release
-    /// of it while first wrote at the same revision (it comes on the store's other watch, the
-    /// announcements'), so that the engine's acquire finds it and is granted without a request
-    /// (see `EtcdStore::grant_on_release`). Not there after [`MARKER_GRACE`]: the key went
-    /// otherwise (expired, withdrawn, handed over, broken), and the engine takes the ordinary path.
-    async fn await_marker(&mut self, p: Position) {
+    /// After the predecessor's key went at `revision`: decides whether that was a release of it
+    /// while first, whose marker the release wrote to the lease's `granted` key at the same
+    /// revision, so that the engine's acquire is granted without a request (see
+    /// `EtcdStore::grant_on_release`). Decided from facts, never from a timer: the marker seen on
+    /// the store's announcement watch (it may come before or after the deletion: the other watch
+    /// of the connection), or etcd's `granted` key at `revision` (one serializable read of that
+    /// revision's history, which no later write changes), whichever answers first. Anything
+    /// else (no marker there, the read failed or the revision was compacted): the key went
+    /// otherwise (expired, withdrawn, handed over, broken) or we cannot tell, and the engine
+    /// takes the ordinary path, which is always safe.
+    async fn released_at(&mut self, p: Position, revision: i64) {
         let own = self.keys.candidate(&self.candidate);
         let Some(predecessor) = self.inner.predecessor(&own, p) else {
             return;
@@ -261,12 +267,47 @@ impl Waiter {
             // been set up after this stream last looked for it.
             self.released = crate::announce::released(&self.inner, &self.keys.lease);
         }
-        let Some(released) = self.released.as_mut() else {
-            return;
+        let names_predecessor = |m: &Option<i64>| *m == Some(predecessor);
+        let seen = self.released.as_ref().is_some_and(|r| names_predecessor(&r.borrow()));
+        let released = seen || {
+            let released = &mut self.released;
+            let marker = async {
+                let seen = match released.as_mut() {
+                    Some(r) => r.wait_for(names_predecessor).await.is_ok(),
+                    None => false,
+                };
+                if !seen {
+                    // No announcement watch (or it ended): the read decides.
+                    std::future::pending::<()>().await;
+                }
+            };
+            let limit = Duration::from_secs(u64::try_from(p.ttl_secs).unwrap_or(1)) / 3;
+            let mut client = self.inner.client();
+            let key = self.keys.granted();
+            let options = GetOptions::new().with_revision(revision).with_serializable();
+            let read = within(limit, "changes (release marker)", async {
+                self.inner
+                    .call("changes (release marker)", async move {
+                        client.get(key, Some(options)).await
+                    })
+                    .await
+            });
+            tokio::select! {
+                () = marker => true,
+                read = read => match read {
+                    Ok(resp) => resp.kvs().first().is_some_and(|kv| {
+                        kv.mod_revision() == revision && crate::record::parse_released(kv.value()) == Some(predecessor)
+                    }),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "reading the release marker failed; the ordinary path");
+                        false
+                    }
+                },
+            }
         };
-        let seen = tokio::time::timeout(MARKER_GRACE, released.wait_for(|m| *m == Some(predecessor))).await;
-        if matches!(seen, Ok(Ok(_))) {
+        if released {
             self.first_by_release = Some(p);
+            self.inner.note_released(&own, p);
         }
     }
 

@@ -104,9 +104,10 @@ pub(crate) struct Inner {
     pub(crate) private: Mutex<HashSet<i64>>,
     /// One watch per followed lease, shared by its followers in this store (see `announce`).
     pub(crate) announcers: Mutex<HashMap<LeaseName, crate::announce::Announcer>>,
-    /// Per waiting candidate key: the position its change stream watched a predecessor for, and
-    /// that predecessor's create_revision (see `EtcdStore::grant_on_release`).
-    behind: Mutex<HashMap<String, (Position, i64)>>,
+    /// Per waiting candidate key: the position its change stream watched a predecessor for,
+    /// that predecessor's create_revision, and whether etcd showed that it was released while
+    /// first (its marker read at its deletion's revision; see `EtcdStore::grant_on_release`).
+    behind: Mutex<HashMap<String, (Position, i64, bool)>>,
     /// Per candidate key granted on its predecessor's release: held until its grant's records
     /// are written, and waited for by every later operation of the key.
     records: Mutex<HashMap<String, Arc<AsyncMutex<()>>>>,
@@ -229,8 +230,9 @@ impl EtcdStore {
     ) -> Option<Grant> {
         let inner = &self.inner;
         let predecessor = inner.predecessor(own, position)?;
-        let released = crate::announce::released(inner, &keys.lease)?;
-        if *released.borrow() != Some(predecessor) {
+        let marker_seen =
+            crate::announce::released(inner, &keys.lease).is_some_and(|r| *r.borrow() == Some(predecessor));
+        if !marker_seen && !inner.released_ahead(own, position) {
             return None;
         }
         let mut since = inner.confirmed_since(position.ttl_secs, position.lease).await?;
@@ -577,13 +579,31 @@ impl Inner {
     /// created at `predecessor` (the greatest create_revision below its own).
     pub(crate) fn note_predecessor(&self, own: &str, position: Position, predecessor: i64) {
         let mut behind = self.behind.lock().expect("behind lock");
-        behind.insert(own.to_string(), (position, predecessor));
+        behind.insert(own.to_string(), (position, predecessor, false));
     }
 
     /// The predecessor the change stream of `own` watched at `position`, if it did.
     pub(crate) fn predecessor(&self, own: &str, position: Position) -> Option<i64> {
         let behind = self.behind.lock().expect("behind lock");
-        behind.get(own).filter(|(p, _)| *p == position).map(|(_, rev)| *rev)
+        behind.get(own).filter(|(p, ..)| *p == position).map(|(_, rev, _)| *rev)
+    }
+
+    /// The change stream of `own`, waiting at `position`, read its predecessor's release marker
+    /// at the revision of its deletion: it was released while first, with no reservation.
+    pub(crate) fn note_released(&self, own: &str, position: Position) {
+        let mut behind = self.behind.lock().expect("behind lock");
+        if let Some((_, _, released)) = behind.get_mut(own).filter(|(p, ..)| *p == position) {
+            *released = true;
+        }
+    }
+
+    /// Whether the change stream of `own`, waiting at `position`, read its predecessor's release
+    /// marker (see [`Inner::note_released`]).
+    pub(crate) fn released_ahead(&self, own: &str, position: Position) -> bool {
+        let behind = self.behind.lock().expect("behind lock");
+        behind
+            .get(own)
+            .is_some_and(|(p, _, released)| *p == position && *released)
     }
 
     /// Waits until the records of a grant of `own` made on its predecessor's release are

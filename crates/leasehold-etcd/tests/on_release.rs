@@ -298,3 +298,85 @@ async fn a_break_does_not_grant_on_release() {
     q.b.release(&grant).await.expect("b releases");
     q.finish().await;
 }
+
+/// With no announcement watch in `b`'s store at all (so no marker comes to it), `b`'s stream,
+/// woken by `a`'s deletion, reads the `granted` key at the deletion's revision, finds `a`'s
+/// release marker there, and `b`'s acquire is granted with no request, valid since its last
+/// keepalive. (Before, the stream waited a fixed 5 ms for a marker on the announcements, and
+/// without them `b` took the ordinary path: a request at least.)
+#[tokio::test]
+async fn a_release_grants_with_no_request_from_the_marker_read_at_its_revision() {
+    let Some(mut q) = Queue::without_announcements().await else {
+        return;
+    };
+    let (a, grant_a) = (q.a.clone(), q.grant_a.clone());
+    q.woken_after(async move { a.release(&grant_a).await.expect("a releases") })
+        .await;
+    let (answer, took) = q.acquire_b().await;
+    let Acquired::Granted(grant) = answer else {
+        panic!("b is first after a's release and must be granted: {answer:?}");
+    };
+    assert!(
+        took < DELAY / 2,
+        "b's acquire took {took:?}: it asked etcd (every reply is delayed {DELAY:?})"
+    );
+    assert!(
+        grant.ttl < TTL && grant.ttl > TTL / 2,
+        "valid since the last keepalive: {grant:?}"
+    );
+    q.proxy.faults().heal();
+    q.b.release(&grant).await.expect("b releases");
+    q.finish().await;
+}
+
+/// `a`'s session expires (its store never renews; TTL 2 s): its key goes with no marker, and `b`,
+/// woken by the deletion, is granted by the ordinary path (valid from its own request: the TTL
+/// asked for), not on release, whether or not its store watches the announcements.
+#[tokio::test]
+async fn an_expiry_does_not_grant_on_release() {
+    let Some(url) = leasehold_conformance::require_server("etcd", "LEASEHOLD_ETCD_URL") else {
+        return;
+    };
+    let prefix = format!("leasehold-on-release-tests/{}", leasehold_core::random_u64());
+    let url = format!("{}/{prefix}", url.trim_end_matches('/'));
+    let a = EtcdStore::connect(&url).await.expect("a connects");
+    let b = EtcdStore::connect(&url).await.expect("b connects");
+    let lease = LeaseName::new("jobs").expect("lease name");
+    let short = AcquireRequest {
+        ttl: Duration::from_secs(2),
+        ..request(&lease, "a")
+    };
+    let Acquired::Granted(grant_a) = a.acquire(&short).await.expect("a acquires") else {
+        panic!("a is first and must be granted");
+    };
+    assert!(matches!(
+        b.acquire(&request(&lease, "b")).await.expect("b queues"),
+        Acquired::Held(_)
+    ));
+    let _announcements = b.announcements(&lease).await.expect("announcements");
+    let mut changes = b.changes(&lease, &id("b")).await.expect("changes").expect("a stream");
+    let woken = tokio::time::timeout(Duration::from_secs(10), changes.next())
+        .await
+        .expect("b is woken by a's expiry");
+    assert_eq!(woken, Some(()));
+    let Acquired::Granted(grant) = b.acquire(&request(&lease, "b")).await.expect("b acquires") else {
+        panic!("b is first after a's expiry and must be granted");
+    };
+    assert_eq!(grant.ttl, TTL, "granted on release after an expiry: {grant:?}");
+    let history = b.history(&lease, 10).await.expect("history");
+    let ended = history.iter().find(|t| t.term == grant_a.term).and_then(|t| t.ended);
+    assert_eq!(ended.map(|e| e.1), Some(EndReason::Expired), "{history:?}");
+    b.release(&grant).await.expect("b releases");
+    let mut raw = etcd_client::Client::connect(
+        [url.trim_start_matches("etcd://").split('/').next().expect("host")],
+        None,
+    )
+    .await
+    .expect("raw client");
+    raw.delete(
+        format!("{prefix}/"),
+        Some(etcd_client::DeleteOptions::new().with_prefix()),
+    )
+    .await
+    .expect("clean up");
+}
