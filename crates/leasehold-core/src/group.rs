@@ -10,6 +10,7 @@ use std::ops::Deref;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -117,6 +118,9 @@ struct Inner {
     configure: Configure,
     member: Elector,
     running: Mutex<BTreeMap<u32, Elector>>,
+    /// Takeovers by version under way ([`Inner::replace_and_release`]): each runs in a task of
+    /// its own, so that no caller's cancellation separates its acquire from its release.
+    takeovers: watch::Sender<usize>,
 }
 
 impl fmt::Debug for LeaseGroup {
@@ -247,6 +251,7 @@ impl LeaseGroupBuilder {
                 configure: self.configure,
                 member,
                 running: Mutex::default(),
+                takeovers: watch::Sender::new(0),
             }),
         })
     }
@@ -381,6 +386,9 @@ impl LeaseGroup {
                 next = began + every.max(member_state.listed_in * 5);
             };
             self.stop_all(member_state).await;
+            // Takeovers that the stopped shards (or a dropped round) started still release what
+            // they took, before the member leaves.
+            self.inner.takeovers_settled().await;
             member.resign().await;
             if stop {
                 return Ok(());
@@ -718,7 +726,7 @@ struct Takeover {
 }
 
 impl Takeover {
-    async fn run(self, inner: &Inner, shard: u32) {
+    async fn run(self, inner: &Arc<Inner>, shard: u32) {
         tokio::time::sleep_until(tokio::time::Instant::from_std(self.due)).await;
         let Ok(lease) = shard_lease(&inner.group, shard, inner.shards) else {
             return;
@@ -733,9 +741,35 @@ impl Takeover {
 
 impl Inner {
     /// Takes `lease` over by `version` (a record nobody renews: a dead member's, a stranded
-    /// shard's) and releases it at once, within a TTL. `Ok(false)`: the store refused (the holder
-    /// renewed meanwhile); `Err`: the store failed, or a TTL passed.
+    /// shard's) and releases it at once. `Ok(false)`: the store refused (the holder renewed
+    /// meanwhile); `Err`: the store failed, or did not answer within a TTL.
+    ///
+    /// # Cancel safety
+    ///
+    /// The acquire and the release run together in a task of their own: dropping this future
+    /// (the member stops, a shard's campaign is stopped, the caller's future is dropped) does
+    /// not separate them, so a record this member took over is released even then, instead of
+    /// being left with a fresh version that nobody believes and every contender times for
+    /// another TTL. [`LeaseGroup::run_until`] waits for these tasks before it returns.
     async fn replace_and_release(
+        self: &Arc<Self>,
+        lease: LeaseName,
+        ttl: Duration,
+        version: String,
+    ) -> std::result::Result<bool, String> {
+        let inner = self.clone();
+        self.takeovers.send_modify(|n| *n += 1);
+        let pair = tokio::spawn(async move {
+            let _settled = TakeoverSettled(inner.clone());
+            inner.replace_then_release(lease, ttl, version).await
+        });
+        pair.await
+            .unwrap_or_else(|error| Err(format!("the takeover task ended: {error}")))
+    }
+
+    /// The body of [`Inner::replace_and_release`]: the acquire bounded by a TTL; once it is
+    /// granted, the release, retried on transient errors within another TTL.
+    async fn replace_then_release(
         &self,
         lease: LeaseName,
         ttl: Duration,
@@ -747,17 +781,48 @@ impl Inner {
             ttl,
             takeover: Some(version),
         };
-        let replaced = async {
-            let Acquired::Granted(grant) = self.store.acquire(&request).await? else {
-                return Ok(false);
-            };
-            self.store.release(&grant).await?;
-            Ok::<bool, Error>(true)
+        let grant = match tokio::time::timeout(self.ttl, self.store.acquire(&request)).await {
+            Ok(Ok(Acquired::Granted(grant))) => grant,
+            Ok(Ok(Acquired::Held(_))) => return Ok(false),
+            Ok(Err(error)) => return Err(error.to_string()),
+            Err(_) => return Err(format!("no answer to the takeover within {:?}", self.ttl)),
         };
-        match tokio::time::timeout(self.ttl, replaced).await {
-            Ok(outcome) => outcome.map_err(|e| e.to_string()),
-            Err(_) => Err(format!("timed out after {:?}", self.ttl)),
+        let deadline = tokio::time::Instant::now() + self.ttl;
+        let mut pause = Duration::from_millis(50);
+        loop {
+            match tokio::time::timeout_at(deadline, self.store.release(&grant)).await {
+                Ok(Ok(())) => return Ok(true),
+                Ok(Err(error)) if error.is_transient() && tokio::time::Instant::now() + pause < deadline => {
+                    debug!(lease = %grant.lease, %error, "releasing a record taken over; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(self.ttl / 4);
+                }
+                Ok(Err(error)) => return Err(format!("took the record over, then could not release it: {error}")),
+                Err(_) => {
+                    return Err(format!(
+                        "took the record over, then its release got no answer within {:?}",
+                        self.ttl
+                    ));
+                }
+            }
         }
+    }
+
+    /// Completes once no takeover ([`Inner::replace_and_release`]) is under way: at most about
+    /// two TTLs (each is bounded so).
+    async fn takeovers_settled(&self) {
+        let mut under_way = self.takeovers.subscribe();
+        // The sender lives in `self`: waiting cannot fail.
+        let _ = under_way.wait_for(|n| *n == 0).await;
+    }
+}
+
+/// Counts a takeover task as done when it ends, however it ends.
+struct TakeoverSettled(Arc<Inner>);
+
+impl Drop for TakeoverSettled {
+    fn drop(&mut self) {
+        self.0.takeovers.send_modify(|n| *n = n.saturating_sub(1));
     }
 }
 

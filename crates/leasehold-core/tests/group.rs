@@ -27,6 +27,10 @@ struct Link {
     renews: AtomicUsize,
     batches: AtomicUsize,
     batched: AtomicUsize,
+    /// Takeovers by version are applied at once but answered this much later (none: at once).
+    takeover_reply_delay: Mutex<Option<Duration>>,
+    /// Takeovers by version of a shard record that the store granted.
+    shard_takeovers: AtomicUsize,
 }
 
 impl Link {
@@ -49,7 +53,17 @@ impl LeaseStore for Link {
     }
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
         self.check()?;
-        self.store.acquire(request).await
+        let acquired = self.store.acquire(request).await?;
+        if request.takeover.is_some() && matches!(acquired, Acquired::Granted(_)) {
+            if request.lease.as_str().contains(".s.") {
+                self.shard_takeovers.fetch_add(1, Ordering::SeqCst);
+            }
+            let delay = *self.takeover_reply_delay.lock().unwrap();
+            if let Some(delay) = delay {
+                tokio::time::sleep(delay).await;
+            }
+        }
+        Ok(acquired)
     }
     async fn renew(&self, grant: &Grant) -> Result<Renewed> {
         self.renews.fetch_add(1, Ordering::SeqCst);
@@ -161,6 +175,8 @@ fn join_with(store: &MemoryStore, book: &Arc<Book>, id: &str, lock_delay: Option
         renews: AtomicUsize::new(0),
         batches: AtomicUsize::new(0),
         batched: AtomicUsize::new(0),
+        takeover_reply_delay: Mutex::new(None),
+        shard_takeovers: AtomicUsize::new(0),
     });
     let mut group = LeaseGroup::builder(link.clone(), "orders", SHARDS)
         .member_id(id)
@@ -309,6 +325,45 @@ async fn a_dead_members_shards_are_taken_over_no_sooner_than_the_electors_lock_d
     let violations = book.violations.lock().unwrap().clone();
     assert!(violations.is_empty(), "{violations:#?}");
     a.stop.cancel();
+    b.stop.cancel();
+}
+
+/// A member that stops while its takeover of a stranded shard record (store without a clock) is
+/// between the acquire and the release still releases the record: otherwise the record, now the
+/// stopped member's with a fresh version, would be timed for another TTL by whoever is left.
+#[tokio::test(start_paused = true)]
+async fn a_takeover_cut_short_by_the_member_stopping_still_releases_the_record() {
+    let store = MemoryStore::observed_expiry();
+    let book = Arc::new(Book::default());
+    let a = join(&store, &book, "a");
+    let b = join(&store, &book, "b");
+    balanced(&book, &[32, 32], TTL * 10).await;
+    // a's takeovers are applied at once and answered a quarter TTL later.
+    *a.link.takeover_reply_delay.lock().unwrap() = Some(TTL / 4);
+    b.link.dead.store(true, Ordering::SeqCst);
+    let applied = tokio::time::timeout(TTL * 6, async {
+        while a.link.shard_takeovers.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(applied.is_ok(), "a never took a shard record of b's over");
+    // a stops while that takeover's reply is on its way.
+    a.stop.cancel();
+    a.handle.await.unwrap().unwrap();
+    let taken = a.link.shard_takeovers.load(Ordering::SeqCst);
+    let status = LeaseGroup::status(&store, "orders").await.unwrap();
+    let held_by_a: Vec<u32> = status
+        .shards
+        .iter()
+        .filter(|s| s.owner().is_some_and(|(id, _)| id.as_str() == "a"))
+        .map(|s| s.shard)
+        .collect();
+    assert!(
+        held_by_a.is_empty(),
+        "after a stopped, {} of its {taken} takeovers still hold shard records: {held_by_a:?}",
+        held_by_a.len()
+    );
     b.stop.cancel();
 }
 
