@@ -193,6 +193,10 @@ impl LeaseGroupBuilder {
     /// Adjusts the electors of the shards beyond the TTL, e.g.
     /// `.electors(|b| b.lock_delay(Duration::from_secs(1)))` (the member's own lease keeps the
     /// defaults for its TTL).
+    ///
+    /// Give every member of a group the same `lock_delay`: the member that takes a crashed
+    /// member's shard over applies its own (as each contender does for a single lease), and no
+    /// member can see another's (see docs/groups.md, "Tuning").
     pub fn electors(mut self, configure: impl Fn(ElectorBuilder) -> ElectorBuilder + Send + Sync + 'static) -> Self {
         self.configure = Arc::new(configure);
         self
