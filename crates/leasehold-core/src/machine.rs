@@ -18,6 +18,12 @@
 //! - A leader renews every `renew_every`; when no renewal has been confirmed by
 //!   `valid_until - step_down_margin`, it is deposed and its work cancelled; work still running at
 //!   `valid_until` is aborted.
+//! - A leader that steps down releases the lease once its work has stopped, also after
+//!   `valid_until`, unless the store proved it lost (another holder, or a record it cannot read).
+//!   An unconfirmed renewal proves nothing: the store may hold the grant (or the renewal, applied
+//!   with its reply lost) for a TTL more, so it is released too. A release names the grant's term
+//!   and the store applies it only to that term's record: it can never end a successor's grant.
+//!   Work that had to be aborted is not known to have stopped, so its lease is left to expire.
 //! - An outcome that is unknown (timeout, broken connection) is settled by reading the record
 //!   back: the lease is lost only when the store proves another holder, or the deadline passes.
 //!   A candidate adopts a grant it finds by reading back only if its term is above every term
@@ -347,8 +353,8 @@ struct SteppingDown {
     grant: Grant,
     valid_until: Instant,
     cancelled_at: Instant,
-    /// The lease is still ours and its release is still to be sent once the work has stopped
-    /// (voluntary or stalled step-downs).
+    /// The lease is, or may still be, ours and its release is still to be sent once the work has
+    /// stopped (voluntary, stalled or unconfirmed-renewal step-downs).
     release_due: bool,
     work_stopped: Option<Instant>,
     aborted: bool,
@@ -360,9 +366,13 @@ struct SteppingDown {
 /// Whether a leader that steps down still holds the lease in the store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Lease {
-    /// Still ours (a voluntary or stalled step-down): released once the work has stopped.
+    /// Still ours (a voluntary or stalled step-down), or perhaps (no renewal confirmed in time:
+    /// the grant or the last renewal may still stand in the store): released once the work has
+    /// stopped. The release is conditional on the term, so it is harmless where the store has
+    /// moved on, and frees the lease at once where it has not.
     StillOurs,
-    /// Lost, or unknown: nothing to release; it expires.
+    /// Proved lost (another holder), or the record cannot be read (a definite store error):
+    /// nothing to release; it expires.
     Lost,
 }
 
@@ -736,10 +746,13 @@ impl Machine {
             State::Leading(l) => {
                 if now >= l.valid_until - self.timing.step_down_margin {
                     let last_error = l.last_error.clone();
+                    // Not proved lost: the store may still hold the grant (or the last renewal,
+                    // applied with its reply missing) for a TTL more. Released once the work has
+                    // stopped, so that the next candidate need not wait for it to expire.
                     self.step_down(
                         now,
                         DeposedReason::RenewFailed { last_error },
-                        Lease::Lost,
+                        Lease::StillOurs,
                         Then::CampaignAgain,
                         out,
                     );
@@ -808,7 +821,10 @@ impl Machine {
             s.aborted = true;
             out.push(Output::AbortWork);
         }
-        if s.release_due && now < s.valid_until && self.pending.is_none() {
+        // Also after `valid_until` (a resign the driver could only pass on late): the release is
+        // conditional on the grant's term, so it cannot end a successor's grant. Not after an
+        // abort: that work is not known to have stopped.
+        if s.release_due && !s.aborted && self.pending.is_none() {
             s.release_due = false;
             let grant = s.grant.clone();
             let request = match s.successor.clone() {

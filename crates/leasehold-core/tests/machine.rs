@@ -880,22 +880,136 @@ fn unconfirmed_renewal_deposes_at_the_margin_then_aborts_at_valid_until() {
     assert_eq!(h.step(8_100, Input::WorkStopped), vec![]);
 }
 
+/// No renewal confirmed by the step-down point does not prove the lease lost: the renewal may
+/// have been applied (only its reply is missing), and the grant itself stays in the store until it
+/// expires (on stores without a clock, a TTL after a contender first saw its last version). Once
+/// the work has stopped, the lease is released, conditionally on its term: harmless if the store
+/// has moved on, and the next candidate takes over at once instead of a TTL later.
 #[test]
-fn work_stopped_before_valid_until_steps_down_with_its_duration() {
+fn work_stopped_before_valid_until_releases_then_steps_down_with_its_duration() {
     let mut h = Harness::leader();
     let _ = h.send_at(3_000);
     let _ = h.tick(6_000);
     assert_eq!(h.tick(7_000).len(), 2);
     let out = h.step(7_400, Input::WorkStopped);
+    assert_eq!(out, vec![Ev::Send(OpId(3), Request::Release(grant(1, "v1")))]);
     assert_eq!(
-        out,
+        h.reply(7_450, OpId(3), Reply::Release(Ok(()))),
         vec![Ev::SteppedDown {
             term: Term(1),
             work_stopped_after: Some(ms(400)),
             aborted: false
         }]
     );
-    assert_eq!(h.wake(), Some(7_400 + BACKOFF));
+    assert_eq!(h.wake(), Some(7_450 + BACKOFF));
+}
+
+/// The SQLite observation (100-candidate transitions, release build): a new leader stepped down
+/// 45 ms after a renewal, sent no release, and the lease stayed held until it expired. Its
+/// acquire had failed ambiguously and a read-back showed the grant, so the grant is believed
+/// from the send time of the *oldest* acquire whose outcome was unknown (an earlier one): little
+/// of the belief is left at the election. The first renewal goes out at once, is not answered by
+/// the step-down point, and the leader is deposed. It resigns; the lease, still its own in the
+/// store, must be released then, not left to expire.
+#[test]
+fn a_read_back_grant_whose_first_renewal_is_not_confirmed_in_time_is_released_on_resign() {
+    let mut h = Harness::follower();
+    let op = h.send_at(0);
+    let _ = h.reply(
+        0,
+        op,
+        Reply::Acquire(Ok(Acquired::Held(held(holder(other(), 1, "v0", None))))),
+    );
+    // An acquire sent at 2 000 times out; its read-back still shows the other holder.
+    assert_eq!(sends(&h.tick(2_000)), vec![&acquire(None)]);
+    assert_eq!(
+        h.tick(5_000),
+        vec![Ev::Trouble("timeout"), Ev::Send(OpId(2), Request::Inspect)]
+    );
+    let _ = h.reply(5_000, OpId(2), Reply::Inspect(Ok(held(holder(other(), 1, "v0", None)))));
+    // The next one fails ambiguously at 7 000; the read-back shows us at term 2.
+    assert_eq!(sends(&h.tick(7_000)), vec![&acquire(None)]);
+    let out = h.reply(7_000, OpId(3), Reply::Acquire(Err(unreachable())));
+    assert_eq!(
+        out,
+        vec![Ev::Trouble("unreachable"), Ev::Send(OpId(4), Request::Inspect)]
+    );
+    let ours = held(holder(me(), 2, "v1", None));
+    let out = h.reply(7_000, OpId(4), Reply::Inspect(Ok(ours)));
+    // Believed from 2 000 (either acquire may be the one applied): until 10 000, step-down at
+    // 9 000. The first renewal is overdue and goes out at once.
+    assert_eq!(
+        out,
+        vec![
+            Ev::LeaderChanged(Some((me(), Term(2)))),
+            Ev::Elected {
+                grant: grant(2, "v1"),
+                valid_until: ms(10_000)
+            },
+            Ev::Send(OpId(5), Request::Renew(grant(2, "v1"))),
+        ]
+    );
+    // The store is slow: no answer by the step-down point.
+    assert_eq!(h.wake(), Some(9_000));
+    let out = h.tick(9_000);
+    assert!(
+        matches!(
+            out.first(),
+            Some(Ev::Deposed {
+                term: Term(2),
+                reason: DeposedReason::RenewFailed { .. },
+                ..
+            })
+        ),
+        "{out:?}"
+    );
+    assert!(
+        sends(&out).is_empty(),
+        "nothing is released while the work may run: {out:?}"
+    );
+    // The work stops (resigns) 45 ms later: the lease is released.
+    assert_eq!(
+        h.step(9_045, Input::Resign),
+        vec![Ev::Send(OpId(6), Request::Release(grant(2, "v1")))]
+    );
+    assert_eq!(
+        h.reply(9_060, OpId(6), Reply::Release(Ok(()))),
+        vec![Ev::SteppedDown {
+            term: Term(2),
+            work_stopped_after: Some(ms(45)),
+            aborted: false
+        }]
+    );
+}
+
+/// A resign (the work has stopped) that the machine sees only after `valid_until`, the driver not
+/// having been scheduled at the step-down point: it still releases. The release names the term,
+/// so it cannot free a successor's grant; without it the lease stays held until it expires.
+#[test]
+fn a_resign_seen_after_valid_until_still_releases() {
+    let mut h = Harness::leader();
+    let out = h.step(8_100, Input::Resign);
+    assert_eq!(
+        out,
+        vec![
+            Ev::Deposed {
+                term: Term(1),
+                reason: DeposedReason::Resigned,
+                believed_until: ms(8_000)
+            },
+            Ev::LeaderChanged(None),
+            Ev::Send(OpId(1), Request::Release(grant(1, "v1"))),
+        ]
+    );
+    assert!(!h.believes(8_100));
+    assert_eq!(
+        h.reply(8_150, OpId(1), Reply::Release(Ok(()))),
+        vec![Ev::SteppedDown {
+            term: Term(1),
+            work_stopped_after: Some(Duration::ZERO),
+            aborted: false
+        }]
+    );
 }
 
 #[test]

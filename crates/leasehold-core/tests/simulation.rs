@@ -41,6 +41,11 @@
 //!   whatever the driver is doing (finding 6; found by the blocking sections).
 //! - `retry-storm`: while a candidate's store refuses everything, it sends at most
 //!   [`MAX_REFUSED_PER_SECOND`] requests in any simulated second (finding 7).
+//! - `stranded`: a leader whose step-down ended with its work stopped (not aborted) sent a
+//!   release of its term, unless the store had proved the lease lost (superseded) or could not be
+//!   read (a store error). Otherwise the lease stays held until it expires and everyone waits a
+//!   TTL (on stores without a clock, a TTL after they first saw its last version). Seen once on
+//!   SQLite: a leader deposed because its renewal went unanswered sent none.
 //! - `livelock`: the engine polled one request's future [`SPIN_POLLS`] times at one simulated
 //!   instant (a busy loop: paused time can never move again; in real time it burns a core until
 //!   the reply). The request is then answered as refused, so the seed goes on. A slower fallback
@@ -72,8 +77,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::{FutureExt, StreamExt};
 use leasehold_core::{
-    AcquireRequest, Acquired, CandidateId, Capabilities, Changes, Elector, Error, Event, Grant, Leader, LeaseName,
-    LeaseStore, MemoryStore, Observation, Renewed, Result, Term, Transition,
+    AcquireRequest, Acquired, CandidateId, Capabilities, Changes, DeposedReason, Elector, Error, Event, Grant, Leader,
+    LeaseName, LeaseStore, MemoryStore, Observation, Renewed, Result, Term, Transition,
 };
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::time::{Instant, sleep, sleep_until, timeout};
@@ -256,6 +261,7 @@ enum Kind {
     DroppedRun,
     Cancel,
     RetryStorm,
+    Stranded,
     Panic,
     EventsLost,
     Livelock,
@@ -281,6 +287,7 @@ impl Kind {
             Kind::DroppedRun => "dropped-run",
             Kind::Cancel => "cancel",
             Kind::RetryStorm => "retry-storm",
+            Kind::Stranded => "stranded",
             Kind::Panic => "panic",
             Kind::EventsLost => "events-lost",
             Kind::Livelock => "livelock",
@@ -379,6 +386,8 @@ struct World {
     drops: Vec<DroppedRun>,
     outages: Vec<Arc<[(Instant, Instant)]>>,
     refused_in_outage: Vec<Vec<Instant>>,
+    /// Each candidate's release requests, by term (sent, whatever their fate).
+    released: HashSet<(usize, Term)>,
     violations: Vec<Violation>,
     /// Deduplicates repeated probe and cancel findings.
     reported: HashSet<String>,
@@ -413,6 +422,7 @@ impl World {
             drops: Vec::new(),
             outages: Vec::new(),
             refused_in_outage: vec![Vec::new(); candidates],
+            released: HashSet::new(),
             violations: Vec::new(),
             reported: HashSet::new(),
             lagged: 0,
@@ -480,6 +490,19 @@ impl World {
                 ));
                 if let Some(e) = self.elections.iter_mut().find(|e| e.c == c && e.term == term) {
                     e.end = Some(believed_until);
+                }
+                let proved_lost = matches!(
+                    reason,
+                    DeposedReason::Superseded { .. } | DeposedReason::StoreError { .. }
+                );
+                if !aborted && !proved_lost && !self.released.contains(&(c, term)) {
+                    self.violation(
+                        Kind::Stranded,
+                        format!(
+                            "c{c} stepped down from term {term} ({reason}) once its work had stopped, and sent no \
+                             release: the lease stays held until it expires"
+                        ),
+                    );
                 }
             }
             Event::LeaderChanged(info) => {
@@ -1042,6 +1065,7 @@ impl LeaseStore for Net {
 
     async fn release(&self, grant: &Grant) -> Result<()> {
         let grant = grant.clone();
+        lock(&self.world).released.insert((self.me, grant.term));
         self.call("release", move |s| async move { s.release(&grant).await })
             .await
     }
