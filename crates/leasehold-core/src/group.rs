@@ -355,6 +355,12 @@ impl LeaseGroup {
     /// # Errors
     ///
     /// Only when the group cannot run at all (e.g. the store rejects the TTL).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future (instead of completing `shutdown`) stops every shard campaign too:
+    /// each cancels its task and releases its shard in a task of its own, without waiting here;
+    /// a takeover of a dead member's or stranded record under way still releases what it took.
     pub async fn run_until<F, Fut, E>(&self, task: F, shutdown: impl Future<Output = ()>) -> Result<()>
     where
         F: Fn(ShardLeader) -> Fut + Send + Sync + 'static,
@@ -910,6 +916,18 @@ impl Rounds {
         for shard in done {
             self.shards.remove(&shard);
             running.remove(&shard);
+        }
+    }
+}
+
+impl Drop for Rounds {
+    /// A member's rounds end with [`LeaseGroup::stop_all`], which has stopped every campaign
+    /// already; when the future of [`LeaseGroup::run_until`] is dropped instead, this stops the
+    /// campaigns still running, so that they release their shards (each in its own task, as a
+    /// planned stop does) instead of leading them on, renewed, for a member that left.
+    fn drop(&mut self) {
+        for running in self.shards.values() {
+            running.stop.cancel();
         }
     }
 }

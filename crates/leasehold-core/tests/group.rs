@@ -367,6 +367,25 @@ async fn a_takeover_cut_short_by_the_member_stopping_still_releases_the_record()
     b.stop.cancel();
 }
 
+/// A member whose `run_until` future is dropped (its task aborted) leaves the group: its shard
+/// campaigns stop and release their shards, which the other member takes over, instead of
+/// running on, renewed, without a member.
+#[tokio::test(start_paused = true)]
+async fn a_member_whose_run_is_dropped_gives_its_shards_up() {
+    let store = MemoryStore::new();
+    let book = Arc::new(Book::default());
+    let a = join(&store, &book, "a");
+    let b = join(&store, &book, "b");
+    balanced(&book, &[32, 32], TTL * 10).await;
+    b.handle.abort();
+    let took = balanced(&book, &[64], TTL * 4).await;
+    println!("b's run dropped: its shards owned by a after {took:?}");
+    let violations = book.violations.lock().unwrap().clone();
+    assert!(violations.is_empty(), "{violations:#?}");
+    a.stop.cancel();
+    a.handle.await.unwrap().unwrap();
+}
+
 /// A member renews its shards together (one `renew_many` per renewal round, not one `renew`
 /// per shard): with 64 shards over 10 TTLs (30 rounds at renew_every = TTL / 3), a few dozen
 /// requests instead of about 1,900.
