@@ -72,6 +72,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut client = etcd_client::Client::connect([address], None).await?;
     let key = format!("handover-{run}-rtt");
     let (mut txn, mut grant, mut keepalive, mut get) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut get_at = Vec::new();
     for _ in 0..runs {
         let t = Instant::now();
         let id = client.lease_grant(5, None).await?.id();
@@ -81,16 +82,28 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         keepalive.push(t.elapsed());
         let t = Instant::now();
         let put = etcd_client::TxnOp::put(key.clone(), "x", Some(etcd_client::PutOptions::new().with_lease(id)));
-        client.txn(etcd_client::Txn::new().and_then([put])).await?;
+        let written = client.txn(etcd_client::Txn::new().and_then([put])).await?;
         txn.push(t.elapsed());
         let t = Instant::now();
         client.get(key.clone(), None).await?;
         get.push(t.elapsed());
+        // What a successor woken by a deletion without a release marker pays to tell.
+        let revision = written.header().map_or(0, etcd_client::ResponseHeader::revision);
+        let at = etcd_client::GetOptions::new()
+            .with_revision(revision)
+            .with_serializable();
+        let t = Instant::now();
+        client.get(key.clone(), Some(at)).await?;
+        get_at.push(t.elapsed());
         client.lease_revoke(id).await?;
     }
     summary("etcd lease grant", grant);
     summary("etcd keepalive (a new stream each, as etcd-client sends it)", keepalive);
     summary("etcd txn (one put)", txn);
     summary("etcd get", get);
+    summary(
+        "etcd get at a revision, serializable (a successor's release-marker read)",
+        get_at,
+    );
     Ok(())
 }
