@@ -837,6 +837,13 @@ impl Machine {
         if self.pending.is_some() {
             return; // the release is under way
         }
+        // A newer grant of ours that the store showed superseding this term (an acquire of ours
+        // applied late): believed by nobody, and holding the lease from everyone until it
+        // expires. Given back (conditionally on its term) before the step-down is complete.
+        if let Some(stray) = self.stray.take() {
+            self.send(now, Purpose::Release, Request::Release(stray), out);
+            return;
+        }
         out.push(Output::SteppedDown {
             term: s.grant.term,
             work_stopped_after: s.work_stopped.map(|at| at - s.cancelled_at),
@@ -1097,8 +1104,14 @@ impl Machine {
 
     fn superseded(&mut self, now: Instant, observation: &Observation, out: &mut Vec<Output>) {
         // The store may show this very candidate at a newer term (an old acquire applied late):
-        // that term must not be adopted later by a read-back.
+        // that term must not be adopted later by a read-back, and is released as a stray once
+        // the work has stopped.
         self.raise_term_floor(highest_term(observation));
+        if let Some(h) = observation.holder.as_ref().filter(|h| h.id == self.me && !h.reserved)
+            && self.stray.as_ref().is_none_or(|stray| stray.term < h.term)
+        {
+            self.stray = Some(self.our_grant(h));
+        }
         let by = observation.holder.as_ref().map(|h| h.id.clone());
         let term = observation.holder.as_ref().map(|h| h.term);
         self.step_down(

@@ -1451,7 +1451,10 @@ fn lost_renewal_showing_us_at_a_newer_term_raises_the_term_floor() {
     let ours_newer = held(holder(me(), 2, "v2", Some(ms(9_000))));
     let out = h.reply(3_000, op, Reply::Renew(Ok(Renewed::Lost(ours_newer.clone()))));
     assert!(out.iter().any(|e| matches!(e, Ev::Deposed { .. })), "{out:?}");
-    let _ = h.step(3_000, Input::WorkStopped);
+    // Term 2 is released (see the next test), but say the release is lost and an old acquire
+    // of ours makes it stand again: a read-back must still not adopt it.
+    let out = h.step(3_000, Input::WorkStopped);
+    let _ = h.reply(3_000, sent_op(&out), Reply::Release(Err(unreachable())));
     let t = 3_000 + BACKOFF;
     let op = h.send_at(t);
     let out = h.reply(t, op, Reply::Acquire(Err(unreachable())));
@@ -1464,6 +1467,44 @@ fn lost_renewal_showing_us_at_a_newer_term_raises_the_term_floor() {
 /// Finding 1 across campaigns: every campaign of an `Elector` runs a new machine. It continues
 /// from the earlier one ([`Machine::continue_from`]), so an acquire of the earlier campaign whose
 /// outcome is unknown still bounds what a read-back may believe.
+/// The same case from the lease's side: the renewal answered `Lost` shows this candidate itself
+/// holding a newer term (an acquire of ours applied late; SQLite and the memory store give a
+/// candidate's acquire a new term over its own record). Nobody believes that term, and nobody
+/// else may take the lease while it stands: it is released (conditionally on its term) before
+/// the step-down completes, not left to expire.
+#[test]
+fn lost_renewal_showing_us_at_a_newer_term_releases_that_term() {
+    let mut h = Harness::leader();
+    let op = h.send_at(3_000);
+    let ours_newer = held(holder(me(), 2, "v2", Some(ms(9_000))));
+    let out = h.reply(3_000, op, Reply::Renew(Ok(Renewed::Lost(ours_newer))));
+    assert_eq!(
+        out,
+        vec![
+            Ev::Deposed {
+                term: Term(1),
+                reason: superseded(me(), 2),
+                believed_until: ms(3_000)
+            },
+            Ev::LeaderChanged(Some((me(), Term(2)))),
+        ]
+    );
+    assert_eq!(
+        h.step(3_100, Input::WorkStopped),
+        vec![Ev::Send(OpId(2), Request::Release(grant(2, "v2")))]
+    );
+    assert_eq!(
+        h.reply(3_150, OpId(2), Reply::Release(Ok(()))),
+        vec![Ev::SteppedDown {
+            term: Term(1),
+            work_stopped_after: Some(ms(100)),
+            aborted: false
+        }]
+    );
+    assert!(!h.believes(3_150));
+    assert_eq!(h.wake(), Some(3_150 + BACKOFF));
+}
+
 #[test]
 fn a_new_campaign_continues_from_the_unknown_acquires_of_the_earlier_one() {
     let mut first = Harness::follower();

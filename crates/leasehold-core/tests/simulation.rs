@@ -43,9 +43,10 @@
 //!   [`MAX_REFUSED_PER_SECOND`] requests in any simulated second (finding 7).
 //! - `stranded`: a leader whose step-down ended with its work stopped (not aborted) sent a
 //!   release of its term, unless the store had proved the lease lost (superseded) or could not be
-//!   read (a store error). Otherwise the lease stays held until it expires and everyone waits a
-//!   TTL (on stores without a clock, a TTL after they first saw its last version). Seen once on
-//!   SQLite: a leader deposed because its renewal went unanswered sent none.
+//!   read (a store error); superseded by a newer term of its own (an acquire of its own applied
+//!   late), a release of that term. Otherwise the lease stays held until it expires and everyone
+//!   waits a TTL (on stores without a clock, a TTL after they first saw its last version). Seen
+//!   once on SQLite: a leader deposed because its renewal went unanswered sent none.
 //! - `livelock`: the engine polled one request's future [`SPIN_POLLS`] times at one simulated
 //!   instant (a busy loop: paused time can never move again; in real time it burns a core until
 //!   the reply). The request is then answered as refused, so the seed goes on. A slower fallback
@@ -491,16 +492,23 @@ impl World {
                 if let Some(e) = self.elections.iter_mut().find(|e| e.c == c && e.term == term) {
                     e.end = Some(believed_until);
                 }
-                let proved_lost = matches!(
-                    reason,
-                    DeposedReason::Superseded { .. } | DeposedReason::StoreError { .. }
-                );
-                if !aborted && !proved_lost && !self.released.contains(&(c, term)) {
+                // What the candidate should have released: its own term, unless the store proved
+                // it lost or could not be read; a newer term of its own that the store showed
+                // superseding it (an acquire of its own applied late, believed by nobody).
+                let due = match &reason {
+                    DeposedReason::Superseded {
+                        by: Some(by),
+                        term: Some(newer),
+                    } if by.as_str() == format!("c{c}") => Some(*newer),
+                    DeposedReason::Superseded { .. } | DeposedReason::StoreError { .. } => None,
+                    _ => Some(term),
+                };
+                if let Some(due) = due.filter(|due| !aborted && !self.released.contains(&(c, *due))) {
                     self.violation(
                         Kind::Stranded,
                         format!(
                             "c{c} stepped down from term {term} ({reason}) once its work had stopped, and sent no \
-                             release: the lease stays held until it expires"
+                             release of term {due}: the lease stays held until it expires"
                         ),
                     );
                 }

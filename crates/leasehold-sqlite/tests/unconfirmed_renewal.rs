@@ -1,5 +1,6 @@
 //! A leader whose renewal is not confirmed by its step-down point releases the lease once its
-//! work has stopped, rather than leaving it held until it expires.
+//! work has stopped, rather than leaving it held until it expires; and one whose renewal shows
+//! a newer term of its own (an acquire of its own applied late) releases that term.
 //!
 //! The case seen once in the benchmark's 100-candidate transitions (release build): a new leader
 //! stepped down shortly after its first renewal and sent no release; its acquire had timed out and
@@ -170,6 +171,62 @@ async fn a_leader_deposed_by_an_unconfirmed_renewal_releases_once_its_work_stopp
         .find(|t| t.term == Term(2))
         .expect("term 2 in the history");
     assert_eq!(term_2.holder.as_str(), "a");
+    assert!(
+        matches!(term_2.ended, Some((_, EndReason::Released))),
+        "term 2 ended {:?}",
+        term_2.ended
+    );
+}
+
+/// SQLite gives a candidate's acquire a new term over its own record. An acquire of the leader's
+/// own applied late (here: made directly) makes its record term 2 while it leads term 1; the
+/// next renewal is answered `Lost`, showing the leader itself at term 2, which nobody believes.
+/// Once the work has stopped, term 2 is released rather than left held until it expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_term_of_the_leaders_own_that_supersedes_it_is_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("leases.db");
+    let direct: Arc<dyn LeaseStore> = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let a = Elector::builder(Arc::new(SqliteStore::open(&path).await.unwrap()), "jobs")
+        .ttl(TTL)
+        .candidate_id("a")
+        .build()
+        .unwrap();
+    let lease = LeaseName::new("jobs").unwrap();
+    let mut a_events = a.events();
+    let a_leader = a.campaign().await.unwrap();
+    assert_eq!(a_leader.term(), Term(1));
+    let late = AcquireRequest {
+        lease: lease.clone(),
+        candidate: CandidateId::new("a").unwrap(),
+        ttl: TTL,
+        takeover: None,
+    };
+    let Acquired::Granted(newer) = direct.acquire(&late).await.unwrap() else {
+        panic!("SQLite grants a candidate a new term over its own record")
+    };
+    assert_eq!(newer.term, Term(2));
+    // The next renewal (within renew_every) finds term 2: a is deposed, and reports itself at
+    // term 2 as the holder it sees.
+    tokio::time::timeout(TTL, async {
+        loop {
+            if let Event::LeaderChanged(Some(info)) = a_events.recv().await.unwrap()
+                && info.term == Term(2)
+            {
+                break;
+            }
+        }
+    })
+    .await
+    .expect("a's renewal is answered Lost, showing term 2");
+    a_leader.resign().await;
+    let now = direct.inspect(&lease).await.unwrap();
+    assert!(now.holder.is_none(), "the lease is still held: {now:?}");
+    let history = direct.history(&lease, 10).await.unwrap();
+    let term_2 = history
+        .iter()
+        .find(|t| t.term == Term(2))
+        .expect("term 2 in the history");
     assert!(
         matches!(term_2.ended, Some((_, EndReason::Released))),
         "term 2 ended {:?}",
