@@ -8,7 +8,7 @@
 //! owned shard the same way; each command's tree is then its guard's subtree (and its leaf),
 //! see [`Tree`].
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::io::IoSlice;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
@@ -152,6 +152,18 @@ impl CommandGroup {
         status
     }
 
+    /// Sends `signal` to the guard's process group (the guard, and the command unless it left
+    /// the group). Only while the guard is not reaped: until then its pid, the group's id, cannot
+    /// name another group. The group's id when sent.
+    fn signal_group(&self, signal: Signal) -> Option<i32> {
+        if self.status.is_some() {
+            return None;
+        }
+        nix::sys::signal::killpg(nix::unistd::Pid::from_raw(self.guard_pid), signal)
+            .ok()
+            .map(|()| self.guard_pid)
+    }
+
     /// Pids that only tokio may reap.
     fn tokio_reaps(&self) -> Vec<i32> {
         if self.status.is_some() {
@@ -179,7 +191,11 @@ impl CommandGroup {
         let graceful = kill_at > now && !hurry.is_cancelled();
         // One scan for both: the count, and the processes that get SIGTERM.
         let processes = if graceful {
-            self.tree.signal_quickly(Signal::SIGTERM, &guard).len()
+            // The command's process group first, by the kernel in one step (before any look at
+            // `/proc`, and atomic with the group's forks); then, found by the tree, what left the
+            // group (`setsid`, `setpgid`). The guard, in the group, ignores it.
+            let sent = self.signal_group(Signal::SIGTERM);
+            self.tree.signal_quickly(Signal::SIGTERM, &guard, sent).len()
         } else {
             self.tree.members().iter().filter(|p| p.pid != self.guard_pid).count()
         };
@@ -383,12 +399,22 @@ pub(crate) fn check_program(program: &OsString) -> Result<(), Failure> {
             )),
         };
     }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    if std::env::split_paths(&path).any(|dir| executable(&dir.join(name))) {
+    if find_in_path(program).is_some() {
         Ok(())
     } else {
         Err(Failure::new(NOT_FOUND, format!("command not found: {shown}")))
     }
+}
+
+/// Where a shell would find `program` (a name without '/') in `PATH`: the first regular file
+/// with an execute bit.
+pub(crate) fn find_in_path(program: &OsStr) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path).map(|dir| dir.join(program)).find(|path| {
+        path.metadata()
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    })
 }
 
 #[cfg(test)]

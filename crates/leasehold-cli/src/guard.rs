@@ -182,7 +182,7 @@ async fn guard(args: GuardArgs) -> i32 {
             _ = hangup.recv() => kill_tree_if_orphaned(parent, &tree).await,
             _ = check.tick() => {
                 kill_tree_if_orphaned(parent, &tree).await;
-                tree.reap(&[command_pid]);
+                tree.reap_children(&[command_pid]);
             }
             // Sent by `run` to the whole tree: the command got it too, and will exit (or be
             // killed). Stay until then.
@@ -242,6 +242,15 @@ pub(crate) fn exec_when_elected(args: &[OsString]) -> i32 {
         eprintln!("leasehold: {EXEC_WHEN_ELECTED}: no command");
         return RUNTIME;
     };
+    // Found in PATH now, while waiting, not after the word: the exec is then one system call
+    // instead of one per PATH entry before the command's. The environment added by the word has
+    // no PATH (`run` sends LEASEHOLD_* only); should the file be gone by then, the exec falls back
+    // to a PATH search of its own.
+    let found = if program.as_encoded_bytes().contains(&b'/') {
+        None
+    } else {
+        crate::child::find_in_path(program)
+    };
     let mut buffer = vec![0u8; 64 * 1024];
     let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
     let mut ancillary = RecvAncillaryBuffer::new(&mut space);
@@ -291,6 +300,16 @@ pub(crate) fn exec_when_elected(args: &[OsString]) -> i32 {
     if let Err(e) = replaced {
         eprintln!("leasehold: {EXEC_WHEN_ELECTED}: cannot set the command's stdin: {e}");
         return RUNTIME;
+    }
+    if let Some(found) = found
+        && !env.iter().any(|(key, _)| *key == "PATH")
+    {
+        // Returns only when it failed.
+        let _ = std::process::Command::new(found)
+            .arg0(program)
+            .args(&command[1..])
+            .envs(env.iter().copied())
+            .exec();
     }
     let error = std::process::Command::new(program).args(&command[1..]).envs(env).exec();
     eprintln!("leasehold: cannot run {}: {error}", program.to_string_lossy());

@@ -32,6 +32,8 @@ use nix::unistd::{Pid, getpid};
 pub(crate) struct Process {
     pub(crate) pid: i32,
     pub(crate) ppid: i32,
+    /// The process group.
+    pub(crate) pgrp: i32,
     pub(crate) state: char,
     /// In clock ticks after boot: with the pid, it names one process for good.
     pub(crate) start: u64,
@@ -78,6 +80,7 @@ fn parse_stat(pid: i32, text: &str) -> Option<Process> {
         pid,
         state: fields.first()?.chars().next()?,
         ppid: fields.get(1)?.parse().ok()?,
+        pgrp: fields.get(2)?.parse().ok()?,
         start: fields.get(19)?.parse().ok()?,
         comm,
     })
@@ -530,13 +533,17 @@ impl Tree {
 
     /// [`Tree::signal`], to the members found through the children lists where the kernel has
     /// them (see [`Tree::members_by_children`]: no scan of `/proc` before the signal goes out).
-    pub(crate) fn signal_quickly(&self, signal: Signal, except: &[i32]) -> Vec<Process> {
-        let Some(members) = self.members_by_children() else {
-            return self.signal(signal, except);
-        };
+    /// Members in process group `sent` (already signalled as a group with `killpg`) are found and
+    /// returned but not signalled again: a command's trap would run twice.
+    pub(crate) fn signal_quickly(&self, signal: Signal, except: &[i32], sent: Option<i32>) -> Vec<Process> {
+        let members = self
+            .members_by_children()
+            .unwrap_or_else(|| self.members_in(&scan_since(Instant::now()).processes));
         let members: Vec<Process> = members.into_iter().filter(|p| !except.contains(&p.pid)).collect();
         for process in &members {
-            send(process, signal);
+            if sent != Some(process.pgrp) {
+                send(process, signal);
+            }
         }
         members
     }
@@ -565,6 +572,22 @@ impl Tree {
     /// them).
     pub(crate) fn reap(&self, except: &[i32]) {
         Tree::reap_in(&scan_since(Instant::now()).processes, except);
+    }
+
+    /// [`Tree::reap`] without a scan of `/proc` where the kernel lists this process's children
+    /// (the scan otherwise): each child but `except` and the listed guards is waited for without
+    /// blocking, which leaves a live one alone. For the guard's periodic reaping: a scan of all
+    /// of `/proc` once a second in every waiting guard was the idle cost of a pre-started one.
+    pub(crate) fn reap_children(&self, except: &[i32]) {
+        let Some(children) = own_children() else {
+            return self.reap(except);
+        };
+        let guards = guards();
+        for pid in children {
+            if !except.contains(&pid) && !guards.contains(&pid) {
+                let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
+            }
+        }
     }
 
     /// [`Tree::reap`], for the zombies in `processes` (a scan of `/proc`; a zombie stays one
@@ -702,7 +725,10 @@ mod tests {
         let line = "42 (a) (b) c) S 1 40 40 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 777 0 0";
         let process = parse_stat(42, line).unwrap();
         assert_eq!(process.comm, "a) (b) c");
-        assert_eq!((process.state, process.ppid, process.start), ('S', 1, 777));
+        assert_eq!(
+            (process.state, process.ppid, process.pgrp, process.start),
+            ('S', 1, 40, 777)
+        );
         assert_eq!(parse_stat(1, "garbage"), None);
     }
 
@@ -711,6 +737,7 @@ mod tests {
         let p = |pid, ppid| Process {
             pid,
             ppid,
+            pgrp: 0,
             state: 'S',
             start: 0,
             comm: "x".into(),
@@ -762,6 +789,27 @@ mod tests {
             child.kill().unwrap();
             child.wait().unwrap();
         }
+    }
+
+    #[test]
+    fn zombie_children_are_reaped_without_a_scan_and_live_ones_left_alone() {
+        let mut live = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let dead = std::process::Command::new("true").spawn().unwrap();
+        let (live_pid, dead_pid) = (live.id() as i32, dead.id() as i32);
+        let state = |pid: i32| Process::read(pid).map(|p| p.state);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while state(dead_pid) != Some('Z') && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(state(dead_pid), Some('Z'));
+        Tree::below_me(None).reap_children(&[]);
+        assert_eq!(state(dead_pid), None, "the zombie is reaped");
+        assert!(
+            state(live_pid).is_some_and(|s| s != 'Z'),
+            "the live child is left alone"
+        );
+        live.kill().unwrap();
+        live.wait().unwrap();
     }
 
     #[test]

@@ -130,3 +130,94 @@ fn a_prestarted_command_runs_with_the_terms_environment_and_stdin_once_elected()
     next.signal(Signal::SIGTERM);
     assert_eq!(next.wait_exit(Duration::from_secs(5)), Some(143));
 }
+
+/// A directory with an executable script `name` that writes `text` to `seen` and sleeps.
+fn script_dir(store: &Store, dir: &str, name: &str, text: &str, seen: &std::path::Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = store.path(dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(name);
+    let body = format!(
+        "#!/bin/sh\necho {text} > '{seen}.tmp' && mv '{seen}.tmp' '{seen}'\nexec sleep 30\n",
+        seen = seen.display()
+    );
+    std::fs::write(&file, body).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+/// The waiting process looks the command up in PATH before the election (one exec once
+/// elected); a file gone from there by then is looked up again, as a shell would.
+#[test]
+fn a_prestarted_command_gone_from_its_path_entry_runs_from_the_next_one() {
+    let store = Store::sqlite();
+    let seen = store.path("seen");
+    let first = script_dir(&store, "bin1", "lh-test-cmd", "first", &seen);
+    let second = script_dir(&store, "bin2", "lh-test-cmd", "second", &seen);
+    let path = format!(
+        "{}:{}:{}",
+        first.display(),
+        second.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut holder = store.spawn_run("h", &["--lease", "job", "--ttl", "2s", "--", "sleep", "30"]);
+    wait_for(Duration::from_secs(10), || holder.log_text().contains("started")).expect("the holder's command starts");
+    let mut next = store.spawn_with_env(
+        "n",
+        &["run", "--lease", "job", "--ttl", "2s", "--", "lh-test-cmd"],
+        &[("PATH", &path)],
+    );
+    wait_for(Duration::from_secs(5), || next.log_text().contains("waiting")).expect("the successor waits");
+    wait_for(Duration::from_secs(5), || prestarted(next.pid()).is_some()).expect("a pre-started guard");
+    // The waiting process found bin1's at its start; now it is gone.
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::remove_file(first.join("lh-test-cmd")).unwrap();
+    holder.signal(Signal::SIGTERM);
+    assert_eq!(holder.wait_exit(Duration::from_secs(5)), Some(143));
+    wait_for(Duration::from_secs(5), || seen.exists())
+        .unwrap_or_else(|| panic!("the successor's command did not run:\n{}", next.log_text()));
+    assert_eq!(std::fs::read_to_string(&seen).unwrap().trim(), "second");
+    next.signal(Signal::SIGTERM);
+    assert_eq!(next.wait_exit(Duration::from_secs(5)), Some(143));
+}
+
+/// Found in PATH before the election, the command still gets its name as given in argv[0].
+#[test]
+fn a_prestarted_command_found_in_path_keeps_its_name_as_argv0() {
+    let store = Store::sqlite();
+    let seen = store.path("seen");
+    let dir = store.path("bin");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::os::unix::fs::symlink("/bin/sh", dir.join("lh-test-sh")).unwrap();
+    let path = format!("{}:{}", dir.display(), std::env::var("PATH").unwrap_or_default());
+    let script = format!(
+        "tr '\\0' ' ' < /proc/$$/cmdline > '{seen}.tmp' && mv '{seen}.tmp' '{seen}'; exec sleep 30",
+        seen = seen.display()
+    );
+    let mut holder = store.spawn_run("h", &["--lease", "job", "--ttl", "2s", "--", "sleep", "30"]);
+    wait_for(Duration::from_secs(10), || holder.log_text().contains("started")).expect("the holder's command starts");
+    let mut next = store.spawn_with_env(
+        "n",
+        &[
+            "run",
+            "--lease",
+            "job",
+            "--ttl",
+            "2s",
+            "--",
+            "lh-test-sh",
+            "-c",
+            &script,
+        ],
+        &[("PATH", &path)],
+    );
+    wait_for(Duration::from_secs(5), || prestarted(next.pid()).is_some()).expect("a pre-started guard");
+    holder.signal(Signal::SIGTERM);
+    assert_eq!(holder.wait_exit(Duration::from_secs(5)), Some(143));
+    wait_for(Duration::from_secs(5), || seen.exists())
+        .unwrap_or_else(|| panic!("the successor's command did not run:\n{}", next.log_text()));
+    let argv = std::fs::read_to_string(&seen).unwrap();
+    assert!(argv.starts_with("lh-test-sh -c "), "{argv:?}");
+    next.signal(Signal::SIGTERM);
+    assert_eq!(next.wait_exit(Duration::from_secs(5)), Some(143));
+}

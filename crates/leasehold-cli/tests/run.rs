@@ -467,3 +467,48 @@ fn a_process_that_cannot_be_killed_keeps_the_lease_until_it_runs_out() {
     drop(freezer); // thawed: the SIGKILL it has pending ends it
     wait_for(Duration::from_secs(5), || !alive(stuck)).expect("the thawed process dies of its pending SIGKILL");
 }
+
+/// The command's process group gets SIGTERM in one step; what left the group (here a child in
+/// a new session) gets it from the walk of the tree, not only SIGKILL after the grace. (The
+/// command ignores SIGTERM: its guard, which ends what an exited command leaves behind, does not
+/// step in.)
+#[test]
+fn sigterm_reaches_what_left_the_commands_process_group() {
+    let store = Store::sqlite();
+    let path = store.path("ledger");
+    let got = store.path("got");
+    let script = format!(
+        "setsid sh -c 'trap \"echo left >> {got}; exit 0\" TERM; while true; do sleep 0.05; done' & \
+         trap '' TERM; echo \"$LEASEHOLD_TERM $$\" >> {ledger}; while true; do sleep 0.05; done",
+        got = got.display(),
+        ledger = path.display()
+    );
+    let mut run = store.spawn_run(
+        "g",
+        &[
+            "--lease",
+            "groups",
+            "--ttl",
+            "4s",
+            "--kill-grace",
+            "500ms",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    wait_for(Duration::from_secs(10), || !ledger(&path).is_empty()).expect("the command starts");
+    // The setsid child has started its loop.
+    std::thread::sleep(Duration::from_millis(300));
+    run.signal(Signal::SIGTERM);
+    assert_eq!(run.wait_exit(Duration::from_secs(5)), Some(143), "{}", run.log_text());
+    let text = std::fs::read_to_string(&got).unwrap_or_default();
+    assert_eq!(
+        text.trim(),
+        "left",
+        "SIGTERM once to the child that left the group\n{}",
+        run.log_text()
+    );
+    assert!(run.log_text().contains("with SIGKILL"), "{}", run.log_text());
+}

@@ -64,8 +64,14 @@ impl Store {
     /// Starts `leasehold --store URL ARGS...` as the leader of its own process group, with
     /// stderr in `NAME.log`.
     pub fn spawn(&self, name: &str, args: &[&str]) -> Candidate {
+        self.spawn_with_env(name, args, &[])
+    }
+
+    /// [`Store::spawn`] with `env` added to the environment.
+    pub fn spawn_with_env(&self, name: &str, args: &[&str], env: &[(&str, &str)]) -> Candidate {
         let log = self.path(&format!("{name}.log"));
         let child = Command::new(bin())
+            .envs(env.iter().copied())
             .arg("--store")
             .arg(&self.url)
             .args(args)
