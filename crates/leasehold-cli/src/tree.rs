@@ -792,6 +792,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::zombie_processes)] // `dead` is reaped by what the test checks
     fn zombie_children_are_reaped_without_a_scan_and_live_ones_left_alone() {
         let mut live = std::process::Command::new("sleep").arg("5").spawn().unwrap();
         let dead = std::process::Command::new("true").spawn().unwrap();
