@@ -297,7 +297,9 @@ impl Prestarted {
         if let Ok(Some(_)) = self.group.guard.try_wait() {
             return Err(Box::new(self));
         }
-        let mut message = Vec::new();
+        // A leading NUL (skipped by the reader, as an entry without '='): never an empty message,
+        // which the waiting process could not tell from the socket's end (both read 0 bytes).
+        let mut message = vec![0];
         for (key, value) in env {
             message.extend_from_slice(key.as_bytes());
             message.push(b'=');

@@ -221,3 +221,33 @@ fn a_prestarted_command_found_in_path_keeps_its_name_as_argv0() {
     next.signal(Signal::SIGTERM);
     assert_eq!(next.wait_exit(Duration::from_secs(5)), Some(143));
 }
+
+/// `run` started with stdin closed: the command gets /dev/null as its stdin, not one of `run`'s
+/// own descriptors that took the free number 0 (the runtime's, the guard's control socket). Rust's
+/// runtime start-up puts /dev/null on a closed fd 0, 1 or 2 before `main`; this keeps it so.
+#[test]
+fn a_run_started_with_stdin_closed_gives_its_command_dev_null() {
+    let store = Store::sqlite();
+    let seen = store.path("seen");
+    let script = format!(
+        "readlink /proc/$$/fd/0 > '{seen}.tmp' && mv '{seen}.tmp' '{seen}'; exec sleep 30",
+        seen = seen.display()
+    );
+    let mut holder = store.spawn_run("h", &["--lease", "job", "--ttl", "2s", "--", "sleep", "30"]);
+    wait_for(Duration::from_secs(10), || holder.log_text().contains("started")).expect("the holder's command starts");
+    // The successor, pre-started, with fd 0 closed by the shell that execs it.
+    let exec = format!(
+        "exec 0<&- && exec '{}' --store '{}' run --lease job --ttl 2s -- sh -c \"$0\"",
+        support::bin(),
+        store.url
+    );
+    let mut next = store.spawn_shell("n", &["-c", &exec, &script]);
+    wait_for(Duration::from_secs(5), || prestarted(next.pid()).is_some()).expect("a pre-started guard");
+    holder.signal(Signal::SIGTERM);
+    assert_eq!(holder.wait_exit(Duration::from_secs(5)), Some(143));
+    wait_for(Duration::from_secs(5), || seen.exists())
+        .unwrap_or_else(|| panic!("the successor's command did not run:\n{}", next.log_text()));
+    assert_eq!(std::fs::read_to_string(&seen).unwrap().trim(), "/dev/null");
+    next.signal(Signal::SIGTERM);
+    assert_eq!(next.wait_exit(Duration::from_secs(5)), Some(143));
+}

@@ -69,12 +69,25 @@ impl Store {
 
     /// [`Store::spawn`] with `env` added to the environment.
     pub fn spawn_with_env(&self, name: &str, args: &[&str], env: &[(&str, &str)]) -> Candidate {
-        let log = self.path(&format!("{name}.log"));
-        let child = Command::new(bin())
+        let mut command = Command::new(bin());
+        command
             .envs(env.iter().copied())
             .arg("--store")
             .arg(&self.url)
-            .args(args)
+            .args(args);
+        self.spawn_command(name, command)
+    }
+
+    /// `sh ARGS...` (which is to exec `leasehold`), set up as [`Store::spawn`] sets it up.
+    pub fn spawn_shell(&self, name: &str, args: &[&str]) -> Candidate {
+        let mut command = Command::new("sh");
+        command.args(args);
+        self.spawn_command(name, command)
+    }
+
+    fn spawn_command(&self, name: &str, mut command: Command) -> Candidate {
+        let log = self.path(&format!("{name}.log"));
+        let child = command
             .stdin(Stdio::null())
             .stdout(File::create(self.path(&format!("{name}.out"))).unwrap())
             .stderr(File::create(&log).unwrap())
