@@ -21,7 +21,9 @@
 //! - A leader that steps down releases the lease once its work has stopped, also after
 //!   `valid_until`, unless the store proved it lost (another holder, or a record it cannot read).
 //!   An unconfirmed renewal proves nothing: the store may hold the grant (or the renewal, applied
-//!   with its reply lost) for a TTL more, so it is released too. A release names the grant's term
+//!   with its reply lost) for a TTL more, so it is released too (not with a `lock_delay`: the
+//!   release would let the next candidate skip the delay kept for a holder cut off from the
+//!   store). A release names the grant's term
 //!   and the store applies it only to that term's record: it can never end a successor's grant.
 //!   Work that had to be aborted is not known to have stopped, so its lease is left to expire.
 //! - An outcome that is unknown (timeout, broken connection) is settled by reading the record
@@ -748,11 +750,19 @@ impl Machine {
                     let last_error = l.last_error.clone();
                     // Not proved lost: the store may still hold the grant (or the last renewal,
                     // applied with its reply missing) for a TTL more. Released once the work has
-                    // stopped, so that the next candidate need not wait for it to expire.
+                    // stopped, so that the next candidate need not wait for it to expire; but not
+                    // with a lock delay: a leader cut off from the store is what the delay is
+                    // for (its side effects may still be in flight), and a release would let the
+                    // next candidate skip it.
+                    let lease = if self.timing.lock_delay.is_some() {
+                        Lease::Lost
+                    } else {
+                        Lease::StillOurs
+                    };
                     self.step_down(
                         now,
                         DeposedReason::RenewFailed { last_error },
-                        Lease::StillOurs,
+                        lease,
                         Then::CampaignAgain,
                         out,
                     );

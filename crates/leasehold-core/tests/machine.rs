@@ -904,6 +904,39 @@ fn work_stopped_before_valid_until_releases_then_steps_down_with_its_duration() 
     assert_eq!(h.wake(), Some(7_450 + BACKOFF));
 }
 
+/// With a `lock_delay`, a leader deposed because no renewal was confirmed sends no release: the
+/// store would record a clean end and the next candidate would skip the delay, which exists for
+/// exactly this holder (cut off from the store, its side effects may still be in flight).
+#[test]
+fn with_a_lock_delay_an_unconfirmed_renewal_leaves_the_lease_to_expire() {
+    let t = Timing {
+        lock_delay: Some(ms(5_000)),
+        ..timing()
+    };
+    let mut h = Harness::new(t, Expiry::ServerClock, Notifications::None);
+    let op = h.send_at(0);
+    let out = h.reply(0, op, Reply::Inspect(Ok(free(0, EndReason::Released))));
+    assert_eq!(out, vec![Ev::Send(OpId(1), acquire(None))]);
+    let out = h.reply(0, OpId(1), Reply::Acquire(Ok(Acquired::Granted(grant(1, "v1")))));
+    assert!(out.iter().any(|e| matches!(e, Ev::Elected { .. })), "{out:?}");
+    let _ = h.send_at(3_000);
+    let _ = h.tick(6_000);
+    assert_eq!(h.tick(7_000).len(), 2);
+    let out = h.step(7_400, Input::WorkStopped);
+    assert!(sends(&out).is_empty(), "no release: {out:?}");
+    assert!(
+        out.iter().any(|e| matches!(
+            e,
+            Ev::SteppedDown {
+                term: Term(1),
+                aborted: false,
+                ..
+            }
+        )),
+        "{out:?}"
+    );
+}
+
 /// The SQLite observation (100-candidate transitions, release build): a new leader stepped down
 /// 45 ms after a renewal, sent no release, and the lease stayed held until it expired. Its
 /// acquire had failed ambiguously and a read-back showed the grant, so the grant is believed
@@ -1464,9 +1497,6 @@ fn lost_renewal_showing_us_at_a_newer_term_raises_the_term_floor() {
     assert!(!h.believes(t));
 }
 
-/// Finding 1 across campaigns: every campaign of an `Elector` runs a new machine. It continues
-/// from the earlier one ([`Machine::continue_from`]), so an acquire of the earlier campaign whose
-/// outcome is unknown still bounds what a read-back may believe.
 /// The same case from the lease's side: the renewal answered `Lost` shows this candidate itself
 /// holding a newer term (an acquire of ours applied late; SQLite and the memory store give a
 /// candidate's acquire a new term over its own record). Nobody believes that term, and nobody
@@ -1505,6 +1535,9 @@ fn lost_renewal_showing_us_at_a_newer_term_releases_that_term() {
     assert_eq!(h.wake(), Some(3_150 + BACKOFF));
 }
 
+/// Finding 1 across campaigns: every campaign of an `Elector` runs a new machine. It continues
+/// from the earlier one ([`Machine::continue_from`]), so an acquire of the earlier campaign whose
+/// outcome is unknown still bounds what a read-back may believe.
 #[test]
 fn a_new_campaign_continues_from_the_unknown_acquires_of_the_earlier_one() {
     let mut first = Harness::follower();

@@ -44,7 +44,8 @@
 //! - `stranded`: a leader whose step-down ended with its work stopped (not aborted) sent a
 //!   release of its term, unless the store had proved the lease lost (superseded) or could not be
 //!   read (a store error); superseded by a newer term of its own (an acquire of its own applied
-//!   late), a release of that term. Otherwise the lease stays held until it expires and everyone
+//!   late), a release of that term. With a `lock_delay`, a leader deposed for want of a confirmed
+//!   renewal releases nothing (the next candidate must wait the delay). Otherwise the lease stays held until it expires and everyone
 //!   waits a TTL (on stores without a clock, a TTL after they first saw its last version). Seen
 //!   once on SQLite: a leader deposed because its renewal went unanswered sent none.
 //! - `livelock`: the engine polled one request's future [`SPIN_POLLS`] times at one simulated
@@ -399,6 +400,9 @@ struct World {
     last_valid: HashMap<(usize, Term), Instant>,
     /// Blocking sections of each leadership's work: (from, to).
     blocked: HashMap<(usize, Term), Vec<(Instant, Instant)>>,
+    /// The candidates run with a `lock_delay`: a leader deposed for want of a confirmed renewal
+    /// then leaves its lease to expire (a release would let the next skip the delay).
+    lock_delay: bool,
     stats: Stats,
 }
 
@@ -429,6 +433,7 @@ impl World {
             lagged: 0,
             last_valid: HashMap::new(),
             blocked: HashMap::new(),
+            lock_delay: false,
             stats: Stats::default(),
         }
     }
@@ -501,6 +506,7 @@ impl World {
                         term: Some(newer),
                     } if by.as_str() == format!("c{c}") => Some(*newer),
                     DeposedReason::Superseded { .. } | DeposedReason::StoreError { .. } => None,
+                    DeposedReason::RenewFailed { .. } if self.lock_delay => None,
                     _ => Some(term),
                 };
                 if let Some(due) = due.filter(|due| !aborted && !self.released.contains(&(c, *due))) {
@@ -1498,7 +1504,10 @@ fn simulate(mode: Mode, seed: u64, shared: Arc<Mutex<Option<Running>>>) -> SeedR
             Mode::ServerClock => MemoryStore::new(),
             Mode::ObservedExpiry => MemoryStore::observed_expiry(),
         };
-        let world: Shared = Arc::new(Mutex::new(World::new(start, plan.candidates)));
+        let world: Shared = Arc::new(Mutex::new(World {
+            lock_delay: plan.lock_delay.is_some(),
+            ..World::new(start, plan.candidates)
+        }));
         lock(&world).log(format!("{} seed {seed}: {plan:?}", mode.name()));
         let progress = Arc::new(AtomicU64::new(0));
         let (nudge, nudges) = mpsc::unbounded_channel();
