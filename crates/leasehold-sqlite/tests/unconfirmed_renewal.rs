@@ -52,6 +52,11 @@ impl LeaseStore for SlowReplies {
     }
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
         let reply = self.inner.acquire(request).await;
+        // Only a grant's reply is held: an acquire answered `Held` while the flag goes up must
+        // not time out (its unknown outcome would bound what a later read-back may believe).
+        if !matches!(reply, Ok(Acquired::Granted(_))) {
+            return reply;
+        }
         Self::held_if(&self.slow_acquire, reply).await
     }
     async fn renew(&self, grant: &Grant) -> Result<Renewed> {
@@ -151,17 +156,9 @@ async fn a_leader_deposed_by_an_unconfirmed_renewal_releases_once_its_work_stopp
     .await
     .expect("a steps down at valid_until - step_down_margin");
 
-    // The work stops. The store still records a's term (the renewal was applied): it is
-    // released, not left to expire.
-    assert_eq!(
-        direct
-            .inspect(&lease)
-            .await
-            .unwrap()
-            .holder
-            .map(|h| (h.id.to_string(), h.term)),
-        Some(("a".to_string(), Term(2)))
-    );
+    // The work stops at once (before `valid_until`, when work still running is aborted and
+    // nothing is released). The store still recorded a's term (the renewal was applied): the
+    // history below shows it ended by a release, not left to expire.
     a_leader.resign().await;
     let now = direct.inspect(&lease).await.unwrap();
     assert!(now.holder.is_none(), "the lease is still held: {now:?}");
