@@ -121,7 +121,14 @@ struct Inner {
     /// Takeovers by version under way ([`Inner::replace_and_release`]): each runs in a task of
     /// its own, so that no caller's cancellation separates its acquire from its release.
     takeovers: watch::Sender<usize>,
+    /// One lock per shard this member has campaigned for ([`Inner::shard_lock`]): held by a
+    /// shard's campaign for its whole life and by its takeover until that has released what it
+    /// took, so that at most one of them, under this member's id, acts on the shard's lease.
+    shard_locks: Mutex<HashMap<u32, Arc<tokio::sync::Mutex<()>>>>,
 }
+
+/// A shard's lock ([`Inner::shard_lock`]), held by its campaign and shared with its takeover.
+type ShardHeld = Arc<tokio::sync::OwnedMutexGuard<()>>;
 
 impl fmt::Debug for LeaseGroup {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -256,6 +263,7 @@ impl LeaseGroupBuilder {
                 member,
                 running: Mutex::default(),
                 takeovers: watch::Sender::new(0),
+                shard_locks: Mutex::default(),
             }),
         })
     }
@@ -574,7 +582,7 @@ impl LeaseGroup {
             }
             let lease = dead.lease.lease.clone();
             match inner
-                .replace_and_release(lease, holder.ttl, holder.version.clone())
+                .replace_and_release(lease, holder.ttl, holder.version.clone(), None)
                 .await
             {
                 Ok(true) => info!(member = %dead.id, "cleared the lease of a member that stopped renewing it"),
@@ -617,10 +625,22 @@ impl LeaseGroup {
             let successor = successor.clone();
             let inner = self.inner.clone();
             async move {
+                // Not before an earlier campaign of this shard, and its takeover, have ended: a
+                // takeover still under way (its campaign stopped, or `run_until` dropped, while
+                // it waited for its acquire) would otherwise end the term this campaign leads
+                // with (a candidate's acquire gets a new term over its own record), or hand it
+                // to a read-back, and then release its own.
+                let lock = inner.shard_lock(shard);
+                let held: ShardHeld = tokio::select! {
+                    biased;
+                    () = stop.cancelled() => return,
+                    held = lock.lock_owned() => Arc::new(held),
+                };
                 if let Some(takeover) = takeover {
                     tokio::select! {
-                        () = takeover.run(&inner, shard) => {}
+                        biased;
                         () = stop.cancelled() => return,
+                        () = takeover.run(&inner, shard, held.clone()) => {}
                     }
                 }
                 let outcome = elector
@@ -640,6 +660,7 @@ impl LeaseGroup {
                     Err(RunError::Task(error)) => warn!(shard, %error, "the shard's task failed; shard released"),
                     Err(error) => warn!(shard, %error, "the shard's election ended"),
                 }
+                drop(held);
             }
         };
         let handle = tokio::spawn(run.instrument(info_span!("shard", shard)));
@@ -736,12 +757,16 @@ struct Takeover {
 }
 
 impl Takeover {
-    async fn run(self, inner: &Arc<Inner>, shard: u32) {
+    /// `held`: the shard's lock, kept until the takeover has ended, also if this is dropped.
+    async fn run(self, inner: &Arc<Inner>, shard: u32, held: ShardHeld) {
         tokio::time::sleep_until(tokio::time::Instant::from_std(self.due)).await;
         let Ok(lease) = shard_lease(&inner.group, shard, inner.shards) else {
             return;
         };
-        match inner.replace_and_release(lease, inner.ttl, self.version).await {
+        match inner
+            .replace_and_release(lease, inner.ttl, self.version, Some(held))
+            .await
+        {
             Ok(true) => debug!(shard, "replaced the record of a holder that stopped renewing it"),
             Ok(false) => {}
             Err(error) => debug!(shard, %error, "could not replace a stranded shard's record"),
@@ -760,17 +785,21 @@ impl Inner {
     /// (the member stops, a shard's campaign is stopped, the caller's future is dropped) does
     /// not separate them, so a record this member took over is released even then, instead of
     /// being left with a fresh version that nobody believes and every contender times for
-    /// another TTL. [`LeaseGroup::run_until`] waits for these tasks before it returns.
+    /// another TTL. [`LeaseGroup::run_until`] waits for these tasks before it returns. `held`
+    /// (a shard's lock) is kept until the task ends, so that the shard's next campaign does not
+    /// start while the takeover can still change the record.
     async fn replace_and_release(
         self: &Arc<Self>,
         lease: LeaseName,
         ttl: Duration,
         version: String,
+        held: Option<ShardHeld>,
     ) -> std::result::Result<bool, String> {
         let inner = self.clone();
         self.takeovers.send_modify(|n| *n += 1);
         let pair = tokio::spawn(async move {
             let _settled = TakeoverSettled(inner.clone());
+            let _held = held;
             inner.replace_then_release(lease, ttl, version).await
         });
         pair.await
@@ -816,6 +845,13 @@ impl Inner {
                 }
             }
         }
+    }
+
+    /// The lock of `shard`'s campaigns and takeovers (one per shard, made on first use: at most
+    /// `shards` of them).
+    fn shard_lock(&self, shard: u32) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.shard_locks.lock().expect("group lock");
+        locks.entry(shard).or_default().clone()
     }
 
     /// Completes once no takeover ([`Inner::replace_and_release`]) is under way: at most about

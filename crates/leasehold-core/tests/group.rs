@@ -31,6 +31,10 @@ struct Link {
     takeover_reply_delay: Mutex<Option<Duration>>,
     /// Takeovers by version of a shard record that the store granted.
     shard_takeovers: AtomicUsize,
+    /// When set, the next takeover by version of a shard record waits for this before the
+    /// store sees it (a request on its way); `takeover_held` is set while it waits.
+    takeover_gate: Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
+    takeover_held: AtomicBool,
 }
 
 impl Link {
@@ -53,6 +57,14 @@ impl LeaseStore for Link {
     }
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
         self.check()?;
+        if request.takeover.is_some() && request.lease.as_str().contains(".s.") {
+            let gate = self.takeover_gate.lock().unwrap().take();
+            if let Some(gate) = gate {
+                self.takeover_held.store(true, Ordering::SeqCst);
+                let _ = gate.await;
+                self.takeover_held.store(false, Ordering::SeqCst);
+            }
+        }
         let acquired = self.store.acquire(request).await?;
         if request.takeover.is_some() && matches!(acquired, Acquired::Granted(_)) {
             if request.lease.as_str().contains(".s.") {
@@ -157,6 +169,21 @@ impl Book {
     }
 }
 
+/// A member's link to `store`, with no faults.
+fn link(store: &MemoryStore) -> Arc<Link> {
+    Arc::new(Link {
+        store: store.clone(),
+        dead: AtomicBool::new(false),
+        renews: AtomicUsize::new(0),
+        batches: AtomicUsize::new(0),
+        batched: AtomicUsize::new(0),
+        takeover_reply_delay: Mutex::new(None),
+        shard_takeovers: AtomicUsize::new(0),
+        takeover_gate: Mutex::new(None),
+        takeover_held: AtomicBool::new(false),
+    })
+}
+
 struct Member {
     link: Arc<Link>,
     stop: CancellationToken,
@@ -169,15 +196,7 @@ fn join(store: &MemoryStore, book: &Arc<Book>, id: &str) -> Member {
 
 /// `join`, with the shard electors' lock delay set.
 fn join_with(store: &MemoryStore, book: &Arc<Book>, id: &str, lock_delay: Option<Duration>) -> Member {
-    let link = Arc::new(Link {
-        store: store.clone(),
-        dead: AtomicBool::new(false),
-        renews: AtomicUsize::new(0),
-        batches: AtomicUsize::new(0),
-        batched: AtomicUsize::new(0),
-        takeover_reply_delay: Mutex::new(None),
-        shard_takeovers: AtomicUsize::new(0),
-    });
+    let link = link(store);
     let mut group = LeaseGroup::builder(link.clone(), "orders", SHARDS)
         .member_id(id)
         .ttl(TTL);
@@ -365,6 +384,93 @@ async fn a_takeover_cut_short_by_the_member_stopping_still_releases_the_record()
         held_by_a.len()
     );
     b.stop.cancel();
+}
+
+/// A takeover by version still on its way when its shard's campaign stops (here the member's
+/// `run_until` is dropped, then run again) must not overlap the next campaign of that shard
+/// under the same id: a late takeover ends the term the new campaign leads (the store gives a
+/// candidate's acquire a new term over its own record) and then releases its own, so the lease
+/// is free while the new campaign's task runs on (or a read-back of an ambiguous acquire adopts
+/// the takeover's term, which the takeover then releases). The new campaign waits for the
+/// takeover to end.
+#[tokio::test(start_paused = true)]
+async fn a_new_campaign_of_a_shard_waits_for_a_takeover_of_it_still_under_way() {
+    let store = MemoryStore::observed_expiry();
+    let book = Arc::new(Book::default());
+    // Shard 0 of a one-shard group is held by "gone", no member: stranded. Its TTL is shorter
+    // than the group's, so a campaign's takeover is due before an earlier one times out.
+    let lease = LeaseGroup::shard_lease(&LeaseName::new("orders").unwrap(), 0, 1).unwrap();
+    let request = AcquireRequest {
+        lease: lease.clone(),
+        candidate: CandidateId::new("gone").unwrap(),
+        ttl: TTL / 10,
+        takeover: None,
+    };
+    assert!(matches!(store.acquire(&request).await.unwrap(), Acquired::Granted(_)));
+    let link = link(&store);
+    let (open, gate) = tokio::sync::oneshot::channel();
+    *link.takeover_gate.lock().unwrap() = Some(gate);
+    let group = LeaseGroup::builder(link.clone(), "orders", 1)
+        .member_id("a")
+        .ttl(TTL)
+        .build()
+        .unwrap();
+    let run = |group: &LeaseGroup| {
+        let group = group.clone();
+        let book = book.clone();
+        tokio::spawn(async move {
+            group
+                .run(move |shard: ShardLeader| {
+                    let book = book.clone();
+                    async move {
+                        book.start(&shard);
+                        shard.cancelled().await;
+                        book.stop(&shard);
+                        Ok::<(), Error>(())
+                    }
+                })
+                .await
+        })
+    };
+    let first = run(&group);
+    // a takes the record over by its version: the request is on its way to the store.
+    let held = tokio::time::timeout(TTL * 4, async {
+        while !link.takeover_held.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(held.is_ok(), "a never took the stranded record over");
+    first.abort();
+    let _ = first.await;
+    let second = run(&group);
+    // The new campaign, if it does not wait, takes the record over itself and leads within
+    // this time (its takeover is due a quarter TTL after its first round); the first takeover
+    // is still under way (it gives up after a TTL).
+    let _ = tokio::time::timeout(TTL * 9 / 10, async {
+        while !book.running.lock().unwrap().contains_key(&0) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    // The first takeover reaches the store, is answered, and releases what it was granted.
+    open.send(()).unwrap();
+    // Whenever a's task runs shard 0 at a term from now on, the store shows a holding that term.
+    for _ in 0..600 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let running = book.running.lock().unwrap().get(&0).cloned();
+        if let Some((_, term)) = running {
+            let holder = store.inspect(&lease).await.unwrap().holder;
+            assert!(
+                holder.as_ref().is_some_and(|h| h.id.as_str() == "a" && h.term == term),
+                "a's task runs shard 0 at term {term:?} while the store shows {holder:?}"
+            );
+        }
+    }
+    assert!(book.running.lock().unwrap().contains_key(&0), "a does not lead shard 0");
+    let violations = book.violations.lock().unwrap().clone();
+    assert!(violations.is_empty(), "{violations:#?}");
+    second.abort();
 }
 
 /// A member whose `run_until` future is dropped (its task aborted) leaves the group: its shard
