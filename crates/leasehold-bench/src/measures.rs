@@ -842,11 +842,7 @@ async fn transitions(av: &Available, run: u64, n: usize, reps: usize) -> Outcome
         let took = started.elapsed();
         tokio::time::sleep(Duration::from_millis(50)).await;
         counts.push(faults.counts().total());
-        let delta: Vec<_> = stores
-            .iter()
-            .zip(&before)
-            .map(|(s, b)| counts_since(&s.counts(), b))
-            .collect();
+        let delta: Vec<_> = stores.iter().zip(&before).map(|(s, b)| s.counts().since(b)).collect();
         eprintln!(
             "{} ({took:.1?} to the successor)",
             transition_breakdown(av, n, rep, i, current.0, &delta)
@@ -855,24 +851,6 @@ async fn transitions(av: &Available, run: u64, n: usize, reps: usize) -> Outcome
     current.1.resign().await;
     campaigns.shutdown().await;
     Ok(Transitions { counts })
-}
-
-/// `later - earlier`, per operation.
-fn counts_since(later: &RequestCounts, earlier: &RequestCounts) -> RequestCounts {
-    RequestCounts {
-        acquire: later.acquire - earlier.acquire,
-        renew: later.renew - earlier.renew,
-        renew_many: later.renew_many - earlier.renew_many,
-        release: later.release - earlier.release,
-        hand_over: later.hand_over - earlier.hand_over,
-        withdraw: later.withdraw - earlier.withdraw,
-        inspect: later.inspect - earlier.inspect,
-        history: later.history - earlier.history,
-        list: later.list - earlier.list,
-        changes: later.changes - earlier.changes,
-        break_lease: later.break_lease - earlier.break_lease,
-        failed: later.failed - earlier.failed,
-    }
 }
 
 /// One transition's requests by operation and by whom: the old leader `old`, its successor `new`
@@ -887,25 +865,15 @@ fn transition_breakdown(
     delta: &[RequestCounts],
 ) -> String {
     fn ops(c: &RequestCounts) -> String {
-        let all = [
-            ("release", c.release),
-            ("acquire", c.acquire),
-            ("renew", c.renew),
-            ("renew_many", c.renew_many),
-            ("hand_over", c.hand_over),
-            ("inspect", c.inspect),
-            ("withdraw", c.withdraw),
-            ("changes", c.changes),
-            ("history", c.history),
-            ("list", c.list),
-            ("break", c.break_lease),
-            ("failed", c.failed),
-        ];
-        let parts: Vec<String> = all
+        let mut parts: Vec<String> = c
+            .per_operation()
             .iter()
-            .filter(|(_, v)| *v > 0)
-            .map(|(k, v)| format!("{k} {v}"))
+            .filter(|(_, n)| *n > 0)
+            .map(|(operation, n)| format!("{operation} {n}"))
             .collect();
+        if c.failed > 0 {
+            parts.push(format!("failed {}", c.failed));
+        }
         format!("[{}]", parts.join(" "))
     }
     let mut others = RequestCounts::default();
@@ -916,20 +884,7 @@ fn transition_breakdown(
         .filter(|(j, d)| *j != old && *j != new && d.total() > 0)
     {
         who.push(format!("c{j}"));
-        others = RequestCounts {
-            acquire: others.acquire + d.acquire,
-            renew: others.renew + d.renew,
-            renew_many: others.renew_many + d.renew_many,
-            release: others.release + d.release,
-            hand_over: others.hand_over + d.hand_over,
-            withdraw: others.withdraw + d.withdraw,
-            inspect: others.inspect + d.inspect,
-            history: others.history + d.history,
-            list: others.list + d.list,
-            changes: others.changes + d.changes,
-            break_lease: others.break_lease + d.break_lease,
-            failed: others.failed + d.failed,
-        };
+        others = others.plus(d);
     }
     let total: u64 = delta.iter().map(RequestCounts::total).sum();
     format!(

@@ -83,29 +83,12 @@ async fn transitions(n: usize, transitions: usize) -> Vec<(usize, usize, Vec<Req
             .unwrap();
         // Whoever else was woken has time to make its request.
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let delta = stores.iter().zip(&before).map(|(s, b)| since(&s.counts(), b)).collect();
+        let delta = stores.iter().zip(&before).map(|(s, b)| s.counts().since(b)).collect();
         seen.push((old, current.0, delta));
     }
     current.1.resign().await;
     campaigns.shutdown().await;
     seen
-}
-
-fn since(later: &RequestCounts, earlier: &RequestCounts) -> RequestCounts {
-    RequestCounts {
-        acquire: later.acquire - earlier.acquire,
-        renew: later.renew - earlier.renew,
-        renew_many: later.renew_many - earlier.renew_many,
-        release: later.release - earlier.release,
-        hand_over: later.hand_over - earlier.hand_over,
-        withdraw: later.withdraw - earlier.withdraw,
-        inspect: later.inspect - earlier.inspect,
-        history: later.history - earlier.history,
-        list: later.list - earlier.list,
-        changes: later.changes - earlier.changes,
-        break_lease: later.break_lease - earlier.break_lease,
-        failed: later.failed - earlier.failed,
-    }
 }
 
 /// With 60 followers in 60 stores, each of 8 resignations wakes one follower, which takes the
