@@ -19,7 +19,7 @@ use crate::batch::RenewBatcher;
 use crate::elector::{Elector, ElectorBuilder, Leader, RunError, now};
 use crate::error::{Error, Result};
 use crate::store::LeaseStore;
-use crate::types::{AcquireRequest, Acquired, CandidateId, Expiry, LeaseName, Observation};
+use crate::types::{AcquireRequest, Acquired, CandidateId, Expiry, Grant, LeaseName, Observation};
 use plan::{Member, plan_claimed};
 pub use status::{GroupMember, GroupStatus, ShardStatus};
 use status::{fnv1a, parse, shard_lease};
@@ -117,7 +117,8 @@ struct Inner {
     max_moves: usize,
     configure: Configure,
     member: Elector,
-    running: Mutex<BTreeMap<u32, Elector>>,
+    /// Every shard campaign of this member, by shard: [`LeaseGroup::owned`] lists those that lead.
+    running: Electors,
     /// Takeovers by version under way ([`Inner::replace_and_release`]): each runs in a task of
     /// its own, so that no caller's cancellation separates its acquire from its release.
     takeovers: watch::Sender<usize>,
@@ -126,6 +127,9 @@ struct Inner {
     /// took, so that at most one of them, under this member's id, acts on the shard's lease.
     shard_locks: Mutex<HashMap<u32, Arc<tokio::sync::Mutex<()>>>>,
 }
+
+/// The electors of a member's shard campaigns, by shard.
+type Electors = Arc<Mutex<BTreeMap<u32, Elector>>>;
 
 /// A shard's lock ([`Inner::shard_lock`]), held by its campaign and shared with its takeover.
 type ShardHeld = Arc<tokio::sync::OwnedMutexGuard<()>>;
@@ -261,7 +265,7 @@ impl LeaseGroupBuilder {
                 max_moves,
                 configure: self.configure,
                 member,
-                running: Mutex::default(),
+                running: Electors::default(),
                 takeovers: watch::Sender::new(0),
                 shard_locks: Mutex::default(),
             }),
@@ -384,7 +388,7 @@ impl LeaseGroup {
                 () = &mut shutdown => return Ok(()),
             };
             info!(parent: &span, "joined the group");
-            let mut member_state = Rounds::default();
+            let mut member_state = Rounds::new(self.inner.running.clone());
             // The first round waits a whole interval: members that start together see each
             // other before anyone plans, instead of the first taking every shard.
             let every = self.inner.rebalance_every;
@@ -554,7 +558,7 @@ impl LeaseGroup {
         }
         self.stop(rounds, &stopping).await;
         rounds.pending = pending;
-        rounds.reap(&inner.running);
+        rounds.reap();
         self.record(&status, &members, &owners, rounds, at);
         Ok(())
     }
@@ -807,7 +811,9 @@ impl Inner {
     }
 
     /// The body of [`Inner::replace_and_release`]: the acquire bounded by a TTL; once it is
-    /// granted, the release, retried on transient errors within another TTL.
+    /// granted, the release, retried on transient errors within another TTL. An acquire whose
+    /// outcome is unknown (no answer within the TTL, a transient error) is read back, and the
+    /// record released if it shows this member.
     async fn replace_then_release(
         &self,
         lease: LeaseName,
@@ -823,8 +829,17 @@ impl Inner {
         let grant = match tokio::time::timeout(self.ttl, self.store.acquire(&request)).await {
             Ok(Ok(Acquired::Granted(grant))) => grant,
             Ok(Ok(Acquired::Held(_))) => return Ok(false),
-            Ok(Err(error)) => return Err(error.to_string()),
-            Err(_) => return Err(format!("no answer to the takeover within {:?}", self.ttl)),
+            Ok(Err(error)) if !error.is_transient() => return Err(error.to_string()),
+            unknown => {
+                let unknown = match unknown {
+                    Ok(Err(error)) => error.to_string(),
+                    _ => format!("no answer to the takeover within {:?}", self.ttl),
+                };
+                match self.read_back_own(&request).await {
+                    Some(grant) => grant,
+                    None => return Err(unknown),
+                }
+            }
         };
         let deadline = tokio::time::Instant::now() + self.ttl;
         let mut pause = Duration::from_millis(50);
@@ -845,6 +860,28 @@ impl Inner {
                 }
             }
         }
+    }
+
+    /// After a takeover's acquire with an unknown outcome: the record, if it shows this member,
+    /// is that acquire's grant (nothing else of this member acts on the lease meanwhile: a
+    /// shard's campaign waits for its takeover, and a dead member's lease is not this member's),
+    /// to be given back as the engine gives back a grant of its own that it reads back while
+    /// stopping. An acquire applied after this read is not seen: a contender times its record,
+    /// or the shard's campaign supersedes it with a term of its own.
+    async fn read_back_own(&self, request: &AcquireRequest) -> Option<Grant> {
+        let observation = tokio::time::timeout(self.ttl, self.store.inspect(&request.lease))
+            .await
+            .ok()?
+            .ok()?;
+        let holder = observation.holder.filter(|h| h.id == self.id && !h.reserved)?;
+        debug!(lease = %request.lease, term = %holder.term, "a takeover with no answer was applied; releasing it");
+        Some(Grant {
+            lease: request.lease.clone(),
+            holder: self.id.clone(),
+            term: holder.term,
+            ttl: request.ttl,
+            token: holder.version,
+        })
     }
 
     /// The lock of `shard`'s campaigns and takeovers (one per shard, made on first use: at most
@@ -881,9 +918,10 @@ struct Running {
 }
 
 /// What a member keeps between rounds.
-#[derive(Default)]
 struct Rounds {
     shards: BTreeMap<u32, Running>,
+    /// The member's [`Inner::running`]: `shards` are forgotten there when they are.
+    running: Electors,
     /// Planned moves of shards this member leads, seen in the last round: handed over when the
     /// next round plans the same.
     pending: HashMap<u32, Option<CandidateId>>,
@@ -896,6 +934,17 @@ struct Rounds {
 }
 
 impl Rounds {
+    fn new(running: Electors) -> Self {
+        Rounds {
+            shards: BTreeMap::new(),
+            running,
+            pending: HashMap::new(),
+            versions: HashMap::new(),
+            unowned_since: HashMap::new(),
+            listed_in: Duration::ZERO,
+        }
+    }
+
     /// Whether a held record counts as alive: on stores without a clock (and for orphaned
     /// records), only until its version has been seen unchanged for its TTL.
     ///
@@ -941,14 +990,14 @@ impl Rounds {
     }
 
     /// Forgets campaigns whose task ended on its own (it gave the shard up).
-    fn reap(&mut self, running: &Mutex<BTreeMap<u32, Elector>>) {
+    fn reap(&mut self) {
         let done: Vec<u32> = self
             .shards
             .iter()
             .filter(|(_, r)| r.handle.is_finished())
             .map(|(s, _)| *s)
             .collect();
-        let mut running = running.lock().expect("group lock");
+        let mut running = self.running.lock().expect("group lock");
         for shard in done {
             self.shards.remove(&shard);
             running.remove(&shard);
@@ -960,10 +1009,13 @@ impl Drop for Rounds {
     /// A member's rounds end with [`LeaseGroup::stop_all`], which has stopped every campaign
     /// already; when the future of [`LeaseGroup::run_until`] is dropped instead, this stops the
     /// campaigns still running, so that they release their shards (each in its own task, as a
-    /// planned stop does) instead of leading them on, renewed, for a member that left.
+    /// planned stop does) instead of leading them on, renewed, for a member that left. They are
+    /// no longer this member's: [`LeaseGroup::owned`] stops listing them at once.
     fn drop(&mut self) {
-        for running in self.shards.values() {
-            running.stop.cancel();
+        let mut running = self.running.lock().expect("group lock");
+        for (shard, campaign) in &self.shards {
+            campaign.stop.cancel();
+            running.remove(shard);
         }
     }
 }

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold_core::{
-    AcquireRequest, Acquired, CandidateId, Capabilities, Changes, Error, Grant, LeaseGroup, LeaseName, LeaseStore,
-    MemoryStore, Observation, Renewed, Result, ShardLeader, Term, Transition, async_trait,
+    AcquireRequest, Acquired, CandidateId, Capabilities, Changes, EndReason, Error, Grant, LeaseGroup, LeaseName,
+    LeaseStore, MemoryStore, Observation, Renewed, Result, ShardLeader, Term, Transition, async_trait,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -473,6 +473,70 @@ async fn a_new_campaign_of_a_shard_waits_for_a_takeover_of_it_still_under_way() 
     second.abort();
 }
 
+/// A takeover by version applied by the store but answered only after the member gave up on
+/// it (a TTL) is read back and released, as the engine does with a grant of its own it reads
+/// back while stopping: the record the member took over ends released, not superseded later by
+/// the shard's own campaign (nor, on a store where only the member's next acquire ends it,
+/// timed by contenders for another TTL).
+#[tokio::test(start_paused = true)]
+async fn a_takeover_answered_too_late_is_read_back_and_released() {
+    let store = MemoryStore::observed_expiry();
+    let book = Arc::new(Book::default());
+    let lease = LeaseGroup::shard_lease(&LeaseName::new("orders").unwrap(), 0, 1).unwrap();
+    let request = AcquireRequest {
+        lease: lease.clone(),
+        candidate: CandidateId::new("gone").unwrap(),
+        ttl: TTL / 10,
+        takeover: None,
+    };
+    let Acquired::Granted(gone) = store.acquire(&request).await.unwrap() else {
+        panic!("the record of \"gone\" was not granted");
+    };
+    let link = link(&store);
+    *link.takeover_reply_delay.lock().unwrap() = Some(TTL * 2);
+    let group = LeaseGroup::builder(link.clone(), "orders", 1)
+        .member_id("a")
+        .ttl(TTL)
+        .build()
+        .unwrap();
+    let handle = {
+        let group = group.clone();
+        let book = book.clone();
+        tokio::spawn(async move {
+            group
+                .run(move |shard: ShardLeader| {
+                    let book = book.clone();
+                    async move {
+                        book.start(&shard);
+                        shard.cancelled().await;
+                        book.stop(&shard);
+                        Ok::<(), Error>(())
+                    }
+                })
+                .await
+        })
+    };
+    balanced(&book, &[1], TTL * 5).await;
+    let history = store.history(&lease, 10).await.unwrap();
+    let taken = history
+        .iter()
+        .find(|t| t.term > gone.term && t.holder.as_str() == "a")
+        .expect("a's takeover in the history");
+    let first_of_a = history
+        .iter()
+        .filter(|t| t.holder.as_str() == "a")
+        .map(|t| t.term)
+        .min();
+    assert_eq!(Some(taken.term), first_of_a);
+    assert!(
+        matches!(taken.ended, Some((_, EndReason::Released))),
+        "the record a took over (term {}) ended {:?}: {history:#?}",
+        taken.term,
+        taken.ended
+    );
+    handle.abort();
+}
+
 /// A member whose `run_until` future is dropped (its task aborted) leaves the group: its shard
 /// campaigns stop and release their shards, which the other member takes over, instead of
 /// running on, renewed, without a member.
@@ -490,6 +554,53 @@ async fn a_member_whose_run_is_dropped_gives_its_shards_up() {
     assert!(violations.is_empty(), "{violations:#?}");
     a.stop.cancel();
     a.handle.await.unwrap().unwrap();
+}
+
+/// A member whose `run_until` future is dropped owns nothing from then on: `owned()` does not
+/// list the shards whose campaigns are stopping (nor keep them until a later run overwrites
+/// them).
+#[tokio::test(start_paused = true)]
+async fn a_member_whose_run_is_dropped_owns_no_shard() {
+    let store = MemoryStore::new();
+    let book = Arc::new(Book::default());
+    let group = LeaseGroup::builder(link(&store), "orders", 8)
+        .member_id("a")
+        .ttl(TTL)
+        .build()
+        .unwrap();
+    let handle = {
+        let group = group.clone();
+        let book = book.clone();
+        tokio::spawn(async move {
+            group
+                .run(move |shard: ShardLeader| {
+                    let book = book.clone();
+                    async move {
+                        book.start(&shard);
+                        shard.cancelled().await;
+                        book.stop(&shard);
+                        Ok::<(), Error>(())
+                    }
+                })
+                .await
+        })
+    };
+    balanced(&book, &[8], TTL * 5).await;
+    assert_eq!(group.owned(), (0..8).collect::<Vec<u32>>());
+    handle.abort();
+    let _ = handle.await;
+    assert_eq!(
+        group.owned(),
+        Vec::<u32>::new(),
+        "owned right after the run was dropped"
+    );
+    tokio::time::sleep(TTL).await;
+    assert_eq!(
+        group.owned(),
+        Vec::<u32>::new(),
+        "owned a TTL after the run was dropped"
+    );
+    assert!(book.running.lock().unwrap().is_empty(), "shard tasks still run");
 }
 
 /// A member renews its shards together (one `renew_many` per renewal round, not one `renew`
