@@ -32,6 +32,11 @@ use tokio::time::{Instant, MissedTickBehavior};
 use crate::record::Keys;
 use crate::store::Inner;
 
+/// The change stream's decision whether its predecessor's key went by a release while first
+/// (`Some(true)`), or otherwise or unknown (`Some(false)`); `None` until decided. A sender
+/// dropped undecided means "no".
+pub(crate) type Decision = watch::Receiver<Option<bool>>;
+
 /// Where a candidate's key stands, as its last `acquire` saw it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Position {
@@ -62,6 +67,14 @@ struct Waiter {
     /// The position whose predecessor was released while first in the queue (its marker was
     /// seen): the candidate is first, no look-up is needed.
     first_by_release: Option<Position>,
+    /// The decision on the predecessor's deletion at this position, while it is made (see
+    /// [`Waiter::decide`]): no look-up meanwhile, since a release needs none.
+    deciding: Option<(Position, Decision)>,
+}
+
+/// A third of the session TTL of `p`.
+fn ttl_third(p: Position) -> Duration {
+    Duration::from_secs(u64::try_from(p.ttl_secs).unwrap_or(1)) / 3
 }
 
 pub(crate) fn changes(
@@ -81,6 +94,7 @@ pub(crate) fn changes(
         tick: None,
         released: None,
         first_by_release: None,
+        deciding: None,
     };
     Box::pin(futures::stream::unfold(waiter, |mut waiter| async move {
         waiter.next().await.map(|()| ((), waiter))
@@ -117,6 +131,9 @@ impl Waiter {
                 self.watch = None;
             }
             self.set_tick(waiting);
+            if self.deciding.as_ref().map(|d| d.0) != waiting {
+                self.deciding = None;
+            }
             if waiting.is_none() {
                 self.reservation = None;
                 return None;
@@ -134,7 +151,7 @@ impl Waiter {
             if self.released.as_ref().is_none_or(|r| r.has_changed().is_err()) {
                 self.released = crate::announce::released(&self.inner, &self.keys.lease);
             }
-            if let (Some(p), None) = (waiting, &self.watch)
+            if let (Some(p), None, None) = (waiting, &self.watch, &self.deciding)
                 && self.first_by_release != Some(p)
             {
                 // Boxed: the look-up's etcd futures are large, and a stream's state lives as
@@ -152,6 +169,7 @@ impl Waiter {
             let tick = &mut self.tick;
             let reservation = &mut self.reservation;
             let released = &mut self.released;
+            let deciding = &mut self.deciding;
             tokio::select! {
                 changed = async { released.as_mut().expect("guarded").changed().await }, if released.is_some() => {
                     if changed.is_err() {
@@ -161,9 +179,21 @@ impl Waiter {
                         // Our predecessor was released while first: we are first (its key's
                         // deletion, at the same revision, may come on the other watch later).
                         self.watch = None;
+                        self.deciding = None;
                         self.first_by_release = Some(p);
-                        self.announced = Some(p);
-                        return Some(Some(()));
+                        if self.announced != Some(p) {
+                            // Not yet said on its deletion.
+                            self.announced = Some(p);
+                            return Some(Some(()));
+                        }
+                    }
+                }
+                decided = async { deciding.as_mut().expect("guarded").1.wait_for(Option::is_some).await.is_ok_and(|d| *d == Some(true)) }, if deciding.is_some() => {
+                    // "First" was said on the deletion; a release needs no look-up, anything
+                    // else looks again (next time round).
+                    let (p, _) = self.deciding.take().expect("guarded");
+                    if decided {
+                        self.first_by_release = Some(p);
                     }
                 }
                 message = async { reservation.as_mut().expect("guarded").message().await }, if reservation.is_some() => {
@@ -202,7 +232,7 @@ impl Waiter {
                             }
                             if let Some(revision) = gone {
                                 if let Some(p) = waiting {
-                                    Box::pin(self.released_at(p, revision)).await;
+                                    self.decide(p, revision);
                                 }
                                 // The predecessor left: usually the holder, so we are first. Say so
                                 // at once rather than after a look-up (one round trip less between
@@ -254,10 +284,14 @@ impl Waiter {
     /// the store's announcement watch (it may come before or after the deletion: the other watch
     /// of the connection), or etcd's `granted` key at `revision` (one serializable read of that
     /// revision's history, which no later write changes), whichever answers first. Anything
-    /// else (no marker there, the read failed or the revision was compacted): the key went
-    /// otherwise (expired, withdrawn, handed over, broken) or we cannot tell, and the engine
+    /// else (no marker there, the read failed, timed out or the revision was compacted): the key
+    /// went otherwise (expired, withdrawn, handed over, broken) or we cannot tell, and the engine
     /// takes the ordinary path, which is always safe.
-    async fn released_at(&mut self, p: Position, revision: i64) {
+    ///
+    /// The read is made in a task of its own: the stream wakes the engine at once and goes on
+    /// serving its keepalives and watches; the engine's acquire waits for the decision (as it
+    /// would for the answer of a request of its own).
+    fn decide(&mut self, p: Position, revision: i64) {
         let own = self.keys.candidate(&self.candidate);
         let Some(predecessor) = self.inner.predecessor(&own, p) else {
             return;
@@ -267,10 +301,24 @@ impl Waiter {
             // been set up after this stream last looked for it.
             self.released = crate::announce::released(&self.inner, &self.keys.lease);
         }
-        let names_predecessor = |m: &Option<i64>| *m == Some(predecessor);
+        let names_predecessor = move |m: &Option<i64>| *m == Some(predecessor);
         let seen = self.released.as_ref().is_some_and(|r| names_predecessor(&r.borrow()));
-        let released = seen || {
-            let released = &mut self.released;
+        let (decided, decision) = watch::channel(seen.then_some(true));
+        if !self.inner.note_deletion(&own, p, predecessor, decision.clone()) {
+            return;
+        }
+        if seen {
+            self.first_by_release = Some(p);
+            return;
+        }
+        self.deciding = Some((p, decision));
+        let mut released = self.released.clone();
+        let inner = self.inner.clone();
+        let key = self.keys.granted();
+        // As long as a request the store makes on its own, and never longer than the look-ups
+        // of this stream.
+        let limit = inner.config.timeout.min(ttl_third(p));
+        tokio::spawn(async move {
             let marker = async {
                 let seen = match released.as_mut() {
                     Some(r) => r.wait_for(names_predecessor).await.is_ok(),
@@ -281,18 +329,16 @@ impl Waiter {
                     std::future::pending::<()>().await;
                 }
             };
-            let limit = Duration::from_secs(u64::try_from(p.ttl_secs).unwrap_or(1)) / 3;
-            let mut client = self.inner.client();
-            let key = self.keys.granted();
+            let mut client = inner.client();
             let options = GetOptions::new().with_revision(revision).with_serializable();
             let read = within(limit, "changes (release marker)", async {
-                self.inner
+                inner
                     .call("changes (release marker)", async move {
                         client.get(key, Some(options)).await
                     })
                     .await
             });
-            tokio::select! {
+            let released = tokio::select! {
                 () = marker => true,
                 read = read => match read {
                     Ok(resp) => resp.kvs().first().is_some_and(|kv| {
@@ -303,12 +349,9 @@ impl Waiter {
                         false
                     }
                 },
-            }
-        };
-        if released {
-            self.first_by_release = Some(p);
-            self.inner.note_released(&own, p);
-        }
+            };
+            decided.send_replace(Some(released));
+        });
     }
 
     fn set_tick(&mut self, waiting: Option<Position>) {

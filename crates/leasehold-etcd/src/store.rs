@@ -16,7 +16,7 @@ use leasehold_core::{
 use tokio::sync::{Mutex as AsyncMutex, watch};
 use tokio::time::Instant;
 
-use crate::changes::Position;
+use crate::changes::{Decision, Position};
 use crate::config::EtcdConfig;
 use crate::error::{CONNECT, STORE, lease_gone, map_error};
 use crate::record::{
@@ -89,6 +89,9 @@ pub struct EtcdStore {
     pub(crate) inner: Arc<Inner>,
 }
 
+/// A waiting candidate key's predecessor (see `Inner::behind`).
+type Behind = (Position, i64, Option<Decision>);
+
 pub(crate) struct Inner {
     pub(crate) config: EtcdConfig,
     /// The endpoints as errors name them: `h1:2379,h2:2379`.
@@ -105,9 +108,10 @@ pub(crate) struct Inner {
     /// One watch per followed lease, shared by its followers in this store (see `announce`).
     pub(crate) announcers: Mutex<HashMap<LeaseName, crate::announce::Announcer>>,
     /// Per waiting candidate key: the position its change stream watched a predecessor for,
-    /// that predecessor's create_revision, and whether etcd showed that it was released while
-    /// first (its marker read at its deletion's revision; see `EtcdStore::grant_on_release`).
-    behind: Mutex<HashMap<String, (Position, i64, bool)>>,
+    /// that predecessor's create_revision, and, once its deletion was seen, the stream's decision
+    /// whether it was released while first (`None` in the channel until decided; see
+    /// `EtcdStore::grant_on_release`).
+    behind: Mutex<HashMap<String, Behind>>,
     /// Per candidate key granted on its predecessor's release: held until its grant's records
     /// are written, and waited for by every later operation of the key.
     records: Mutex<HashMap<String, Arc<AsyncMutex<()>>>>,
@@ -232,8 +236,15 @@ impl EtcdStore {
         let predecessor = inner.predecessor(own, position)?;
         let marker_seen =
             crate::announce::released(inner, &keys.lease).is_some_and(|r| *r.borrow() == Some(predecessor));
-        if !marker_seen && !inner.released_ahead(own, position) {
-            return None;
+        if !marker_seen {
+            // The change stream's decision on the predecessor's deletion (the marker seen, or read
+            // at the deletion's revision), which it makes beside waking the engine: waited for as
+            // long as that read may take (it is bounded; a decision given up is "no").
+            let mut decision = inner.decision(own, position, predecessor)?;
+            let released = decision.wait_for(Option::is_some).await.is_ok_and(|d| *d == Some(true));
+            if !released {
+                return None;
+            }
         }
         let mut since = inner.confirmed_since(position.ttl_secs, position.lease).await?;
         // A one-shot grant of this key at this position may still apply (a copy unanswered):
@@ -579,7 +590,7 @@ impl Inner {
     /// created at `predecessor` (the greatest create_revision below its own).
     pub(crate) fn note_predecessor(&self, own: &str, position: Position, predecessor: i64) {
         let mut behind = self.behind.lock().expect("behind lock");
-        behind.insert(own.to_string(), (position, predecessor, false));
+        behind.insert(own.to_string(), (position, predecessor, None));
     }
 
     /// The predecessor the change stream of `own` watched at `position`, if it did.
@@ -588,22 +599,29 @@ impl Inner {
         behind.get(own).filter(|(p, ..)| *p == position).map(|(_, rev, _)| *rev)
     }
 
-    /// The change stream of `own`, waiting at `position`, read its predecessor's release marker
-    /// at the revision of its deletion: it was released while first, with no reservation.
-    pub(crate) fn note_released(&self, own: &str, position: Position) {
+    /// The change stream of `own`, waiting at `position`, saw the deletion of `predecessor`
+    /// and decides whether it was released while first: `decision` answers. Kept only if the
+    /// stream still watches that very predecessor at that position (the entry may have changed
+    /// meanwhile); `false` otherwise.
+    pub(crate) fn note_deletion(&self, own: &str, position: Position, predecessor: i64, decision: Decision) -> bool {
         let mut behind = self.behind.lock().expect("behind lock");
-        if let Some((_, _, released)) = behind.get_mut(own).filter(|(p, ..)| *p == position) {
-            *released = true;
+        match behind.get_mut(own) {
+            Some((p, rev, slot)) if *p == position && *rev == predecessor => {
+                *slot = Some(decision);
+                true
+            }
+            _ => false,
         }
     }
 
-    /// Whether the change stream of `own`, waiting at `position`, read its predecessor's release
-    /// marker (see [`Inner::note_released`]).
-    pub(crate) fn released_ahead(&self, own: &str, position: Position) -> bool {
+    /// The decision on the deletion of `predecessor`, watched by the change stream of `own` at
+    /// `position` (see [`Inner::note_deletion`]), if its deletion was seen.
+    pub(crate) fn decision(&self, own: &str, position: Position, predecessor: i64) -> Option<Decision> {
         let behind = self.behind.lock().expect("behind lock");
         behind
             .get(own)
-            .is_some_and(|(p, _, released)| *p == position && *released)
+            .filter(|(p, rev, _)| *p == position && *rev == predecessor)
+            .and_then(|(.., decision)| decision.clone())
     }
 
     /// Waits until the records of a grant of `own` made on its predecessor's release are

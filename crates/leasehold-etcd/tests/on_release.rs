@@ -303,7 +303,9 @@ async fn a_break_does_not_grant_on_release() {
 /// woken by `a`'s deletion, reads the `granted` key at the deletion's revision, finds `a`'s
 /// release marker there, and `b`'s acquire is granted with no request, valid since its last
 /// keepalive. (Before, the stream waited a fixed 5 ms for a marker on the announcements, and
-/// without them `b` took the ordinary path: a request at least.)
+/// without them `b` took the ordinary path: a request at least.) The stream wakes `b` before
+/// that read answers (one delayed reply later): `b` asks once it has, so that its acquire's
+/// own time shows that it sent nothing.
 #[tokio::test]
 async fn a_release_grants_with_no_request_from_the_marker_read_at_its_revision() {
     let Some(mut q) = Queue::without_announcements().await else {
@@ -312,6 +314,7 @@ async fn a_release_grants_with_no_request_from_the_marker_read_at_its_revision()
     let (a, grant_a) = (q.a.clone(), q.grant_a.clone());
     q.woken_after(async move { a.release(&grant_a).await.expect("a releases") })
         .await;
+    tokio::time::sleep(DELAY * 3 / 2).await;
     let (answer, took) = q.acquire_b().await;
     let Acquired::Granted(grant) = answer else {
         panic!("b is first after a's release and must be granted: {answer:?}");
@@ -323,6 +326,36 @@ async fn a_release_grants_with_no_request_from_the_marker_read_at_its_revision()
     assert!(
         grant.ttl < TTL && grant.ttl > TTL / 2,
         "valid since the last keepalive: {grant:?}"
+    );
+    q.proxy.faults().heal();
+    q.b.release(&grant).await.expect("b releases");
+    q.finish().await;
+}
+
+/// The same, with `b` asking as soon as its stream wakes it, before the read at the deletion's
+/// revision has answered (every reply to `b` is delayed): the acquire waits for that read rather
+/// than taking the ordinary path, and is granted on release (valid since the last keepalive: a
+/// TTL shorter than asked; the ordinary path's grant has the whole TTL), in about one delayed
+/// reply.
+#[tokio::test]
+async fn an_acquire_before_the_marker_read_answers_waits_for_it() {
+    let Some(mut q) = Queue::without_announcements().await else {
+        return;
+    };
+    let (a, grant_a) = (q.a.clone(), q.grant_a.clone());
+    q.woken_after(async move { a.release(&grant_a).await.expect("a releases") })
+        .await;
+    let (answer, took) = q.acquire_b().await;
+    let Acquired::Granted(grant) = answer else {
+        panic!("b is first after a's release and must be granted: {answer:?}");
+    };
+    assert!(
+        grant.ttl < TTL && grant.ttl > TTL / 2,
+        "granted on release, valid since the last keepalive: {grant:?} (after {took:?})"
+    );
+    assert!(
+        took < DELAY * 3 / 2,
+        "b's acquire took {took:?}: more than the read it waited for ({DELAY:?} a reply)"
     );
     q.proxy.faults().heal();
     q.b.release(&grant).await.expect("b releases");

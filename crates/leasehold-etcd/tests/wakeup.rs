@@ -4,8 +4,8 @@
 //! every reply to the waiting candidate's store by `DELAY` (a fault proxy): the watch event
 //! arrives `DELAY` after the release; a look-up before yielding would add another `DELAY`.
 //!
-//! A predecessor that goes otherwise (withdrawn here) wakes it as soon as etcd shows that no
-//! release marker came with the deletion: no timed wait for one.
+//! A predecessor that goes otherwise (withdrawn here) wakes it at once too: neither a timed wait
+//! for a release marker nor the read that decides whether one came is waited for.
 
 use std::time::{Duration, Instant};
 
@@ -87,6 +87,94 @@ async fn release_wakes_the_next_candidate_without_a_look_up() {
     .expect("clean up");
 }
 
+/// `x`, queued between the holder `a` and `b`, withdraws: its key goes with no release marker,
+/// and `b`'s stream, every reply to which is delayed by `DELAY`, yields on the deletion's event
+/// (one delayed message), not once the read that decides whether a marker came with it has
+/// answered (a second one): that read does not hold up the stream (its keepalives and watches).
+/// Asked then, `b` is told that `a` holds.
+#[tokio::test]
+async fn a_withdraw_wakes_the_next_candidate_before_the_marker_read_answers() {
+    let Some(url) = leasehold_conformance::require_server("etcd", "LEASEHOLD_ETCD_URL") else {
+        return;
+    };
+    let address = url
+        .trim_start_matches("etcd://")
+        .split('/')
+        .next()
+        .expect("host")
+        .to_string();
+    let upstream = tokio::net::lookup_host(address.as_str())
+        .await
+        .expect("etcd address resolves")
+        .next()
+        .expect("an address");
+    let proxy = leasehold_conformance::FaultProxy::start(upstream)
+        .await
+        .expect("proxy starts");
+    let prefix = format!("leasehold-wakeup-tests/{}", leasehold_core::random_u64());
+    let a = EtcdStore::connect(&format!("etcd://{address}/{prefix}"))
+        .await
+        .expect("a connects");
+    let b = EtcdStore::connect(&format!("etcd://{}/{prefix}", proxy.addr()))
+        .await
+        .expect("b connects");
+    let lease = LeaseName::new("jobs").expect("lease name");
+    let Acquired::Granted(grant) = a.acquire(&request(&lease, "a")).await.expect("a acquires") else {
+        panic!("a is first and must be granted");
+    };
+    assert!(matches!(
+        a.acquire(&request(&lease, "x")).await.expect("x queues"),
+        Acquired::Held(_)
+    ));
+    assert!(matches!(
+        b.acquire(&request(&lease, "b")).await.expect("b queues"),
+        Acquired::Held(_)
+    ));
+    let _announcements = b.announcements(&lease).await.expect("announcements");
+    let mut changes = b
+        .changes(&lease, &grant_holder("b"))
+        .await
+        .expect("changes")
+        .expect("a stream");
+    let woken = tokio::spawn(async move {
+        let yielded = changes.next().await;
+        (Instant::now(), yielded, changes)
+    });
+    // The stream finds its predecessor (`x`) and watches it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.faults().set(Direction::Reply, Fault::Delay(DELAY));
+    assert!(!woken.is_finished(), "the stream yielded before anything changed");
+    let withdrawn = Instant::now();
+    a.withdraw(&lease, &grant_holder("x")).await.expect("x withdraws");
+    let (at, yielded, _changes) = tokio::time::timeout(DELAY * 10, woken)
+        .await
+        .expect("b is woken")
+        .expect("the stream's task");
+    assert_eq!(yielded, Some(()), "the stream ended instead of waking b");
+    let after = at - withdrawn;
+    println!("woken {after:?} after the withdraw, replies delayed {DELAY:?}");
+    assert!(
+        after < DELAY * 3 / 2,
+        "b was woken {after:?} after x's withdraw: after the marker read ({DELAY:?} a reply)?"
+    );
+    // The decision (no marker) and b's own request answer a delayed reply each.
+    assert!(matches!(
+        b.acquire(&request(&lease, "b")).await.expect("b asks"),
+        Acquired::Held(_)
+    ));
+    proxy.faults().heal();
+    a.release(&grant).await.expect("a releases");
+    let mut raw = etcd_client::Client::connect([address.as_str()], None)
+        .await
+        .expect("raw client");
+    raw.delete(
+        format!("{prefix}/"),
+        Some(etcd_client::DeleteOptions::new().with_prefix()),
+    )
+    .await
+    .expect("clean up");
+}
+
 fn grant_holder(id: &str) -> CandidateId {
     CandidateId::new(id).expect("candidate id")
 }
@@ -95,12 +183,13 @@ fn grant_holder(id: &str) -> CandidateId {
 /// (`MARKER_GRACE`): every wake-up that was not a release came at least this late.
 const OLD_GRACE: Duration = Duration::from_millis(5);
 
-/// Candidates `x1..x5` queued between the holder `a` and `b` leave one by one (`withdraw`): each
-/// time `b`'s predecessor goes without a release marker, and `b`'s stream yields once etcd shows
-/// that (the marker is not at the deletion's revision: one loopback read), not after a timed
-/// wait for it. Timed from the withdraw's answer (etcd sends it and the deletion's event at
-/// once): the fastest of five wake-ups is well under the old 5 ms wait, which the old code
-/// waited after every one of them (measured with it: 9-13 ms from the withdraw's call).
+/// Candidates `x1..x10` queued between the holder `a` and `b` leave one by one (`withdraw`): each
+/// time `b`'s predecessor goes without a release marker, and `b`'s stream yields on the deletion,
+/// without a timed wait for a marker. Timed against the deletion's event on a watch of the test's
+/// own, polled by the same (single-threaded) runtime as `b`'s stream: etcd sends both at once, so
+/// neither etcd's write, the round trips nor the machine's load count; the old code's 5 ms wait
+/// began after `b`'s event arrived (measured with it: 5.2-13 ms after the withdraw's answer).
+/// The fastest of ten counts.
 #[tokio::test]
 async fn a_withdraw_wakes_the_next_candidate_without_a_timed_wait() {
     let Some(url) = leasehold_conformance::require_server("etcd", "LEASEHOLD_ETCD_URL") else {
@@ -114,8 +203,8 @@ async fn a_withdraw_wakes_the_next_candidate_without_a_timed_wait() {
     let Acquired::Granted(grant) = a.acquire(&request(&lease, "a")).await.expect("a acquires") else {
         panic!("a is first and must be granted");
     };
-    let between = ["x1", "x2", "x3", "x4", "x5"];
-    for x in between {
+    let between: Vec<String> = (1..=10).map(|i| format!("x{i}")).collect();
+    for x in &between {
         assert!(matches!(
             a.acquire(&request(&lease, x)).await.expect("x queues"),
             Acquired::Held(_)
@@ -126,6 +215,28 @@ async fn a_withdraw_wakes_the_next_candidate_without_a_timed_wait() {
         Acquired::Held(_)
     ));
     let _announcements = b.announcements(&lease).await.expect("announcements");
+    // The test's own watch on the queue's deletions, on a connection of its own.
+    let mut raw = etcd_client::Client::connect(
+        [url.trim_start_matches("etcd://").split('/').next().expect("host")],
+        None,
+    )
+    .await
+    .expect("raw client");
+    let options = etcd_client::WatchOptions::new()
+        .with_prefix()
+        .with_filters([etcd_client::WatchFilterType::NoPut]);
+    let mut deletions = raw
+        .watch(format!("{prefix}/jobs/c/"), Some(options))
+        .await
+        .expect("raw watch");
+    let (deleted, mut deletes) = tokio::sync::mpsc::unbounded_channel();
+    let deletions = tokio::spawn(async move {
+        while let Ok(Some(resp)) = deletions.message().await {
+            if !resp.events().is_empty() && deleted.send(Instant::now()).is_err() {
+                return;
+            }
+        }
+    });
     let mut changes = b
         .changes(&lease, &grant_holder("b"))
         .await
@@ -140,24 +251,31 @@ async fn a_withdraw_wakes_the_next_candidate_without_a_timed_wait() {
         }
     });
     let mut after = Vec::new();
+    let mut after_answer = Vec::new();
     for x in between.iter().rev() {
         // The stream finds its predecessor (`x`) and watches it.
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(wakes.try_recv().is_err(), "the stream yielded before anything changed");
         a.withdraw(&lease, &grant_holder(x)).await.expect("x withdraws");
-        let withdrawn = Instant::now();
+        let answered = Instant::now();
         let at = tokio::time::timeout(Duration::from_secs(5), wakes.recv())
             .await
             .expect("b is woken")
             .expect("the stream goes on");
-        after.push(at.saturating_duration_since(withdrawn));
+        let event = tokio::time::timeout(Duration::from_secs(5), deletes.recv())
+            .await
+            .expect("the test's watch sees the deletion")
+            .expect("the test's watch goes on");
+        after.push(at.saturating_duration_since(event));
+        after_answer.push(at.saturating_duration_since(answered));
     }
     stream.abort();
-    println!("woken after each withdraw: {after:?}");
-    let fastest = after.iter().min().copied().expect("five rounds");
+    deletions.abort();
+    println!("woken after the deletion's event: {after:?}; after the withdraw's answer: {after_answer:?}");
+    let fastest = after.iter().min().copied().expect("ten rounds");
     assert!(
         fastest < OLD_GRACE * 4 / 5,
-        "b was woken {after:?} after its predecessor's withdraw: a timed wait for a marker?"
+        "b was woken {after:?} after its predecessor's deletion: a timed wait for a marker?"
     );
     // `b` is not first (a holds): asked, it is told so.
     assert!(matches!(
@@ -165,12 +283,6 @@ async fn a_withdraw_wakes_the_next_candidate_without_a_timed_wait() {
         Acquired::Held(_)
     ));
     a.release(&grant).await.expect("a releases");
-    let mut raw = etcd_client::Client::connect(
-        [url.trim_start_matches("etcd://").split('/').next().expect("host")],
-        None,
-    )
-    .await
-    .expect("raw client");
     raw.delete(
         format!("{prefix}/"),
         Some(etcd_client::DeleteOptions::new().with_prefix()),
