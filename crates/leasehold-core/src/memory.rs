@@ -289,10 +289,11 @@ impl LeaseStore for MemoryStore {
 
     async fn release(&self, grant: &Grant) -> Result<()> {
         self.with_live_entry(&grant.lease, |entry, _| {
+            // Not a reservation (a hand-over's successor has not taken it yet), as on every store.
             if entry
                 .holder
                 .as_ref()
-                .is_some_and(|h| h.id == grant.holder && h.term == grant.term)
+                .is_some_and(|h| h.id == grant.holder && h.term == grant.term && !h.reserved)
             {
                 entry.end(EndReason::Released);
                 entry.wake_next();
