@@ -223,8 +223,9 @@ impl EtcdStore {
     /// transaction, in a task of their own: every later operation of this key in this store
     /// waits for it ([`Inner::records_written`]). A process that dies before they are written
     /// leaves a term without a history entry (and not announced); its key ends with its
-    /// session. `None`: not this case (no marker for our predecessor seen, another session, or
-    /// a keepalive too long ago); the caller takes the ordinary path.
+    /// session. `None`: not this case (no marker for our predecessor seen, nor read by the change
+    /// stream at its deletion's revision, another session, or a keepalive too long ago); the
+    /// caller takes the ordinary path. While the change stream's read is out, this waits for it.
     async fn grant_on_release(
         &self,
         keys: &Keys,
@@ -1088,5 +1089,49 @@ impl LeaseStore for EtcdStore {
             )
             .await?;
         Ok(resp.succeeded().then(|| holder.term()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use leasehold_conformance::require_server;
+    use tokio::sync::watch;
+
+    use crate::EtcdStore;
+    use crate::changes::Position;
+
+    /// A decision on a predecessor's deletion is kept only for the predecessor it was made for,
+    /// at the position it was made at: one made for another key than the one now watched (the
+    /// stream looked again meanwhile) grants nothing.
+    #[tokio::test]
+    async fn a_release_decision_counts_only_for_its_own_predecessor() {
+        let Some(url) = require_server("etcd", "LEASEHOLD_ETCD_URL") else {
+            return;
+        };
+        let store = EtcdStore::connect(&url).await.expect("connects");
+        let inner = &store.inner;
+        let own = "test/c/b";
+        let at = Position {
+            rev: 10,
+            lease: 1,
+            ttl_secs: 10,
+            granted: false,
+        };
+        let released = || watch::channel(Some(true)).1;
+        inner.note_predecessor(own, at, 7);
+        assert!(
+            !inner.note_deletion(own, at, 5, released()),
+            "not the watched predecessor"
+        );
+        assert!(inner.decision(own, at, 7).is_none());
+        assert!(!inner.note_deletion(own, Position { rev: 11, ..at }, 7, released()));
+        assert!(inner.decision(own, at, 7).is_none());
+        assert!(inner.note_deletion(own, at, 7, released()));
+        assert_eq!(inner.decision(own, at, 7).map(|d| *d.borrow()), Some(Some(true)));
+        assert!(inner.decision(own, at, 5).is_none(), "asked for another predecessor");
+        // The stream watches another predecessor now: the decision made for 7 is gone.
+        inner.note_predecessor(own, at, 8);
+        assert!(inner.decision(own, at, 7).is_none());
+        assert!(inner.decision(own, at, 8).is_none());
     }
 }
