@@ -287,16 +287,25 @@ impl Elector {
     /// Cancel safe: dropping the future withdraws the candidate (and releases a lease granted in
     /// the meantime).
     pub async fn campaign(&self) -> Result<Leader> {
+        self.campaign_with(&mut None).await
+    }
+
+    /// [`Elector::campaign`], leaving the election's driver task in `driver` once it started.
+    async fn campaign_with(&self, driver: &mut Option<tokio::task::JoinHandle<()>>) -> Result<Leader> {
         let (elected_tx, elected_rx) = oneshot::channel();
         let inner = self.inner.clone();
         let span = info_span!("election", lease = %self.inner.lease, candidate = %self.inner.id);
-        tokio::spawn(
+        // An earlier campaign's driver may still be settling calls it gave up on: this one starts
+        // once it is done (taken here, not in the task, so that campaigns start in call order and
+        // a campaign dropped while it waits starts nothing).
+        let running = inner.one_driver.clone().lock_owned().await;
+        *driver = Some(tokio::spawn(
             async move {
-                let _running = inner.one_driver.clone().lock_owned().await;
+                let _running = running;
                 driver::campaign(inner, elected_tx).await;
             }
             .instrument(span),
-        );
+        ));
         elected_rx.await.map_err(|_| Error::Store {
             store: self.inner.store.name(),
             source: "the election driver stopped before electing".into(),
@@ -389,9 +398,19 @@ impl Elector {
     {
         let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
         loop {
+            // The election's driver: `run_until` returns once it is done, so that nothing of this
+            // election (a call it gave up on, granted late and released by it) lands afterwards.
+            let mut driver = None;
             let leader = tokio::select! {
-                leader = self.campaign() => leader?,
-                _ = shutdown.clone() => return Ok(()),
+                leader = self.campaign_with(&mut driver) => leader?,
+                _ = shutdown.clone() => {
+                    // The campaign is dropped: its driver withdraws and settles any call it gave
+                    // up on, each within its bound.
+                    if let Some(driver) = driver {
+                        let _ = driver.await;
+                    }
+                    return Ok(());
+                }
             };
             let control = leader.shared.clone();
             let span = info_span!("leader", lease = %leader.lease(), term = %leader.term(), holder = %leader.holder());
@@ -414,11 +433,17 @@ impl Elector {
                     let _ = control.commands.send(Command::Shutdown);
                     let _ = handle.await;
                     control.stepped_down().await;
+                    if let Some(driver) = driver {
+                        let _ = driver.await;
+                    }
                     return Ok(());
                 }
             };
             let reason = control.stepped_down().await;
             if reason == Some(DeposedReason::WorkFinished) {
+                if let Some(driver) = driver {
+                    let _ = driver.await;
+                }
                 return match outcome {
                     Ok(result) => result.map_err(RunError::Task),
                     Err(_) => Err(RunError::Panicked),

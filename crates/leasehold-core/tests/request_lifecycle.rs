@@ -171,3 +171,44 @@ async fn a_grant_that_comes_after_the_machine_gave_up_reaches_it() {
         "elected when the late grant came"
     );
 }
+
+/// `run_until` returns only once its election's driver is done: a shutdown that comes while an
+/// acquire is still out (applied later, granted) waits for that call and for the release of what
+/// it granted. A lease group's next campaign of a shard relies on it: it starts once the previous
+/// one's `run_until` returned, and an acquire of the old one landing after it would end the new
+/// one's term (a store gives a candidate's acquire a new term over its own record).
+#[tokio::test(start_paused = true)]
+async fn run_until_returns_once_a_late_acquire_is_settled_and_released() {
+    let store = SlowAcquire {
+        inner: MemoryStore::new(),
+        delay: Some(REQUEST_TIMEOUT * 2),
+        calls: Arc::default(),
+    };
+    let elector = elector(&store);
+    let started = Instant::now();
+    let shutdown = sleep(Duration::from_millis(100));
+    elector
+        .run_until(
+            |_leader| async { std::future::pending::<Result<(), std::convert::Infallible>>().await },
+            shutdown,
+        )
+        .await
+        .unwrap();
+    let returned = Instant::now();
+    {
+        let calls = store.calls.lock().unwrap();
+        assert_eq!(
+            calls.completed.first().copied(),
+            Some(started + REQUEST_TIMEOUT * 2),
+            "{calls:?}"
+        );
+        assert!(
+            returned >= started + REQUEST_TIMEOUT * 2,
+            "run_until returned {:?} after the start, before its acquire was answered",
+            returned - started
+        );
+    }
+    let lease = LeaseName::new("jobs").unwrap();
+    let obs = store.inner.inspect(&lease).await.unwrap();
+    assert_eq!(obs.holder, None, "the late grant is released before run_until returns");
+}
