@@ -866,8 +866,11 @@ impl Inner {
     /// is that acquire's grant (nothing else of this member acts on the lease meanwhile: a
     /// shard's campaign waits for its takeover, and a dead member's lease is not this member's),
     /// to be given back as the engine gives back a grant of its own that it reads back while
-    /// stopping. An acquire applied after this read is not seen: a contender times its record,
-    /// or the shard's campaign supersedes it with a term of its own.
+    /// stopping. An acquire applied after this read (cut off a TTL after it was sent, as the
+    /// engine cuts off its own calls, but perhaps applied later still) is not seen: a contender
+    /// times its record, the shard's campaign supersedes it with a term of its own, or, landing
+    /// after that campaign's grant, supersedes the campaign, which then steps down and releases
+    /// the stray term (mutual exclusion holds; leadership moves for nothing).
     async fn read_back_own(&self, request: &AcquireRequest) -> Option<Grant> {
         let observation = tokio::time::timeout(self.ttl, self.store.inspect(&request.lease))
             .await
@@ -892,7 +895,8 @@ impl Inner {
     }
 
     /// Completes once no takeover ([`Inner::replace_and_release`]) is under way: at most about
-    /// two TTLs (each is bounded so).
+    /// three TTLs (its acquire, a read-back when that has no answer, and the release are each
+    /// bounded by a TTL).
     async fn takeovers_settled(&self) {
         let mut under_way = self.takeovers.subscribe();
         // The sender lives in `self`: waiting cannot fail.
