@@ -30,6 +30,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::record::Keys;
+use crate::session::third_of;
 use crate::store::Inner;
 
 /// The change stream's decision whether its predecessor's key went by a release while first
@@ -70,11 +71,6 @@ struct Waiter {
     /// The decision on the predecessor's deletion at this position, while it is made (see
     /// [`Waiter::decide`]): no look-up meanwhile, since a release needs none.
     deciding: Option<(Position, Decision)>,
-}
-
-/// A third of the session TTL of `p`.
-fn ttl_third(p: Position) -> Duration {
-    Duration::from_secs(u64::try_from(p.ttl_secs).unwrap_or(1)) / 3
 }
 
 pub(crate) fn changes(
@@ -317,7 +313,7 @@ impl Waiter {
         let key = self.keys.granted();
         // As long as a request the store makes on its own, and never longer than the look-ups
         // of this stream.
-        let limit = inner.config.timeout.min(ttl_third(p));
+        let limit = inner.config.timeout.min(third_of(p.ttl_secs));
         tokio::spawn(async move {
             let marker = async {
                 let seen = match released.as_mut() {
@@ -360,7 +356,7 @@ impl Waiter {
             Some(p) if self.tick.as_ref().is_some_and(|(_, secs)| *secs == p.ttl_secs) => {}
             Some(p) => {
                 // A third of the session TTL, as etcd's own clients keep leases alive.
-                let period = Duration::from_secs(u64::try_from(p.ttl_secs).unwrap_or(1)) / 3;
+                let period = third_of(p.ttl_secs);
                 let mut tick = tokio::time::interval_at(Instant::now() + period, period);
                 tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
                 self.tick = Some((tick, p.ttl_secs));
@@ -375,7 +371,7 @@ impl Waiter {
     /// Reads the reservation key and watches it from just after the read. `Ok(true)`: a
     /// reservation names this candidate (notify).
     async fn watch_reservation(&mut self, position: Position) -> Result<bool> {
-        let limit = Duration::from_secs(u64::try_from(position.ttl_secs).unwrap_or(1)) / 3;
+        let limit = third_of(position.ttl_secs);
         let mut client = self.inner.client();
         let key = self.keys.reserved();
         let read = within(limit, "changes (reservation)", async {
@@ -411,7 +407,7 @@ impl Waiter {
             .with_keys_only();
         // A look-up slower than a third of the TTL is of no use (the session needs a keepalive
         // by then): give up and let the engine poll.
-        let limit = Duration::from_secs(u64::try_from(position.ttl_secs).unwrap_or(1)) / 3;
+        let limit = third_of(position.ttl_secs);
         let mut client = self.inner.client();
         let key = self.keys.candidates();
         let predecessor = within(limit, "changes (predecessor)", async {
@@ -452,7 +448,7 @@ impl Waiter {
     /// when etcd did not answer.
     async fn keep_alive(&mut self, waiting: Option<Position>) -> Option<bool> {
         let Some(p) = waiting else { return Some(true) };
-        let period = Duration::from_secs(u64::try_from(p.ttl_secs).unwrap_or(1)) / 3;
+        let period = third_of(p.ttl_secs);
         let since = Instant::now().checked_sub(period).unwrap_or_else(Instant::now);
         match self.inner.refreshed_since(p.ttl_secs, since).await {
             Ok(Some(id)) => Some(id == p.lease),
