@@ -113,6 +113,9 @@ pub(crate) struct BackendReport {
     /// From the leader's last renew to the successor's Elected event.
     pub(crate) failover: Outcome<Stats>,
     pub(crate) failover_method: &'static str,
+    /// Stores with server-side expiry but no notification (followers poll): crash failover and
+    /// idle follower requests again with followers polling every [`FAST_POLL`] x TTL.
+    pub(crate) fast_poll: Option<FastPoll>,
     /// Crash of the leader L with candidates N (next) and T (third): from N's Elected event to
     /// T's `observe()` showing N.
     pub(crate) observe: Outcome<Stats>,
@@ -125,6 +128,18 @@ pub(crate) struct BackendReport {
     pub(crate) group: Outcome<crate::groups::GroupReport>,
     pub(crate) group_cost: Outcome<crate::groups::Cost>,
 }
+
+/// On a store that does not notify, what a shorter `retry_every` buys and costs.
+#[derive(Clone, Debug)]
+pub(crate) struct FastPoll {
+    pub(crate) retry_every: Duration,
+    pub(crate) failover: Outcome<Stats>,
+    pub(crate) idle: Outcome<Idle>,
+}
+
+/// The poll interval, as a fraction of the TTL, of [`FastPoll`]: 1.05 x TTL is then within reach
+/// of every sample (expiry, then at most one poll with its jitter).
+pub(crate) const FAST_POLL: f64 = 1.0 / 30.0;
 
 /// A planned handover to a named successor.
 #[derive(Clone, Debug)]
@@ -161,6 +176,13 @@ pub(crate) struct Idle {
     pub(crate) leader_requests: u64,
 }
 
+impl Idle {
+    /// Requests per second of one follower.
+    pub(crate) fn per_follower(&self) -> f64 {
+        self.follower_requests as f64 / self.followers.max(1) as f64 / self.window.as_secs_f64()
+    }
+}
+
 /// Many leases held by one process.
 #[derive(Clone, Debug)]
 pub(crate) struct Scale {
@@ -191,6 +213,7 @@ pub(crate) async fn measure_backend(backend: &Backend, plan: &Plan) -> BackendRe
         planned: Err("n/a".into()),
         failover: na(),
         failover_method: "",
+        fast_poll: None,
         observe: na(),
         expiry_floor: Err("n/a".into()),
         transitions: Vec::new(),
@@ -273,7 +296,20 @@ pub(crate) async fn measure_backend(backend: &Backend, plan: &Plan) -> BackendRe
     };
     if plan.wants("failover") {
         eprintln!("   crash failover");
-        report.failover = failover(av, run, plan.reps(plan.failover_reps, ttl), plan.child_processes).await;
+        report.failover = failover(av, run, plan.reps(plan.failover_reps, ttl), plan.child_processes, None).await;
+        if report.server_expiry && !report.notifies {
+            let retry_every = ttl.mul_f64(FAST_POLL);
+            eprintln!(
+                "   crash failover and idle requests, followers polling every {}",
+                crate::ms(retry_every)
+            );
+            let reps = plan.reps(plan.failover_reps, ttl);
+            report.fast_poll = Some(FastPoll {
+                retry_every,
+                failover: failover(av, run + 1, reps, plan.child_processes, Some(retry_every)).await,
+                idle: idle(av, run + 1, plan, Some(retry_every)).await,
+            });
+        }
     }
     if plan.wants("observe") {
         eprintln!("   observe() after a crash");
@@ -307,7 +343,7 @@ pub(crate) async fn measure_backend(backend: &Backend, plan: &Plan) -> BackendRe
     }
     if plan.wants("idle") {
         eprintln!("   idle requests");
-        report.idle = idle(av, run, plan).await;
+        report.idle = idle(av, run, plan, None).await;
     }
     for &n in plan.scale_sizes.iter().filter(|_| plan.wants("scale")) {
         if n > 1_000 && matches!(backend.name, "dynamodb" | "azure") {
@@ -343,11 +379,22 @@ pub(crate) fn lease(run: u64, what: &str, i: usize) -> Outcome<LeaseName> {
 }
 
 pub(crate) fn elector(store: Arc<dyn LeaseStore>, lease: &LeaseName, id: &str, ttl: Duration) -> Outcome<Elector> {
-    Elector::builder(store, lease.as_str())
-        .ttl(ttl)
-        .candidate_id(id)
-        .build()
-        .map_err(|e| e.to_string())
+    elector_polling(store, lease, id, ttl, None)
+}
+
+/// [`elector`], polling every `retry_every` where given.
+fn elector_polling(
+    store: Arc<dyn LeaseStore>,
+    lease: &LeaseName,
+    id: &str,
+    ttl: Duration,
+    retry_every: Option<Duration>,
+) -> Outcome<Elector> {
+    let mut builder = Elector::builder(store, lease.as_str()).ttl(ttl).candidate_id(id);
+    if let Some(every) = retry_every {
+        builder = builder.retry_every(every);
+    }
+    builder.build().map_err(|e| e.to_string())
 }
 
 pub(crate) async fn connect(av: &Available) -> Outcome<Arc<dyn LeaseStore>> {
@@ -558,13 +605,20 @@ async fn planned_handover(av: &Available, run: u64, reps: usize) -> Outcome<Plan
 
 /// Crash failover, from the leader's last confirmed renew (the instant its request was sent) to
 /// the successor's Elected event.
-async fn failover(av: &Available, run: u64, reps: usize, child_processes: bool) -> Outcome<Stats> {
+/// Followers poll every `retry_every` where given (else the default).
+async fn failover(
+    av: &Available,
+    run: u64,
+    reps: usize,
+    child_processes: bool,
+    retry_every: Option<Duration>,
+) -> Outcome<Stats> {
     let mut samples = Vec::new();
     for i in 0..reps {
         let lease = lease(run, "failover", i)?;
         let sample = match av.url().filter(|_| child_processes) {
-            Some(url) => failover_process(av, url, &lease).await?,
-            None => failover_blackhole(av, &lease).await?,
+            Some(url) => failover_process(av, url, &lease, retry_every).await?,
+            None => failover_blackhole(av, &lease, retry_every).await?,
         };
         samples.push(sample);
     }
@@ -574,8 +628,9 @@ async fn failover(av: &Available, run: u64, reps: usize, child_processes: bool) 
 async fn follower(
     av: &Available,
     lease: &LeaseName,
+    retry_every: Option<Duration>,
 ) -> Outcome<(broadcast::Receiver<Event>, tokio::task::JoinHandle<()>)> {
-    let b = elector(connect(av).await?, lease, "successor", av.ttl)?;
+    let b = elector_polling(connect(av).await?, lease, "successor", av.ttl, retry_every)?;
     let mut events = b.events();
     let task = tokio::spawn(async move {
         if let Ok(leader) = b.campaign().await {
@@ -586,14 +641,14 @@ async fn follower(
     Ok((events, task))
 }
 
-async fn failover_blackhole(av: &Available, lease: &LeaseName) -> Outcome<Duration> {
+async fn failover_blackhole(av: &Available, lease: &LeaseName, retry_every: Option<Duration>) -> Outcome<Duration> {
     let ttl = av.ttl;
     let faults = Faults::new();
     let store: Arc<dyn LeaseStore> = Arc::new(FaultyStore::new(connect(av).await?, faults.clone()));
     let a = elector(store, lease, "crashing", ttl)?;
     let believed = a.timing().believed_ttl();
     let la = campaign(&a, ttl * 5).await?;
-    let (mut events, task) = follower(av, lease).await?;
+    let (mut events, task) = follower(av, lease, retry_every).await?;
     // Crash right after a renewal, so no renewal is in flight.
     let before = la.valid_until();
     within(ttl, "a renewal", async {
@@ -649,13 +704,18 @@ async fn leader_process(
     Ok((child, lines))
 }
 
-async fn failover_process(av: &Available, url: &str, lease: &LeaseName) -> Outcome<Duration> {
+async fn failover_process(
+    av: &Available,
+    url: &str,
+    lease: &LeaseName,
+    retry_every: Option<Duration>,
+) -> Outcome<Duration> {
     let ttl = av.ttl;
     // A random pause first, so that samples do not keep one phase against the store's expiry
     // timers (each sample would otherwise start right after the last one's expiry, on a tick).
     tokio::time::sleep(Duration::from_millis(leasehold::random_u64() % 500)).await;
     let (mut child, mut lines) = leader_process(url, lease, ttl).await?;
-    let (mut events, task) = follower(av, lease).await?;
+    let (mut events, task) = follower(av, lease, retry_every).await?;
     let (seen, age) = within(ttl * 2, "leader process renewed", next_line(&mut lines, "RENEWED "))
         .await?
         .ok_or("the leader process exited")?;
@@ -897,8 +957,9 @@ fn transition_breakdown(
     )
 }
 
-/// Store requests per second of a leader and of idle followers, each on its own client.
-async fn idle(av: &Available, run: u64, plan: &Plan) -> Outcome<Idle> {
+/// Store requests per second of a leader and of idle followers, each on its own client;
+/// followers poll every `retry_every` where given.
+async fn idle(av: &Available, run: u64, plan: &Plan, retry_every: Option<Duration>) -> Outcome<Idle> {
     let ttl = av.ttl;
     let lease = lease(run, "idle", 0)?;
     let leader_faults = Faults::new();
@@ -913,11 +974,12 @@ async fn idle(av: &Available, run: u64, plan: &Plan) -> Outcome<Idle> {
     let leader = campaign(&a, ttl * 5).await?;
     let mut campaigns = JoinSet::new();
     for (i, client) in connect_many(av, plan.idle_followers).await?.into_iter().enumerate() {
-        let e = elector(
+        let e = elector_polling(
             Arc::new(FaultyStore::new(client, follower_faults.clone())),
             &lease,
             &format!("follower{i}"),
             ttl,
+            retry_every,
         )?;
         campaigns.spawn(async move {
             let _ = e.campaign().await;
