@@ -604,8 +604,7 @@ async fn planned_handover(av: &Available, run: u64, reps: usize) -> Outcome<Plan
 }
 
 /// Crash failover, from the leader's last confirmed renew (the instant its request was sent) to
-/// the successor's Elected event.
-/// Followers poll every `retry_every` where given (else the default).
+/// the successor's Elected event; followers poll every `retry_every` where given.
 async fn failover(
     av: &Available,
     run: u64,

@@ -602,7 +602,6 @@ fn fast_poll(w: &mut String, reports: &[BackendReport], smoke: bool) {
     }
 }
 
-/// Met (`Some(true)`), not met, or not measured in this run (`None`).
 /// Why a crash failover whose max is `max_ttl` x TTL is over 1.05 x TTL, where the store bounds it:
 /// its own expiry's max (the floor, measured in the same run) is within 0.05 x TTL of it, or
 /// followers learn of the expiry only by polling every `retry_every`. Empty otherwise.
@@ -638,6 +637,7 @@ fn failover_bound(r: &BackendReport, max_ttl: f64) -> String {
     }
 }
 
+/// Met (`Some(true)`), not met, or not measured in this run (`None`).
 fn verdict_of(smoke: bool, met: Option<bool>) -> &'static str {
     match met {
         None => "not measured",
