@@ -1,0 +1,123 @@
+//! Safety review, session 11. FAILS ON PURPOSE until the bug it shows is fixed.
+//!
+//! With a `lock_delay`, a leader deposed because no renewal was confirmed by its step-down point
+//! must not release its lease (e387f75, `with_a_lock_delay_an_unconfirmed_renewal_leaves_the_lease_to_expire`):
+//! the release records a clean end, and the next candidate skips the delay that exists for
+//! exactly this holder. The machine's own step-down (its timer at `valid_until - margin`) obeys
+//! that. But the leader's handle reaches the same step-down on its own, by the clock
+//! (`Leader::is_cancelled`, `Leader::cancelled`, which send `Input::StepDown(RenewFailed)` when the
+//! driver has not cancelled the work yet), and `Input::StepDown` always steps down with
+//! `Lease::StillOurs`: the lease is released once the work has stopped, lock delay or not.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use leasehold_core::{
+    AcquireRequest, Acquired, Capabilities, Elector, EndReason, Grant, LeaseName, LeaseStore, MemoryStore, Observation,
+    Renewed, Result, Transition, async_trait,
+};
+
+/// A memory store whose renewals hang (never answered) once `hang` is set: a leader cut off
+/// from the store for its renewals.
+#[derive(Debug, Clone)]
+struct HangingRenewals {
+    inner: MemoryStore,
+    hang: Arc<AtomicBool>,
+}
+
+#[async_trait]
+impl LeaseStore for HangingRenewals {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
+        self.inner.acquire(request).await
+    }
+    async fn renew(&self, grant: &Grant) -> Result<Renewed> {
+        if self.hang.load(Ordering::SeqCst) {
+            futures::future::pending::<()>().await;
+        }
+        self.inner.renew(grant).await
+    }
+    async fn release(&self, grant: &Grant) -> Result<()> {
+        self.inner.release(grant).await
+    }
+    async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
+        self.inner.inspect(lease).await
+    }
+    async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
+        self.inner.history(lease, limit).await
+    }
+}
+
+/// The work notices the step-down point by the clock before the driver does (the runtime was
+/// busy: here the work's own thread), as `Leader::is_cancelled` is documented to allow, and
+/// returns. The lease must be left to expire, as when the driver's timer steps down first.
+#[tokio::test(flavor = "current_thread")]
+async fn with_a_lock_delay_a_step_down_noticed_by_the_handle_leaves_the_lease_to_expire() {
+    let ttl = Duration::from_millis(2_000);
+    let store = HangingRenewals {
+        inner: MemoryStore::new(),
+        hang: Arc::new(AtomicBool::new(false)),
+    };
+    let lease = LeaseName::new("jobs").unwrap();
+    let a = Elector::builder(Arc::new(store.clone()), "jobs")
+        .candidate_id("a")
+        .ttl(ttl)
+        .jitter(0.0)
+        .lock_delay(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let leader = a.campaign().await.unwrap();
+    store.hang.store(true, Ordering::SeqCst);
+    // Valid until (acquire sent) + 1.98 s, cancelled from 1.78 s on. The runtime is busy (this
+    // thread) until 1.85 s after the election: the driver has not run since.
+    let busy_until = leader.valid_until() - Duration::from_millis(130);
+    std::thread::sleep(busy_until.saturating_duration_since(std::time::Instant::now()));
+    assert!(leader.is_cancelled(), "past the step-down point");
+    let term = leader.term();
+    drop(leader); // the work returns
+    // Let the driver step down and do whatever it does with the lease.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let seen = store.inner.inspect(&lease).await.unwrap();
+    assert!(
+        seen.holder.is_some() || seen.previous_end != Some(EndReason::Released),
+        "term {term}: a leader deposed for want of a confirmed renewal released its lease despite \
+         the lock delay (a clean end: the next candidate skips the delay): {seen:?}"
+    );
+}
+
+/// The control (passes): the same leader whose driver reaches the step-down point first (the
+/// runtime is not busy) leaves the lease to expire, as e387f75 intends.
+#[tokio::test(flavor = "current_thread")]
+async fn control_with_a_lock_delay_a_step_down_by_the_driver_leaves_the_lease_to_expire() {
+    let ttl = Duration::from_millis(2_000);
+    let store = HangingRenewals {
+        inner: MemoryStore::new(),
+        hang: Arc::new(AtomicBool::new(false)),
+    };
+    let lease = LeaseName::new("jobs").unwrap();
+    let a = Elector::builder(Arc::new(store.clone()), "jobs")
+        .candidate_id("a")
+        .ttl(ttl)
+        .jitter(0.0)
+        .lock_delay(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let leader = a.campaign().await.unwrap();
+    store.hang.store(true, Ordering::SeqCst);
+    let after_step_down = leader.valid_until() - Duration::from_millis(130);
+    tokio::time::sleep_until(after_step_down.into()).await;
+    assert!(leader.is_cancelled(), "past the step-down point");
+    drop(leader);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let seen = store.inner.inspect(&lease).await.unwrap();
+    assert!(
+        seen.holder.is_some() || seen.previous_end != Some(EndReason::Released),
+        "{seen:?}"
+    );
+}
