@@ -34,6 +34,11 @@ const ONE_SHOT_RESENDS: [Duration; 4] = [
     Duration::from_millis(200),
 ];
 
+/// How many scheduling turns a grant's records wait before they are sent (see
+/// `grant_on_release`): the grant reaches the engine in one, the engine's run loop spawns the
+/// leader's task in the next, which runs in the one after.
+const RECORDS_AFTER_TURNS: usize = 3;
+
 /// How long after a one-shot grant began one of its copies may still apply: its private lease
 /// (granted no earlier, for `ttl_secs`) has expired by then, with etcd's revocation lag and a
 /// margin (the entry in `Inner::one_shots` is kept that long, also after the key was withdrawn).
@@ -306,6 +311,14 @@ impl EtcdStore {
         let own = own.to_string();
         let ttl = request.ttl;
         tokio::spawn(async move {
+            // Sent after what the grant sets off in this process: the engine's `Elected`, the
+            // leader's task starting (`leasehold run` execs its pre-started command there). On a
+            // one-thread runtime this task would otherwise run first, and its request (and etcd
+            // answering it, on the same cores) came before the command's start; every operation
+            // of this key waits for the records anyway.
+            for _ in 0..RECORDS_AFTER_TURNS {
+                tokio::task::yield_now().await;
+            }
             // Until written or the key is gone (the compare fails), for up to a TTL: the key's
             // renewals wait behind this, so a term whose records cannot be written ends with it.
             let give_up = Instant::now() + ttl;
