@@ -656,7 +656,14 @@ impl Machine {
             }
             Input::Resign => self.resign(now, Then::CampaignAgain, out),
             Input::HandOver { to, work_stopped } => self.hand_over(now, to, work_stopped, out),
-            Input::StepDown(reason) => self.step_down(now, reason, Lease::StillOurs, Then::CampaignAgain, out),
+            Input::StepDown(reason) => {
+                // The work's handle saw the step-down point first: the same as the timer below.
+                let lease = match reason {
+                    DeposedReason::RenewFailed { .. } => self.unconfirmed_lease(),
+                    _ => Lease::StillOurs,
+                };
+                self.step_down(now, reason, lease, Then::CampaignAgain, out);
+            }
             Input::Shutdown => self.resign(now, Then::Stop, out),
             Input::WorkStopped => match &mut self.state {
                 State::Leading(_) => {
@@ -748,17 +755,7 @@ impl Machine {
             State::Leading(l) => {
                 if now >= l.valid_until - self.timing.step_down_margin {
                     let last_error = l.last_error.clone();
-                    // Not proved lost: the store may still hold the grant (or the last renewal,
-                    // applied with its reply missing) for a TTL more. Released once the work has
-                    // stopped, so that the next candidate need not wait for it to expire; but not
-                    // with a lock delay: a leader cut off from the store is what the delay is
-                    // for (its side effects may still be in flight), and a release would let the
-                    // next candidate skip it.
-                    let lease = if self.timing.lock_delay.is_some() {
-                        Lease::Lost
-                    } else {
-                        Lease::StillOurs
-                    };
+                    let lease = self.unconfirmed_lease();
                     self.step_down(
                         now,
                         DeposedReason::RenewFailed { last_error },
@@ -1133,6 +1130,20 @@ impl Machine {
         );
     }
 
+    /// What a leader deposed for want of a confirmed renewal does with its lease. Not proved
+    /// lost: the store may still hold the grant (or the last renewal, applied with its reply
+    /// missing) for a TTL more. Released once the work has stopped, so that the next candidate
+    /// need not wait for it to expire; but not with a lock delay: a leader cut off from the store
+    /// is what the delay is for (its side effects may still be in flight), and a release would
+    /// let the next candidate skip it.
+    fn unconfirmed_lease(&self) -> Lease {
+        if self.timing.lock_delay.is_some() {
+            Lease::Lost
+        } else {
+            Lease::StillOurs
+        }
+    }
+
     fn step_down(&mut self, now: Instant, reason: DeposedReason, lease: Lease, then: Then, out: &mut Vec<Output>) {
         let State::Leading(l) = &self.state else { return };
         self.pending = None;
@@ -1268,6 +1279,9 @@ impl Machine {
             }
             State::Following(_) if self.term_floor.is_none_or(|floor| grant.term > floor) => {
                 if let Some(sent) = self.unsettled_since {
+                    // A call under way (the next acquire, a read-back) is given up on: a leader
+                    // must be free to renew. Its reply comes late (a grant is then a stray).
+                    self.pending = None;
                     self.granted(now, sent, grant, out);
                     return;
                 }

@@ -937,6 +937,38 @@ fn with_a_lock_delay_an_unconfirmed_renewal_leaves_the_lease_to_expire() {
     );
 }
 
+/// The same step-down noticed first by the work's handle (`is_cancelled()` past the step-down
+/// point sends `Input::StepDown(RenewFailed)` before the driver's timer fires): with a lock delay
+/// it too leaves the lease to expire (session 11 review; the simulation's `delay-skipped`).
+#[test]
+fn with_a_lock_delay_a_step_down_noticed_by_the_handle_leaves_the_lease_to_expire() {
+    let t = Timing {
+        lock_delay: Some(ms(5_000)),
+        ..timing()
+    };
+    let mut h = Harness::new(t, Expiry::ServerClock, Notifications::None);
+    let op = h.send_at(0);
+    let _ = h.reply(0, op, Reply::Inspect(Ok(free(0, EndReason::Released))));
+    let out = h.reply(0, OpId(1), Reply::Acquire(Ok(Acquired::Granted(grant(1, "v1")))));
+    assert!(out.iter().any(|e| matches!(e, Ev::Elected { .. })), "{out:?}");
+    let _ = h.send_at(3_000);
+    let out = h.step(7_000, Input::StepDown(DeposedReason::RenewFailed { last_error: None }));
+    assert!(sends(&out).is_empty(), "{out:?}");
+    let out = h.step(7_400, Input::WorkStopped);
+    assert!(sends(&out).is_empty(), "no release: {out:?}");
+    assert!(
+        out.iter().any(|e| matches!(
+            e,
+            Ev::SteppedDown {
+                term: Term(1),
+                aborted: false,
+                ..
+            }
+        )),
+        "{out:?}"
+    );
+}
+
 /// The SQLite observation (100-candidate transitions, release build): a new leader stepped down
 /// 45 ms after a renewal, sent no release, and the lease stayed held until it expired. Its
 /// acquire had failed ambiguously and a read-back showed the grant, so the grant is believed
@@ -1783,6 +1815,28 @@ fn a_grant_that_comes_back_late_is_believed_from_the_oldest_unknown_send() {
     // From 0 ms (the acquire's send time) for ttl x (1 - drift) = 8 s.
     assert!(h.believes(7_999));
     assert!(!h.believes(8_000));
+}
+
+/// The same late grant while the next acquire is under way (session 11 review): the machine
+/// leads from the late grant and must renew; it stops waiting for the acquire under way (its
+/// reply comes late like any abandoned call), or it would send no renewal and be deposed at its
+/// step-down point.
+#[test]
+fn a_grant_that_comes_back_late_while_the_next_acquire_is_under_way_is_renewed() {
+    let mut h = Harness::follower();
+    let late_op = h.send_at(0);
+    let _ = h.tick(3_000); // times out: read back
+    let _ = h.reply(3_100, OpId(1), Reply::Inspect(Ok(free(0, EndReason::Released))));
+    let next_acquire = h.send_at(5_100);
+    assert!(next_acquire != late_op);
+    let out = h.reply(5_200, late_op, Reply::Acquire(Ok(Acquired::Granted(grant(1, "v1")))));
+    assert!(out.iter().any(|e| matches!(e, Ev::Elected { .. })), "{out:?}");
+    // Renewals are due from 3 s (the grant counts from 0 ms): one goes out at once.
+    assert!(
+        out.iter()
+            .any(|e| matches!(e, Ev::Send(_, Request::Renew(g)) if g.term == Term(1))),
+        "no renewal while the abandoned acquire is out: {out:?}"
+    );
 }
 
 /// The same late grant when too little of it is left: released, never believed.

@@ -48,6 +48,10 @@
 //!   renewal releases nothing (the next candidate must wait the delay). Otherwise the lease stays held until it expires and everyone
 //!   waits a TTL (on stores without a clock, a TTL after they first saw its last version). Seen
 //!   once on SQLite: a leader deposed because its renewal went unanswered sent none.
+//! - `delay-skipped`: with a `lock_delay`, a leader deposed for want of a confirmed renewal sent a
+//!   release of its term, however the step-down was noticed (the driver's timer, or the work's own
+//!   `is_cancelled()` first): the clean end would let the next candidate skip the delay kept for
+//!   exactly this holder (session 11 review).
 //! - `livelock`: the engine polled one request's future [`SPIN_POLLS`] times at one simulated
 //!   instant (a busy loop: paused time can never move again; in real time it burns a core until
 //!   the reply). The request is then answered as refused, so the seed goes on. A slower fallback
@@ -264,6 +268,7 @@ enum Kind {
     Cancel,
     RetryStorm,
     Stranded,
+    DelaySkipped,
     Panic,
     EventsLost,
     Livelock,
@@ -290,6 +295,7 @@ impl Kind {
             Kind::Cancel => "cancel",
             Kind::RetryStorm => "retry-storm",
             Kind::Stranded => "stranded",
+            Kind::DelaySkipped => "delay-skipped",
             Kind::Panic => "panic",
             Kind::EventsLost => "events-lost",
             Kind::Livelock => "livelock",
@@ -509,6 +515,18 @@ impl World {
                     DeposedReason::RenewFailed { .. } if self.lock_delay => None,
                     _ => Some(term),
                 };
+                if self.lock_delay
+                    && matches!(reason, DeposedReason::RenewFailed { .. })
+                    && self.released.contains(&(c, term))
+                {
+                    self.violation(
+                        Kind::DelaySkipped,
+                        format!(
+                            "c{c} stepped down from term {term} ({reason}) with a lock_delay and released it: \
+                             a clean end lets the next candidate skip the delay kept for this holder"
+                        ),
+                    );
+                }
                 if let Some(due) = due.filter(|due| !aborted && !self.released.contains(&(c, *due))) {
                     self.violation(
                         Kind::Stranded,

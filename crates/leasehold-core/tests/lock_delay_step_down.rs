@@ -1,13 +1,9 @@
-//! Safety review, session 11. FAILS ON PURPOSE until the bug it shows is fixed.
-//!
 //! With a `lock_delay`, a leader deposed because no renewal was confirmed by its step-down point
-//! must not release its lease (e387f75, `with_a_lock_delay_an_unconfirmed_renewal_leaves_the_lease_to_expire`):
-//! the release records a clean end, and the next candidate skips the delay that exists for
-//! exactly this holder. The machine's own step-down (its timer at `valid_until - margin`) obeys
-//! that. But the leader's handle reaches the same step-down on its own, by the clock
-//! (`Leader::is_cancelled`, `Leader::cancelled`, which send `Input::StepDown(RenewFailed)` when the
-//! driver has not cancelled the work yet), and `Input::StepDown` always steps down with
-//! `Lease::StillOurs`: the lease is released once the work has stopped, lock delay or not.
+//! leaves its lease to expire: a release would record a clean end, and the next candidate would
+//! skip the delay that exists for exactly this holder (its side effects may still be in flight).
+//! The machine's own timer and the leader's handle (`Leader::is_cancelled` / `cancelled`, which
+//! step down by the clock when the driver has not yet) reach that step-down; both must leave the
+//! lease (session 11 review: the handle's path released it).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -91,10 +87,9 @@ async fn with_a_lock_delay_a_step_down_noticed_by_the_handle_leaves_the_lease_to
     );
 }
 
-/// The control (passes): the same leader whose driver reaches the step-down point first (the
-/// runtime is not busy) leaves the lease to expire, as e387f75 intends.
+/// The same leader whose driver reaches the step-down point first (the runtime is not busy).
 #[tokio::test(flavor = "current_thread")]
-async fn control_with_a_lock_delay_a_step_down_by_the_driver_leaves_the_lease_to_expire() {
+async fn with_a_lock_delay_a_step_down_by_the_driver_leaves_the_lease_to_expire() {
     let ttl = Duration::from_millis(2_000);
     let store = HangingRenewals {
         inner: MemoryStore::new(),
