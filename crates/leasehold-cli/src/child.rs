@@ -39,6 +39,9 @@ pub(crate) struct CommandGroup {
     tree: Tree,
     /// Whether the tree was seen empty.
     emptied: bool,
+    /// A pre-started guard's word that the command's tree is gone (one byte), which comes before
+    /// its exit; `None` once the guard closed it without a word, and for other guards.
+    gone: Option<tokio::net::UnixStream>,
 }
 
 /// How a stop went.
@@ -122,6 +125,7 @@ impl CommandGroup {
             status: None,
             tree: Tree::of_guard(guard_pid, cgroup),
             emptied: false,
+            gone: None,
         })
     }
 
@@ -201,11 +205,25 @@ impl CommandGroup {
         };
         if graceful {
             // The guard exits by itself once the command has exited and what it left behind has
-            // ended: its exit (SIGCHLD, not a timer) is the moment to look at the tree.
-            let status = tokio::select! {
-                status = self.wait() => Some(status),
-                () = tokio::time::sleep_until(kill_at.into()) => None,
-                () = hurry.cancelled() => None,
+            // ended: its exit (SIGCHLD, not a timer) is the moment to look at the tree. A
+            // pre-started guard says so before it exits: then the tree is checked at once, the
+            // guard aside (it runs nothing more; it is reaped later, see `reap_later`).
+            let mut gone = self.gone.take();
+            let status = loop {
+                tokio::select! {
+                    status = self.wait() => break Some(status),
+                    () = said_gone(&mut gone) => {
+                        if self.tree.surely_empty_but_guard(self.guard_pid) {
+                            self.emptied = true;
+                            return Ok(Stop {
+                                how: Stopped::Terminated,
+                                processes,
+                            });
+                        }
+                    }
+                    () = tokio::time::sleep_until(kill_at.into()) => break None,
+                    () = hurry.cancelled() => break None,
+                }
             };
             if status.is_some() {
                 // Seen empty in two scans begun after the guard's exit; else (a guard killed by
@@ -242,6 +260,19 @@ impl CommandGroup {
             }
             Err(left) => Err((stop, left)),
         }
+    }
+
+    /// Drops the group once its guard is reaped: after a stop that saw the tree empty on the
+    /// guard's word, the guard is still exiting, and stays listed as a guard (not taken for a
+    /// leftover by a next term's check) until then. In a task of its own: the lease is released
+    /// meanwhile.
+    pub(crate) fn reap_later(mut self) {
+        if self.status.is_some() || !self.emptied {
+            return;
+        }
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(STUCK_AFTER * 10, self.wait()).await;
+        });
     }
 
     /// Kills what is left of the tree (SIGKILL, again and again) until it is empty (`Ok` with
@@ -281,7 +312,10 @@ impl Prestarted {
         use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
         let (control, theirs) = socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
             .map_err(|e| Failure::runtime(format!("cannot make the child guard's socket: {e}")))?;
-        let group = CommandGroup::spawn_guard(command, &[], grace, cgroup, quiet, Some(theirs))?;
+        let mut group = CommandGroup::spawn_guard(command, &[], grace, cgroup, quiet, Some(theirs))?;
+        // The guard's first message, read before it starts the waiting process: a socket to say
+        // over that the command's tree is gone. Without it the guard's exit is waited for.
+        group.gone = give_gone(&control);
         Ok(Prestarted { group, control })
     }
 
@@ -335,6 +369,49 @@ impl Prestarted {
         let _ = group.clear(Some(Instant::now() + STUCK_AFTER)).await;
         group.wait().await;
     }
+}
+
+/// Sends the guard, through `control`, its first message: one byte, with one end of a new socket
+/// for [`said_gone`] (this process's end returned). Sent also when no socket can be made (then
+/// without one): the guard reads this message before it starts the waiting process, which would
+/// otherwise take `run`'s word for it.
+fn give_gone(control: &OwnedFd) -> Option<tokio::net::UnixStream> {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags, sendmsg};
+    let pair = std::os::unix::net::UnixStream::pair().ok().and_then(|(ours, theirs)| {
+        ours.set_nonblocking(true).ok()?;
+        Some((tokio::net::UnixStream::from_std(ours).ok()?, theirs))
+    });
+    let sent = {
+        let fds: Vec<_> = pair.iter().map(|(_, theirs)| theirs.as_fd()).collect();
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut ancillary = SendAncillaryBuffer::new(&mut space);
+        if !fds.is_empty() {
+            ancillary.push(SendAncillaryMessage::ScmRights(&fds));
+        }
+        sendmsg(
+            control,
+            &[IoSlice::new(b"g")],
+            &mut ancillary,
+            SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
+        )
+    };
+    // This process's copy of the guard's end is closed here: the guard's is the only one.
+    sent.ok().and(pair).map(|(ours, _)| ours)
+}
+
+/// Returns when the guard says that the command's tree is gone; never when it closes its end
+/// without a word (it exited or died: its exit is waited for instead), nor without a socket.
+/// Cancel safe.
+async fn said_gone(gone: &mut Option<tokio::net::UnixStream>) {
+    use tokio::io::AsyncReadExt;
+    if let Some(stream) = gone {
+        let mut byte = [0u8; 1];
+        if let Ok(1) = stream.read(&mut byte).await {
+            return;
+        }
+        *gone = None;
+    }
+    std::future::pending().await
 }
 
 impl Drop for CommandGroup {

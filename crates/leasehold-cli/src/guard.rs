@@ -106,6 +106,16 @@ async fn guard(args: GuardArgs) -> i32 {
     if getppid() != parent {
         return RUNTIME; // `run` died before the command could start: start nothing.
     }
+    // A pre-started guard's first message, before the waiting process shares the socket: where to
+    // say that the command's tree is gone (see `child::Prestarted`).
+    let gone = if args.prestarted {
+        match receive_gone() {
+            Ok(gone) => gone,
+            Err(()) => return RUNTIME, // `run` closed the socket: it is gone, start nothing
+        }
+    } else {
+        None
+    };
     let mut cgroup = args.cgroup.as_ref().map(Cgroup::at);
     let program = &args.command[0];
     let mut command = if args.prestarted {
@@ -197,7 +207,15 @@ async fn guard(args: GuardArgs) -> i32 {
             RUNTIME
         }
     };
-    if let Some((count, how)) = end_leftovers(&tree, Duration::from_millis(args.grace_ms)).await
+    let leftovers = end_leftovers(&tree, Duration::from_millis(args.grace_ms)).await;
+    if let Some(gone) = &gone
+        && !matches!(leftovers, Some((_, Leftovers::Stuck)))
+    {
+        // The tree is empty: `run` may go on (it checks again) without waiting for this
+        // process's exit, whose teardown and SIGCHLD come later.
+        let _ = rustix::io::write(gone, b"e");
+    }
+    if let Some((count, how)) = leftovers
         && !args.quiet
     {
         let (noun, them) = if count == 1 {
@@ -219,6 +237,41 @@ async fn guard(args: GuardArgs) -> i32 {
         ));
     }
     code
+}
+
+/// Reads a pre-started guard's first message from its stdin: one byte with the socket to say
+/// over that the command's tree is gone (`CMSG_CLOEXEC`: the command does not inherit it). `Ok`
+/// without one when it could not be read; `Err` when the socket closed (`run` is gone).
+fn receive_gone() -> Result<Option<std::os::fd::OwnedFd>, ()> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, recvmsg};
+    use std::os::fd::AsFd;
+    let mut byte = [0u8; 1];
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut ancillary = RecvAncillaryBuffer::new(&mut space);
+    let stdin = std::io::stdin();
+    let received = loop {
+        match recvmsg(
+            stdin.as_fd(),
+            &mut [std::io::IoSliceMut::new(&mut byte)],
+            &mut ancillary,
+            RecvFlags::CMSG_CLOEXEC,
+        ) {
+            Err(rustix::io::Errno::INTR) => continue,
+            other => break other,
+        }
+    };
+    match received {
+        Ok(message) if message.bytes == 0 => return Err(()),
+        Ok(_) => {}
+        Err(_) => return Ok(None),
+    }
+    let mut gone = None;
+    for message in ancillary.drain() {
+        if let RecvAncillaryMessage::ScmRights(mut fds) = message {
+            gone = gone.or(fds.next());
+        }
+    }
+    Ok(gone)
 }
 
 /// The hidden first argument of the process that waits for `run`'s word (`child::Prestarted`).

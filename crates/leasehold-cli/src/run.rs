@@ -289,6 +289,7 @@ impl Supervisor {
         *self.explained.lock().expect("explained lock") = Some(term);
         let why = self.why_ending(&leader);
         self.contain.stop(&leader, name, &mut group, &why).await;
+        group.reap_later();
         Ok(())
     }
 

@@ -514,6 +514,33 @@ impl Tree {
         children.iter().all(outside) && self.cgroup.as_ref().is_none_or(|c| c.populated() == Some(false))
     }
 
+    /// [`Tree::surely_empty`] while this tree's guard `guard` (not reaped, so its pid is still
+    /// its own) is alive but has said the command's tree is gone: the guard's children lists
+    /// hold nothing, then this process's hold none but guards (this one included), and the leaf
+    /// (if any) is not populated. The guard's first: an orphan of the tree that moves from the
+    /// guard (exiting meanwhile) up to this process is seen in the second. Below the guard, a
+    /// live process would have a chain of parents up to it (a subreaper), so one of its children
+    /// would be an ancestor. `false` when it cannot tell this way.
+    pub(crate) fn surely_empty_but_guard(&self, guard: i32) -> bool {
+        if self.root != getpid().as_raw() || self.guard != Some(guard) {
+            return false;
+        }
+        let task = format!("/proc/{guard}/task");
+        let Some(before) = threads(&task) else {
+            return false;
+        };
+        let below = children_listed(&task, &before);
+        if below.is_none_or(|below| !below.is_empty()) || threads(&task).as_ref() != Some(&before) {
+            return false;
+        }
+        let Some(children) = own_children() else {
+            return false;
+        };
+        let guards = guards();
+        children.iter().all(|pid| guards.contains(pid))
+            && self.cgroup.as_ref().is_none_or(|c| c.populated() == Some(false))
+    }
+
     /// Whether the tree is empty in two scans that began at `since` or later, one after the
     /// other: no live member but `except`, and the leaf (if any) unpopulated.
     fn is_empty_since(&self, since: Instant, except: &[i32]) -> (bool, Scan) {
