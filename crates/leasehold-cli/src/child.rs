@@ -199,6 +199,9 @@ impl CommandGroup {
             // `/proc`, and atomic with the group's forks); then, found by the tree, what left the
             // group (`setsid`, `setpgid`). The guard, in the group, ignores it.
             let sent = self.signal_group(Signal::SIGTERM);
+            // The group's processes were woken to die, most likely on this CPU: they go first
+            // (`sched_yield`), the look for what left the group after.
+            std::thread::yield_now();
             self.tree.signal_quickly(Signal::SIGTERM, &guard, sent).len()
         } else {
             self.tree.members().iter().filter(|p| p.pid != self.guard_pid).count()
