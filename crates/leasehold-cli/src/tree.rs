@@ -35,6 +35,8 @@ pub(crate) struct Process {
     /// The process group.
     pub(crate) pgrp: i32,
     pub(crate) state: char,
+    /// Threads not yet reaped, the main thread's included (`num_threads`).
+    pub(crate) threads: u32,
     /// In clock ticks after boot: with the pid, it names one process for good.
     pub(crate) start: u64,
     pub(crate) comm: String,
@@ -46,9 +48,15 @@ impl Process {
         parse_stat(pid, &text)
     }
 
-    /// Zombies and dying processes can do nothing any more.
+    /// Zombies and dying processes can do nothing any more. But a process whose main thread
+    /// has exited (`pthread_exit`) while others run shows `Z` too: it runs, cannot be reaped,
+    /// and counts as live until its last thread has gone (`num_threads` then 1).
     pub(crate) fn is_live(&self) -> bool {
-        !matches!(self.state, 'Z' | 'X' | 'x')
+        match self.state {
+            'X' | 'x' => false,
+            'Z' => self.threads > 1,
+            _ => true,
+        }
     }
 
     /// "1234 (sleep, state D: uninterruptible sleep)": for a log line.
@@ -58,6 +66,7 @@ impl Process {
             'R' => "running",
             'S' => "sleeping",
             'T' | 't' => "stopped",
+            'Z' if self.threads > 1 => "main thread exited, other threads running",
             'Z' => "zombie",
             _ => "",
         };
@@ -81,6 +90,7 @@ fn parse_stat(pid: i32, text: &str) -> Option<Process> {
         state: fields.first()?.chars().next()?,
         ppid: fields.get(1)?.parse().ok()?,
         pgrp: fields.get(2)?.parse().ok()?,
+        threads: fields.get(17)?.parse().ok()?,
         start: fields.get(19)?.parse().ok()?,
         comm,
     })
@@ -625,6 +635,7 @@ impl Tree {
         for process in processes {
             if process.ppid == me
                 && process.state == 'Z'
+                && !process.is_live()
                 && !except.contains(&process.pid)
                 && !guards.contains(&process.pid)
             {
@@ -753,9 +764,20 @@ mod tests {
         let process = parse_stat(42, line).unwrap();
         assert_eq!(process.comm, "a) (b) c");
         assert_eq!(
-            (process.state, process.ppid, process.pgrp, process.start),
-            ('S', 1, 40, 777)
+            (
+                process.state,
+                process.ppid,
+                process.pgrp,
+                process.threads,
+                process.start
+            ),
+            ('S', 1, 40, 1, 777)
         );
+        // The main thread exited, two others run: live. A whole zombie: not.
+        let leader_gone = parse_stat(42, "42 (py) Z 1 40 40 0 -1 0 0 0 0 0 0 0 0 0 20 0 3 0 777 0 0").unwrap();
+        assert!(leader_gone.is_live());
+        let zombie = parse_stat(42, "42 (py) Z 1 40 40 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 777 0 0").unwrap();
+        assert!(!zombie.is_live());
         assert_eq!(parse_stat(1, "garbage"), None);
     }
 
@@ -766,6 +788,7 @@ mod tests {
             ppid,
             pgrp: 0,
             state: 'S',
+            threads: 1,
             start: 0,
             comm: "x".into(),
         };

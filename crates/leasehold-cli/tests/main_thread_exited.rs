@@ -1,12 +1,11 @@
-//! Review s11 (fails on purpose until fixed): on the cgroup-less path (`--no-cgroup`, or no
-//! writable cgroup2), a process of the command whose main thread has exited while another of its
-//! threads keeps running shows state `Z` in `/proc/PID/stat` (the thread-group leader is a
-//! zombie, the process is not: `wait` does not reap it while a thread lives). `Process::is_live`
-//! (tree.rs) counts it as gone, so the tree's scans (`is_empty_since`, `members_in`) see the
-//! tree empty, nothing sends it SIGKILL, and `run` releases the lease while that thread still
-//! runs; once `run` exits, the process is reparented out of reach (to PID 1) and runs on.
+//! On the cgroup-less path (`--no-cgroup`, or no writable cgroup2), a process of the command
+//! whose main thread has exited while another of its threads keeps running shows state `Z` in
+//! `/proc/PID/stat` (the thread-group leader is a zombie, the process is not: `wait` does not
+//! reap it while a thread lives). It must count as live: signalled, waited for, and gone before
+//! the lease is released (session 11 review: it counted as gone, and ran on after `run` exited).
 //!
-//! Needs `python3` (ctypes calls `pthread_exit` in the main thread); skipped without it.
+//! Needs `python3` (ctypes calls `pthread_exit` in the main thread; `scripts/test` installs it);
+//! skipped without it.
 
 mod support;
 
