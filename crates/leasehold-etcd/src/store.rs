@@ -224,8 +224,9 @@ impl EtcdStore {
     /// own lease, granted after that one-shot began: then the grant counts from that beginning
     /// if it is earlier.
     ///
-    /// The grant's records (`started` and `granted`) are written right after, in one
-    /// transaction, in a task of their own: every later operation of this key in this store
+    /// The grant's records (`started` and `granted`) are written just after, in one
+    /// transaction, in a task of their own that first lets what the grant sets off in this
+    /// process run (the engine's `Elected`, the leader's task): every later operation of this key in this store
     /// waits for it ([`Inner::records_written`]). A process that dies before they are written
     /// leaves a term without a history entry (and not announced); its key ends with its
     /// session. `None`: not this case (no marker for our predecessor seen, nor read by the change
