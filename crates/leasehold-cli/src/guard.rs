@@ -243,35 +243,39 @@ async fn guard(args: GuardArgs) -> i32 {
 /// over that the command's tree is gone (`CMSG_CLOEXEC`: the command does not inherit it). `Ok`
 /// without one when it could not be read; `Err` when the socket closed (`run` is gone).
 fn receive_gone() -> Result<Option<std::os::fd::OwnedFd>, ()> {
+    match receive_on_stdin(&mut [0u8; 1]) {
+        Ok((0, _)) => Err(()),
+        Ok((_, gone)) => Ok(gone),
+        Err(_) => Ok(None),
+    }
+}
+
+/// Receives one message on stdin (a socket) into `buffer`: its length, and the first file
+/// descriptor passed with it (`CMSG_CLOEXEC`: an exec'd command does not inherit it).
+fn receive_on_stdin(buffer: &mut [u8]) -> rustix::io::Result<(usize, Option<std::os::fd::OwnedFd>)> {
     use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, recvmsg};
     use std::os::fd::AsFd;
-    let mut byte = [0u8; 1];
     let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
     let mut ancillary = RecvAncillaryBuffer::new(&mut space);
     let stdin = std::io::stdin();
-    let received = loop {
+    let bytes = loop {
         match recvmsg(
             stdin.as_fd(),
-            &mut [std::io::IoSliceMut::new(&mut byte)],
+            &mut [std::io::IoSliceMut::new(buffer)],
             &mut ancillary,
             RecvFlags::CMSG_CLOEXEC,
         ) {
             Err(rustix::io::Errno::INTR) => continue,
-            other => break other,
+            other => break other?.bytes,
         }
     };
-    match received {
-        Ok(message) if message.bytes == 0 => return Err(()),
-        Ok(_) => {}
-        Err(_) => return Ok(None),
-    }
-    let mut gone = None;
+    let mut passed = None;
     for message in ancillary.drain() {
         if let RecvAncillaryMessage::ScmRights(mut fds) = message {
-            gone = gone.or(fds.next());
+            passed = passed.or(fds.next());
         }
     }
-    Ok(gone)
+    Ok((bytes, passed))
 }
 
 /// The hidden first argument of the process that waits for `run`'s word (`child::Prestarted`).
@@ -283,8 +287,6 @@ pub(crate) const EXEC_WHEN_ELECTED: &str = "__exec-when-elected";
 /// the socket closes without a message. No runtime and no argument parser: this is on the way
 /// from the election to the command.
 pub(crate) fn exec_when_elected(args: &[OsString]) -> i32 {
-    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, recvmsg};
-    use std::os::fd::AsFd;
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::process::CommandExt;
     let command = match args.first() {
@@ -305,34 +307,14 @@ pub(crate) fn exec_when_elected(args: &[OsString]) -> i32 {
         crate::child::find_in_path(program)
     };
     let mut buffer = vec![0u8; 64 * 1024];
-    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-    let mut ancillary = RecvAncillaryBuffer::new(&mut space);
-    let stdin = std::io::stdin();
-    let received = loop {
-        match recvmsg(
-            stdin.as_fd(),
-            &mut [std::io::IoSliceMut::new(&mut buffer)],
-            &mut ancillary,
-            RecvFlags::CMSG_CLOEXEC,
-        ) {
-            Err(rustix::io::Errno::INTR) => continue,
-            other => break other,
-        }
-    };
-    let bytes = match received {
-        Ok(message) if message.bytes > 0 => message.bytes,
-        Ok(_) => return 0, // never elected: `run` closed the socket
+    let (bytes, passed) = match receive_on_stdin(&mut buffer) {
+        Ok((0, _)) => return 0, // never elected: `run` closed the socket
+        Ok(received) => received,
         Err(e) => {
             eprintln!("leasehold: {EXEC_WHEN_ELECTED}: cannot read the word to start: {e}");
             return RUNTIME;
         }
     };
-    let mut passed = None;
-    for message in ancillary.drain() {
-        if let RecvAncillaryMessage::ScmRights(mut fds) = message {
-            passed = passed.or(fds.next());
-        }
-    }
     let env: Vec<(&std::ffi::OsStr, &std::ffi::OsStr)> = buffer[..bytes]
         .split(|b| *b == 0)
         .filter_map(|pair| {
