@@ -909,6 +909,15 @@ fn work_stopped_before_valid_until_releases_then_steps_down_with_its_duration() 
 /// exactly this holder (cut off from the store, its side effects may still be in flight).
 #[test]
 fn with_a_lock_delay_an_unconfirmed_renewal_leaves_the_lease_to_expire() {
+    let mut h = lock_delay_leader_renewing();
+    let _ = h.tick(6_000);
+    assert_eq!(h.tick(7_000).len(), 2);
+    assert_left_to_expire(&mut h);
+}
+
+/// A leader (term 1, elected at 0 ms) with a 5 s lock delay whose renewal, sent at 3 000 ms, is
+/// never answered.
+fn lock_delay_leader_renewing() -> Harness {
     let t = Timing {
         lock_delay: Some(ms(5_000)),
         ..timing()
@@ -920,8 +929,11 @@ fn with_a_lock_delay_an_unconfirmed_renewal_leaves_the_lease_to_expire() {
     let out = h.reply(0, OpId(1), Reply::Acquire(Ok(Acquired::Granted(grant(1, "v1")))));
     assert!(out.iter().any(|e| matches!(e, Ev::Elected { .. })), "{out:?}");
     let _ = h.send_at(3_000);
-    let _ = h.tick(6_000);
-    assert_eq!(h.tick(7_000).len(), 2);
+    h
+}
+
+/// Once its work stops (at 7 400 ms) the stepped-down leader sends nothing: no release.
+fn assert_left_to_expire(h: &mut Harness) {
     let out = h.step(7_400, Input::WorkStopped);
     assert!(sends(&out).is_empty(), "no release: {out:?}");
     assert!(
@@ -942,31 +954,10 @@ fn with_a_lock_delay_an_unconfirmed_renewal_leaves_the_lease_to_expire() {
 /// it too leaves the lease to expire (session 11 review; the simulation's `delay-skipped`).
 #[test]
 fn with_a_lock_delay_a_step_down_noticed_by_the_handle_leaves_the_lease_to_expire() {
-    let t = Timing {
-        lock_delay: Some(ms(5_000)),
-        ..timing()
-    };
-    let mut h = Harness::new(t, Expiry::ServerClock, Notifications::None);
-    let op = h.send_at(0);
-    let _ = h.reply(0, op, Reply::Inspect(Ok(free(0, EndReason::Released))));
-    let out = h.reply(0, OpId(1), Reply::Acquire(Ok(Acquired::Granted(grant(1, "v1")))));
-    assert!(out.iter().any(|e| matches!(e, Ev::Elected { .. })), "{out:?}");
-    let _ = h.send_at(3_000);
+    let mut h = lock_delay_leader_renewing();
     let out = h.step(7_000, Input::StepDown(DeposedReason::RenewFailed { last_error: None }));
     assert!(sends(&out).is_empty(), "{out:?}");
-    let out = h.step(7_400, Input::WorkStopped);
-    assert!(sends(&out).is_empty(), "no release: {out:?}");
-    assert!(
-        out.iter().any(|e| matches!(
-            e,
-            Ev::SteppedDown {
-                term: Term(1),
-                aborted: false,
-                ..
-            }
-        )),
-        "{out:?}"
-    );
+    assert_left_to_expire(&mut h);
 }
 
 /// The SQLite observation (100-candidate transitions, release build): a new leader stepped down
