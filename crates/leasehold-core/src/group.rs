@@ -358,8 +358,9 @@ impl LeaseGroup {
     }
 
     /// Joins the group and runs `task` once per shard this member owns, until `shutdown`
-    /// completes: then every task is cancelled, given until its `valid_until` to return, its
-    /// shard released, and the member lease released.
+    /// completes: then the member lease is released (so the other members plan its shards for
+    /// themselves at their next round), and every task is cancelled, given until its
+    /// `valid_until` to return, and its shard released once it has.
     ///
     /// A task that returns gives its shard up (it is released); the member campaigns for it again
     /// at its next round if it is still planned here. A task's error is logged.
@@ -407,11 +408,16 @@ impl LeaseGroup {
                 // takes at most a fifth of this member's time with the store.
                 next = began + every.max(member_state.listed_in * 5);
             };
+            // The member lease goes first: from the others' next round on, this member is no
+            // live member, so they plan its shards for themselves (those released at once are
+            // taken at once; the others' campaigns wait on the rest) instead of planning them
+            // back to it while its slowest task stops. Each shard lease is still released only
+            // once its task has returned.
+            member.resign().await;
             self.stop_all(member_state).await;
             // Takeovers that the stopped shards (or a dropped round) started still release what
-            // they took, before the member leaves.
+            // they took before `run_until` returns.
             self.inner.takeovers_settled().await;
-            member.resign().await;
             if stop {
                 return Ok(());
             }
