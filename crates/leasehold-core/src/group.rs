@@ -69,6 +69,10 @@ type Configure = Arc<dyn Fn(ElectorBuilder) -> ElectorBuilder + Send + Sync>;
 /// A member keeps campaigning for the unowned shards it went after (its claims count as its own
 /// in its plan), so takeovers finishing in any order do not re-spread the rest.
 ///
+/// A member joins only once it can list the group, and leaves it when three rounds in a row
+/// failed over at least two TTLs (it could not plan, so it would never campaign for the shards
+/// the others hand over to it); it joins again once a listing succeeds.
+///
 /// # Examples
 ///
 /// ```
@@ -383,17 +387,22 @@ impl LeaseGroup {
         let task = Arc::new(task);
         let mut shutdown = std::pin::pin!(shutdown);
         let span = info_span!("group", group = %self.inner.group, member = %self.inner.id);
+        let every = self.inner.rebalance_every;
         loop {
+            // A member joins only once it can list the group: a member that cannot plan would
+            // count as live, with a full quota that the others hand over to it and that it never
+            // campaigns for.
             let member = tokio::select! {
-                member = self.inner.member.campaign().instrument(span.clone()) => member?,
+                member = self.join().instrument(span.clone()) => member?,
                 () = &mut shutdown => return Ok(()),
             };
             info!(parent: &span, "joined the group");
             let mut member_state = Rounds::new(self.inner.running.clone());
             // The first round waits a whole interval: members that start together see each
             // other before anyone plans, instead of the first taking every shard.
-            let every = self.inner.rebalance_every;
             let mut next = tokio::time::Instant::now() + every;
+            let mut planned_at = tokio::time::Instant::now();
+            let mut failed = 0u32;
             let stop = loop {
                 tokio::select! {
                     () = tokio::time::sleep_until(next) => {}
@@ -401,8 +410,20 @@ impl LeaseGroup {
                     () = &mut shutdown => break true,
                 }
                 let began = tokio::time::Instant::now();
-                if let Err(error) = self.round(&mut member_state, &task).instrument(span.clone()).await {
-                    warn!(parent: &span, %error, "could not list the group; keeping the current shards");
+                match self.round(&mut member_state, &task).instrument(span.clone()).await {
+                    Ok(()) => {
+                        failed = 0;
+                        planned_at = tokio::time::Instant::now();
+                    }
+                    Err(error) => {
+                        failed += 1;
+                        let since = planned_at.elapsed();
+                        if failed >= FAILED_ROUNDS_TO_LEAVE && since >= self.inner.ttl * 2 {
+                            warn!(parent: &span, %error, failed, ?since, "no round succeeded for two TTLs; leaving the group");
+                            break false;
+                        }
+                        warn!(parent: &span, %error, "the round failed; keeping the current shards");
+                    }
                 }
                 // A slow listing (a scan of a big table) spaces the rounds out, so that listing
                 // takes at most a fifth of this member's time with the store.
@@ -421,8 +442,18 @@ impl LeaseGroup {
             if stop {
                 return Ok(());
             }
-            info!(parent: &span, "left the group (its member lease ended); joining again");
+            info!(parent: &span, "left the group; joining again once a listing succeeds");
         }
+    }
+
+    /// Lists the group until a listing succeeds (every `rebalance_every`), then campaigns for
+    /// the member lease.
+    async fn join(&self) -> Result<Leader> {
+        while let Err(error) = self.inner.list().await {
+            warn!(%error, "cannot list the group; joining once a listing succeeds");
+            tokio::time::sleep(self.inner.rebalance_every).await;
+        }
+        self.inner.member.campaign().await
     }
 
     /// [`LeaseGroup::run_until`], forever.
@@ -447,17 +478,8 @@ impl LeaseGroup {
         E: fmt::Display + Send + 'static,
     {
         let inner = &self.inner;
-        // A listing is on no lease's critical path and can be long (a scan of many pages): a
-        // slow one still gives a plan, a little late.
-        let timeout = inner.ttl * 3;
         let began = tokio::time::Instant::now();
-        let listing = tokio::time::timeout(timeout, inner.store.list(&format!("{}.", inner.group)))
-            .await
-            .map_err(|_| Error::Timeout {
-                store: inner.store.name(),
-                operation: "list",
-                after: timeout,
-            })??;
+        let listing = inner.list().await?;
         rounds.listed_in = began.elapsed();
         let status = parse(&inner.group, listing);
         let at = now();
@@ -742,6 +764,11 @@ impl LeaseGroup {
     }
 }
 
+/// A member leaves the group when this many rounds in a row failed, over at least two TTLs
+/// since its last successful round (or its join): it cannot plan, so it would never campaign for
+/// the shards that the others hand over to it.
+const FAILED_ROUNDS_TO_LEAVE: u32 = 3;
+
 /// Shards owned per member (this member's count).
 const OWNED: &str = "leasehold_group_shards_owned";
 /// Shards with no live owner, as this member sees them.
@@ -785,6 +812,20 @@ impl Takeover {
 }
 
 impl Inner {
+    /// Lists the group (one [`LeaseStore::list`]). A listing is on no lease's critical path and
+    /// can be long (a scan of many pages): a slow one still gives a plan, a little late, so it
+    /// is bounded by three TTLs.
+    async fn list(&self) -> Result<Vec<Observation>> {
+        let timeout = self.ttl * 3;
+        tokio::time::timeout(timeout, self.store.list(&format!("{}.", self.group)))
+            .await
+            .map_err(|_| Error::Timeout {
+                store: self.store.name(),
+                operation: "list",
+                after: timeout,
+            })?
+    }
+
     /// Takes `lease` over by `version` (a record nobody renews: a dead member's, a stranded
     /// shard's) and releases it at once. `Ok(false)`: the store refused (the holder renewed
     /// meanwhile); `Err`: the store failed, or did not answer within a TTL.
