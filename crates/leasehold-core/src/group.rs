@@ -19,6 +19,7 @@ use crate::batch::RenewBatcher;
 use crate::elector::{Elector, ElectorBuilder, Leader, RunError, now};
 use crate::error::{Error, Result};
 use crate::store::LeaseStore;
+use crate::timing::Timing;
 use crate::types::{AcquireRequest, Acquired, CandidateId, Expiry, Grant, LeaseName, Observation};
 use plan::{Member, plan_claimed};
 pub use status::{GroupMember, GroupStatus, ShardStatus};
@@ -192,14 +193,15 @@ impl LeaseGroupBuilder {
         self
     }
 
-    /// How often the member lists the group and plans. Default `ttl / 4`.
+    /// How often the member lists the group and plans, more than zero and at most 30 days.
+    /// Default `ttl / 4`.
     pub fn rebalance_every(mut self, every: Duration) -> Self {
         self.rebalance_every = Some(every);
         self
     }
 
-    /// How many shards may move between live members per round. Default `shards / 4`, at least 1
-    /// and at most 32.
+    /// How many shards may move between live members per round, at least 1. Default
+    /// `shards / 4`, at least 1 and at most 32.
     pub fn max_moves_per_round(mut self, moves: usize) -> Self {
         self.max_moves = Some(moves);
         self
@@ -223,8 +225,10 @@ impl LeaseGroupBuilder {
     ///
     /// [`Error::InvalidLeaseName`] when the group name, or a shard lease named after it, is not a
     /// valid lease name; [`Error::InvalidCandidateId`]; [`Error::InvalidConfig`] for a shard
-    /// count outside 1 to [`MAX_SHARDS`], a weight outside 1 to 1000, or a zero
-    /// `rebalance_every`; what [`ElectorBuilder::build`] checks.
+    /// count outside 1 to [`MAX_SHARDS`], a weight outside 1 to 1000, a `rebalance_every` of
+    /// zero or over 30 days, or a `max_moves_per_round` of zero; what [`ElectorBuilder::build`]
+    /// checks, for the member's elector and for the shards' (with what
+    /// [`LeaseGroupBuilder::electors`] sets).
     pub fn build(self) -> Result<LeaseGroup> {
         if !(1..=MAX_SHARDS).contains(&self.shards) {
             return Err(Error::config("shards", self.shards, "1 to 100000"));
@@ -240,8 +244,17 @@ impl LeaseGroupBuilder {
             None => CandidateId::generate(),
         };
         let rebalance_every = self.rebalance_every.unwrap_or(self.ttl / 4);
-        if rebalance_every.is_zero() {
-            return Err(Error::config("rebalance_every", "0s", "more than zero"));
+        // Bounded like the TTL, so that no round's deadline overflows.
+        if rebalance_every.is_zero() || rebalance_every > Timing::MAX_DURATION {
+            return Err(Error::config(
+                "rebalance_every",
+                rebalance_every,
+                "greater than zero and at most 30 days",
+            ));
+        }
+        if self.max_moves == Some(0) {
+            // No shard would ever move between live members: a join would never get one.
+            return Err(Error::config("max_moves_per_round", 0, "at least 1"));
         }
         let member_lease = format!("{group}.m.{:016x}-w{}", fnv1a(id.as_str()), self.weight);
         // The member lease keeps the engine's default timing: `electors` tunes the shards.
@@ -255,7 +268,16 @@ impl LeaseGroupBuilder {
         // A renewal may wait this long for the others of its batch: 1/20 of the default
         // renew_every (ttl / 3), at most 100 ms.
         let window = (self.ttl / 60).min(Duration::from_millis(100));
-        let shard_store = Arc::new(RenewBatcher::new(self.store.clone(), window));
+        let shard_store: Arc<dyn LeaseStore> = Arc::new(RenewBatcher::new(self.store.clone(), window));
+        // What `electors` set is checked here, on the elector of the last shard, built as every
+        // round builds its campaigns' electors: not at a round, which could only log it.
+        shard_elector(
+            &self.configure,
+            &shard_store,
+            &shard_lease(&group, self.shards - 1, self.shards)?,
+            self.ttl,
+            &id,
+        )?;
         Ok(LeaseGroup {
             inner: Arc::new(Inner {
                 shard_store,
@@ -634,13 +656,7 @@ impl LeaseGroup {
     {
         let inner = &self.inner;
         let lease = shard_lease(&inner.group, shard, inner.shards)?;
-        // The group moves its shards itself: no shard reads hand-over requests, whatever
-        // `electors` set.
-        let elector = (inner.configure)(Elector::builder(inner.shard_store.clone(), lease.as_str()))
-            .ttl(inner.ttl)
-            .candidate_id(inner.id.as_str())
-            .hand_over_requests(false)
-            .build()?;
+        let elector = shard_elector(&inner.configure, &inner.shard_store, &lease, inner.ttl, &inner.id)?;
         // The takeover ends the holder's term uncleanly, as the elector's own would: after the
         // electors' lock delay too, never sooner.
         let lock_delay = elector.timing().lock_delay.unwrap_or_default();
@@ -762,6 +778,23 @@ impl LeaseGroup {
             "round"
         );
     }
+}
+
+/// The elector of a shard's campaign: the group's TTL and member id over what `configure` (the
+/// builder's `electors`) sets. The group moves its shards itself: no shard reads hand-over
+/// requests, whatever `electors` set.
+fn shard_elector(
+    configure: &Configure,
+    store: &Arc<dyn LeaseStore>,
+    lease: &LeaseName,
+    ttl: Duration,
+    id: &CandidateId,
+) -> Result<Elector> {
+    configure(Elector::builder(store.clone(), lease.as_str()))
+        .ttl(ttl)
+        .candidate_id(id.as_str())
+        .hand_over_requests(false)
+        .build()
 }
 
 /// A member leaves the group when this many rounds in a row failed, over at least two TTLs

@@ -77,6 +77,14 @@ fn spawn_member(group: LeaseGroup, running: &Arc<Running>, slow_stop: Option<Dur
     Member { stop, handle }
 }
 
+/// `error` is a configuration error naming `field`.
+fn assert_field(error: &Error, field: &str) {
+    assert!(
+        matches!(error, Error::InvalidConfig { field: f, .. } if *f == field),
+        "expected an invalid {field}, got {error}"
+    );
+}
+
 async fn wait_for(what: &str, bound: Duration, mut done: impl FnMut() -> bool) -> Duration {
     let started = tokio::time::Instant::now();
     loop {
@@ -174,8 +182,9 @@ async fn invalid_shard_elector_settings_are_an_error_not_a_member_that_owns_noth
         .ttl(TTL)
         .electors(|b| b.step_down_margin(Duration::from_secs(5)))
         .build();
-    let Ok(group) = built else {
-        return; // rejected at build: fixed
+    let group = match built {
+        Ok(group) => group,
+        Err(error) => return assert_field(&error, "step_down_margin"), // rejected at build: fixed
     };
     let running = Arc::new(Running::default());
     let a = spawn_member(group, &running, None);
@@ -201,8 +210,9 @@ async fn a_huge_rebalance_every_is_a_config_error_not_a_panic() {
         .ttl(TTL)
         .rebalance_every(Duration::MAX)
         .build();
-    let Ok(group) = built else {
-        return; // rejected at build: fixed
+    let group = match built {
+        Ok(group) => group,
+        Err(error) => return assert_field(&error, "rebalance_every"), // rejected at build: fixed
     };
     let running = Arc::new(Running::default());
     let a = spawn_member(group, &running, None);
@@ -214,6 +224,27 @@ async fn a_huge_rebalance_every_is_a_config_error_not_a_panic() {
         "run_until with rebalance_every = Duration::MAX: {:?}",
         outcome.map_err(|e| e.is_panic())
     );
+}
+
+/// The bounds of `rebalance_every` and `max_moves_per_round` are inclusive at 30 days and 1.
+#[test]
+fn build_accepts_the_bounds_of_rebalance_every_and_max_moves_per_round() {
+    let build = |every: Duration, moves: usize| {
+        LeaseGroup::builder(Arc::new(MemoryStore::new()), "bounds", 4)
+            .member_id("a")
+            .ttl(TTL)
+            .rebalance_every(every)
+            .max_moves_per_round(moves)
+            .build()
+    };
+    let month = Duration::from_secs(30 * 24 * 3600);
+    build(month, 1).unwrap();
+    assert_field(
+        &build(month + Duration::from_nanos(1), 1).unwrap_err(),
+        "rebalance_every",
+    );
+    assert_field(&build(Duration::ZERO, 1).unwrap_err(), "rebalance_every");
+    assert_field(&build(month, 0).unwrap_err(), "max_moves_per_round");
 }
 
 /// Finding 4 (quality): `max_moves_per_round(0)` is accepted; with it no shard ever moves
@@ -229,8 +260,9 @@ async fn zero_moves_per_round_is_rejected_or_still_balances() {
             .max_moves_per_round(0)
             .build()
     };
-    let (Ok(first), Ok(second)) = (build("a"), build("b")) else {
-        return; // rejected at build: fixed
+    let (first, second) = match (build("a"), build("b")) {
+        (Ok(first), Ok(second)) => (first, second),
+        (Err(error), _) | (_, Err(error)) => return assert_field(&error, "max_moves_per_round"), // rejected at build: fixed
     };
     let running = Arc::new(Running::default());
     let a = spawn_member(first, &running, None);
