@@ -522,7 +522,7 @@ impl LeaseGroup {
         members.sort_by(|a, b| a.id.cmp(&b.id));
         members.dedup_by(|a, b| a.id == b.id);
         if members.first().is_some_and(|m| m.id == inner.id) {
-            self.clear_dead_members(&status, &members, rounds, observed, at).await;
+            self.clear_dead_members(&status, rounds, observed, at).await;
         }
         let mut owners: Vec<Option<CandidateId>> = vec![None; inner.shards as usize];
         for shard in status.shards.iter().filter(|s| s.shard < inner.shards) {
@@ -617,18 +617,16 @@ impl LeaseGroup {
     /// ever replace a dead member's lease: the first live member by id takes each one over by
     /// its version once it has been seen unchanged for its TTL (the engine's rule), and releases
     /// it, so that listings stop showing the member.
-    async fn clear_dead_members(
-        &self,
-        status: &GroupStatus,
-        live: &[Member],
-        rounds: &mut Rounds,
-        observed: bool,
-        at: Instant,
-    ) {
+    ///
+    /// A record is judged by itself, not by its holder's id: a live member's earlier lease
+    /// under another weight (`-w1` when it runs as `-w2` now) is as dead as any once nobody
+    /// renews it. Only this member's own current lease is never taken over (its elector keeps
+    /// it; a renewal that failed for a TTL is its elector's business).
+    async fn clear_dead_members(&self, status: &GroupStatus, rounds: &mut Rounds, observed: bool, at: Instant) {
         let inner = &self.inner;
         for dead in &status.members {
             let Some(holder) = &dead.lease.holder else { continue };
-            if live.iter().any(|m| m.id == dead.id)
+            if dead.lease.lease == *inner.member.lease()
                 || !(observed || holder.orphaned)
                 || rounds.alive(&dead.lease, observed, at)
             {
