@@ -71,7 +71,8 @@ pub(crate) async fn status(url: &str, group: &str, json: bool) -> Result<i32, Fa
     Ok(0)
 }
 
-/// The shards whose lease `member` holds, in order.
+/// The shards whose lease `member` holds, in order (not those reserved for it during a
+/// hand-over: it has not taken them yet, see `ShardStatus::owner`).
 fn owned_by(status: &GroupStatus, member: &CandidateId) -> Vec<u32> {
     status
         .shards

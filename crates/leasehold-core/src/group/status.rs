@@ -38,9 +38,15 @@ pub struct ShardStatus {
 }
 
 impl ShardStatus {
-    /// The holder of the shard's lease and its term, if any.
+    /// The holder of the shard's lease and its term, if any. `None` also while the lease is
+    /// reserved for a hand-over's successor that has not taken it yet (`lease.holder` then shows
+    /// that successor, `reserved`, with the previous holder's term): nobody runs the shard then.
     pub fn owner(&self) -> Option<(&CandidateId, Term)> {
-        self.lease.holder.as_ref().map(|h| (&h.id, h.term))
+        self.lease
+            .holder
+            .as_ref()
+            .filter(|h| !h.reserved)
+            .map(|h| (&h.id, h.term))
     }
 }
 
@@ -90,4 +96,40 @@ pub(super) fn fnv1a(text: &str) -> u64 {
     text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
         (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::types::HolderInfo;
+
+    fn shard(reserved: bool) -> ShardStatus {
+        let lease = LeaseName::new("g.s.0").unwrap();
+        ShardStatus {
+            shard: 0,
+            lease: Observation {
+                lease,
+                holder: Some(HolderInfo {
+                    id: CandidateId::new("b").unwrap(),
+                    term: Term(7),
+                    ttl: Duration::from_secs(2),
+                    version: "v".into(),
+                    store_remaining: None,
+                    orphaned: false,
+                    reserved,
+                }),
+                last_term: Term(7),
+                previous_end: None,
+            },
+        }
+    }
+
+    #[test]
+    fn a_reserved_successor_is_not_the_owner_yet() {
+        let held = shard(false);
+        assert_eq!(held.owner(), Some((&CandidateId::new("b").unwrap(), Term(7))));
+        assert_eq!(shard(true).owner(), None);
+    }
 }
