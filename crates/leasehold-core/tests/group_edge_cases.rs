@@ -96,13 +96,12 @@ async fn wait_for(what: &str, bound: Duration, mut done: impl FnMut() -> bool) -
     }
 }
 
-/// Finding 1 (liveness): a graceful leave releases the shards whose tasks stop at once, but
-/// keeps its member lease until its slowest task has returned (`run_until`: `stop_all`, then
-/// `member.resign()`). Meanwhile every other member still counts the leaver as a live member
-/// owning fewer shards than its quota, so its plan gives the freed shards back to the leaver
-/// and nobody campaigns for them: they stay unowned until the slowest task is done, plus a
-/// round. docs/groups.md says the others take them "at their next round (at most
-/// `rebalance_every`)".
+/// Review s12 finding 1 (liveness). Before its fix a graceful leave released the shards whose
+/// tasks stopped at once but kept its member lease until its slowest task had returned
+/// (`run_until`: `stop_all`, then `member.resign()`). Meanwhile every other member still counted
+/// the leaver as a live member below its quota, so its plan gave the freed shards back to the
+/// leaver and nobody campaigned for them: unowned until the slowest task was done, plus a round.
+/// Now the member lease goes first; no shard runs twice.
 #[tokio::test(start_paused = true)]
 async fn a_leavers_released_shards_are_taken_within_a_round_even_while_one_of_its_tasks_stops_slowly() {
     let store = Arc::new(MemoryStore::new());
@@ -169,11 +168,11 @@ async fn control_a_leave_whose_tasks_stop_at_once_is_taken_within_a_round() {
     assert_eq!(running.overlaps.load(Ordering::SeqCst), 0, "a shard ran twice at once");
 }
 
-/// Finding 2 (quality): `LeaseGroupBuilder::electors` settings are validated only when a round
-/// builds a shard's elector. `build()` accepts a `step_down_margin` longer than the TTL; then
-/// every round fails at `start` (`self.start(..)?`), is logged as "could not list the group;
-/// keeping the current shards", the member never leads a shard, and `run_until` never
-/// returns an error that names the field.
+/// Review s12 finding 2 (quality). Before its fix `LeaseGroupBuilder::electors` settings were
+/// validated only when a round built a shard's elector: `build()` accepted a `step_down_margin`
+/// longer than the TTL, then every round failed at `start`, logged as "could not list the group;
+/// keeping the current shards"; the member never led a shard, and `run_until` never returned an
+/// error naming the field. Now `build()` returns `InvalidConfig` for `step_down_margin`.
 #[tokio::test(start_paused = true)]
 async fn invalid_shard_elector_settings_are_an_error_not_a_member_that_owns_nothing() {
     let store = Arc::new(MemoryStore::new());
@@ -199,9 +198,9 @@ async fn invalid_shard_elector_settings_are_an_error_not_a_member_that_owns_noth
     );
 }
 
-/// Finding 3 (quality): a huge `rebalance_every` is accepted by `build()` and panics in
-/// `run_until` (`tokio::time::Instant::now() + every` overflows), instead of a config error
-/// naming the field.
+/// Review s12 finding 3 (quality). Before its fix a huge `rebalance_every` was accepted by
+/// `build()` and panicked in `run_until` (`tokio::time::Instant::now() + every` overflowed).
+/// Now it is an `InvalidConfig` naming the field.
 #[tokio::test(start_paused = true)]
 async fn a_huge_rebalance_every_is_a_config_error_not_a_panic() {
     let store = Arc::new(MemoryStore::new());
@@ -247,9 +246,10 @@ fn build_accepts_the_bounds_of_rebalance_every_and_max_moves_per_round() {
     assert_field(&build(month, 0).unwrap_err(), "max_moves_per_round");
 }
 
-/// Finding 4 (quality): `max_moves_per_round(0)` is accepted; with it no shard ever moves
-/// between live members, so a member that joins a group whose shards are all owned never gets
-/// one (the documented balance, floor or ceil of N/W, is never reached).
+/// Review s12 finding 4 (quality). Before its fix `max_moves_per_round(0)` was accepted: no
+/// shard ever moved between live members, so a member that joined a group whose shards were all
+/// owned never got one (the documented balance, floor or ceil of N/W, was never reached). Now it
+/// is an `InvalidConfig` naming the field.
 #[tokio::test(start_paused = true)]
 async fn zero_moves_per_round_is_rejected_or_still_balances() {
     let store = Arc::new(MemoryStore::new());
@@ -262,7 +262,8 @@ async fn zero_moves_per_round_is_rejected_or_still_balances() {
     };
     let (first, second) = match (build("a"), build("b")) {
         (Ok(first), Ok(second)) => (first, second),
-        (Err(error), _) | (_, Err(error)) => return assert_field(&error, "max_moves_per_round"), // rejected at build: fixed
+        // Rejected at build: fixed.
+        (Err(error), _) | (_, Err(error)) => return assert_field(&error, "max_moves_per_round"),
     };
     let running = Arc::new(Running::default());
     let a = spawn_member(first, &running, None);
@@ -275,11 +276,11 @@ async fn zero_moves_per_round_is_rejected_or_still_balances() {
     assert_eq!(counts, (4, 4), "20 TTLs after b joined (a, b) own {counts:?}");
 }
 
-/// Finding 5 (quality): on a store without a clock, a member that comes back with the same id
-/// and another weight leaves its old member lease (`…-w1`) listed for ever: `clear_dead_members`
-/// skips every record whose holder id is a live member (`live.iter().any(|m| m.id == dead.id)`),
-/// and the holder id of the stale record is the live member's. `LeaseGroup::status` (and
-/// `leasehold shards status`) then show the member twice, each with all its shards.
+/// Review s12 finding 5 (quality). Before its fix, on a store without a clock, a member that came
+/// back with the same id and another weight left its old member lease (`…-w1`) listed for ever:
+/// `clear_dead_members` skipped every record whose holder id was a live member's, and the stale
+/// record's holder id is the live member's. `LeaseGroup::status` (and `leasehold shards status`)
+/// showed the member twice. Now each record is judged by itself.
 #[tokio::test(start_paused = true)]
 async fn a_members_stale_lease_under_an_old_weight_is_cleared_on_a_store_without_a_clock() {
     let store = MemoryStore::observed_expiry();
@@ -328,11 +329,12 @@ async fn a_members_stale_lease_under_an_old_weight_is_cleared_on_a_store_without
     );
 }
 
-/// Finding 6 (liveness): a member that renews its member lease but whose rounds never succeed
-/// (every `list` fails: a throttled scan, a missing list permission; or finding 2's bad elector
-/// settings) still counts as a live member with a full quota. The others plan that quota for
-/// it, hand their shards over to it (reserved for a member that never campaigns) and then leave
-/// them unowned, for as long as it keeps its member lease: here 4 of 8 shards, for ever.
+/// Review s12 finding 6 (liveness). Before its fix a member that renews its member lease but
+/// whose rounds never succeed (every `list` fails: a throttled scan, a missing list permission)
+/// counted as a live member with a full quota: the others planned that quota for it, handed their
+/// shards over to it (reserved for a member that never campaigns) and left them unowned for as
+/// long as it kept its member lease: here 4 of 8 shards, for ever. Now a member joins only once it
+/// can list the group.
 #[tokio::test(start_paused = true)]
 async fn a_member_whose_rounds_always_fail_does_not_strand_the_others_shards() {
     let store = MemoryStore::new();
