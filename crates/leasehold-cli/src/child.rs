@@ -317,8 +317,11 @@ impl Prestarted {
             .map_err(|e| Failure::runtime(format!("cannot make the child guard's socket: {e}")))?;
         let mut group = CommandGroup::spawn_guard(command, &[], grace, cgroup, quiet, Some(theirs))?;
         // The guard's first message, read before it starts the waiting process: a socket to say
-        // over that the command's tree is gone. Without it the guard's exit is waited for.
-        group.gone = give_gone(&control);
+        // over that the command's tree is gone. Without it the guard's exit is waited for. Not
+        // sent (other than to a guard already gone, which `go` notices), the guard would take the
+        // start message for it: this guard is dropped (killed: it has started nothing) instead.
+        group.gone = give_gone(&control)
+            .map_err(|e| Failure::runtime(format!("cannot send the child guard its first message: {e}")))?;
         Ok(Prestarted { group, control })
     }
 
@@ -377,8 +380,8 @@ impl Prestarted {
 /// Sends the guard, through `control`, its first message: one byte, with one end of a new socket
 /// for [`said_gone`] (this process's end returned). Sent also when no socket can be made (then
 /// without one): the guard reads this message before it starts the waiting process, which would
-/// otherwise take `run`'s word for it.
-fn give_gone(control: &OwnedFd) -> Option<tokio::net::UnixStream> {
+/// otherwise take `run`'s word for it. `Err` when it could not be sent to a guard still there.
+fn give_gone(control: &OwnedFd) -> rustix::io::Result<Option<tokio::net::UnixStream>> {
     use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags, sendmsg};
     let pair = std::os::unix::net::UnixStream::pair().ok().and_then(|(ours, theirs)| {
         ours.set_nonblocking(true).ok()?;
@@ -399,7 +402,11 @@ fn give_gone(control: &OwnedFd) -> Option<tokio::net::UnixStream> {
         )
     };
     // This process's copy of the guard's end is closed here: the guard's is the only one.
-    sent.ok().and(pair).map(|(ours, _)| ours)
+    match sent {
+        Ok(_) => Ok(pair.map(|(ours, _)| ours)),
+        Err(rustix::io::Errno::PIPE) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// Returns when the guard says that the command's tree is gone; never when it closes its end
