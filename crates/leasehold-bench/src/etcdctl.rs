@@ -22,15 +22,25 @@ pub(crate) const ETCDCTL_SESSION_TTL: Duration = Duration::from_secs(60);
 pub(crate) struct EtcdctlReport {
     pub(crate) handover: Outcome<Stats>,
     pub(crate) failover: Outcome<Stats>,
-    /// etcd-client's `Election`: from the leader's `resign` returning, and from it being called,
-    /// to the successor's `campaign` returning.
-    pub(crate) election: Outcome<(Stats, Stats)>,
+    /// etcd-client's `Election` and the library, interleaved.
+    pub(crate) election: Outcome<Paired>,
     /// `leasehold run`: from SIGTERM of the leader's process to the successor's command's first
     /// line.
     pub(crate) cli: Outcome<Stats>,
     /// The like-for-like floor of `cli`: `etcdctl elect` with the same command started and stopped
     /// around it by a shell wrapper (no containment), timed the same way.
     pub(crate) wrapped: Outcome<Stats>,
+    /// What `leasehold run` does and `etcdctl elect` does not, measured alone: stopping the
+    /// leader's command (SIGTERM to its exit being reaped) and starting the successor's (spawn to
+    /// its first line). See [`command_costs`].
+    pub(crate) command: Outcome<CommandCosts>,
+}
+
+/// p50s of stopping and of starting the benchmark's command, each measured alone.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CommandCosts {
+    pub(crate) stop: Stats,
+    pub(crate) start: Stats,
 }
 
 impl EtcdctlReport {
@@ -41,6 +51,7 @@ impl EtcdctlReport {
             election: Err(why.to_string()),
             cli: Err(why.to_string()),
             wrapped: Err(why.to_string()),
+            command: Err(why.to_string()),
         }
     }
 }
@@ -137,43 +148,80 @@ pub(crate) async fn measure(etcd_url: &str, plan: &Plan, cli: Option<&Outcome<Pa
         election: Err("not run (--only)".into()),
         cli: skipped(),
         wrapped: skipped(),
+        command: Err("not run (--only)".into()),
     };
-    if plan.wants("etcdctl") {
-        eprintln!("== etcdctl elect (reference)");
-        report.handover = repeat(reps, |i| graceful(&endpoints, format!("bench-etcdctl-{run}-h{i}"))).await;
-        report.failover = if plan.smoke {
-            Err("skipped in smoke mode (etcdctl's session TTL is 60 s)".into())
-        } else {
-            repeat(1, |i| crash(&endpoints, format!("bench-etcdctl-{run}-f{i}"))).await
-        };
-        print_stats("etcdctl elect handover", &report.handover);
-    }
-    if plan.wants("cli") {
-        eprintln!("== leasehold run (CLI) handover");
-        report.cli = match cli {
-            Some(Ok(exe)) => {
-                repeat(reps, |i| {
-                    cli_graceful(exe, etcd_url, format!("bench-cli-{run}-h{i}"), plan.smoke)
-                })
-                .await
+    // The CLI handovers and their references, interleaved: in each repetition every one runs
+    // once, starting with a different one each time.
+    let cli_exe = match cli {
+        Some(Ok(exe)) => Ok(exe.clone()),
+        Some(Err(e)) => Err(e.clone()),
+        None => Err("the leasehold CLI was not located".to_string()),
+    };
+    let (wants_etcdctl, wants_cli) = (plan.wants("etcdctl"), plan.wants("cli"));
+    if wants_etcdctl || wants_cli {
+        eprintln!("== CLI handovers: etcdctl elect, leasehold run, the wrapper, the command alone (interleaved)");
+        let mut samples: [Vec<Duration>; 5] = Default::default();
+        let mut failed: [Option<String>; 5] = Default::default();
+        for i in 0..reps {
+            for turn in 0..4 {
+                let which = (i + turn) % 4;
+                let result = match which {
+                    0 if wants_etcdctl => graceful(&endpoints, format!("bench-etcdctl-{run}-h{i}"))
+                        .await
+                        .map(|d| vec![d]),
+                    1 if wants_cli => match &cli_exe {
+                        Ok(exe) => cli_graceful(exe, etcd_url, format!("bench-cli-{run}-h{i}"), plan.smoke)
+                            .await
+                            .map(|d| vec![d]),
+                        Err(e) => Err(e.clone()),
+                    },
+                    2 if wants_cli => wrapped_graceful(&endpoints, format!("bench-wrapped-{run}-h{i}"))
+                        .await
+                        .map(|d| vec![d]),
+                    3 if wants_cli => command_costs().await.map(|(stop, start)| vec![stop, start]),
+                    _ => continue,
+                };
+                let slots: &[usize] = if which == 3 { &[3, 4] } else { &[which] };
+                match result {
+                    Ok(ds) => slots.iter().zip(ds).for_each(|(&k, d)| samples[k].push(d)),
+                    Err(e) => slots.iter().for_each(|&k| failed[k] = Some(e.clone())),
+                }
             }
-            Some(Err(e)) => Err(e.clone()),
-            None => Err("the leasehold CLI was not located".into()),
+        }
+        let stats = |k: usize| -> Outcome<Stats> {
+            match &failed[k] {
+                Some(e) => Err(e.clone()),
+                None => Stats::of(&samples[k]).ok_or_else(|| "no samples".into()),
+            }
         };
-        print_stats("leasehold run handover", &report.cli);
-        report.wrapped = repeat(reps, |i| {
-            wrapped_graceful(&endpoints, format!("bench-wrapped-{run}-h{i}"))
-        })
-        .await;
-        print_stats("etcdctl elect + sh wrapper handover", &report.wrapped);
+        if wants_etcdctl {
+            report.handover = stats(0);
+            print_stats("etcdctl elect handover", &report.handover);
+            report.failover = if plan.smoke {
+                Err("skipped in smoke mode (etcdctl's session TTL is 60 s)".into())
+            } else {
+                repeat(1, |i| crash(&endpoints, format!("bench-etcdctl-{run}-f{i}"))).await
+            };
+        }
+        if wants_cli {
+            report.cli = stats(1);
+            report.wrapped = stats(2);
+            report.command = stats(3).and_then(|stop| Ok(CommandCosts { stop, start: stats(4)? }));
+            print_stats("leasehold run handover", &report.cli);
+            print_stats("etcdctl elect + sh wrapper handover", &report.wrapped);
+            print_stats("the command alone, stopped", &stats(3));
+            print_stats("the command alone, started", &stats(4));
+        }
     }
     if plan.wants("election") {
-        eprintln!("== etcd-client Election (reference)");
-        report.election = election(etcd_url, run, reps).await;
+        eprintln!("== etcd-client Election (reference), interleaved with the library's handover");
+        report.election = paired(etcd_url, run, 2 * reps).await;
         match &report.election {
-            Ok((ret, call)) => {
-                print_stats("Election handover from resign() returning", &Ok(*ret));
-                print_stats("Election handover from resign() called", &Ok(*call));
+            Ok(p) => {
+                print_stats("Election handover from resign() returning", &Ok(p.election.0));
+                print_stats("Election handover from resign() called", &Ok(p.election.1));
+                print_stats("leasehold handover from resign() returning", &Ok(p.leasehold.0));
+                print_stats("leasehold handover from resign() called", &Ok(p.leasehold.1));
             }
             Err(e) => eprintln!("   {e}"),
         }
@@ -194,52 +242,101 @@ fn print_stats(what: &str, s: &Outcome<Stats>) {
     }
 }
 
-/// etcd-client 0.21's `Election` (etcd's server-side campaign/resign, each candidate with an
-/// etcd lease of its own on a client of its own): A campaigns and wins, B's campaign waits on
-/// the server; from A's `resign` (called, and returned) to B's `campaign` returning.
-async fn election(etcd_url: &str, run: u64, reps: usize) -> Outcome<(Stats, Stats)> {
+/// Graceful handovers of etcd-client's `Election` and of the library, interleaved in one loop
+/// (alternating which goes first) so that both see the same machine and server state.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Paired {
+    /// `Election`: from the leader's `resign` returning, and from it being called, to the
+    /// successor's `campaign` returning.
+    pub(crate) election: (Stats, Stats),
+    /// The library on the same etcd: from `resign()` returning, and from it being called, to the
+    /// successor's Elected event.
+    pub(crate) leasehold: (Stats, Stats),
+}
+
+/// Before each resign, the successor waits this long (once it has seen the leader, for the
+/// library): its campaign has reached the server and waits there.
+const SETTLE: Duration = Duration::from_millis(500);
+
+/// `reps` samples each of [`election_once`] and of the library's graceful handover on the same
+/// etcd (TTL 2 s), interleaved.
+async fn paired(etcd_url: &str, run: u64, reps: usize) -> Outcome<Paired> {
     let mut a = crate::floor::etcd_client(etcd_url).await?;
     let mut b = crate::floor::etcd_client(etcd_url).await?;
-    let e = |what: &'static str| move |err: etcd_client::Error| format!("etcd {what}: {err}");
-    let (mut from_return, mut from_call) = (Vec::new(), Vec::new());
-    let limit = Duration::from_secs(10);
-    for i in 0..reps {
-        let name = format!("bench-election-{run}-{i}");
-        let la = a.lease_grant(10, None).await.map_err(e("lease grant"))?.id();
-        let lb = b.lease_grant(10, None).await.map_err(e("lease grant"))?.id();
-        let mut ea = a.election_client();
-        let key = crate::measures::within(limit, "A's campaign", ea.campaign(name.as_str(), "A", la))
-            .await?
-            .map_err(e("campaign"))?
-            .take_leader()
-            .ok_or("A's campaign returned no leader key")?;
-        let mut eb = b.election_client();
-        let waiting = tokio::spawn(async move {
-            let r = eb.campaign(name, "B", lb).await;
-            (Instant::now(), r)
-        });
-        // Let B's campaign reach the server and wait there (as the etcdctl measure does).
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        if waiting.is_finished() {
-            return Err("B's campaign returned while A led".into());
-        }
-        let called = Instant::now();
-        ea.resign(Some(etcd_client::ResignOptions::new().with_leader(key)))
-            .await
-            .map_err(e("resign"))?;
-        let returned = Instant::now();
-        let (at, r) = crate::measures::within(limit, "B's campaign", waiting)
-            .await?
-            .map_err(|e| e.to_string())?;
-        r.map_err(e("campaign"))?;
-        from_return.push(at.saturating_duration_since(returned));
-        from_call.push(at.saturating_duration_since(called));
-        let _ = a.lease_revoke(la).await;
-        let _ = b.lease_revoke(lb).await;
+    let mut clients = Vec::new();
+    for _ in 0..2 {
+        clients.push(leasehold::connect(etcd_url).await.map_err(|e| e.to_string())?);
     }
+    let ttl = Duration::from_secs(2);
+    let (mut theirs, mut ours) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
+    for i in 0..reps {
+        for turn in 0..2 {
+            let (ret, call, into) = if (i + turn) % 2 == 0 {
+                let (ret, call) = election_once(&mut a, &mut b, format!("bench-election-{run}-{i}")).await?;
+                (ret, call, &mut theirs)
+            } else {
+                let lease = crate::measures::lease(run, "paired", i)?;
+                let (ret, call) = crate::measures::handover_once(&clients, &lease, ttl, SETTLE).await?;
+                (ret, call, &mut ours)
+            };
+            into.0.push(ret);
+            into.1.push(call);
+        }
+    }
+    let stats = |(ret, call): (Vec<Duration>, Vec<Duration>)| -> Outcome<(Stats, Stats)> {
+        Ok((
+            Stats::of(&ret).ok_or("no samples")?,
+            Stats::of(&call).ok_or("no samples")?,
+        ))
+    };
+    Ok(Paired {
+        election: stats(theirs)?,
+        leasehold: stats(ours)?,
+    })
+}
+
+/// One handover of etcd-client 0.21's `Election` (etcd's server-side campaign/resign, each
+/// candidate with an etcd lease of its own on a client of its own): A campaigns and wins, B's
+/// campaign waits on the server; from A's `resign` returning, and from it being called, to B's
+/// `campaign` returning.
+async fn election_once(
+    a: &mut etcd_client::Client,
+    b: &mut etcd_client::Client,
+    name: String,
+) -> Outcome<(Duration, Duration)> {
+    let e = |what: &'static str| move |err: etcd_client::Error| format!("etcd {what}: {err}");
+    let limit = Duration::from_secs(10);
+    let la = a.lease_grant(10, None).await.map_err(e("lease grant"))?.id();
+    let lb = b.lease_grant(10, None).await.map_err(e("lease grant"))?.id();
+    let mut ea = a.election_client();
+    let key = crate::measures::within(limit, "A's campaign", ea.campaign(name.as_str(), "A", la))
+        .await?
+        .map_err(e("campaign"))?
+        .take_leader()
+        .ok_or("A's campaign returned no leader key")?;
+    let mut eb = b.election_client();
+    let waiting = tokio::spawn(async move {
+        let r = eb.campaign(name, "B", lb).await;
+        (Instant::now(), r)
+    });
+    tokio::time::sleep(SETTLE).await;
+    if waiting.is_finished() {
+        return Err("B's campaign returned while A led".into());
+    }
+    let called = Instant::now();
+    ea.resign(Some(etcd_client::ResignOptions::new().with_leader(key)))
+        .await
+        .map_err(e("resign"))?;
+    let returned = Instant::now();
+    let (at, r) = crate::measures::within(limit, "B's campaign", waiting)
+        .await?
+        .map_err(|e| e.to_string())?;
+    r.map_err(e("campaign"))?;
+    let _ = a.lease_revoke(la).await;
+    let _ = b.lease_revoke(lb).await;
     Ok((
-        Stats::of(&from_return).ok_or("no samples")?,
-        Stats::of(&from_call).ok_or("no samples")?,
+        at.saturating_duration_since(returned),
+        at.saturating_duration_since(called),
     ))
 }
 
@@ -319,6 +416,31 @@ async fn cli_graceful(exe: &Path, url: &str, lease: String, smoke: bool) -> Outc
     a.stop_with(Signal::SIGTERM).await;
     b.stop_with(Signal::SIGTERM).await;
     Ok(at?.saturating_duration_since(t0))
+}
+
+/// The benchmark's command alone (`sh -c 'echo up C; exec sleep 1000'`, as `leasehold run` and
+/// the wrapper run it), started the way `leasehold run` starts a successor's command: forked
+/// beforehand, waiting to be told (a `sh` blocked in `read`), then exec'd. From the word to its
+/// first line (started), then from SIGTERM to its exit being reaped (stopped).
+async fn command_costs() -> Outcome<(Duration, Duration)> {
+    use tokio::io::AsyncWriteExt as _;
+    let mut command = Command::new("sh");
+    command
+        .args(["-c", "read go && exec sh -c 'echo up C; exec sleep 1000'"])
+        .stdin(Stdio::piped());
+    let mut c = Candidate::start(command, "sh")?;
+    let mut stdin = c.child.stdin.take().expect("piped");
+    // Let it reach its `read`.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let told = Instant::now();
+    stdin.write_all(b"go\n").await.map_err(|e| format!("sh: {e}"))?;
+    let up = c.elected("up C", Duration::from_secs(10)).await?;
+    let signalled = Instant::now();
+    c.signal(Signal::SIGTERM);
+    crate::measures::within(Duration::from_secs(10), "the command's exit", c.child.wait())
+        .await?
+        .map_err(|e| format!("sh: {e}"))?;
+    Ok((signalled.elapsed(), up.saturating_duration_since(told)))
 }
 
 async fn repeat<F, Fut>(reps: usize, mut f: F) -> Outcome<Stats>

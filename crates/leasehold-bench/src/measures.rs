@@ -486,34 +486,49 @@ async fn latency(av: &Available, run: u64, reps: usize) -> Outcome<(Stats, Stats
 /// Graceful handover: a leader resigns, a waiting candidate (on its own client) takes over.
 async fn handover(av: &Available, run: u64, reps: usize) -> Outcome<(Stats, Stats)> {
     let clients = connect_many(av, 2).await?;
-    let ttl = av.ttl;
     let (mut from_return, mut from_call) = (Vec::new(), Vec::new());
     for i in 0..reps {
         let lease = lease(run, "handover", i)?;
-        let a = elector(clients[0].clone(), &lease, "a", ttl)?;
-        let b = elector(clients[1].clone(), &lease, "b", ttl)?;
-        let la = campaign(&a, ttl * 5).await?;
-        let mut events = b.events();
-        let waiting = tokio::spawn(async move { b.campaign().await });
-        let _ = tokio::time::timeout(ttl, sees_holder(&mut events)).await;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let called = Instant::now();
-        la.resign().await;
-        let returned = Instant::now();
-        let at = within(ttl * 3, "successor elected", elected(&mut events))
-            .await?
-            .ok_or("the successor's events closed")?;
-        from_return.push(at.saturating_duration_since(returned));
-        from_call.push(at.saturating_duration_since(called));
-        let lb = within(ttl, "successor handle", waiting)
-            .await?
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
-        lb.resign().await;
+        let (ret, call) = handover_once(&clients, &lease, av.ttl, Duration::from_millis(20)).await?;
+        from_return.push(ret);
+        from_call.push(call);
     }
     Ok((
         Stats::of(&from_return).expect("reps > 0"),
         Stats::of(&from_call).expect("reps > 0"),
+    ))
+}
+
+/// One graceful handover on `lease`: A (on `clients[0]`) leads, B (on `clients[1]`) campaigns
+/// and, once it has seen A lead, waits `settle` more; A resigns. From `resign()` returning and
+/// from it being called to B's Elected event.
+pub(crate) async fn handover_once(
+    clients: &[Arc<dyn LeaseStore>],
+    lease: &LeaseName,
+    ttl: Duration,
+    settle: Duration,
+) -> Outcome<(Duration, Duration)> {
+    let a = elector(clients[0].clone(), lease, "a", ttl)?;
+    let b = elector(clients[1].clone(), lease, "b", ttl)?;
+    let la = campaign(&a, ttl * 5).await?;
+    let mut events = b.events();
+    let waiting = tokio::spawn(async move { b.campaign().await });
+    let _ = tokio::time::timeout(ttl, sees_holder(&mut events)).await;
+    tokio::time::sleep(settle).await;
+    let called = Instant::now();
+    la.resign().await;
+    let returned = Instant::now();
+    let at = within(ttl * 3, "successor elected", elected(&mut events))
+        .await?
+        .ok_or("the successor's events closed")?;
+    let lb = within(ttl, "successor handle", waiting)
+        .await?
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    lb.resign().await;
+    Ok((
+        at.saturating_duration_since(returned),
+        at.saturating_duration_since(called),
     ))
 }
 
