@@ -17,14 +17,30 @@
 //!   the next campaign runs a new [`Machine`], continuing from the earlier one as the `Elector`
 //!   does ([`Machine::continue_from`]); replies to the old machine are dropped;
 //! - a leader resigning, a shutdown, the leader's work stalling (with `stall_timeout`), and a
-//!   `lock_delay` in one configuration.
+//!   `lock_delay` in two configurations;
+//! - in those two, a leader's handle ending the leadership itself ([`Input::StepDown`], at most
+//!   once a run) at any moment while it leads, as `Leader::is_cancelled()` / `cancelled()` do
+//!   with [`DeposedReason::RenewFailed`] (the handle may have seen an older `valid_until` than
+//!   the machine's, and its command races the driver's own step-down timer) and
+//!   `Leader::ensure_valid` does with [`DeposedReason::TooLittleTime`].
 //!
 //! Properties: at no instant do two candidates believe they lead (each checked with
 //! [`Machine::believes_leader`] at its own local time), and every election has a term greater
-//! than every earlier one. A second test breaks the rule on purpose (drift 0 with the same clock
-//! rates) and asserts that the checker finds the double leadership; a third forgets, as the
-//! engine did before, what the earlier campaign knew, and asserts that the checker finds the
-//! stale read-back grant of the safety review's finding 1.
+//! than every earlier one. With a `lock_delay`, once a leader is deposed for want of a confirmed
+//! renewal (by the timer or its handle), the store grants no other candidate a term before that
+//! leader's last `valid_until` (turned into store time) plus `lock_delay * (1 - drift)` (the
+//! contenders count the delay on their own clocks): a release of that term would let the next
+//! candidate skip the delay. It is asserted in the prompt, pause-free configuration
+//! (`a_handle_step_down_with_a_lock_delay_is_safe`, exhaustive): there, with the handle's
+//! `RenewFailed` releasing as before commit 3c8a234, the checker finds the grant 640 ms early.
+//! With pauses or late deliveries a contender can act on a look older than a whole term and skip
+//! that term's delay whatever its leader does (the delay is the contenders' rule, not the
+//! store's), so the other configurations do not assert it.
+//!
+//! A second test breaks the rule on purpose (drift 0 with the same clock rates) and asserts that
+//! the checker finds the double leadership; a third forgets, as the engine did before, what the
+//! earlier campaign knew, and asserts that the checker finds the stale read-back grant of the
+//! safety review's finding 1.
 //!
 //! A last pair runs the machines against etcd's queue instead of one record ([`Queue`]):
 //! sessions that expire a TTL after their last keepalive (taking their candidate's key), keys
@@ -41,8 +57,8 @@ use std::time::{Duration, Instant};
 
 use leasehold_core::machine::{Input, Machine, OpId, Output, Reply, Request};
 use leasehold_core::{
-    Acquired, CandidateId, EndReason, Error, Expiry, Grant, HolderInfo, LeaseName, Notifications, Observation,
-    PerMille, Renewed, Term, Timing,
+    Acquired, CandidateId, DeposedReason, EndReason, Error, Expiry, Grant, HolderInfo, LeaseName, Notifications,
+    Observation, PerMille, Renewed, Term, Timing,
 };
 use stateright::{Checker, Model, Property};
 
@@ -122,6 +138,15 @@ struct State {
     term_went_back: bool,
     announced: bool,
     queue: Queue,
+    step_downs_left: u8,
+    /// Each leader's `valid_until`, from its `Elected` and `Extended` outputs, while it leads.
+    valid_until: [Option<Instant>; 3],
+    /// With a `lock_delay`: the latest leader deposed for want of a confirmed renewal (by its
+    /// driver's timer or by its handle's [`Input::StepDown`]), its term, and the store time (µs)
+    /// before which no other candidate may be granted (see [`Election::lock_delay_due`]).
+    delay_due: Option<(usize, u64, u64)>,
+    /// A candidate was granted before the `delay_due` of another candidate's term.
+    delay_skipped: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -142,6 +167,11 @@ enum Action {
     Shutdown(usize),
     Stall(usize),
     KeepAlive(usize),
+    /// The leader's handle ends the leadership ([`Input::StepDown`]), with a reason the handle
+    /// sends: `true` for [`DeposedReason::RenewFailed`] (`is_cancelled()` / `cancelled()` past
+    /// the step-down point of the `valid_until` the handle last saw, which may be older than the
+    /// machine's), `false` for [`DeposedReason::TooLittleTime`] (`ensure_valid`).
+    StepDown(usize, bool),
 }
 
 struct Election {
@@ -191,6 +221,8 @@ struct Election {
     /// How many keepalives of a session the candidates' processes may send on their own (a
     /// waiting candidate's change stream keeps its session alive), at any moment.
     keepalives: u8,
+    /// How many times a leader's handle may end the leadership itself ([`Action::StepDown`]).
+    step_downs: u8,
 }
 
 /// etcd's queue, as `leasehold-etcd` keeps it: each candidate has a session (an etcd lease that
@@ -229,6 +261,32 @@ fn candidate(i: usize) -> CandidateId {
 }
 
 impl Election {
+    /// The store time (µs) before which nobody but leader `i` may be granted once `i` was
+    /// deposed for want of a confirmed renewal with a `lock_delay`: its `valid_until` (on its own
+    /// clock, turned into store time) plus the delay. Nothing released the lease, so the store
+    /// keeps it until it expires, no earlier than `valid_until`; a contender that then finds it
+    /// free waits the delay on its own clock, which may run fast by up to `drift`, so the delay
+    /// counts here as `lock_delay * (1 - drift)`.
+    fn lock_delay_due(&self, i: usize, valid_until: Instant) -> Option<u64> {
+        let delay = self.timing.lock_delay?;
+        let local = valid_until.duration_since(*BASE).as_micros() as u64;
+        let store = local * 1_000 / self.rates[i];
+        let delay = delay.as_micros() as u64 * u64::from(1_000 - self.timing.drift.0) / 1_000;
+        Some(store + delay)
+    }
+
+    /// The store grants a new term to `to`: checked against the lock delay of the last leader
+    /// deposed without a confirmed renewal.
+    fn granting(&self, s: &mut State, to: usize) {
+        if let Some((deposed, term, due)) = s.delay_due
+            && deposed != to
+            && s.last_term > term
+            && s.now * 1_000 < due
+        {
+            s.delay_skipped = true;
+        }
+    }
+
     fn observation(&self, s: &State) -> Observation {
         Observation {
             lease: lease(),
@@ -288,6 +346,7 @@ impl Election {
                     return ModelReply::Acquire(Acquired::Held(self.observation(s)));
                 }
                 s.last_term += 1;
+                self.granting(s, from);
                 let term = s.last_term;
                 let record = Record {
                     holder: from,
@@ -517,14 +576,24 @@ impl Election {
                     id,
                     request,
                 }),
-                Output::Elected { grant, .. } => {
+                Output::Elected { grant, valid_until } => {
                     if grant.term.0 <= s.max_elected_term {
                         s.term_went_back = true;
                     }
                     s.max_elected_term = s.max_elected_term.max(grant.term.0);
+                    s.valid_until[i] = Some(valid_until);
                 }
+                Output::Extended { valid_until } => s.valid_until[i] = Some(valid_until),
                 // The modelled work stops as soon as it is cancelled.
-                Output::Deposed { .. } => follow_up.push(Input::WorkStopped),
+                Output::Deposed { term, reason, .. } => {
+                    let valid_until = s.valid_until[i].take().expect("a leader's valid_until");
+                    if matches!(reason, DeposedReason::RenewFailed { .. })
+                        && let Some(due) = self.lock_delay_due(i, valid_until)
+                    {
+                        s.delay_due = Some((i, term.0, due));
+                    }
+                    follow_up.push(Input::WorkStopped);
+                }
                 _ => {}
             }
         }
@@ -614,6 +683,10 @@ impl Model for Election {
                 keepalives_left: self.keepalives,
                 ..Queue::default()
             },
+            step_downs_left: self.step_downs,
+            valid_until: [None; 3],
+            delay_due: None,
+            delay_skipped: false,
         }]
     }
 
@@ -643,6 +716,10 @@ impl Model for Election {
             }
             if s.stalls_left > 0 && !s.stalled[i] && m.believes_leader(now) {
                 actions.push(Action::Stall(i));
+            }
+            if s.step_downs_left > 0 && m.believes_leader(now) {
+                actions.push(Action::StepDown(i, true));
+                actions.push(Action::StepDown(i, false));
             }
             if s.queue.keepalives_left > 0 && s.queue.sessions[i].is_some() {
                 actions.push(Action::KeepAlive(i));
@@ -758,6 +835,20 @@ impl Model for Election {
                 s.stalls_left -= 1;
                 s.stalled[i] = true;
             }
+            Action::StepDown(i, renew_failed) => {
+                s.step_downs_left -= 1;
+                let reason = if renew_failed {
+                    DeposedReason::RenewFailed {
+                        last_error: Some("no renewal confirmed by the step-down point".into()),
+                    }
+                } else {
+                    DeposedReason::TooLittleTime {
+                        remaining: Duration::ZERO,
+                        required: self.timing.step_down_margin,
+                    }
+                };
+                self.feed(&mut s, i, Input::StepDown(reason));
+            }
             Action::KeepAlive(i) => {
                 s.queue.keepalives_left -= 1;
                 self.expire_sessions(&mut s);
@@ -811,6 +902,17 @@ impl Model for Election {
             Property::sometimes("a candidate is granted on its predecessor's release", |_, s: &State| {
                 s.queue.on_release
             }),
+            Property::always(
+                "no grant inside the lock delay of a leader deposed without a confirmed renewal",
+                |_, s: &State| !s.delay_skipped,
+            ),
+            Property::sometimes("a leader's handle steps it down", |m: &Election, s: &State| {
+                s.step_downs_left < m.step_downs
+            }),
+            Property::sometimes(
+                "a leader is deposed without a confirmed renewal, with a lock delay",
+                |_, s: &State| s.delay_due.is_some(),
+            ),
         ]
     }
 
@@ -836,8 +938,13 @@ fn check(model: Election, max_states: usize) -> (usize, Vec<&'static str>) {
         .timeout(Duration::from_secs(120));
     let checker = builder.spawn_dfs().join();
     let found: Vec<&'static str> = checker.discoveries().into_keys().collect();
-    if let Some(path) = checker.discovery("at most one candidate believes it leads") {
-        eprintln!("counterexample: {:?}", path.into_actions());
+    for property in [
+        "at most one candidate believes it leads",
+        "no grant inside the lock delay of a leader deposed without a confirmed renewal",
+    ] {
+        if let Some(path) = checker.discovery(property) {
+            eprintln!("counterexample ({property}): {:?}", path.into_actions());
+        }
     }
     (checker.unique_state_count(), found)
 }
@@ -865,6 +972,7 @@ fn model(expiry: Expiry, drift: u32) -> Election {
         announce: false,
         queue: None,
         keepalives: 0,
+        step_downs: 0,
     }
 }
 
@@ -1032,6 +1140,7 @@ fn shutdown_stall_and_lock_delay_are_safe() {
         shutdowns: 1,
         stalls: 1,
         restarts: 1,
+        step_downs: 1,
         ..model(Expiry::ServerClock, 200)
     };
     let (states, found) = check(model, 3_000_000);
@@ -1040,6 +1149,7 @@ fn shutdown_stall_and_lock_delay_are_safe() {
     assert!(!found.contains(&"at most one candidate believes it leads"));
     assert!(!found.contains(&"terms strictly increase"));
     assert!(found.contains(&"leadership changes hands"));
+    assert!(found.contains(&"a leader's handle steps it down"));
 }
 
 /// The store announces every grant and renewal; followers take announced versions as sightings
@@ -1131,4 +1241,42 @@ fn a_grant_on_release_believed_from_the_last_keepalive_is_safe() {
     assert!(!found.contains(&"terms strictly increase"));
     assert!(found.contains(&"leadership changes hands"));
     assert!(found.contains(&"a candidate is granted on its predecessor's release"));
+}
+
+/// With a `lock_delay`, a leader's handle ends the leadership itself ([`Action::StepDown`]) at
+/// any moment, with either reason it sends, racing the driver's own step-down timer; a message
+/// may be lost. Messages are delivered promptly and no process pauses: with a pause or a late
+/// delivery, a contender can act on a look at the lease older than a whole term (free, released)
+/// and skip that term's delay whatever its leader did, since the delay is the contenders' own
+/// rule and the store does not check it (the checker finds that in this model with a pause).
+fn handle_step_down_model() -> Election {
+    let timing = Timing {
+        lock_delay: Some(Duration::from_millis(300)),
+        ..timing(200)
+    };
+    Election {
+        timing,
+        horizon_ms: 3_000,
+        candidates: 2,
+        resigns: 0,
+        pauses: 0,
+        prompt: true,
+        step_downs: 1,
+        ..model(Expiry::ServerClock, 200)
+    }
+}
+
+#[test]
+fn a_handle_step_down_with_a_lock_delay_is_safe() {
+    let (states, found) = check(handle_step_down_model(), 4_000_000);
+    println!("handle step-down, lock delay: {states} unique states explored; discoveries: {found:?}");
+    assert!(!found.contains(&"at most one candidate believes it leads"));
+    assert!(!found.contains(&"terms strictly increase"));
+    assert!(
+        !found.contains(&"no grant inside the lock delay of a leader deposed without a confirmed renewal"),
+        "lock delay skipped"
+    );
+    assert!(found.contains(&"leadership changes hands"));
+    assert!(found.contains(&"a leader's handle steps it down"));
+    assert!(found.contains(&"a leader is deposed without a confirmed renewal, with a lock delay"));
 }
