@@ -94,3 +94,78 @@ async fn resign_returns_when_the_driver_has_already_ended() {
         .await
         .expect("resign returned");
 }
+
+/// A resign on one clone of the handle while another clone is alive ends the leadership at once
+/// but releases only when the last clone goes: the other clone's work may still run, and the
+/// next candidate must not be elected under it.
+#[tokio::test(start_paused = true)]
+async fn a_resign_while_another_clone_is_alive_releases_when_the_last_goes() {
+    let store = MemoryStore::new();
+    let a = elector(&store, "a");
+    let mut events = a.events();
+    let leader = a.campaign().await.expect("elected");
+    let clone = leader.clone();
+    timeout(PATIENCE, leader.resign())
+        .await
+        .expect("a resign with another clone alive returns");
+    timeout(PATIENCE, clone.cancelled())
+        .await
+        .expect("the other clone's work is cancelled");
+    tokio::time::sleep(TTL / 4).await;
+    assert!(clone.ensure_valid(Duration::ZERO).is_err(), "no longer leader");
+    assert_eq!(
+        holder(&store).await.as_deref(),
+        Some("a"),
+        "released while a clone's work may still run"
+    );
+    drop(clone);
+    assert_eq!(deposed(&mut events).await, DeposedReason::Resigned);
+    assert_eq!(holder(&store).await, None, "released once the last clone went");
+}
+
+/// A resign on the last clone (the others dropped) releases at once, as with a single handle.
+#[tokio::test(start_paused = true)]
+async fn a_resign_on_the_last_clone_releases_at_once() {
+    let store = MemoryStore::new();
+    let a = elector(&store, "a");
+    let leader = a.campaign().await.expect("elected");
+    drop(leader.clone());
+    timeout(Duration::from_secs(1), leader.resign())
+        .await
+        .expect("resign returned");
+    assert_eq!(holder(&store).await, None, "released");
+}
+
+/// The same for a hand-over: with another clone alive, the lease is handed over only once the
+/// last clone goes.
+#[tokio::test(start_paused = true)]
+async fn a_hand_over_while_another_clone_is_alive_waits_for_the_last() {
+    let store = MemoryStore::new();
+    let a = elector(&store, "a");
+    let mut events = a.events();
+    let leader = a.campaign().await.expect("elected");
+    let clone = leader.clone();
+    let to = "b".parse().expect("valid");
+    timeout(PATIENCE, leader.hand_over(&to))
+        .await
+        .expect("a hand-over with another clone alive returns");
+    timeout(PATIENCE, clone.cancelled())
+        .await
+        .expect("the other clone's work is cancelled");
+    tokio::time::sleep(TTL / 4).await;
+    let lease = LeaseName::new("jobs").expect("valid");
+    let observation = store.inspect(&lease).await.expect("inspect");
+    let h = observation.holder.expect("still held");
+    assert!(
+        h.id.as_str() == "a" && !h.reserved,
+        "handed over while a clone's work may still run: {h:?}"
+    );
+    drop(clone);
+    assert_eq!(deposed(&mut events).await, DeposedReason::HandedOver { to: to.clone() });
+    let observation = store.inspect(&lease).await.expect("inspect");
+    let h = observation.holder.expect("reserved");
+    assert!(
+        h.id == to && h.reserved,
+        "reserved for b once the last clone went: {h:?}"
+    );
+}

@@ -5,7 +5,15 @@ use super::*;
 
 /// The handle of a leader: its fencing term, its deadline, and its duties.
 ///
-/// Clones share one leadership. Dropping every clone (or [`Leader::resign`]) releases the lease.
+/// Clones share one leadership, and the work is the work of all of them: it has stopped once
+/// every clone is gone. Dropping every clone, or [`Leader::resign`] on the last one, releases the
+/// lease. A resign (or [`Leader::hand_over`]) while other clones are alive ends the leadership at
+/// once (every clone's [`Leader::cancelled`] fires, and [`Leader::ensure_valid`] fails once the
+/// driver has taken the step-down) but releases (or hands over) only once the last of them is
+/// dropped: their work may still be running, and the next candidate must not be elected under
+/// it. Should a clone still be alive at `valid_until`, the work counts as aborted (the task of
+/// [`Elector::run`] is aborted; clones held elsewhere are not stopped) and the lease is left to
+/// expire.
 #[derive(Clone, Debug)]
 pub struct Leader {
     pub(super) shared: Arc<Shared>,
@@ -301,11 +309,29 @@ impl Leader {
 
     /// Gives up leadership now: the work must have stopped. Releases the lease so the next
     /// candidate can take over at once, and returns when the release is done (or failed).
+    ///
+    /// Called on one clone while other clones are alive, it ends the leadership (the other
+    /// clones' work is cancelled) and returns at once; the lease is released once the last of
+    /// them is dropped, since until then their work may still run.
     pub async fn resign(self) {
+        if !self.is_last_clone() {
+            self.shared.step_down(DeposedReason::Resigned);
+            // Dropping this clone here: should the others have gone meanwhile, this was the last,
+            // and its drop tells the driver that the work has stopped.
+            return;
+        }
         let (ack, done) = oneshot::channel();
         if self.shared.commands.send(Command::Resign(ack)).is_ok() {
             let _ = done.await;
         }
+    }
+
+    /// Whether no other clone of this handle is alive (so its work is the only one left, and has
+    /// stopped when this clone's owner says so). Exact when true: no other clone exists to be
+    /// cloned from. When false, the others may be going at this moment; the drop of the last
+    /// one then signals the end of the work.
+    fn is_last_clone(&self) -> bool {
+        Arc::strong_count(&self._alive) == 1
     }
 
     /// Gives up leadership to the candidate `to` (a planned handover: a rolling deploy, moving
@@ -314,6 +340,9 @@ impl Leader {
     /// higher term and nobody else can; if `to` does not take it, the lease opens to everyone
     /// once its TTL has passed. Where the store cannot reserve, the lease is released to
     /// everyone. Returns when the handover is done (or failed).
+    ///
+    /// Called on one clone while other clones are alive, it ends the leadership and returns at
+    /// once; the lease is handed over once the last of them is dropped (see [`Leader`]).
     ///
     /// ```
     /// use std::{sync::Arc, time::Duration};
@@ -333,6 +362,16 @@ impl Leader {
     /// # Ok(()) }
     /// ```
     pub async fn hand_over(self, to: &CandidateId) {
+        if !self.is_last_clone() {
+            // The hand-over watcher's form: step down now, hand over once the work has stopped
+            // (the last clone dropped).
+            let _ = self.shared.commands.send(Command::HandOver {
+                to: to.clone(),
+                ack: None,
+            });
+            self.shared.token.cancel();
+            return;
+        }
         let (ack, done) = oneshot::channel();
         let command = Command::HandOver {
             to: to.clone(),
