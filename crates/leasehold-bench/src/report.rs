@@ -401,7 +401,9 @@ pub(crate) fn render(
              campaign/resign, each candidate with an etcd lease of its own on a client of its own): A \
              campaigns and wins, B's campaign waits on the server for 500 ms, A resigns; timed to B's \
              `campaign` returning. Its samples are interleaved, in one loop, with the library's graceful \
-             handover on the same etcd (TTL 2 s, B settled 500 ms after it has seen A lead), twice the \
+             handover on the same etcd (TTL 10 s, as `Election`'s leases: at 2 s a renewal or keepalive round \
+             under way when A resigns delays the handover by its round trip, which `Election`'s leases, never \
+             kept alive here, do not have; B settled 500 ms after it has seen A lead), twice the \
              graceful handover's repetitions each. The CLI: two `leasehold run --store {{etcd}} --lease L --ttl 2s -- sh -c \
              'echo up NAME; exec sleep 1000'` processes (release build), SIGTERM to the leader's leasehold \
              (it stops its command, releases and exits), timed to the successor's command's first line, \
