@@ -31,12 +31,11 @@ pub(crate) struct EtcdctlReport {
     /// around it by a shell wrapper (no containment), timed the same way.
     pub(crate) wrapped: Outcome<Stats>,
     /// What `leasehold run` does and `etcdctl elect` does not, measured alone: stopping the
-    /// leader's command (SIGTERM to its exit being reaped) and starting the successor's (spawn to
-    /// its first line). See [`command_costs`].
+    /// leader's command and starting the successor's. See [`command_costs`].
     pub(crate) command: Outcome<CommandCosts>,
 }
 
-/// p50s of stopping and of starting the benchmark's command, each measured alone.
+/// Stopping and starting the benchmark's command, each measured alone ([`command_costs`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct CommandCosts {
     pub(crate) stop: Stats,

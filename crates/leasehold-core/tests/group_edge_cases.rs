@@ -96,6 +96,40 @@ async fn wait_for(what: &str, bound: Duration, mut done: impl FnMut() -> bool) -
     }
 }
 
+/// Members a and b of an 8-shard group, balanced 4/4; then b leaves gracefully (with
+/// `slow_stop`, one of its tasks takes that long to stop). Returns how long after b began to
+/// leave a ran at least `taken` shards; then waits for b's end and for a to run all 8, and checks
+/// that no shard ran twice at once.
+async fn leave(slow_stop: Option<Duration>, taken: usize) -> Duration {
+    let store = Arc::new(MemoryStore::new());
+    let running = Arc::new(Running::default());
+    let build = |id: &str| {
+        LeaseGroup::builder(store.clone(), "leave", 8)
+            .member_id(id)
+            .ttl(TTL)
+            .build()
+            .unwrap()
+    };
+    let a = spawn_member(build("a"), &running, None);
+    let b = spawn_member(build("b"), &running, slow_stop);
+    wait_for("balanced 4/4", TTL * 10, || {
+        running.count("a") == 4 && running.count("b") == 4
+    })
+    .await;
+    b.stop.cancel();
+    let took = wait_for(&format!("a runs {taken} shards"), TTL * 10, || {
+        running.count("a") >= taken
+    })
+    .await;
+    println!("a ran {taken} shards {took:?} after b began to leave");
+    b.handle.await.unwrap().unwrap();
+    wait_for("a owns all 8", TTL * 10, || running.count("a") == 8).await;
+    a.stop.cancel();
+    a.handle.await.unwrap().unwrap();
+    assert_eq!(running.overlaps.load(Ordering::SeqCst), 0, "a shard ran twice at once");
+    took
+}
+
 /// Review s12 finding 1 (liveness). Before its fix a graceful leave released the shards whose
 /// tasks stopped at once but kept its member lease until its slowest task had returned
 /// (`run_until`: `stop_all`, then `member.resign()`). Meanwhile every other member still counted
@@ -104,68 +138,23 @@ async fn wait_for(what: &str, bound: Duration, mut done: impl FnMut() -> bool) -
 /// Now the member lease goes first; no shard runs twice.
 #[tokio::test(start_paused = true)]
 async fn a_leavers_released_shards_are_taken_within_a_round_even_while_one_of_its_tasks_stops_slowly() {
-    let store = Arc::new(MemoryStore::new());
-    let running = Arc::new(Running::default());
-    let build = |id: &str| {
-        LeaseGroup::builder(store.clone(), "leave", 8)
-            .member_id(id)
-            .ttl(TTL)
-            .build()
-            .unwrap()
-    };
-    let a = spawn_member(build("a"), &running, None);
-    // One of b's tasks takes 1.5 s to stop (well within its lease: TTL 2 s).
-    let b = spawn_member(build("b"), &running, Some(Duration::from_millis(1500)));
-    wait_for("balanced 4/4", TTL * 10, || {
-        running.count("a") == 4 && running.count("b") == 4
-    })
-    .await;
-
-    b.stop.cancel();
-    // b's three fast shards are free at once; a should own them at its next round.
-    let took = wait_for("a owns b's three released shards", TTL * 10, || running.count("a") >= 7).await;
-    println!("a owned b's released shards {took:?} after b began to leave");
+    // One of b's tasks takes 1.5 s to stop (well within its lease: TTL 2 s); its three fast
+    // shards are free at once, and a should own them at its next round.
+    let took = leave(Some(Duration::from_millis(1500)), 7).await;
     let rebalance_every = TTL / 4;
     assert!(
         took <= rebalance_every + Duration::from_millis(100),
         "b's released shards stayed unowned for {took:?} (rebalance_every {rebalance_every:?}): \
          a planned them for b, still a member while its slow task stopped"
     );
-    b.handle.await.unwrap().unwrap();
-    wait_for("a owns all 8", TTL * 10, || running.count("a") == 8).await;
-    a.stop.cancel();
-    a.handle.await.unwrap().unwrap();
-    assert_eq!(running.overlaps.load(Ordering::SeqCst), 0, "a shard ran twice at once");
 }
 
 /// Control for finding 1 (passes): when every task of the leaver stops at once, its member
 /// lease goes right after its shards and the other member owns them within a round.
 #[tokio::test(start_paused = true)]
 async fn control_a_leave_whose_tasks_stop_at_once_is_taken_within_a_round() {
-    let store = Arc::new(MemoryStore::new());
-    let running = Arc::new(Running::default());
-    let build = |id: &str| {
-        LeaseGroup::builder(store.clone(), "leave", 8)
-            .member_id(id)
-            .ttl(TTL)
-            .build()
-            .unwrap()
-    };
-    let a = spawn_member(build("a"), &running, None);
-    let b = spawn_member(build("b"), &running, None);
-    wait_for("balanced 4/4", TTL * 10, || {
-        running.count("a") == 4 && running.count("b") == 4
-    })
-    .await;
-    b.stop.cancel();
-    let took = wait_for("a owns all 8", TTL * 10, || running.count("a") == 8).await;
-    println!("a owned all 8 {took:?} after b began to leave");
+    let took = leave(None, 8).await;
     assert!(took <= TTL / 4 + Duration::from_millis(100), "{took:?}");
-    b.handle.await.unwrap().unwrap();
-    wait_for("a owns all 8", TTL * 10, || running.count("a") == 8).await;
-    a.stop.cancel();
-    a.handle.await.unwrap().unwrap();
-    assert_eq!(running.overlaps.load(Ordering::SeqCst), 0, "a shard ran twice at once");
 }
 
 /// Review s12 finding 2 (quality). Before its fix `LeaseGroupBuilder::electors` settings were
