@@ -212,3 +212,74 @@ async fn run_until_returns_once_a_late_acquire_is_settled_and_released() {
     let obs = store.inner.inspect(&lease).await.unwrap();
     assert_eq!(obs.holder, None, "the late grant is released before run_until returns");
 }
+
+/// A memory store whose first acquire panics as soon as it is called (in its future's first
+/// poll, before any await).
+#[derive(Debug, Default)]
+struct PanicsFirst {
+    inner: MemoryStore,
+    acquires: Mutex<usize>,
+}
+
+#[async_trait]
+impl LeaseStore for PanicsFirst {
+    fn name(&self) -> &'static str {
+        "panics-first"
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
+        let first = {
+            let mut acquires = self.acquires.lock().unwrap();
+            *acquires += 1;
+            *acquires == 1
+        };
+        assert!(!first, "the first acquire panics");
+        self.inner.acquire(request).await
+    }
+    async fn renew(&self, grant: &Grant) -> Result<Renewed> {
+        self.inner.renew(grant).await
+    }
+    async fn release(&self, grant: &Grant) -> Result<()> {
+        self.inner.release(grant).await
+    }
+    async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
+        self.inner.withdraw(lease, candidate).await
+    }
+    async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
+        self.inner.inspect(lease).await
+    }
+    async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
+        self.inner.history(lease, limit).await
+    }
+}
+
+/// The driver polls each call once itself (a call answered at once needs no task of its own): a
+/// store that panics there fails that call with a transient error, as a panic in the call's own
+/// task does, and the campaign goes on; the panic does not end the driver.
+#[tokio::test(start_paused = true)]
+async fn a_store_call_that_panics_at_once_fails_only_that_call() {
+    let store = Arc::new(PanicsFirst::default());
+    let elector = Elector::builder(store.clone(), "jobs")
+        .candidate_id("a")
+        .ttl(TTL)
+        .request_timeout(REQUEST_TIMEOUT)
+        .build()
+        .unwrap();
+    let mut events = elector.events();
+    let leader = tokio::time::timeout(TTL, elector.campaign())
+        .await
+        .expect("elected within a TTL")
+        .expect("campaign");
+    assert!(*store.acquires.lock().unwrap() >= 2, "asked again after the panic");
+    let trouble = std::iter::from_fn(|| events.try_recv().ok()).find_map(|e| match e {
+        leasehold_core::Event::StoreTrouble { error } => Some(error.to_string()),
+        _ => None,
+    });
+    assert!(
+        trouble.as_deref().is_some_and(|e| e.contains("panicked")),
+        "the panic is reported as the call's trouble: {trouble:?}"
+    );
+    leader.resign().await;
+}
