@@ -4,7 +4,10 @@
 //! predecessor (the key with the greatest `create_revision` below its own) going away. Watching
 //! only that key makes a release wake one candidate, not all of them (no thundering herd). When
 //! the predecessor goes, the stream looks again: if another key is still ahead, it watches that
-//! one silently; if none is, it yields and the engine asks for the lease.
+//! one silently; if none is, it yields and the engine asks for the lease. The same watch stream
+//! also watches the lease's `granted` key, for the release marker naming the predecessor (see
+//! `EtcdStore::grant_on_release`): it comes with the deletion, so the successor is granted
+//! without a request. Other puts there (a grant per transition) are read and skipped.
 //!
 //! A handed-over lease goes to its named successor, wherever it waits: so the stream also
 //! watches the lease's reservation key, and yields when a reservation naming its candidate is
@@ -24,7 +27,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{EventType, GetOptions, SortOrder, SortTarget, WatchFilterType, WatchOptions, WatchStream};
+use etcd_client::{
+    EventType, GetOptions, SortOrder, SortTarget, WatchFilterType, WatchOptions, WatchResponse, WatchStream,
+};
+use futures::FutureExt;
 use leasehold_core::{CandidateId, Changes, Result};
 use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
@@ -222,13 +228,28 @@ impl Waiter {
                                 .filter(|e| e.event_type() == EventType::Delete)
                                 .map(|e| e.kv().map_or(0, etcd_client::KeyValue::mod_revision))
                                 .max();
-                            if resp.canceled() || gone.is_some() {
-                                // Gone (or the watch was cancelled, e.g. compacted): look again.
-                                self.watch = None;
+                            let mut marker = waiting.and_then(|p| self.marker_in(p, &resp));
+                            if gone.is_some() && marker.is_none() {
+                                // The marker's event usually follows at once (etcd sends a
+                                // revision's events of one stream's watches back to back): those
+                                // already received are read without waiting.
+                                let stream = &mut self.watch.as_mut().expect("guarded").0;
+                                let mut more = Vec::new();
+                                while let Some(Ok(Some(next))) = stream.message().now_or_never() {
+                                    more.push(next);
+                                }
+                                marker = waiting.and_then(|p| more.iter().find_map(|r| self.marker_in(p, r)));
                             }
-                            if let Some(revision) = gone {
+                            // Gone (or the watch was cancelled, e.g. compacted): look again. The
+                            // stream is handed to the decision, for a marker still to come.
+                            let stream = if resp.canceled() || gone.is_some() || marker.is_some() {
+                                self.watch.take().map(|w| w.0)
+                            } else {
+                                None
+                            };
+                            if let Some(revision) = gone.or(marker) {
                                 if let Some(p) = waiting {
-                                    self.decide(p, revision);
+                                    self.decide(p, revision, marker.is_some(), stream);
                                 }
                                 // The predecessor left: usually the holder, so we are first. Say so
                                 // at once rather than after a look-up (one round trip less between
@@ -265,6 +286,13 @@ impl Waiter {
         }
     }
 
+    /// The revision of the release marker naming the predecessor watched at `p`, if `resp` (a
+    /// message of the predecessor's watch stream, which also watches `granted`) has it.
+    fn marker_in(&self, p: Position, resp: &WatchResponse) -> Option<i64> {
+        let predecessor = self.inner.predecessor(&self.keys.candidate(&self.candidate), p)?;
+        marker_naming(resp, predecessor)
+    }
+
     /// Whether the latest release marker names the predecessor this candidate watched at `p`.
     fn marker_for(&self, p: Position) -> bool {
         let own = self.keys.candidate(&self.candidate);
@@ -277,17 +305,22 @@ impl Waiter {
     /// while first, whose marker the release wrote to the lease's `granted` key at the same
     /// revision, so that the engine's acquire is granted without a request (see
     /// `EtcdStore::grant_on_release`). Decided from facts, never from a timer: the marker seen on
-    /// the store's announcement watch (it may come before or after the deletion: the other watch
-    /// of the connection), or etcd's `granted` key at `revision` (one serializable read of that
-    /// revision's history, which no later write changes), whichever answers first. Anything
+    /// the predecessor's own watch stream (`marker_seen`: it also watches `granted`, and etcd
+    /// sends a revision's events of one stream back to back, so the marker usually comes with the
+    /// deletion), or on the store's announcement watch (another stream: it may come before or
+    /// after the deletion, measured up to 0.3 ms later here), or etcd's `granted` key at
+    /// `revision` (one serializable read of that revision's history, which no later write
+    /// changes), whichever answers first. Anything
     /// else (no marker there, the read failed, timed out or the revision was compacted): the key
     /// went otherwise (expired, withdrawn, handed over, broken) or we cannot tell, and the engine
     /// takes the ordinary path, which is always safe.
     ///
-    /// The read is made in a task of its own: the stream wakes the engine at once and goes on
+    /// The predecessor's watch stream (`stream`, if the marker was not among the messages already
+    /// received with the deletion) is read on for the marker, and the read is made, in a task of
+    /// its own: the stream wakes the engine at once and goes on
     /// serving its keepalives and watches; the engine's acquire waits for the decision (as it
     /// would for the answer of a request of its own).
-    fn decide(&mut self, p: Position, revision: i64) {
+    fn decide(&mut self, p: Position, revision: i64, marker_seen: bool, stream: Option<WatchStream>) {
         let own = self.keys.candidate(&self.candidate);
         let Some(predecessor) = self.inner.predecessor(&own, p) else {
             return;
@@ -298,7 +331,7 @@ impl Waiter {
             self.released = crate::announce::released(&self.inner, &self.keys.lease);
         }
         let names_predecessor = move |m: &Option<i64>| *m == Some(predecessor);
-        let seen = self.released.as_ref().is_some_and(|r| names_predecessor(&r.borrow()));
+        let seen = marker_seen || self.released.as_ref().is_some_and(|r| names_predecessor(&r.borrow()));
         let (decided, decision) = watch::channel(seen.then_some(true));
         if !self.inner.note_deletion(&own, p, predecessor, decision.clone()) {
             return;
@@ -315,15 +348,25 @@ impl Waiter {
         // of this stream.
         let limit = inner.config.timeout.min(third_of(p.ttl_secs));
         tokio::spawn(async move {
-            let marker = async {
+            let announced = async {
                 let seen = match released.as_mut() {
                     Some(r) => r.wait_for(names_predecessor).await.is_ok(),
                     None => false,
                 };
                 if !seen {
-                    // No announcement watch (or it ended): the read decides.
+                    // No announcement watch (or it ended): the others decide.
                     std::future::pending::<()>().await;
                 }
+            };
+            let on_stream = async {
+                if let Some(mut stream) = stream {
+                    while let Ok(Some(resp)) = stream.message().await {
+                        if marker_naming(&resp, predecessor).is_some() {
+                            return;
+                        }
+                    }
+                }
+                std::future::pending::<()>().await;
             };
             let mut client = inner.client();
             let options = GetOptions::new().with_revision(revision).with_serializable();
@@ -335,7 +378,8 @@ impl Waiter {
                     .await
             });
             let released = tokio::select! {
-                () = marker => true,
+                () = announced => true,
+                () = on_stream => true,
                 read = read => match read {
                     Ok(resp) => resp.kvs().first().is_some_and(|kv| {
                         kv.mod_revision() == revision && crate::record::parse_released(kv.value()) == Some(predecessor)
@@ -433,10 +477,21 @@ impl Waiter {
         let options = WatchOptions::new()
             .with_start_revision(revision + 1)
             .with_filters([WatchFilterType::NoPut]);
+        // The release marker on the same stream (see `Waiter::decide`), from the same revision:
+        // etcd sends the events of one revision to one stream's watches back to back, so a
+        // release's marker comes with its deletion, not later on another watch.
+        let marker = WatchOptions::new()
+            .with_start_revision(revision + 1)
+            .with_filters([WatchFilterType::NoDelete]);
+        let granted = self.keys.granted();
         let mut client = self.inner.client();
         let watch = within(limit, "changes (watch)", async {
             self.inner
-                .call("changes (watch)", async move { client.watch(key, Some(options)).await })
+                .call("changes (watch)", async move {
+                    let mut watch = client.watch(key, Some(options)).await?;
+                    watch.watch(granted, Some(marker)).await?;
+                    Ok(watch)
+                })
                 .await
         })
         .await?;
@@ -456,6 +511,17 @@ impl Waiter {
             Err(_) => None,
         }
     }
+}
+
+/// The revision of the release marker naming `predecessor` in a message of a watch on
+/// `granted`, if it has one.
+fn marker_naming(resp: &WatchResponse, predecessor: i64) -> Option<i64> {
+    resp.events()
+        .iter()
+        .filter(|e| e.event_type() == EventType::Put)
+        .filter_map(etcd_client::Event::kv)
+        .find(|kv| crate::record::parse_released(kv.value()) == Some(predecessor))
+        .map(etcd_client::KeyValue::mod_revision)
 }
 
 async fn within<T>(
