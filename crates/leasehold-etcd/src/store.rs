@@ -295,23 +295,21 @@ impl EtcdStore {
                 ..position
             }),
         );
-        let txn = Txn::new()
-            .when([
-                Compare::create_revision(own.to_string(), CompareOp::Equal, rev),
-                Compare::create_revision(keys.started(rev), CompareOp::Equal, 0),
-            ])
-            .and_then([
-                TxnOp::put(keys.started(rev), started_value(&request.candidate), None),
-                TxnOp::put(
-                    keys.granted(),
-                    granted_value(rev, request.ttl, &request.candidate),
-                    None,
-                ),
-            ]);
         let inner = inner.clone();
         let own = own.to_string();
-        let ttl = request.ttl;
+        let (keys, candidate, ttl) = (keys.clone(), request.candidate.clone(), request.ttl);
         tokio::spawn(async move {
+            // Made here, not before the grant is returned: the grant's way to the engine is
+            // the handover's critical path.
+            let txn = Txn::new()
+                .when([
+                    Compare::create_revision(own.clone(), CompareOp::Equal, rev),
+                    Compare::create_revision(keys.started(rev), CompareOp::Equal, 0),
+                ])
+                .and_then([
+                    TxnOp::put(keys.started(rev), started_value(&candidate), None),
+                    TxnOp::put(keys.granted(), granted_value(rev, ttl, &candidate), None),
+                ]);
             // Sent after what the grant sets off in this process: the engine's `Elected`, the
             // leader's task starting (`leasehold run` execs its pre-started command there). On a
             // one-thread runtime this task would otherwise run first, and its request (and etcd
