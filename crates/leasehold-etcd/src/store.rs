@@ -97,6 +97,16 @@ pub struct EtcdStore {
 /// A waiting candidate key's predecessor (see `Inner::behind`).
 type Behind = (Position, i64, Option<Decision>);
 
+/// Where one candidate key of this process stands (see `Inner::positions`).
+struct Place {
+    /// Its place, as the store's last answer for it saw it; read by its change stream.
+    position: watch::Sender<Option<Position>>,
+    /// The greatest create_revision of the key this store has begun to delete (a release,
+    /// hand-over, withdrawal or a requeue's clear): a place at or below it is never published
+    /// again (see [`Inner::retire`]).
+    retired: i64,
+}
+
 pub(crate) struct Inner {
     pub(crate) config: EtcdConfig,
     /// The endpoints as errors name them: `h1:2379,h2:2379`.
@@ -107,7 +117,7 @@ pub(crate) struct Inner {
     /// The current session id per TTL, readable without waiting for a keepalive in flight.
     pub(crate) current: Mutex<HashMap<i64, i64>>,
     /// Where each candidate key of this process stands, for its change stream.
-    positions: Mutex<HashMap<String, watch::Sender<Option<Position>>>>,
+    positions: Mutex<HashMap<String, Place>>,
     /// etcd leases granted for one grant each (see `EtcdStore::grant_in_one_shot`).
     pub(crate) private: Mutex<HashSet<i64>>,
     /// One watch per followed lease, shared by its followers in this store (see `announce`).
@@ -500,6 +510,7 @@ impl EtcdStore {
     /// by a new one.
     async fn enqueue(&self, keys: &Keys, own: &str, request: &AcquireRequest) -> Result<Queued> {
         let inner = &self.inner;
+        let retired_before = inner.retired(own);
         let ttl_secs = session_ttl_secs(request.ttl);
         let mut session = inner.session(ttl_secs).await?;
         let queue = |session: i64| {
@@ -544,6 +555,7 @@ impl EtcdStore {
             rev,
             lease,
             private,
+            retired: rev <= retired_before,
         })
     }
 
@@ -646,24 +658,55 @@ impl Inner {
         }
     }
 
-    fn position(&self, own: &str) -> watch::Sender<Option<Position>> {
+    fn place<T>(&self, own: &str, f: impl FnOnce(&mut Place) -> T) -> T {
         let mut positions = self.positions.lock().expect("positions lock");
-        positions
-            .entry(own.to_string())
-            .or_insert_with(|| watch::channel(None).0)
-            .clone()
+        let place = positions.entry(own.to_string()).or_insert_with(|| Place {
+            position: watch::channel(None).0,
+            retired: 0,
+        });
+        f(place)
     }
 
-    /// Tells the candidate's change stream where its key stands.
+    fn position(&self, own: &str) -> watch::Sender<Option<Position>> {
+        self.place(own, |place| place.position.clone())
+    }
+
+    /// Tells the candidate's change stream where its key stands. A place the store has begun
+    /// to delete is published as none (see [`Inner::retire`]).
     fn publish(&self, own: &str, position: Option<Position>) {
-        if position.is_none_or(|p| p.granted) {
-            self.behind.lock().expect("behind lock").remove(own);
-        }
-        self.position(own).send_if_modified(|p| {
-            let changed = *p != position;
-            *p = position;
-            changed
+        self.place(own, |place| {
+            let position = position.filter(|p| p.rev > place.retired);
+            if position.is_none_or(|p| p.granted) {
+                self.behind.lock().expect("behind lock").remove(own);
+            }
+            place.position.send_if_modified(|p| {
+                let changed = *p != position;
+                *p = position;
+                changed
+            });
         });
+    }
+
+    /// The key `own` created at `rev` is about to be deleted by this store: its place is no
+    /// longer published, from now on. An operation still under way that read the key before
+    /// (a late acquire, a renewal) would otherwise publish it again once the deletion is
+    /// done, and its change stream would wait in a place that no longer exists: on that
+    /// place's predecessor's release it would be granted on release (no request) a deleted
+    /// key's term, beside the candidate truly next (two leaders; review test
+    /// `review_release.rs`). A key of this store found at or below it is stale (`enqueue`).
+    fn retire(&self, own: &str, rev: i64) {
+        self.place(own, |place| {
+            place.retired = place.retired.max(rev);
+            if place.position.borrow().is_some_and(|p| p.rev <= rev) {
+                self.behind.lock().expect("behind lock").remove(own);
+                place.position.send_replace(None);
+            }
+        });
+    }
+
+    /// The greatest create_revision of `own` this store has begun to delete (0: none).
+    fn retired(&self, own: &str) -> i64 {
+        self.place(own, |place| place.retired)
     }
 
     pub(crate) async fn snapshot(&self, keys: &Keys, operation: &'static str) -> Result<Snapshot> {
@@ -685,6 +728,9 @@ struct Queued {
     lease: i64,
     /// Whether that lease is one of a one-shot grant.
     private: bool,
+    /// Whether this store had begun to delete the key before the acquire began (see
+    /// `Inner::retire`): a deletion that failed or whose outcome is unknown, its key still there.
+    retired: bool,
 }
 
 impl Queued {
@@ -695,7 +741,7 @@ impl Queued {
     /// must go, and the candidate queue afresh with a new term.
     fn is_stale(&self) -> bool {
         let foreign = self.lease != self.session && !self.private;
-        foreign || self.granted_before()
+        foreign || self.retired || self.granted_before()
     }
 
     fn granted_before(&self) -> bool {
@@ -755,6 +801,13 @@ impl LeaseStore for EtcdStore {
             return Ok(Acquired::Granted(grant));
         }
         let mut queued = self.enqueue(&keys, &own, request).await?;
+        if !queued.retired && queued.rev <= inner.retired(&own) {
+            // This store began to delete the key while this acquire read it (a withdrawal, as
+            // the engine sends one while an acquire it gave up on runs on): this acquire came
+            // before that deletion, and neither takes nor queues it again (a key queued now
+            // would be left behind, unknown to the engine).
+            return Ok(Acquired::Held(queued.snapshot.queued_observation(&request.lease)));
+        }
         if queued.is_stale() {
             inner.publish(&own, None);
             if queued.granted_before() {
@@ -774,6 +827,7 @@ impl LeaseStore for EtcdStore {
                 self.hand_over(&term, &request.candidate).await?;
             } else {
                 let clear = end_term(&keys, &own, queued.rev, &queued.snapshot, EndReason::Expired);
+                inner.retire(&own, queued.rev);
                 inner.txn("acquire (requeue)", clear).await?;
             }
             queued = self.enqueue(&keys, &own, request).await?;
@@ -945,6 +999,7 @@ impl LeaseStore for EtcdStore {
             return Ok(());
         };
         self.inner.records_written(&own).await;
+        self.inner.retire(&own, term);
         // The release marker for the successor (see `grant_on_release`) says that the released
         // key was first in the queue and no reservation was there. First: a key is granted
         // only while first (every grant compares the keys ahead, or deletes them with a
@@ -1020,6 +1075,7 @@ impl LeaseStore for EtcdStore {
                 ),
             ]);
         // On an unknown outcome the fresh lease is left alone: the reservation may be bound to it.
+        inner.retire(&own, term);
         let handed = inner.txn("hand_over", txn).await?.succeeded();
         if handed {
             inner.publish(&own, None);
@@ -1040,6 +1096,7 @@ impl LeaseStore for EtcdStore {
         let Some(rev) = own.kvs().first().map(KeyValue::create_revision) else {
             return Ok(());
         };
+        self.inner.retire(&key, rev);
         // A term granted to this key whose answer never reached the engine ends here too.
         let close = Txn::new()
             .when([

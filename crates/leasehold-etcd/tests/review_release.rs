@@ -6,7 +6,8 @@
 //! place again after the withdraw cleared it, and the key is gone. The change stream then looks
 //! for that key's predecessor, sees the holder's release marker, and the next acquire is granted
 //! the term of a key that no longer exists, while the candidate that was queued behind it is
-//! granted too.
+//! granted too. Found by review (session 13); fixed by `Inner::retire`: a place the store has
+//! begun to delete is never published again, and a key found at or below it is stale.
 
 use std::time::Duration;
 
@@ -21,7 +22,6 @@ const TTL: Duration = Duration::from_secs(10);
 const DELAY: Duration = Duration::from_millis(300);
 
 #[tokio::test]
-#[ignore = "review finding: a withdraw racing a late acquire of the same candidate leaves a stale queue position; grant_on_release then grants a deleted key's term beside the next candidate"]
 async fn a_withdraw_racing_a_late_acquire_does_not_grant_a_deleted_key_on_release() {
     let Some(common::HolderAndQueued {
         address,
@@ -89,9 +89,9 @@ async fn a_withdraw_racing_a_late_acquire_does_not_grant_a_deleted_key_on_releas
     while woken.try_recv().is_ok() {}
 
     a.release(&grant_a).await.expect("a releases");
-    tokio::time::timeout(Duration::from_secs(5), woken.recv())
-        .await
-        .expect("b's stream is woken by a's release");
+    // Before the fix, b's stream (watching a's key from its stale place) is woken by the
+    // release; with it, b's stream has no place and waits for one. Either way b then asks.
+    let _ = tokio::time::timeout(Duration::from_secs(1), woken.recv()).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
 
     let for_b = b.acquire(&common::request(&lease, "b", TTL)).await.expect("b acquires");
