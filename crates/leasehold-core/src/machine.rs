@@ -423,6 +423,9 @@ pub struct Machine {
     /// A grant of ours whose reply came after the machine had stopped waiting for it: never
     /// believed (its term is under the floor) and released once the machine is idle.
     stray: Option<Grant>,
+    /// An acquire given up on answered while the withdraw was under way: withdraw once more
+    /// (see [`Machine::late_acquire`]).
+    withdraw_again: bool,
     /// [`Input::RenewalsAnnounced`]: followers see every new version without reading.
     renewals_announced: bool,
 }
@@ -511,6 +514,7 @@ impl Machine {
             rng: seed | 1,
             store: "lease",
             stray: None,
+            withdraw_again: false,
             renewals_announced: false,
         })
     }
@@ -643,11 +647,11 @@ impl Machine {
             }
             Input::Reply(id, reply) => match self.pending.take_if(|p| p.id == id) {
                 Some(pending) => self.on_reply(now, pending, reply, out),
-                None => {
-                    if let Reply::Acquire(Ok(Acquired::Granted(grant))) = reply {
-                        self.late_grant(now, grant, out);
-                    }
-                }
+                None => match reply {
+                    Reply::Acquire(Ok(Acquired::Granted(grant))) => self.late_grant(now, grant, out),
+                    Reply::Acquire(_) => self.late_acquire(),
+                    _ => {}
+                },
             },
             Input::Heartbeat(at) => {
                 if let State::Leading(l) = &mut self.state {
@@ -1039,8 +1043,11 @@ impl Machine {
                 if let Err(e) = result {
                     out.push(Output::StoreTrouble(e));
                 }
-                self.state = State::Stopped;
-                out.push(Output::Stopped);
+                // Otherwise still stopping: the withdraw is sent again.
+                if !std::mem::take(&mut self.withdraw_again) {
+                    self.state = State::Stopped;
+                    out.push(Output::Stopped);
+                }
             }
             (purpose, reply) => {
                 debug_assert!(false, "reply {reply:?} does not answer {purpose:?}");
@@ -1291,6 +1298,22 @@ impl Machine {
         self.raise_term_floor(grant.term);
         if self.stray.as_ref().is_none_or(|stray| stray.term < grant.term) {
             self.stray = Some(grant);
+        }
+    }
+
+    /// An acquire the machine gave up on answered late, with anything but a grant (which
+    /// [`Machine::late_grant`] releases). Once stopping, it may have been applied after the
+    /// withdraw: a FIFO store would then keep this candidate's place queued for nobody, ahead of
+    /// every later candidate (on etcd a key on the process's shared session, kept alive by its
+    /// other elections), so the candidate withdraws once more. The driver keeps a stopped machine
+    /// until every call it gave up on has ended, so every such answer comes here.
+    fn late_acquire(&mut self) {
+        match &self.state {
+            State::Stopped => self.state = State::Stopping,
+            State::Stopping if self.pending.as_ref().is_some_and(|p| p.purpose == Purpose::Withdraw) => {
+                self.withdraw_again = true;
+            }
+            _ => {}
         }
     }
 

@@ -1225,6 +1225,48 @@ fn shutdown_as_follower_withdraws_then_stops() {
     assert_eq!(h.tick(60_000), vec![]);
 }
 
+/// An acquire given up on (its request timed out) may be applied after the candidate withdrew: a
+/// FIFO store then keeps a place queued for nobody, ahead of every later candidate (on etcd a key
+/// on the process's shared session, which its other elections keep alive; found by review). Its
+/// late answer, after the withdraw or while it is under way, makes the machine withdraw again
+/// before it stops.
+#[test]
+fn a_late_acquire_answer_while_stopping_withdraws_again() {
+    for answered_during_withdraw in [false, true] {
+        let mut h = Harness::follower();
+        let acquire_op = h.send_at(0);
+        assert_eq!(
+            h.tick(3_000),
+            vec![Ev::Trouble("timeout"), Ev::Send(OpId(1), Request::Inspect)]
+        );
+        assert_eq!(h.step(3_100, Input::Shutdown), vec![]);
+        let other_holds = || held(holder(other(), 1, "v1", None));
+        assert_eq!(
+            h.reply(3_200, OpId(1), Reply::Inspect(Ok(other_holds()))),
+            vec![Ev::Send(OpId(2), Request::Withdraw)]
+        );
+        let late = Reply::Acquire(Ok(Acquired::Held(other_holds())));
+        if answered_during_withdraw {
+            assert_eq!(h.reply(3_300, acquire_op, late), vec![]);
+            assert_eq!(
+                h.reply(3_400, OpId(2), Reply::Withdraw(Ok(()))),
+                vec![Ev::Send(OpId(3), Request::Withdraw)]
+            );
+        } else {
+            assert_eq!(h.reply(3_300, OpId(2), Reply::Withdraw(Ok(()))), vec![Ev::Stopped]);
+            assert!(h.m.is_stopped());
+            assert_eq!(
+                h.reply(3_400, acquire_op, late),
+                vec![Ev::Send(OpId(3), Request::Withdraw)]
+            );
+        }
+        assert!(!h.m.is_stopped(), "withdrawing again");
+        assert_eq!(h.reply(3_500, OpId(3), Reply::Withdraw(Ok(()))), vec![Ev::Stopped]);
+        assert!(h.m.is_stopped());
+        assert_eq!(h.tick(60_000), vec![]);
+    }
+}
+
 /// `Elector::campaign` promises that dropping it "releases a lease granted in the meantime"; but
 /// a Shutdown abandons the acquire in flight, so a grant that comes back is never released and
 /// blocks every other candidate for a full TTL.
