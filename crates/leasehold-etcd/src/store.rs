@@ -802,11 +802,17 @@ impl LeaseStore for EtcdStore {
         }
         let mut queued = self.enqueue(&keys, &own, request).await?;
         if !queued.retired && queued.rev <= inner.retired(&own) {
-            // This store began to delete the key while this acquire read it (a withdrawal, as
-            // the engine sends one while an acquire it gave up on runs on): this acquire came
-            // before that deletion, and neither takes nor queues it again (a key queued now
-            // would be left behind, unknown to the engine).
-            return Ok(Acquired::Held(queued.snapshot.queued_observation(&request.lease)));
+            // This store began to delete the key while this acquire read it: a withdrawal (as
+            // the engine sends one while an acquire it gave up on runs on), or a release or
+            // hand-over it gave up on. This acquire came before that deletion; it neither takes
+            // nor queues the key again (a key queued now may be left behind, unknown to the
+            // engine), and is answered with an error, so that an engine still campaigning asks
+            // again at its retry pace (a `Held` would leave it waiting for a notification for a
+            // place that is going).
+            return Err(Error::store(
+                STORE,
+                "the candidate's key was being deleted by this store (a release, hand-over or withdrawal under way) while this acquire read it: ask again",
+            ));
         }
         if queued.is_stale() {
             inner.publish(&own, None);
