@@ -24,12 +24,14 @@ struct Calls {
     dropped: Vec<Instant>,
 }
 
-/// A memory store whose acquire takes `delay` (`None`: never answers).
+/// A memory store whose acquire takes `delay` (`None`: never answers); with `panic_first`, the
+/// first acquire panics as soon as it is called (in its future's first poll, before any await).
 #[derive(Debug, Clone)]
 struct SlowAcquire {
     inner: MemoryStore,
     delay: Option<Duration>,
     calls: Arc<Mutex<Calls>>,
+    panic_first: bool,
 }
 
 /// Records a drop before completion.
@@ -57,7 +59,12 @@ impl LeaseStore for SlowAcquire {
         self.inner.capabilities()
     }
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
-        self.calls.lock().unwrap().started.push(Instant::now());
+        let first = {
+            let mut calls = self.calls.lock().unwrap();
+            calls.started.push(Instant::now());
+            calls.started.len() == 1
+        };
+        assert!(!(first && self.panic_first), "the first acquire panics");
         let mut watch = DropWatch {
             calls: self.calls.clone(),
             done: false,
@@ -105,6 +112,7 @@ async fn a_call_the_machine_stopped_waiting_for_runs_to_completion() {
         inner: MemoryStore::new(),
         delay: Some(REQUEST_TIMEOUT * 2),
         calls: Arc::default(),
+        panic_first: false,
     };
     let elector = elector(&store);
     let campaign = tokio::spawn(async move { elector.campaign().await });
@@ -129,6 +137,7 @@ async fn a_call_that_never_answers_is_cut_off_one_ttl_after_it_was_sent() {
         inner: MemoryStore::new(),
         delay: None,
         calls: Arc::default(),
+        panic_first: false,
     };
     let elector = elector(&store);
     let campaign = tokio::spawn(async move { elector.campaign().await });
@@ -158,6 +167,7 @@ async fn a_grant_that_comes_after_the_machine_gave_up_reaches_it() {
         inner: MemoryStore::new(),
         delay: Some(REQUEST_TIMEOUT * 2),
         calls: Arc::default(),
+        panic_first: false,
     };
     let elector = elector(&store);
     let leader = tokio::time::timeout(TTL, elector.campaign())
@@ -183,6 +193,7 @@ async fn run_until_returns_once_a_late_acquire_is_settled_and_released() {
         inner: MemoryStore::new(),
         delay: Some(REQUEST_TIMEOUT * 2),
         calls: Arc::default(),
+        panic_first: false,
     };
     let elector = elector(&store);
     let started = Instant::now();
@@ -213,66 +224,27 @@ async fn run_until_returns_once_a_late_acquire_is_settled_and_released() {
     assert_eq!(obs.holder, None, "the late grant is released before run_until returns");
 }
 
-/// A memory store whose first acquire panics as soon as it is called (in its future's first
-/// poll, before any await).
-#[derive(Debug, Default)]
-struct PanicsFirst {
-    inner: MemoryStore,
-    acquires: Mutex<usize>,
-}
-
-#[async_trait]
-impl LeaseStore for PanicsFirst {
-    fn name(&self) -> &'static str {
-        "panics-first"
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
-        let first = {
-            let mut acquires = self.acquires.lock().unwrap();
-            *acquires += 1;
-            *acquires == 1
-        };
-        assert!(!first, "the first acquire panics");
-        self.inner.acquire(request).await
-    }
-    async fn renew(&self, grant: &Grant) -> Result<Renewed> {
-        self.inner.renew(grant).await
-    }
-    async fn release(&self, grant: &Grant) -> Result<()> {
-        self.inner.release(grant).await
-    }
-    async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
-        self.inner.withdraw(lease, candidate).await
-    }
-    async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
-        self.inner.inspect(lease).await
-    }
-    async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
-        self.inner.history(lease, limit).await
-    }
-}
-
 /// The driver polls each call once itself (a call answered at once needs no task of its own): a
 /// store that panics there fails that call with a transient error, as a panic in the call's own
 /// task does, and the campaign goes on; the panic does not end the driver.
 #[tokio::test(start_paused = true)]
 async fn a_store_call_that_panics_at_once_fails_only_that_call() {
-    let store = Arc::new(PanicsFirst::default());
-    let elector = Elector::builder(store.clone(), "jobs")
-        .candidate_id("a")
-        .ttl(TTL)
-        .request_timeout(REQUEST_TIMEOUT)
-        .build()
-        .unwrap();
+    let store = SlowAcquire {
+        inner: MemoryStore::new(),
+        delay: Some(Duration::ZERO),
+        calls: Arc::default(),
+        panic_first: true,
+    };
+    let elector = elector(&store);
     let mut events = elector.events();
     let leader = tokio::time::timeout(TTL, elector.campaign())
         .await
         .expect("elected within a TTL")
         .expect("campaign");
-    assert!(*store.acquires.lock().unwrap() >= 2, "asked again after the panic");
+    assert!(
+        store.calls.lock().unwrap().started.len() >= 2,
+        "asked again after the panic"
+    );
     let trouble = std::iter::from_fn(|| events.try_recv().ok()).find_map(|e| match e {
         leasehold_core::Event::StoreTrouble { error } => Some(error.to_string()),
         _ => None,
