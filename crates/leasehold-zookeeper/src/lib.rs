@@ -13,6 +13,8 @@ mod record;
 mod renew;
 mod session;
 mod store;
+#[cfg(test)]
+mod withdraw_tests;
 
 #[doc = include_str!("../docs.md")]
 pub mod docs {}

@@ -279,13 +279,17 @@ impl Inner {
 
     /// The engine adopts a grant it reads back (after an acquire with an unknown outcome), so a
     /// znode of ours that a read shows first counts as granted: leadership on it may end without
-    /// this store hearing of it, and the next acquire must then make a new term.
+    /// this store hearing of it, and the next acquire must then make a new term. One that is not
+    /// cached (its acquire's reply was lost) is remembered, so that a withdrawal keeps it.
     pub(crate) fn may_be_adopted(&self, lease: &LeaseName, candidate: &CandidateId, name: &str) {
         let mut candidates = lock(&self.candidates);
         if let Some(c) = candidates.get_mut(&(lease.clone(), candidate.clone())) {
+            let cached = c.node.as_ref().is_some_and(|n| n.name == name);
             if let Some(node) = c.node.as_mut().filter(|n| n.name == name && !n.granted) {
                 node.granted = true;
                 c.changed.send_modify(|n| *n += 1);
+            } else if !cached && name.starts_with(&self.prefix(candidate)) {
+                c.shown = Some(name.to_string());
             }
         }
     }

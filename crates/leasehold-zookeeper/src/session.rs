@@ -108,6 +108,16 @@ impl Inner {
         Some(client.clone())
     }
 
+    /// Every live session of this store, without opening one.
+    pub(crate) async fn live_sessions(&self) -> Vec<zk::Client> {
+        let slots: Vec<_> = lock(&self.sessions).values().cloned().collect();
+        let mut live = Vec::with_capacity(slots.len());
+        for slot in slots {
+            live.extend(self.live(&mut *slot.lock().await));
+        }
+        live
+    }
+
     /// Any live session, for reads; opens one when there is none.
     pub(crate) async fn reader(&self) -> Result<zk::Client> {
         let slots: Vec<_> = lock(&self.sessions).values().cloned().collect();

@@ -91,6 +91,10 @@ pub(crate) struct Candidate {
     /// Serialises `acquire` and `withdraw`: the withdrawal of a dropped campaign may run while
     /// the same candidate campaigns again, and must not delete the new campaign's grant.
     pub(crate) ops: Arc<tokio::sync::Mutex<()>>,
+    /// A znode of this candidate, not in `node`, that a read of this store showed holding the
+    /// lease: a read-back may have adopted it (an acquire whose reply was lost was granted), so
+    /// a withdrawal keeps it; the adopting campaign releases it.
+    pub(crate) shown: Option<String>,
 }
 
 impl Candidate {
@@ -100,6 +104,7 @@ impl Candidate {
             waiting: false,
             changed: watch::channel(0).0,
             ops: Arc::default(),
+            shown: None,
         }
     }
 }
@@ -209,6 +214,13 @@ impl Inner {
             .or_insert_with(Candidate::new)
             .ops
             .clone()
+    }
+
+    /// The znode of this candidate, not cached, that a read showed holding the lease.
+    pub(crate) fn shown(&self, lease: &LeaseName, candidate: &CandidateId) -> Option<String> {
+        lock(&self.candidates)
+            .get(&(lease.clone(), candidate.clone()))
+            .and_then(|c| c.shown.clone())
     }
 
     pub(crate) fn is_waiting(&self, lease: &LeaseName, candidate: &CandidateId) -> bool {
@@ -666,7 +678,7 @@ impl ZookeeperStore {
             .map(|n| n.client.clone())
             .filter(|c| !c.state().is_terminated())
         else {
-            return Ok(());
+            return self.withdraw_uncached(lease, candidate).await;
         };
         let prefix = inner.prefix(candidate);
         let queue = inner.queue(&client, lease).await?.unwrap_or_default();
@@ -682,6 +694,50 @@ impl ZookeeperStore {
             .collect();
         for name in &mine {
             inner.withdraw_node(&client, lease, name).await?;
+        }
+        if keep.is_none() && inner.own(lease, candidate).is_some_and(|n| !n.granted) {
+            inner.set_own(lease, candidate, None);
+        }
+        Ok(())
+    }
+
+    /// A withdrawal with no usable znode cached for the candidate. An acquire whose create was
+    /// applied while its reply was lost (given up on, or the connection dropped after it) left
+    /// its znode queued on one of this store's sessions, which the store keeps alive for its
+    /// other leases: every later candidate would queue behind it for as long. So the lease's
+    /// queue is listed and this candidate's znodes on a live session of this store are
+    /// withdrawn, each on its own session, as `withdraw_node` does with a cached one. Kept: a
+    /// znode cached as granted meanwhile (a renewal of an adopted grant records it) and one a
+    /// read of this store showed holding the lease (a read-back may have adopted it); skipped:
+    /// znodes of ended sessions (dead, or owned by no live session of ours: they go with their
+    /// session). With no live session there is nothing to do, and none is opened.
+    async fn withdraw_uncached(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
+        let inner = &self.inner;
+        let sessions = inner.live_sessions().await;
+        let Some(reader) = sessions.first() else {
+            return Ok(()); // ephemeral znodes die with their session
+        };
+        let prefix = inner.prefix(candidate);
+        let queue = inner.queue(reader, lease).await?.unwrap_or_default();
+        let current = inner.own(lease, candidate);
+        let keep = current.as_ref().filter(|n| n.granted).map(|n| n.name.clone());
+        let shown = inner.shown(lease, candidate);
+        let mine = queue
+            .iter()
+            .filter(|c| c.name.starts_with(&prefix) && !inner.is_dead(lease, &c.name))
+            .filter(|c| Some(&c.name) != keep.as_ref() && Some(&c.name) != shown.as_ref());
+        for child in mine {
+            let Some(stat) = reader
+                .check_stat(&inner.candidate_path(lease, &child.name))
+                .await
+                .map_err(zk_error)?
+            else {
+                continue;
+            };
+            let Some(owner) = sessions.iter().find(|s| s.session_id().0 == stat.ephemeral_owner) else {
+                continue; // an ended session's: the server deletes it
+            };
+            inner.withdraw_node(owner, lease, &child.name).await?;
         }
         if keep.is_none() && inner.own(lease, candidate).is_some_and(|n| !n.granted) {
             inner.set_own(lease, candidate, None);
