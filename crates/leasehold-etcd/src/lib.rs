@@ -8,6 +8,8 @@ mod config;
 mod error;
 mod list;
 mod record;
+#[cfg(test)]
+mod release_tests;
 mod session;
 mod store;
 
