@@ -39,6 +39,10 @@ const ONE_SHOT_RESENDS: [Duration; 4] = [
 /// leader's task in the next, which runs in the one after.
 const RECORDS_AFTER_TURNS: usize = 3;
 
+/// At most this many failed deletions are kept to be sent again (see [`Inner::leave`]); the
+/// oldest goes first (its key has most likely gone with its session meanwhile).
+const MAX_LEFT: usize = 1024;
+
 /// How long after a one-shot grant began one of its copies may still apply: its private lease
 /// (granted no earlier, for `ttl_secs`) has expired by then, with etcd's revocation lag and a
 /// margin (the entry in `Inner::one_shots` is kept that long, also after the key was withdrawn).
@@ -133,6 +137,10 @@ pub(crate) struct Inner {
     /// Per candidate key: the position of its latest one-shot grant, and when the first one for
     /// that position began (see `EtcdStore::grant_on_release`).
     one_shots: Mutex<HashMap<String, (Position, Instant)>>,
+    /// Deletions of candidate keys of this store that failed (a release, hand-over or
+    /// withdrawal answered an error): each the transaction of [`close_key`], sent again after
+    /// the next keepalive of any session of this store (see [`Inner::leave`]).
+    left: Mutex<Vec<Txn>>,
 }
 
 impl fmt::Debug for EtcdStore {
@@ -206,6 +214,7 @@ impl EtcdStore {
                 behind: Mutex::default(),
                 records: Mutex::default(),
                 one_shots: Mutex::default(),
+                left: Mutex::default(),
             }),
         })
     }
@@ -709,12 +718,62 @@ impl Inner {
         self.place(own, |place| place.retired)
     }
 
+    /// A deletion of one of this store's candidate keys failed (`txn` is its [`close_key`]):
+    /// the key may be left on a session that the store's other elections keep alive, where it
+    /// would hold the lease, or keep the candidates behind it waiting, for as long (a release
+    /// that did not free the lease must leave it to expire after its TTL; a withdrawn candidate
+    /// must not stay queued). The engine does not ask again (it has stopped), so `txn` is sent
+    /// again after the next keepalive of a session of this store, until etcd answers it. Safe at
+    /// any later moment: the key was retired (never adopted or granted by this store again, see
+    /// [`Inner::retire`]), and the compare of its create_revision leaves a key made later alone.
+    /// Without a keepalive there is no session to keep the key either.
+    fn leave(&self, txn: Txn) {
+        let mut left = self.left.lock().expect("left lock");
+        if left.len() >= MAX_LEFT {
+            left.remove(0);
+        }
+        left.push(txn);
+    }
+
+    /// Sends the deletions that failed (see [`Inner::leave`]) once more, each bounded by
+    /// `limit`; one that fails again is kept for the next keepalive.
+    pub(crate) async fn delete_left(&self, limit: Duration) {
+        let left = std::mem::take(&mut *self.left.lock().expect("left lock"));
+        for txn in left {
+            let mut client = self.client();
+            let again = txn.clone();
+            let sent = self
+                .call_shared("delete (left key)", limit, async move { client.txn(again).await })
+                .await;
+            if let Err(error) = sent {
+                tracing::debug!(%error, "deleting a candidate key left by a failed deletion failed; again after the next keepalive");
+                self.leave(txn);
+            }
+        }
+    }
+
     pub(crate) async fn snapshot(&self, keys: &Keys, operation: &'static str) -> Result<Snapshot> {
         let resp = self
             .read_txn(operation, Txn::new().and_then(Snapshot::reads(keys)))
             .await?;
         Snapshot::parse(keys, &resp.op_responses(), 0)
     }
+}
+
+/// Deletes the candidate key `key` if it is still the one created at `rev`, and ends a term
+/// granted to it (if any, and not ended yet) as expired: a withdrawal, and what is sent again
+/// for a deletion that failed (see [`Inner::leave`]). A term granted to this key whose answer
+/// never reached the engine ends here too.
+fn close_key(keys: &Keys, key: String, rev: i64) -> Txn {
+    let close = Txn::new()
+        .when([
+            Compare::create_revision(keys.started(rev), CompareOp::Greater, 0),
+            Compare::create_revision(keys.ended(rev), CompareOp::Equal, 0),
+        ])
+        .and_then([TxnOp::put(keys.ended(rev), ended_value(EndReason::Expired), None)]);
+    Txn::new()
+        .when([Compare::create_revision(key.clone(), CompareOp::Equal, rev)])
+        .and_then([TxnOp::delete(key, None), TxnOp::txn(close)])
 }
 
 /// The candidate's key after [`EtcdStore::enqueue`], and what the read beside it showed.
@@ -1035,7 +1094,13 @@ impl LeaseStore for EtcdStore {
                     .when([Compare::create_revision(own.clone(), CompareOp::Equal, term)])
                     .and_then(end),
             )]);
-        let resp = self.inner.txn("release", txn).await?;
+        let resp = match self.inner.txn("release", txn).await {
+            Ok(resp) => resp,
+            Err(e) => {
+                self.inner.leave(close_key(&keys, own, term));
+                return Err(e);
+            }
+        };
         let ended_without_marker = || {
             resp.op_responses()
                 .into_iter()
@@ -1060,12 +1125,19 @@ impl LeaseStore for EtcdStore {
         inner.records_written(&own).await;
         let ttl_secs = session_ttl_secs(grant.ttl);
         let mut client = inner.client();
-        let lease = inner
+        let granted = inner
             .call("hand_over (lease grant)", async move {
                 client.lease_grant(ttl_secs, None).await
             })
-            .await?
-            .id();
+            .await;
+        let lease = match granted {
+            Ok(granted) => granted.id(),
+            Err(e) => {
+                inner.retire(&own, term);
+                inner.leave(close_key(&keys, own, term));
+                return Err(e);
+            }
+        };
         let txn = Txn::new()
             .when([
                 Compare::create_revision(own.clone(), CompareOp::Equal, term),
@@ -1082,7 +1154,13 @@ impl LeaseStore for EtcdStore {
             ]);
         // On an unknown outcome the fresh lease is left alone: the reservation may be bound to it.
         inner.retire(&own, term);
-        let handed = inner.txn("hand_over", txn).await?.succeeded();
+        let handed = match inner.txn("hand_over", txn).await {
+            Ok(resp) => resp.succeeded(),
+            Err(e) => {
+                inner.leave(close_key(&keys, own, term));
+                return Err(e);
+            }
+        };
         if handed {
             inner.publish(&own, None);
         } else {
@@ -1103,17 +1181,11 @@ impl LeaseStore for EtcdStore {
             return Ok(());
         };
         self.inner.retire(&key, rev);
-        // A term granted to this key whose answer never reached the engine ends here too.
-        let close = Txn::new()
-            .when([
-                Compare::create_revision(keys.started(rev), CompareOp::Greater, 0),
-                Compare::create_revision(keys.ended(rev), CompareOp::Equal, 0),
-            ])
-            .and_then([TxnOp::put(keys.ended(rev), ended_value(EndReason::Expired), None)]);
-        let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, rev)])
-            .and_then([TxnOp::delete(key, None), TxnOp::txn(close)]);
-        self.inner.txn("withdraw", txn).await?;
+        let txn = close_key(&keys, key, rev);
+        if let Err(e) = self.inner.txn("withdraw", txn.clone()).await {
+            self.inner.leave(txn);
+            return Err(e);
+        }
         Ok(())
     }
 

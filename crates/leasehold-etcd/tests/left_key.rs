@@ -11,10 +11,11 @@
 //! breaks its connections at once, and the request of the deletion, held back in the proxy, is
 //! never forwarded.
 //!
-//! Two tests are ignored as bugs: when the candidate does not acquire again (its engine stopped
-//! after the failed release or withdrawal) while its store renews another lease of the same TTL,
-//! the left key lives on the shared session those renewals keep alive, and the candidate queued
-//! next is answered `Held` for as long as they go on.
+//! And when the candidate does not acquire again (its engine stopped after the failed release or
+//! withdrawal) while its store renews another lease of the same TTL: the left key would live on
+//! the shared session those renewals keep alive, and the candidate queued next would be answered
+//! `Held` for as long as they go on; the store sends the failed deletion again after its next
+//! keepalive (`Inner::leave`).
 
 use std::time::Duration;
 
@@ -359,25 +360,24 @@ async fn a_granted_key_left_by_a_failed_release_is_taken_with_a_new_term() {
 /// The holder `h` of `jobs` also leads `other`, with the same TTL (so both keys are on the
 /// store's one session of that TTL), and goes on renewing `other`. Its release of `jobs` fails
 /// (the delete never reaches etcd). `LeaseStore::release` says a release that did not free the
-/// lease leaves it to expire after its TTL; here `h`'s left key stays on the session that the
-/// renewals of `other` keep alive, so `c`, queued next, is answered `Held` by it for as long as
-/// `h`'s store renews anything of that TTL (nobody acquires `jobs` for `h` again: its engine
-/// stopped campaigning when it released). Without the renewals of `other`, the session expires
-/// and `c` is granted within the wait below (2.4 s).
+/// lease leaves it to expire after its TTL; but `h`'s left key is on the session that the
+/// renewals of `other` keep alive, so `c`, queued next, would be answered `Held` by it for as
+/// long as `h`'s store renews anything of that TTL (nobody acquires `jobs` for `h` again: its
+/// engine stopped campaigning when it released). The store sends the deletion again after its
+/// next keepalive, and `c` is granted within three TTLs.
 #[tokio::test]
-#[ignore = "bug: a granted key left by a failed release lives on the store's shared session, kept alive by the renewals of the store's other leases of that TTL: the lease never expires and the next candidate waits as long as those renewals go on"]
 async fn a_granted_key_left_by_a_failed_release_expires_while_other_leases_renew() {
     left_while_other_leases_renew(Left::ByRelease).await;
 }
 
 /// The same for a queued key: `h`, queued behind the holder `a` and leading `other`, withdraws
 /// `jobs` (its engine stops campaigning); the withdrawal's delete never reaches etcd. Once `a`
-/// releases, `h`'s left key is first, and `c`, queued behind it, is answered `Held` for as long as
-/// `h`'s store renews `other` (`LeaseStore::withdraw` allows "queued until its session expires",
-/// but the session is kept alive by other leases; the ZooKeeper store withdraws such a left
-/// node on its live sessions since f1c5d4c).
+/// releases, `h`'s left key is first, and `c`, queued behind it, would be answered `Held` for as
+/// long as `h`'s store renews `other` (`LeaseStore::withdraw` allows "queued until its session
+/// expires", but the session is kept alive by other leases; the ZooKeeper store withdraws such a
+/// left node on its live sessions since f1c5d4c). The store sends the withdrawal again after its
+/// next keepalive.
 #[tokio::test]
-#[ignore = "bug: a queued key left by a failed withdrawal lives on the store's shared session, kept alive by the renewals of the store's other leases of that TTL: the candidates behind it wait as long as those renewals go on"]
 async fn a_queued_key_left_by_a_failed_withdraw_goes_while_other_leases_renew() {
     left_while_other_leases_renew(Left::ByWithdraw).await;
 }
