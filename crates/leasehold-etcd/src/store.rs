@@ -614,6 +614,56 @@ impl EtcdStore {
             .collect())
     }
 
+    /// One transaction, if the grant's key is still there: delete it, end its term as handed
+    /// over, and put the reservation naming `to`, bound to an etcd lease granted just before
+    /// with the grant's TTL and never kept alive (etcd deletes an untaken reservation after it).
+    /// Also how an acquire that finds its own key granted before hands the term to itself: a
+    /// failure there is not sent again (see [`Inner::leave`]), since the engine may lead on that
+    /// key (adopted by a read-back while that acquire ran late), and only the reservation for
+    /// itself keeps others out when the key goes.
+    async fn hand_over_key(&self, grant: &Grant, to: &CandidateId) -> Result<()> {
+        let inner = &self.inner;
+        let keys = self.keys(&grant.lease);
+        let own = keys.candidate(&grant.holder);
+        let Ok(term) = i64::try_from(grant.term.0) else {
+            return Ok(());
+        };
+        inner.records_written(&own).await;
+        let ttl_secs = session_ttl_secs(grant.ttl);
+        let mut client = inner.client();
+        let lease = inner
+            .call("hand_over (lease grant)", async move {
+                client.lease_grant(ttl_secs, None).await
+            })
+            .await?
+            .id();
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(own.clone(), CompareOp::Equal, term),
+                Compare::create_revision(keys.reserved(), CompareOp::Equal, 0),
+            ])
+            .and_then([
+                TxnOp::delete(own.clone(), None),
+                TxnOp::put(keys.ended(term), ended_value(EndReason::HandedOver), None),
+                TxnOp::put(
+                    keys.reserved(),
+                    reserved_value(to, term, grant.ttl),
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+            ]);
+        // On an unknown outcome the fresh lease is left alone: the reservation may be bound to it.
+        inner.retire(&own, term);
+        let handed = inner.txn("hand_over", txn).await?.succeeded();
+        if handed {
+            inner.publish(&own, None);
+        } else {
+            // Not held any more: nothing is handed over, and the fresh lease binds nothing.
+            let mut client = inner.client();
+            let _ = client.lease_revoke(lease).await;
+        }
+        Ok(())
+    }
+
     fn keys(&self, lease: &LeaseName) -> Keys {
         Keys::new(&self.inner.config.prefix, lease)
     }
@@ -889,7 +939,8 @@ impl LeaseStore for EtcdStore {
                     ttl: request.ttl,
                     token: queued.rev.to_string(),
                 };
-                self.hand_over(&term, &request.candidate).await?;
+                // Boxed: an acquire in flight stays small (tests/footprint.rs).
+                Box::pin(self.hand_over_key(&term, &request.candidate)).await?;
             } else {
                 let clear = end_term(&keys, &own, queued.rev, &queued.snapshot, EndReason::Expired);
                 inner.retire(&own, queued.rev);
@@ -1112,63 +1163,18 @@ impl LeaseStore for EtcdStore {
         Ok(())
     }
 
-    /// One transaction, if the grant's key is still there: delete it, end its term as handed
-    /// over, and put the reservation naming `to`, bound to an etcd lease granted just before
-    /// with the grant's TTL and never kept alive (etcd deletes an untaken reservation after it).
+    /// [`EtcdStore::hand_over_key`]; when it fails, the key is ended later (see [`Inner::leave`]).
     async fn hand_over(&self, grant: &Grant, to: &CandidateId) -> Result<()> {
-        let inner = &self.inner;
-        let keys = self.keys(&grant.lease);
-        let own = keys.candidate(&grant.holder);
-        let Ok(term) = i64::try_from(grant.term.0) else {
-            return Ok(());
-        };
-        inner.records_written(&own).await;
-        let ttl_secs = session_ttl_secs(grant.ttl);
-        let mut client = inner.client();
-        let granted = inner
-            .call("hand_over (lease grant)", async move {
-                client.lease_grant(ttl_secs, None).await
-            })
-            .await;
-        let lease = match granted {
-            Ok(granted) => granted.id(),
-            Err(e) => {
-                inner.retire(&own, term);
-                inner.leave(close_key(&keys, own, term));
-                return Err(e);
-            }
-        };
-        let txn = Txn::new()
-            .when([
-                Compare::create_revision(own.clone(), CompareOp::Equal, term),
-                Compare::create_revision(keys.reserved(), CompareOp::Equal, 0),
-            ])
-            .and_then([
-                TxnOp::delete(own.clone(), None),
-                TxnOp::put(keys.ended(term), ended_value(EndReason::HandedOver), None),
-                TxnOp::put(
-                    keys.reserved(),
-                    reserved_value(to, term, grant.ttl),
-                    Some(PutOptions::new().with_lease(lease)),
-                ),
-            ]);
-        // On an unknown outcome the fresh lease is left alone: the reservation may be bound to it.
-        inner.retire(&own, term);
-        let handed = match inner.txn("hand_over", txn).await {
-            Ok(resp) => resp.succeeded(),
-            Err(e) => {
-                inner.leave(close_key(&keys, own, term));
-                return Err(e);
-            }
-        };
-        if handed {
-            inner.publish(&own, None);
-        } else {
-            // Not held any more: nothing is handed over, and the fresh lease binds nothing.
-            let mut client = inner.client();
-            let _ = client.lease_revoke(lease).await;
+        let handed = self.hand_over_key(grant, to).await;
+        if handed.is_err()
+            && let Ok(term) = i64::try_from(grant.term.0)
+        {
+            let keys = self.keys(&grant.lease);
+            let own = keys.candidate(&grant.holder);
+            self.inner.retire(&own, term);
+            self.inner.leave(close_key(&keys, own, term));
         }
-        Ok(())
+        handed
     }
 
     async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
