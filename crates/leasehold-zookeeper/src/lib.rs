@@ -6,6 +6,7 @@ mod announce;
 mod changes;
 mod config;
 mod error;
+mod left;
 mod list;
 mod queue;
 mod reads;

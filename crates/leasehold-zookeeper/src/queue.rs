@@ -241,6 +241,16 @@ impl Inner {
                 )),
             ));
         }
+        if self.is_left(lease, name) {
+            // A znode of this store whose release or withdrawal failed: nobody may adopt it, and
+            // the store deletes it on its session's next renewal (crate::left).
+            return Err(Error::unreachable(
+                STORE,
+                Failed::new(format!(
+                    "the holder of {lease} is a znode of this store whose deletion failed; it is deleted again on its session's next renewal"
+                )),
+            ));
+        }
         let term = Term(stat.czxid as u64);
         let entry = format!("{}/{}", self.history_dir(lease), history_name(term));
         if client.check_stat(&entry).await.map_err(zk_error)?.is_none() {

@@ -79,6 +79,9 @@ pub(crate) struct Inner {
     /// Per session and lease: the persistent watch on the lease's `leader/` announcements, kept
     /// for as long as the session lives once someone asked for the lease's announcements.
     pub(crate) leader_watches: Mutex<HashMap<(i64, LeaseName), crate::announce::LeaderWatch>>,
+    /// Znodes left by a deletion that failed, sent again on their session's next renewal (see
+    /// [`crate::left`]).
+    pub(crate) left: Mutex<Vec<crate::left::LeftNode>>,
 }
 
 /// What this store knows about one candidate's place in one lease's queue.
@@ -167,6 +170,7 @@ impl ZookeeperStore {
                 candidates: Mutex::default(),
                 dead: Mutex::default(),
                 leader_watches: Mutex::default(),
+                left: Mutex::default(),
             }),
         })
     }
@@ -270,15 +274,21 @@ impl LeaseStore for ZookeeperStore {
     }
 
     async fn release(&self, grant: &Grant) -> Result<()> {
-        self.try_release(grant)
-            .await
-            .map_err(|e| during(e, Operation::Release, &format_args!("lease {}", grant.lease)))
+        let released = self.try_release(grant).await;
+        if released.is_err() {
+            self.leave_grant(grant).await;
+        }
+        released.map_err(|e| during(e, Operation::Release, &format_args!("lease {}", grant.lease)))
     }
 
     async fn hand_over(&self, grant: &Grant, to: &CandidateId) -> Result<()> {
-        self.try_hand_over(grant, to)
-            .await
-            .map_err(|e| during(e, Operation::HandOver, &format_args!("lease {}", grant.lease)))
+        // Not from the acquire's own hand-over to its candidate (`retire_granted`): the engine
+        // may lead on that znode; its next acquire retires it again.
+        let handed = self.try_hand_over(grant, to).await;
+        if handed.is_err() {
+            self.leave_grant(grant).await;
+        }
+        handed.map_err(|e| during(e, Operation::HandOver, &format_args!("lease {}", grant.lease)))
     }
 
     async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
@@ -322,6 +332,24 @@ impl LeaseStore for ZookeeperStore {
         self.try_break_lease(lease)
             .await
             .map_err(|e| during(e, Operation::BreakLease, &format_args!("lease {lease}")))
+    }
+}
+
+impl ZookeeperStore {
+    /// A release or hand-over of `grant` answered an error: its znode may be left on the
+    /// grant's session, which the store keeps; it is retired and deleted again on that
+    /// session's next renewal (see [`crate::left`]). The engine has stopped leading on it.
+    async fn leave_grant(&self, grant: &Grant) {
+        let Some(client) = self.inner.existing_session(grant.ttl).await else {
+            return; // the session is gone, and the znode with it
+        };
+        self.inner.leave(crate::left::LeftNode {
+            lease: grant.lease.clone(),
+            candidate: grant.holder.clone(),
+            name: grant.token.clone(),
+            czxid: grant.term.0 as i64,
+            session: client.session_id().0,
+        });
     }
 }
 
@@ -680,8 +708,35 @@ impl ZookeeperStore {
         else {
             return self.withdraw_uncached(lease, candidate).await;
         };
+        let withdrawn = self.withdraw_cached(lease, candidate, &client).await;
+        if withdrawn.is_err() {
+            // The cached znode may be left queued on a session the store keeps: retired, and
+            // withdrawn again on that session's next renewal (crate::left). A granted one is
+            // kept by the withdrawal (a campaign's; only its release ends it), and so is one a
+            // read showed holding the lease meanwhile (a read-back may have adopted it).
+            let still = |n: &OwnNode| {
+                inner
+                    .own(lease, candidate)
+                    .is_some_and(|c| c.name == n.name && !c.granted)
+            };
+            if let Some(node) = own.filter(|n| !n.granted && still(n)) {
+                inner.leave(crate::left::LeftNode {
+                    lease: lease.clone(),
+                    candidate: candidate.clone(),
+                    name: node.name,
+                    czxid: node.czxid,
+                    session: node.session,
+                });
+            }
+        }
+        withdrawn
+    }
+
+    /// The withdrawal of a candidate with a znode cached on a live session, `client`.
+    async fn withdraw_cached(&self, lease: &LeaseName, candidate: &CandidateId, client: &zk::Client) -> Result<()> {
+        let inner = &self.inner;
         let prefix = inner.prefix(candidate);
-        let queue = inner.queue(&client, lease).await?.unwrap_or_default();
+        let queue = inner.queue(client, lease).await?.unwrap_or_default();
         // A campaign of the same candidate may have started (and been granted) since this one was
         // dropped: a granted znode is that campaign's, and only its release ends it.
         let current = inner.own(lease, candidate);
@@ -693,7 +748,7 @@ impl ZookeeperStore {
             .map(|c| c.name.clone())
             .collect();
         for name in &mine {
-            inner.withdraw_node(&client, lease, name).await?;
+            inner.withdraw_node(client, lease, name).await?;
         }
         if keep.is_none() && inner.own(lease, candidate).is_some_and(|n| !n.granted) {
             inner.set_own(lease, candidate, None);
