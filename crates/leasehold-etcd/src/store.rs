@@ -1163,7 +1163,7 @@ impl LeaseStore for EtcdStore {
         Ok(())
     }
 
-    /// [`EtcdStore::hand_over_key`]; when it fails, the key is ended later (see [`Inner::leave`]).
+    // `EtcdStore::hand_over_key`; when it fails, the key is ended later (see `Inner::leave`).
     async fn hand_over(&self, grant: &Grant, to: &CandidateId) -> Result<()> {
         let handed = self.hand_over_key(grant, to).await;
         if handed.is_err()
