@@ -11,7 +11,7 @@ use zookeeper_client as zk;
 
 use crate::error::{during, zk_error};
 use crate::record::parse_announcement;
-use crate::store::{Inner, ZookeeperStore, lock};
+use crate::store::{AbortOnDrop, Inner, ZookeeperStore, lock};
 
 /// One session's persistent recursive watch on one lease's `leader/` znode, shared by everyone
 /// of this store that follows the lease on that session; it lives as long as the session.
@@ -105,14 +105,5 @@ impl Inner {
         let mut watches = lock(&self.leader_watches);
         let watching = watches.entry(key).or_insert(LeaderWatch { announced, _task: task });
         Ok(from_now(&watching.announced))
-    }
-}
-
-/// A task that is aborted when its handle is dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }

@@ -8,7 +8,7 @@ use leasehold_core::{CandidateId, Changes, LeaseName};
 use tokio::sync::watch;
 use zookeeper_client as zk;
 
-use crate::store::Inner;
+use crate::store::{AbortOnDrop, Inner};
 
 /// The change stream of `candidate` for `lease`.
 pub(crate) fn changes(inner: Arc<Inner>, lease: &LeaseName, candidate: &CandidateId) -> Changes {
@@ -196,21 +196,5 @@ impl Watching {
             _ = states.changed() => Some(()),
             changed = self.rx.changed() => changed.ok(),
         }
-    }
-}
-
-/// A task that is aborted when its handle is dropped.
-struct AbortOnDrop<T = ()>(tokio::task::JoinHandle<T>);
-
-impl<T> AbortOnDrop<T> {
-    /// Waits until the task ends: its output, or `None` when it panicked.
-    async fn wait(&mut self) -> Option<T> {
-        (&mut self.0).await.ok()
-    }
-}
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }

@@ -10,16 +10,24 @@
 //! candidate's next acquire finds it stale, as a znode whose reply was lost, and ends it
 //! itself), and a read of this store that finds it at the head of the queue answers a
 //! transient error instead of showing it as holder (as for an expired session's znode), so no
-//! read-back adopts it. The next renewal round trip on its session sends the withdrawal again
-//! (in a task of its own, not delaying the renewal): delete the znode if it is still that one
-//! (`czxid`, owner session), ending a term granted to it as released. No timer of its own.
+//! read-back adopts it. A task of the session's (one per session that left a znode, ended with
+//! the session or the store) sends the withdrawal again whenever the session is connected after
+//! one of three events: the failure itself (connected still, or again by the time it is
+//! noted), the client reconnecting to the session (a deletion fails when its connection is lost,
+//! and the client's reconnect is the first moment it can get through), and each renewal round
+//! trip on the session. The withdrawal deletes the znode if it is still that one (`czxid`, owner
+//! session), ending a term granted to it as released. No timer of its own: a failure the events
+//! do not follow waits for the next one.
+
+use std::sync::{Arc, Weak};
 
 use leasehold_core::{CandidateId, LeaseName, Result};
+use tokio::sync::Notify;
 use tracing::debug;
 use zookeeper_client as zk;
 
 use crate::error::zk_error;
-use crate::store::{Inner, lock};
+use crate::store::{AbortOnDrop, Inner, lock};
 
 /// At most this many left znodes are remembered; the oldest is forgotten first.
 const MAX_LEFT: usize = 1024;
@@ -32,14 +40,21 @@ pub(crate) struct LeftNode {
     pub(crate) name: String,
     /// Its `czxid` (a grant's term): only this znode is deleted, never a later one.
     pub(crate) czxid: i64,
-    /// The session that owns it: the one whose renewals send the deletion again.
+    /// The session that owns it: the one the deletion is sent again on.
     pub(crate) session: i64,
 }
 
+/// The task of a session that sends its left znodes' deletions again (see the module docs),
+/// woken by [`Resender::kick`] and by the session's state changes; aborted when dropped.
+pub(crate) struct Resender {
+    kick: Arc<Notify>,
+    _task: AbortOnDrop,
+}
+
 impl Inner {
-    /// A deletion of `node` failed: retire it (uncached, never shown as holder by this store)
-    /// and send the deletion again on its session's next renewal.
-    pub(crate) fn leave(&self, node: LeftNode) {
+    /// A deletion of `node` (on `client`'s session) failed: retire it (uncached, never shown as
+    /// holder by this store) and send the deletion again (see the module docs).
+    pub(crate) fn leave(self: &Arc<Self>, node: LeftNode, client: &zk::Client) {
         {
             let mut candidates = lock(&self.candidates);
             if let Some(c) = candidates.get_mut(&(node.lease.clone(), node.candidate.clone())) {
@@ -52,14 +67,24 @@ impl Inner {
                 }
             }
         }
-        let mut left = lock(&self.left);
-        if left.iter().any(|l| l.lease == node.lease && l.name == node.name) {
-            return;
+        let session = node.session;
+        {
+            let mut left = lock(&self.left);
+            if !left.iter().any(|l| l.lease == node.lease && l.name == node.name) {
+                if left.len() >= MAX_LEFT {
+                    left.remove(0);
+                }
+                left.push(node);
+            }
         }
-        if left.len() >= MAX_LEFT {
-            left.remove(0);
+        if client.session_id().0 != session || client.state().is_terminated() {
+            return; // gone with its session (forget_left), or never on this one
         }
-        left.push(node);
+        lock(&self.resenders)
+            .entry(session)
+            .or_insert_with(|| resender(Arc::downgrade(self), client.clone()))
+            .kick
+            .notify_one();
     }
 
     /// Whether `name` of `lease` is a znode this store left (see [`Inner::leave`]).
@@ -67,51 +92,39 @@ impl Inner {
         lock(&self.left).iter().any(|l| &l.lease == lease && l.name == name)
     }
 
-    /// Forgets the left znodes of an ended session: they are gone with it.
+    /// Forgets the left znodes of an ended session, and its resender: they are gone with it.
     pub(crate) fn forget_left(&self, session: i64) {
         lock(&self.left).retain(|l| l.session != session);
+        lock(&self.resenders).remove(&session);
     }
 
-    /// After a renewal round trip on `client`'s session: sends the left znodes' deletions on it
-    /// again, in a task of its own. One that fails again is kept for the next renewal.
-    pub(crate) fn delete_left_after_renewal(self: &std::sync::Arc<Self>, client: &zk::Client) {
-        let session = client.session_id().0;
-        let mine: Vec<LeftNode> = {
-            let mut left = lock(&self.left);
-            let (mine, rest) = std::mem::take(&mut *left)
-                .into_iter()
-                .partition(|l| l.session == session);
-            *left = rest;
-            mine
-        };
-        if mine.is_empty() {
-            return;
+    /// After a renewal round trip on `session`: wakes its resender, if it has one.
+    pub(crate) fn kick_left(&self, session: i64) {
+        if let Some(resender) = lock(&self.resenders).get(&session) {
+            resender.kick.notify_one();
         }
-        let (inner, client) = (self.clone(), client.clone());
-        tokio::spawn(async move {
-            for node in mine {
-                // Serialised with the candidate's acquires and withdrawals; never waits for one.
-                let ops = inner.ops(&node.lease, &node.candidate);
-                let outcome = match ops.try_lock() {
-                    Ok(_serial) => inner.delete_left(&client, &node).await.map(|()| true),
-                    Err(_) => Ok(false),
-                };
-                match outcome {
-                    Ok(true) => {}
-                    Ok(false) => inner.keep_left(node),
-                    Err(error) => {
-                        debug!(%error, lease = %node.lease, node = %node.name, "deleting a znode left by a failed deletion failed; again after the next renewal");
-                        inner.keep_left(node);
-                    }
+    }
+
+    /// Sends the deletions of the znodes `client`'s session left again, one after the other.
+    /// Each stays left (retired) until its deletion is answered; one that fails again, or whose
+    /// candidate is acquiring or withdrawing right now, waits for the next event.
+    async fn delete_left_on(&self, client: &zk::Client) {
+        let session = client.session_id().0;
+        let mine: Vec<LeftNode> = lock(&self.left)
+            .iter()
+            .filter(|l| l.session == session)
+            .cloned()
+            .collect();
+        for node in mine {
+            // Serialised with the candidate's acquires and withdrawals; never waits for one.
+            let ops = self.ops(&node.lease, &node.candidate);
+            let Ok(_serial) = ops.try_lock() else { continue };
+            match self.delete_left(client, &node).await {
+                Ok(()) => lock(&self.left).retain(|l| !(l.lease == node.lease && l.name == node.name)),
+                Err(error) => {
+                    debug!(%error, lease = %node.lease, node = %node.name, "deleting a znode left by a failed deletion failed; again at the session's next renewal or reconnect");
                 }
             }
-        });
-    }
-
-    fn keep_left(&self, node: LeftNode) {
-        let mut left = lock(&self.left);
-        if left.len() < MAX_LEFT {
-            left.push(node);
         }
     }
 
@@ -132,5 +145,35 @@ impl Inner {
             return Ok(());
         }
         self.withdraw_node(client, &node.lease, &node.name).await
+    }
+}
+
+/// The resender of `client`'s session: whenever it is kicked or the session's state changes,
+/// and the session is connected, it sends the session's left deletions again. It ends with the
+/// session (a terminal state) or the store (`inner` gone, or the resender dropped).
+fn resender(inner: Weak<Inner>, client: zk::Client) -> Resender {
+    let kick = Arc::new(Notify::new());
+    let kicked = kick.clone();
+    let mut states = client.state_watcher();
+    let task = tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = kicked.notified() => {}
+                state = states.changed() => {
+                    if state.is_terminated() {
+                        break;
+                    }
+                }
+            }
+            if client.state() != zk::SessionState::SyncConnected {
+                continue;
+            }
+            let Some(store) = inner.upgrade() else { break };
+            store.delete_left_on(&client).await;
+        }
+    });
+    Resender {
+        kick,
+        _task: AbortOnDrop(task),
     }
 }

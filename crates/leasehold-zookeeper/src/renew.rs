@@ -70,7 +70,7 @@ impl ZookeeperStore {
             inner.read_candidate(&client, &grant.lease, &grant.token)
         );
         synced.map_err(zk_error)?;
-        inner.delete_left_after_renewal(&client);
+        inner.kick_left(client.session_id().0);
         let ours = read?.is_some_and(|(record, stat)| is_ours(grant, &record, &stat, client.session_id().0));
         self.verdict(grant, &client, ours).await
     }
@@ -146,7 +146,7 @@ impl ZookeeperStore {
         let (synced, read) = tokio::join!(client.sync(first), read_many(&client, &reads, READ_BYTES));
         let session = client.session_id().0;
         if synced.is_ok() {
-            inner.delete_left_after_renewal(&client);
+            inner.kick_left(session);
         }
         // Whether each grant is still ours, or the error its renewal fails with.
         let found: Vec<Result<bool>> = indices

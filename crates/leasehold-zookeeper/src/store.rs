@@ -79,9 +79,10 @@ pub(crate) struct Inner {
     /// Per session and lease: the persistent watch on the lease's `leader/` announcements, kept
     /// for as long as the session lives once someone asked for the lease's announcements.
     pub(crate) leader_watches: Mutex<HashMap<(i64, LeaseName), crate::announce::LeaderWatch>>,
-    /// Znodes left by a deletion that failed, sent again on their session's next renewal (see
-    /// [`crate::left`]).
+    /// Znodes left by a deletion that failed, sent again on their session (see [`crate::left`]).
     pub(crate) left: Mutex<Vec<crate::left::LeftNode>>,
+    /// Per session that left a znode: the task that sends its deletions again.
+    pub(crate) resenders: Mutex<HashMap<i64, crate::left::Resender>>,
 }
 
 /// What this store knows about one candidate's place in one lease's queue.
@@ -134,6 +135,22 @@ impl fmt::Debug for ZookeeperStore {
     }
 }
 
+/// A task that is aborted when its handle is dropped.
+pub(crate) struct AbortOnDrop<T = ()>(pub(crate) tokio::task::JoinHandle<T>);
+
+impl<T> AbortOnDrop<T> {
+    /// Waits until the task ends: its output, or `None` when it panicked.
+    pub(crate) async fn wait(&mut self) -> Option<T> {
+        (&mut self.0).await.ok()
+    }
+}
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -171,6 +188,7 @@ impl ZookeeperStore {
                 dead: Mutex::default(),
                 leader_watches: Mutex::default(),
                 left: Mutex::default(),
+                resenders: Mutex::default(),
             }),
         })
     }
@@ -338,18 +356,21 @@ impl LeaseStore for ZookeeperStore {
 impl ZookeeperStore {
     /// A release or hand-over of `grant` answered an error: its znode may be left on the
     /// grant's session, which the store keeps; it is retired and deleted again on that
-    /// session's next renewal (see [`crate::left`]). The engine has stopped leading on it.
+    /// session (see [`crate::left`]). The engine has stopped leading on it.
     async fn leave_grant(&self, grant: &Grant) {
         let Some(client) = self.inner.existing_session(grant.ttl).await else {
             return; // the session is gone, and the znode with it
         };
-        self.inner.leave(crate::left::LeftNode {
-            lease: grant.lease.clone(),
-            candidate: grant.holder.clone(),
-            name: grant.token.clone(),
-            czxid: grant.term.0 as i64,
-            session: client.session_id().0,
-        });
+        self.inner.leave(
+            crate::left::LeftNode {
+                lease: grant.lease.clone(),
+                candidate: grant.holder.clone(),
+                name: grant.token.clone(),
+                czxid: grant.term.0 as i64,
+                session: client.session_id().0,
+            },
+            &client,
+        );
     }
 }
 
@@ -711,7 +732,7 @@ impl ZookeeperStore {
         let withdrawn = self.withdraw_cached(lease, candidate, &client).await;
         if withdrawn.is_err() {
             // The cached znode may be left queued on a session the store keeps: retired, and
-            // withdrawn again on that session's next renewal (crate::left). A granted one is
+            // withdrawn again on that session (crate::left). A granted one is
             // kept by the withdrawal (a campaign's; only its release ends it), and so is one a
             // read showed holding the lease meanwhile (a read-back may have adopted it).
             let still = |n: &OwnNode| {
@@ -720,13 +741,16 @@ impl ZookeeperStore {
                     .is_some_and(|c| c.name == n.name && !c.granted)
             };
             if let Some(node) = own.filter(|n| !n.granted && still(n)) {
-                inner.leave(crate::left::LeftNode {
-                    lease: lease.clone(),
-                    candidate: candidate.clone(),
-                    name: node.name,
-                    czxid: node.czxid,
-                    session: node.session,
-                });
+                inner.leave(
+                    crate::left::LeftNode {
+                        lease: lease.clone(),
+                        candidate: candidate.clone(),
+                        name: node.name,
+                        czxid: node.czxid,
+                        session: node.session,
+                    },
+                    &node.client,
+                );
             }
         }
         withdrawn

@@ -104,10 +104,10 @@ async fn a_queued_znode_left_by_a_failed_withdraw_goes_while_other_leases_renew(
 
 /// As the release above, but `h`'s store makes no request at all afterwards (`other` is still
 /// held, not renewed: e.g. its engine is between renewals for longer, or the store has nothing
-/// else of that TTL). The client pings the session by itself, so the left znode stays while the
-/// store keeps the session; the store sends the deletion again only after a renewal.
+/// else of that TTL). The client pings the session by itself, so the left znode would stay while
+/// the store keeps the session: the store sends the deletion again once the client has
+/// reconnected to the session.
 #[tokio::test]
-#[ignore = "bug: with no renewal on the session after the failed release, nothing sends the deletion again; the ZooKeeper client's own pings keep the session and the left znode, and the lease, for as long as the store keeps the session"]
 async fn a_granted_znode_left_by_a_failed_release_goes_while_the_store_is_idle() {
     left_while_other_leases_renew(Left::ByRelease, false).await;
 }
