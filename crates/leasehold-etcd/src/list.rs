@@ -55,7 +55,7 @@ impl EtcdStore {
             let Some(snapshot) = Snapshot::of_keys(&keys, &kvs)? else {
                 continue;
             };
-            listed.push(snapshot.observation(&lease));
+            listed.push(inner.unretired(&keys, &lease, snapshot)?.observation(&lease));
         }
         Ok(listed)
     }

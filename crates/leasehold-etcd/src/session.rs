@@ -167,14 +167,14 @@ impl Inner {
     /// The session of this TTL, made sure to have been refreshed by a keepalive *sent* at or
     /// after `since`. `None` when the session has expired (its keys are gone); the next
     /// [`Inner::session`] grants a new one.
-    pub(crate) async fn refreshed_since(&self, ttl_secs: i64, since: Instant) -> Result<Option<i64>> {
+    pub(crate) async fn refreshed_since(self: &Arc<Self>, ttl_secs: i64, since: Instant) -> Result<Option<i64>> {
         let slot = self.slot(ttl_secs);
         let mut session = slot.lock().await;
         self.refresh_locked(&mut session, ttl_secs, since).await
     }
 
     async fn refresh_locked(
-        &self,
+        self: &Arc<Self>,
         session: &mut Option<Session>,
         ttl_secs: i64,
         since: Instant,
@@ -204,9 +204,8 @@ impl Inner {
             confirmed: sent,
             keys: current.keys,
         });
-        // The session lives on: so may a key whose deletion failed. Boxed: a renewal waiting
-        // for this round must stay small (tests/footprint.rs).
-        Box::pin(self.delete_left(limit)).await;
+        // The session lives on: so may a key whose deletion failed.
+        self.delete_left(limit);
         Ok(Some(current.id))
     }
 
@@ -223,7 +222,7 @@ impl Inner {
     /// The keys bound to the session of this TTL, read after a keepalive sent at or after
     /// `since` was confirmed: one round (a keepalive and a key listing) serves every renewal
     /// that began before it. `None` when the session has expired.
-    pub(crate) async fn session_keys(&self, ttl_secs: i64, since: Instant) -> Result<Option<SessionKeys>> {
+    pub(crate) async fn session_keys(self: &Arc<Self>, ttl_secs: i64, since: Instant) -> Result<Option<SessionKeys>> {
         let slot = self.slot(ttl_secs);
         let mut session = slot.lock().await;
         if let Some(Session {

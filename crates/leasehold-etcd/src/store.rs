@@ -109,6 +109,19 @@ struct Place {
     /// hand-over, withdrawal or a requeue's clear): a place at or below it is never published
     /// again (see [`Inner::retire`]).
     retired: i64,
+    /// How many acquires of the key's candidate this store has begun: a withdrawal sent again
+    /// later is dropped once the candidate campaigns again (see [`Left::Withdraw`]).
+    acquires: u64,
+}
+
+/// A deletion of this store that failed, to be sent again (see [`Inner::leave`]).
+enum Left {
+    /// A [`close_key`] transaction.
+    Close(Txn),
+    /// A withdrawal whose first request (the read of the key) failed, so that the key's
+    /// revision is not known: the withdrawal is made again, as long as the candidate has not
+    /// begun another acquire since (`acquires` as it was).
+    Withdraw { keys: Keys, key: String, acquires: u64 },
 }
 
 pub(crate) struct Inner {
@@ -138,9 +151,11 @@ pub(crate) struct Inner {
     /// that position began (see `EtcdStore::grant_on_release`).
     one_shots: Mutex<HashMap<String, (Position, Instant)>>,
     /// Deletions of candidate keys of this store that failed (a release, hand-over or
-    /// withdrawal answered an error): each the transaction of [`close_key`], sent again after
-    /// the next keepalive of any session of this store (see [`Inner::leave`]).
-    left: Mutex<Vec<Txn>>,
+    /// withdrawal answered an error), sent again after the next keepalive of any session of
+    /// this store (see [`Inner::leave`]).
+    left: Mutex<Vec<Left>>,
+    /// Whether a task sending `left` again is under way (at most one at a time).
+    resending: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Debug for EtcdStore {
@@ -215,6 +230,7 @@ impl EtcdStore {
                 records: Mutex::default(),
                 one_shots: Mutex::default(),
                 left: Mutex::default(),
+                resending: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
@@ -722,6 +738,7 @@ impl Inner {
         let place = positions.entry(own.to_string()).or_insert_with(|| Place {
             position: watch::channel(None).0,
             retired: 0,
+            acquires: 0,
         });
         f(place)
     }
@@ -768,16 +785,46 @@ impl Inner {
         self.place(own, |place| place.retired)
     }
 
-    /// A deletion of one of this store's candidate keys failed (`txn` is its [`close_key`]):
+    /// `snapshot` as this store may show it: an error (transient) when its holder is a key this
+    /// store has begun to delete (see [`Inner::retire`]). A deletion that failed leaves such a
+    /// key in place until it is sent again (see [`Inner::leave`]); shown as holder, the engine's
+    /// read-back could adopt its term (an acquire of the same candidate whose answer was lost)
+    /// and lead on a key that the resent deletion then deletes under it (review finding).
+    pub(crate) fn unretired(&self, keys: &Keys, lease: &LeaseName, snapshot: Snapshot) -> Result<Snapshot> {
+        let Some(holder) = snapshot.holder() else {
+            return Ok(snapshot);
+        };
+        let own = keys.candidate(&holder.id);
+        let retired = self
+            .positions
+            .lock()
+            .expect("positions lock")
+            .get(&own)
+            .is_some_and(|place| place.retired >= holder.rev);
+        if retired {
+            return Err(Error::unreachable(
+                STORE,
+                format!(
+                    "the holder of {lease} (term {}) is a key this store is deleting (a release, hand-over or withdrawal that failed is sent again): look again",
+                    holder.rev
+                ),
+            ));
+        }
+        Ok(snapshot)
+    }
+
+    /// A deletion of one of this store's candidate keys failed (`txn` is its [`close_key`], or the
+    /// withdrawal itself when its read failed):
     /// the key may be left on a session that the store's other elections keep alive, where it
     /// would hold the lease, or keep the candidates behind it waiting, for as long (a release
     /// that did not free the lease must leave it to expire after its TTL; a withdrawn candidate
     /// must not stay queued). The engine does not ask again (it has stopped), so `txn` is sent
-    /// again after the next keepalive of a session of this store, until etcd answers it. Safe at
+    /// again after the next keepalive of a session of this store, until etcd answers it (a
+    /// withdrawal only while its candidate has not campaigned again). Safe at
     /// any later moment: the key was retired (never adopted or granted by this store again, see
     /// [`Inner::retire`]), and the compare of its create_revision leaves a key made later alone.
     /// Without a keepalive there is no session to keep the key either.
-    fn leave(&self, txn: Txn) {
+    fn leave(&self, txn: Left) {
         let mut left = self.left.lock().expect("left lock");
         if left.len() >= MAX_LEFT {
             left.remove(0);
@@ -785,21 +832,69 @@ impl Inner {
         left.push(txn);
     }
 
-    /// Sends the deletions that failed (see [`Inner::leave`]) once more, each bounded by
-    /// `limit`; one that fails again is kept for the next keepalive.
-    pub(crate) async fn delete_left(&self, limit: Duration) {
-        let left = std::mem::take(&mut *self.left.lock().expect("left lock"));
-        for txn in left {
-            let mut client = self.client();
-            let again = txn.clone();
-            let sent = self
-                .call_shared("delete (left key)", limit, async move { client.txn(again).await })
-                .await;
-            if let Err(error) = sent {
-                tracing::debug!(%error, "deleting a candidate key left by a failed deletion failed; again after the next keepalive");
-                self.leave(txn);
-            }
+    /// After a keepalive: sends the deletions that failed (see [`Inner::leave`]) once more, in a
+    /// task of its own (the keepalive's waiters, leaders' renewals among them, do not wait for
+    /// it; at most one such task at a time), each bounded by `limit`; one that fails again is
+    /// kept for the next keepalive.
+    pub(crate) fn delete_left(self: &Arc<Self>, limit: Duration) {
+        use std::sync::atomic::Ordering;
+        if self.left.lock().expect("left lock").is_empty() || self.resending.swap(true, Ordering::AcqRel) {
+            return;
         }
+        let inner = self.clone();
+        tokio::spawn(async move {
+            let left = std::mem::take(&mut *inner.left.lock().expect("left lock"));
+            for left in left {
+                match left {
+                    Left::Close(txn) => {
+                        let mut client = inner.client();
+                        let again = txn.clone();
+                        let sent = inner
+                            .call_shared("delete (left key)", limit, async move { client.txn(again).await })
+                            .await;
+                        if let Err(error) = sent {
+                            tracing::debug!(%error, "deleting a candidate key left by a failed deletion failed; again after the next keepalive");
+                            inner.leave(Left::Close(txn));
+                        }
+                    }
+                    // Left again by itself when it fails again.
+                    Left::Withdraw { keys, key, acquires } => {
+                        if inner.place(&key, |p| p.acquires) == acquires {
+                            let _ = inner.withdraw_key(&keys, key, acquires).await;
+                        }
+                    }
+                }
+            }
+            inner.resending.store(false, Ordering::Release);
+        });
+    }
+
+    /// Withdraws the candidate key `key`: reads it, retires it and closes it (see [`close_key`]).
+    /// When a request fails the withdrawal is left to be made again (see [`Inner::leave`]): a
+    /// withdrawal that did not delete the key would leave it queued on a session the store's
+    /// other elections keep alive. `acquires`: the candidate's acquires begun before it.
+    async fn withdraw_key(&self, keys: &Keys, key: String, acquires: u64) -> Result<()> {
+        let own = match self.get("withdraw", key.clone(), None).await {
+            Ok(own) => own,
+            Err(e) => {
+                self.leave(Left::Withdraw {
+                    keys: keys.clone(),
+                    key,
+                    acquires,
+                });
+                return Err(e);
+            }
+        };
+        let Some(rev) = own.kvs().first().map(KeyValue::create_revision) else {
+            return Ok(());
+        };
+        self.retire(&key, rev);
+        let txn = close_key(keys, key, rev);
+        if let Err(e) = self.txn("withdraw", txn.clone()).await {
+            self.leave(Left::Close(txn));
+            return Err(e);
+        }
+        Ok(())
     }
 
     pub(crate) async fn snapshot(&self, keys: &Keys, operation: &'static str) -> Result<Snapshot> {
@@ -897,6 +992,7 @@ impl LeaseStore for EtcdStore {
         let keys = self.keys(&request.lease);
         let own = keys.candidate(&request.candidate);
         let ttl_secs = session_ttl_secs(request.ttl);
+        inner.place(&own, |p| p.acquires += 1);
         inner.records_written(&own).await;
         let queued = (*inner.position(&own).borrow()).filter(|p| !p.granted && p.ttl_secs == ttl_secs);
         if let Some(position) = queued
@@ -1148,7 +1244,7 @@ impl LeaseStore for EtcdStore {
         let resp = match self.inner.txn("release", txn).await {
             Ok(resp) => resp,
             Err(e) => {
-                self.inner.leave(close_key(&keys, own, term));
+                self.inner.leave(Left::Close(close_key(&keys, own, term)));
                 return Err(e);
             }
         };
@@ -1172,7 +1268,7 @@ impl LeaseStore for EtcdStore {
             let keys = self.keys(&grant.lease);
             let own = keys.candidate(&grant.holder);
             self.inner.retire(&own, term);
-            self.inner.leave(close_key(&keys, own, term));
+            self.inner.leave(Left::Close(close_key(&keys, own, term)));
         }
         handed
     }
@@ -1182,22 +1278,14 @@ impl LeaseStore for EtcdStore {
         let key = keys.candidate(candidate);
         self.inner.records_written(&key).await;
         self.inner.publish(&key, None);
-        let own = self.inner.get("withdraw", key.clone(), None).await?;
-        let Some(rev) = own.kvs().first().map(KeyValue::create_revision) else {
-            return Ok(());
-        };
-        self.inner.retire(&key, rev);
-        let txn = close_key(&keys, key, rev);
-        if let Err(e) = self.inner.txn("withdraw", txn.clone()).await {
-            self.inner.leave(txn);
-            return Err(e);
-        }
-        Ok(())
+        let acquires = self.inner.place(&key, |p| p.acquires);
+        self.inner.withdraw_key(&keys, key, acquires).await
     }
 
     async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
         let keys = self.keys(lease);
-        Ok(self.inner.snapshot(&keys, "inspect").await?.observation(lease))
+        let snapshot = self.inner.snapshot(&keys, "inspect").await?;
+        Ok(self.inner.unretired(&keys, lease, snapshot)?.observation(lease))
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<Observation>> {

@@ -284,6 +284,17 @@ async fn a_granted_key_left_by_a_failed_release_is_taken_with_a_new_term() {
         matches!(acquire(&c, &lease, "c").await, Acquired::Held(_)),
         "c is not granted beside h's left key"
     );
+    // h's own store never shows its left key as holder: a read-back of h's engine (an acquire
+    // of h's whose answer was lost) would adopt its term, and the store's resent deletion would
+    // then delete the key under that leader.
+    let is_h = |o: &leasehold_core::Observation| o.holder.as_ref().is_some_and(|x| x.id == id("h"));
+    let seen_by_h = h.inspect(&lease).await;
+    assert!(seen_by_h.as_ref().map_or(true, |o| !is_h(o)), "{seen_by_h:?}");
+    let listed_by_h = h.list("").await;
+    assert!(
+        listed_by_h.as_ref().map_or(true, |all| !all.iter().any(is_h)),
+        "{listed_by_h:?}"
+    );
 
     // h campaigns again.
     let again = acquire(&h, &lease, "h").await;
@@ -382,10 +393,19 @@ async fn a_queued_key_left_by_a_failed_withdraw_goes_while_other_leases_renew() 
     left_while_other_leases_renew(Left::ByWithdraw).await;
 }
 
+/// As the withdrawal above, but its first request (the read of `h`'s key) is the one that
+/// fails: the store does not know the key's revision, and sends the whole withdrawal again
+/// (review finding: it returned the error and left the key for good).
+#[tokio::test]
+async fn a_queued_key_left_by_a_withdraw_whose_read_failed_goes_while_other_leases_renew() {
+    left_while_other_leases_renew(Left::ByWithdrawRead).await;
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Left {
     ByRelease,
     ByWithdraw,
+    ByWithdrawRead,
 }
 
 /// See the two tests above: `h`'s key of `jobs` is left by a failed release (`h` holds `jobs`,
@@ -423,7 +443,7 @@ async fn left_while_other_leases_renew(left: Left) {
     let Acquired::Granted(grant_other) = acquire_for(&h, &other, "h", SHORT).await else {
         panic!("h is first for other and must be granted");
     };
-    let grant_a = if left == Left::ByWithdraw {
+    let grant_a = if left != Left::ByRelease {
         let Acquired::Granted(g) = acquire_for(&a, &lease, "a", SHORT).await else {
             panic!("a is first and must be granted");
         };
@@ -434,7 +454,7 @@ async fn left_while_other_leases_renew(left: Left) {
     let for_h = acquire_for(&h, &lease, "h", SHORT).await;
     assert!(matches!(
         (&for_h, left),
-        (Acquired::Granted(_), Left::ByRelease) | (Acquired::Held(_), Left::ByWithdraw)
+        (Acquired::Granted(_), Left::ByRelease) | (Acquired::Held(_), Left::ByWithdraw | Left::ByWithdrawRead)
     ));
     assert!(matches!(acquire_for(&c, &lease, "c", SHORT).await, Acquired::Held(_)));
     let h_rev = etcd.key("h").await.expect("h's key");
@@ -446,7 +466,13 @@ async fn left_while_other_leases_renew(left: Left) {
         }
         _ => {
             let (h, lease) = (h.clone(), lease.clone());
-            fail(&proxy, DELAY * 3 / 2, async move { h.withdraw(&lease, &id("h")).await }).await
+            // ByWithdraw: the read is answered, the delete lost; ByWithdrawRead: the read lost.
+            let after = if left == Left::ByWithdraw {
+                DELAY * 3 / 2
+            } else {
+                DELAY / 2
+            };
+            fail(&proxy, after, async move { h.withdraw(&lease, &id("h")).await }).await
         }
     };
     assert!(failed.is_err(), "the {left:?} was not failed: {failed:?}");
