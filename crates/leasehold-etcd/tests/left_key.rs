@@ -378,7 +378,7 @@ async fn a_granted_key_left_by_a_failed_release_is_taken_with_a_new_term() {
 /// next keepalive, and `c` is granted within three TTLs.
 #[tokio::test]
 async fn a_granted_key_left_by_a_failed_release_expires_while_other_leases_renew() {
-    left_while_other_leases_renew(Left::ByRelease).await;
+    left_while_other_leases_renew(Left::Release).await;
 }
 
 /// The same for a queued key: `h`, queued behind the holder `a` and leading `other`, withdraws
@@ -390,7 +390,7 @@ async fn a_granted_key_left_by_a_failed_release_expires_while_other_leases_renew
 /// next keepalive.
 #[tokio::test]
 async fn a_queued_key_left_by_a_failed_withdraw_goes_while_other_leases_renew() {
-    left_while_other_leases_renew(Left::ByWithdraw).await;
+    left_while_other_leases_renew(Left::Withdraw).await;
 }
 
 /// As the withdrawal above, but its first request (the read of `h`'s key) is the one that
@@ -398,14 +398,14 @@ async fn a_queued_key_left_by_a_failed_withdraw_goes_while_other_leases_renew() 
 /// (review finding: it returned the error and left the key for good).
 #[tokio::test]
 async fn a_queued_key_left_by_a_withdraw_whose_read_failed_goes_while_other_leases_renew() {
-    left_while_other_leases_renew(Left::ByWithdrawRead).await;
+    left_while_other_leases_renew(Left::WithdrawRead).await;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Left {
-    ByRelease,
-    ByWithdraw,
-    ByWithdrawRead,
+    Release,
+    Withdraw,
+    WithdrawRead,
 }
 
 /// See the two tests above: `h`'s key of `jobs` is left by a failed release (`h` holds `jobs`,
@@ -443,7 +443,7 @@ async fn left_while_other_leases_renew(left: Left) {
     let Acquired::Granted(grant_other) = acquire_for(&h, &other, "h", SHORT).await else {
         panic!("h is first for other and must be granted");
     };
-    let grant_a = if left != Left::ByRelease {
+    let grant_a = if left != Left::Release {
         let Acquired::Granted(g) = acquire_for(&a, &lease, "a", SHORT).await else {
             panic!("a is first and must be granted");
         };
@@ -454,20 +454,20 @@ async fn left_while_other_leases_renew(left: Left) {
     let for_h = acquire_for(&h, &lease, "h", SHORT).await;
     assert!(matches!(
         (&for_h, left),
-        (Acquired::Granted(_), Left::ByRelease) | (Acquired::Held(_), Left::ByWithdraw | Left::ByWithdrawRead)
+        (Acquired::Granted(_), Left::Release) | (Acquired::Held(_), Left::Withdraw | Left::WithdrawRead)
     ));
     assert!(matches!(acquire_for(&c, &lease, "c", SHORT).await, Acquired::Held(_)));
     let h_rev = etcd.key("h").await.expect("h's key");
 
     let failed = match (&for_h, left) {
-        (Acquired::Granted(grant_h), Left::ByRelease) => {
+        (Acquired::Granted(grant_h), Left::Release) => {
             let (h, grant_h) = (h.clone(), grant_h.clone());
             fail(&proxy, DELAY / 2, async move { h.release(&grant_h).await }).await
         }
         _ => {
             let (h, lease) = (h.clone(), lease.clone());
-            // ByWithdraw: the read is answered, the delete lost; ByWithdrawRead: the read lost.
-            let after = if left == Left::ByWithdraw {
+            // Withdraw: the read is answered, the delete lost; WithdrawRead: the read lost.
+            let after = if left == Left::Withdraw {
                 DELAY * 3 / 2
             } else {
                 DELAY / 2
