@@ -243,11 +243,11 @@ impl Inner {
         }
         if self.is_left(lease, name) {
             // A znode of this store whose release or withdrawal failed: nobody may adopt it, and
-            // the store deletes it on its session's next renewal (crate::left).
+            // the store sends its deletion again on its session (crate::left).
             return Err(Error::unreachable(
                 STORE,
                 Failed::new(format!(
-                    "the holder of {lease} is a znode of this store whose deletion failed; it is deleted again on its session's next renewal"
+                    "the holder of {lease} is a znode of this store whose deletion failed; its deletion is sent again on its session: look again"
                 )),
             ));
         }
