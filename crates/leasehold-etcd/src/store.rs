@@ -735,6 +735,9 @@ impl Inner {
 
     fn place<T>(&self, own: &str, f: impl FnOnce(&mut Place) -> T) -> T {
         let mut positions = self.positions.lock().expect("positions lock");
+        if let Some(place) = positions.get_mut(own) {
+            return f(place); // the common case: no key copied
+        }
         let place = positions.entry(own.to_string()).or_insert_with(|| Place {
             position: watch::channel(None).0,
             retired: 0,
