@@ -154,8 +154,9 @@ pub(crate) struct Inner {
     /// withdrawal answered an error), sent again after the next keepalive of any session of
     /// this store (see [`Inner::leave`]).
     left: Mutex<Vec<Left>>,
-    /// Whether a task sending `left` again is under way (at most one at a time).
-    resending: std::sync::atomic::AtomicBool,
+    /// Held by the task sending `left` again: at most one at a time (released with the task,
+    /// also should it panic).
+    resending: Arc<AsyncMutex<()>>,
 }
 
 impl fmt::Debug for EtcdStore {
@@ -230,7 +231,7 @@ impl EtcdStore {
                 records: Mutex::default(),
                 one_shots: Mutex::default(),
                 left: Mutex::default(),
-                resending: std::sync::atomic::AtomicBool::new(false),
+                resending: Arc::default(),
             }),
         })
     }
@@ -840,12 +841,15 @@ impl Inner {
     /// it; at most one such task at a time), each bounded by `limit`; one that fails again is
     /// kept for the next keepalive.
     pub(crate) fn delete_left(self: &Arc<Self>, limit: Duration) {
-        use std::sync::atomic::Ordering;
-        if self.left.lock().expect("left lock").is_empty() || self.resending.swap(true, Ordering::AcqRel) {
+        if self.left.lock().expect("left lock").is_empty() {
             return;
         }
+        let Ok(resending) = self.resending.clone().try_lock_owned() else {
+            return;
+        };
         let inner = self.clone();
         tokio::spawn(async move {
+            let _resending = resending;
             let left = std::mem::take(&mut *inner.left.lock().expect("left lock"));
             for left in left {
                 match left {
@@ -868,7 +872,6 @@ impl Inner {
                     }
                 }
             }
-            inner.resending.store(false, Ordering::Release);
         });
     }
 
