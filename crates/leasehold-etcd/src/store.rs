@@ -786,7 +786,8 @@ impl Inner {
 
     /// The greatest create_revision of `own` this store has begun to delete (0: none).
     fn retired(&self, own: &str) -> i64 {
-        self.place(own, |place| place.retired)
+        let positions = self.positions.lock().expect("positions lock");
+        positions.get(own).map_or(0, |place| place.retired)
     }
 
     /// `snapshot` as this store may show it: an error (transient) when its holder is a key this
@@ -798,14 +799,7 @@ impl Inner {
         let Some(holder) = snapshot.holder() else {
             return Ok(snapshot);
         };
-        let own = keys.candidate(&holder.id);
-        let retired = self
-            .positions
-            .lock()
-            .expect("positions lock")
-            .get(&own)
-            .is_some_and(|place| place.retired >= holder.rev);
-        if retired {
+        if self.retired(&keys.candidate(&holder.id)) >= holder.rev {
             return Err(Error::unreachable(
                 STORE,
                 format!(
@@ -817,9 +811,9 @@ impl Inner {
         Ok(snapshot)
     }
 
-    /// A deletion of one of this store's candidate keys failed (`txn` is its [`close_key`], or the
-    /// withdrawal itself when its read failed):
-    /// the key may be left on a session that the store's other elections keep alive, where it
+    /// A deletion of one of this store's candidate keys failed (`txn` is its [`close_key`], or
+    /// the withdrawal itself when its read failed): the key may be left on a session that the
+    /// store's other elections keep alive, where it
     /// would hold the lease, or keep the candidates behind it waiting, for as long (a release
     /// that did not free the lease must leave it to expire after its TTL; a withdrawn candidate
     /// must not stay queued). The engine does not ask again (it has stopped), so `txn` is sent

@@ -408,7 +408,7 @@ enum Left {
     WithdrawRead,
 }
 
-/// See the two tests above: `h`'s key of `jobs` is left by a failed release (`h` holds `jobs`,
+/// See the three tests above: `h`'s key of `jobs` is left by a failed release (`h` holds `jobs`,
 /// `c` queued next) or a failed withdrawal (`a` holds `jobs`, `h` and `c` queued in that order;
 /// `a` releases after the withdrawal failed); `h`'s store goes on renewing `other`. `c` must be
 /// granted within three TTLs.
