@@ -214,13 +214,26 @@ pub(crate) async fn measure(etcd_url: &str, plan: &Plan, cli: Option<&Outcome<Pa
     }
     if plan.wants("election") {
         eprintln!("== etcd-client Election (reference), interleaved with the library's handover");
-        report.election = paired(etcd_url, run, 2 * reps).await;
+        let pairs = if plan.smoke { reps } else { PAIRED_REPS };
+        report.election = paired(etcd_url, run, pairs).await;
         match &report.election {
             Ok(p) => {
                 print_stats("Election handover from resign() returning", &Ok(p.election.0));
                 print_stats("Election handover from resign() called", &Ok(p.election.1));
                 print_stats("leasehold handover from resign() returning", &Ok(p.leasehold.0));
                 print_stats("leasehold handover from resign() called", &Ok(p.leasehold.1));
+                print_stats("the release protocol without the library", &Ok(p.protocol));
+                let f = p.protocol_difference;
+                eprintln!(
+                    "   paired difference (protocol - Election): median {:+.3} ms, 95% interval {:+.3} to {:+.3} ms",
+                    f.median, f.low, f.high
+                );
+                let d = p.difference;
+                eprintln!(
+                    "   paired difference from resign() called (leasehold - Election): median {:+.3} ms, \
+                     95% interval {:+.3} to {:+.3} ms, leasehold faster in {} of {}",
+                    d.median, d.low, d.high, d.faster, d.n
+                );
             }
             Err(e) => eprintln!("   {e}"),
         }
@@ -251,6 +264,73 @@ pub(crate) struct Paired {
     /// The library on the same etcd: from `resign()` returning, and from it being called, to the
     /// successor's Elected event.
     pub(crate) leasehold: (Stats, Stats),
+    /// From `resign()` called: the library's sample minus `Election`'s in the same repetition.
+    pub(crate) difference: Difference,
+    /// The library's release on etcd without the library ([`protocol_once`]): from the
+    /// transaction's send to the successor's watch event.
+    pub(crate) protocol: Stats,
+    /// That minus `Election`'s sample in the same repetition.
+    pub(crate) protocol_difference: Difference,
+}
+
+/// The median of paired differences (`ours_i - theirs_i`, negative where ours was faster) with
+/// a 95% percentile-bootstrap interval: two p50s of separate samples move with the machine's
+/// load from run to run, a difference taken within each repetition much less.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Difference {
+    /// Milliseconds.
+    pub(crate) median: f64,
+    pub(crate) low: f64,
+    pub(crate) high: f64,
+    /// Repetitions in which ours was faster.
+    pub(crate) faster: usize,
+    pub(crate) n: usize,
+}
+
+impl Difference {
+    /// `None` without samples or with unequal counts.
+    pub(crate) fn of(ours: &[Duration], theirs: &[Duration]) -> Option<Difference> {
+        if ours.is_empty() || ours.len() != theirs.len() {
+            return None;
+        }
+        let d: Vec<f64> = ours
+            .iter()
+            .zip(theirs)
+            .map(|(o, t)| (o.as_secs_f64() - t.as_secs_f64()) * 1000.0)
+            .collect();
+        // A fixed seed: the same samples give the same interval.
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move || {
+            // splitmix64
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        };
+        const ROUNDS: usize = 2000;
+        let mut medians: Vec<f64> = (0..ROUNDS)
+            .map(|_| median((0..d.len()).map(|_| d[(next() % d.len() as u64) as usize]).collect()))
+            .collect();
+        medians.sort_by(f64::total_cmp);
+        Some(Difference {
+            median: median(d.clone()),
+            low: medians[ROUNDS * 25 / 1000],
+            high: medians[ROUNDS * 975 / 1000 - 1],
+            faster: d.iter().filter(|x| **x < 0.0).count(),
+            n: d.len(),
+        })
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }
 
 /// The TTL of both sides of [`paired`].
@@ -258,7 +338,11 @@ const ELECTION_LEASE_TTL: Duration = Duration::from_secs(10);
 
 /// Before each resign, the successor waits this long (once it has seen the leader, for the
 /// library): its campaign has reached the server and waits there.
-const SETTLE: Duration = Duration::from_millis(500);
+pub(crate) const SETTLE: Duration = Duration::from_millis(200);
+
+/// Repetitions of [`paired`] in a full run: enough for the median of the paired differences to
+/// settle within about 0.05 ms on this kind of machine.
+pub(crate) const PAIRED_REPS: usize = 200;
 
 /// `reps` samples each of [`election_once`] and of the library's graceful handover on the same
 /// etcd, interleaved, with the same TTL as `Election`'s leases (10 s): at the benchmark's 2 s a
@@ -274,30 +358,82 @@ async fn paired(etcd_url: &str, run: u64, reps: usize) -> Outcome<Paired> {
     }
     let ttl = ELECTION_LEASE_TTL;
     let (mut theirs, mut ours) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
+    let mut protocol = Vec::new();
     for i in 0..reps {
-        for turn in 0..2 {
-            let (ret, call, into) = if (i + turn) % 2 == 0 {
-                let (ret, call) = election_once(&mut a, &mut b, format!("bench-election-{run}-{i}")).await?;
-                (ret, call, &mut theirs)
-            } else {
-                let lease = crate::measures::lease(run, "paired", i)?;
-                let (ret, call) = crate::measures::handover_once(&clients, &lease, ttl, SETTLE).await?;
-                (ret, call, &mut ours)
-            };
-            into.0.push(ret);
-            into.1.push(call);
+        for turn in 0..3 {
+            match (i + turn) % 3 {
+                0 => {
+                    let (ret, call) = election_once(&mut a, &mut b, format!("bench-election-{run}-{i}")).await?;
+                    theirs.0.push(ret);
+                    theirs.1.push(call);
+                }
+                1 => {
+                    let lease = crate::measures::lease(run, "paired", i)?;
+                    let (ret, call) = crate::measures::handover_once(&clients, &lease, ttl, SETTLE).await?;
+                    ours.0.push(ret);
+                    ours.1.push(call);
+                }
+                _ => protocol.push(protocol_once(&mut a, &b, format!("bench-protocol-{run}-{i}")).await?),
+            }
         }
     }
-    let stats = |(ret, call): (Vec<Duration>, Vec<Duration>)| -> Outcome<(Stats, Stats)> {
+    let stats = |(ret, call): &(Vec<Duration>, Vec<Duration>)| -> Outcome<(Stats, Stats)> {
         Ok((
-            Stats::of(&ret).ok_or("no samples")?,
-            Stats::of(&call).ok_or("no samples")?,
+            Stats::of(ret).ok_or("no samples")?,
+            Stats::of(call).ok_or("no samples")?,
         ))
     };
     Ok(Paired {
-        election: stats(theirs)?,
-        leasehold: stats(ours)?,
+        election: stats(&theirs)?,
+        leasehold: stats(&ours)?,
+        difference: Difference::of(&ours.1, &theirs.1).ok_or("no samples")?,
+        protocol: Stats::of(&protocol).ok_or("no samples")?,
+        protocol_difference: Difference::of(&protocol, &theirs.1).ok_or("no samples")?,
     })
+}
+
+/// The library's graceful handover on etcd without the library: the transaction the etcd
+/// backend sends to release a lease (`EtcdStore::release`: the holder's key deleted, the term's
+/// end and the release marker written, on two compares), sent with etcd-client, and a watch on
+/// another client of the released key, as the successor's change stream watches it. From the
+/// send to the watch's delete event: the store's part of the handover, its floor.
+async fn protocol_once(a: &mut etcd_client::Client, b: &etcd_client::Client, name: String) -> Outcome<Duration> {
+    use etcd_client::{Compare, CompareOp, EventType, Txn, TxnOp};
+    let e = |what: &'static str| move |err: etcd_client::Error| format!("etcd {what}: {err}");
+    let limit = Duration::from_secs(10);
+    let (own, reserved) = (format!("{name}/c/a"), format!("{name}/reserved"));
+    let term = a.put(own.as_str(), "a", None).await.map_err(e("put"))?;
+    let term = term.header().map_or(0, etcd_client::ResponseHeader::revision);
+    let mut stream = b.clone().watch(own.as_str(), None).await.map_err(e("watch"))?;
+    let waiting = tokio::spawn(async move {
+        while let Ok(Some(r)) = stream.message().await {
+            if r.events().iter().any(|ev| ev.event_type() == EventType::Delete) {
+                return Some(Instant::now());
+            }
+        }
+        None
+    });
+    tokio::time::sleep(SETTLE).await;
+    let txn = Txn::new()
+        .when([
+            Compare::create_revision(own.as_str(), CompareOp::Equal, term),
+            Compare::create_revision(reserved, CompareOp::Equal, 0),
+        ])
+        .and_then([
+            TxnOp::delete(own.as_str(), None),
+            TxnOp::put(format!("{name}/ended/{term}"), "released", None),
+            TxnOp::put(format!("{name}/granted"), format!("released {term}"), None),
+        ]);
+    let sent = Instant::now();
+    let done = a.txn(txn).await.map_err(e("txn"))?;
+    if !done.succeeded() {
+        return Err("the release transaction's compare failed".into());
+    }
+    let at = crate::measures::within(limit, "the delete event", waiting)
+        .await?
+        .map_err(|e| e.to_string())?
+        .ok_or("the watch ended")?;
+    Ok(at.saturating_duration_since(sent))
 }
 
 /// One handover of etcd-client 0.21's `Election` (etcd's server-side campaign/resign, each
