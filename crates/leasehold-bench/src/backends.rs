@@ -12,34 +12,67 @@ pub(crate) fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// Runs `scripts/services up` for the servers the selected backends need. Never `down`: other
-/// people's tests use the same servers.
-pub(crate) fn start_services(selected: &[&str]) {
-    let services: Vec<&str> = selected
+/// The servers [`start_services`] started: stopped again (`scripts/services down`) when this
+/// is dropped, so that a benchmark leaves the machine's ports as it found them. Servers that
+/// were running before are left running: other people's tests use them.
+#[derive(Debug, Default)]
+pub(crate) struct Started(Vec<&'static str>);
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        if self.0.is_empty() {
+            return;
+        }
+        eprintln!(
+            "stopping the servers this run started: scripts/services down {}",
+            self.0.join(" ")
+        );
+        let _ = services(&["down"], &self.0, false);
+    }
+}
+
+/// `scripts/services COMMAND SERVICE...`; whether it succeeded.
+fn services(command: &[&str], names: &[&str], quiet: bool) -> std::io::Result<std::process::ExitStatus> {
+    let mut run = std::process::Command::new(repo_root().join("scripts/services"));
+    run.args(command).args(names).stdout(std::process::Stdio::null());
+    if quiet {
+        run.stderr(std::process::Stdio::null());
+    }
+    run.status()
+}
+
+/// Runs `scripts/services up` for the servers the selected backends need, and returns those
+/// that were not running before.
+pub(crate) fn start_services(selected: &[&str]) -> Started {
+    let wanted: Vec<&'static str> = selected
         .iter()
         .filter_map(|b| match *b {
-            "postgres" | "redis" | "etcd" | "zookeeper" => Some(*b),
+            "postgres" => Some("postgres"),
+            "redis" => Some("redis"),
+            "etcd" => Some("etcd"),
+            "zookeeper" => Some("zookeeper"),
             "dynamodb" => Some("dynalite"),
             "azure" => Some("azurite"),
             _ => None,
         })
         .collect();
-    if services.is_empty() {
-        return;
+    if wanted.is_empty() {
+        return Started::default();
     }
-    eprintln!("starting local servers: scripts/services up {}", services.join(" "));
-    let status = std::process::Command::new(repo_root().join("scripts/services"))
-        .arg("up")
-        .args(&services)
-        .stdout(std::process::Stdio::null())
-        .status();
-    match status {
+    let stopped: Vec<&'static str> = wanted
+        .iter()
+        .copied()
+        .filter(|s| !services(&["status"], &[s], true).is_ok_and(|status| status.success()))
+        .collect();
+    eprintln!("starting local servers: scripts/services up {}", wanted.join(" "));
+    match services(&["up"], &wanted, false) {
         Ok(s) if s.success() => {}
         Ok(s) => {
             eprintln!("scripts/services up exited with {s}; servers that did not start are reported as not available")
         }
         Err(e) => eprintln!("could not run scripts/services: {e}"),
     }
+    Started(stopped)
 }
 
 /// `VAR=value` lines of `target/services/env`, overridden by the process environment.

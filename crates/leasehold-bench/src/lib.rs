@@ -91,9 +91,12 @@ pub async fn run(options: &Options) -> Result<String, String> {
     if let Some(unknown) = options.only.iter().find(|m| !MEASURES.contains(&m.as_str())) {
         return Err(format!("unknown measure {unknown:?}; known: {}", MEASURES.join(" ")));
     }
-    if options.start_services {
-        backends::start_services(&selected);
-    }
+    // Stopped again when the run ends, however it ends.
+    let _started = if options.start_services {
+        backends::start_services(&selected)
+    } else {
+        backends::Started::default()
+    };
     let env = backends::ServiceEnv::load();
     let scratch = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
     let mut plan = measures::Plan::new(options.smoke, options.child_processes);
