@@ -344,8 +344,8 @@ pub(crate) const SETTLE: Duration = Duration::from_millis(200);
 /// settle within about 0.05 ms on this kind of machine.
 pub(crate) const PAIRED_REPS: usize = 200;
 
-/// `reps` samples each of [`election_once`] and of the library's graceful handover on the same
-/// etcd, interleaved, with the same TTL as `Election`'s leases (10 s): at the benchmark's 2 s a
+/// `reps` samples each of [`election_once`], of the library's graceful handover and of
+/// [`protocol_once`] on the same etcd, interleaved, with the same TTL as `Election`'s leases (10 s): at the benchmark's 2 s a
 /// renewal (every 667 ms) or a waiting candidate's keepalive round under way when the leader
 /// resigns delays the handover by its round trip, a cost `Election`'s leases (never kept alive
 /// here) do not have.
@@ -425,9 +425,10 @@ async fn protocol_once(a: &mut etcd_client::Client, b: &etcd_client::Client, nam
             TxnOp::put(format!("{name}/granted"), format!("released {term}"), None),
         ]);
     let sent = Instant::now();
-    let done = a.txn(txn).await.map_err(e("txn"))?;
-    if !done.succeeded() {
-        return Err("the release transaction's compare failed".into());
+    let done = a.txn(txn).await;
+    if !done.as_ref().is_ok_and(etcd_client::TxnResponse::succeeded) {
+        waiting.abort();
+        return Err(done.map_or_else(e("txn"), |_| "the release transaction's compare failed".into()));
     }
     let at = crate::measures::within(limit, "the delete event", waiting)
         .await?
