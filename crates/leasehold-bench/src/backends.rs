@@ -31,7 +31,7 @@ impl Drop for Started {
     }
 }
 
-/// `scripts/services COMMAND SERVICE...`; whether it succeeded.
+/// `scripts/services COMMAND SERVICE...`, its exit status.
 fn services(command: &[&str], names: &[&str], quiet: bool) -> std::io::Result<std::process::ExitStatus> {
     let mut run = std::process::Command::new(repo_root().join("scripts/services"));
     run.args(command).args(names).stdout(std::process::Stdio::null());

@@ -223,16 +223,13 @@ pub(crate) async fn measure(etcd_url: &str, plan: &Plan, cli: Option<&Outcome<Pa
                 print_stats("leasehold handover from resign() returning", &Ok(p.leasehold.0));
                 print_stats("leasehold handover from resign() called", &Ok(p.leasehold.1));
                 print_stats("the release protocol without the library", &Ok(p.protocol));
-                let f = p.protocol_difference;
                 eprintln!(
-                    "   paired difference (protocol - Election): median {:+.3} ms, 95% interval {:+.3} to {:+.3} ms",
-                    f.median, f.low, f.high
+                    "   paired difference, protocol minus Election: {}",
+                    p.protocol_difference
                 );
-                let d = p.difference;
                 eprintln!(
-                    "   paired difference from resign() called (leasehold - Election): median {:+.3} ms, \
-                     95% interval {:+.3} to {:+.3} ms, leasehold faster in {} of {}",
-                    d.median, d.low, d.high, d.faster, d.n
+                    "   paired difference from resign() called, leasehold minus Election: {}",
+                    p.difference
                 );
             }
             Err(e) => eprintln!("   {e}"),
@@ -285,6 +282,17 @@ pub(crate) struct Difference {
     /// Repetitions in which ours was faster.
     pub(crate) faster: usize,
     pub(crate) n: usize,
+}
+
+/// "median +0.016 ms (95% interval -0.009 to +0.045 ms), faster in 92 of 200".
+impl std::fmt::Display for Difference {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "median {:+.3} ms (95% interval {:+.3} to {:+.3} ms), faster in {} of {}",
+            self.median, self.low, self.high, self.faster, self.n
+        )
+    }
 }
 
 impl Difference {

@@ -446,14 +446,14 @@ pub(crate) fn render(
             w,
             "| library graceful handover, from `resign()` called, paired difference (leasehold minus `Election`, same \
              repetition) | | | {} |",
-            cell(&e.election, |p| difference(&p.difference))
+            cell(&e.election, |p| p.difference.to_string())
         );
         let _ = writeln!(
             w,
             "| the library's release protocol without the library: its transaction's send to the successor's watch \
              event (interleaved) | | | {}; minus `Election`: {} |",
             stat(&paired(|p| p.protocol)),
-            cell(&e.election, |p| difference(&p.protocol_difference))
+            cell(&e.election, |p| p.protocol_difference.to_string())
         );
         let _ = writeln!(
             w,
@@ -682,14 +682,6 @@ fn failover_bound(r: &BackendReport, max_ttl: f64) -> String {
     }
 }
 
-/// A paired difference: median, interval and how often the first was faster.
-fn difference(d: &crate::etcdctl::Difference) -> String {
-    format!(
-        "median {:+.3} ms (95% interval {:+.3} to {:+.3} ms), faster in {} of {}",
-        d.median, d.low, d.high, d.faster, d.n
-    )
-}
-
 /// Met (`Some(true)`), not met, or not measured in this run (`None`).
 fn verdict_of(smoke: bool, met: Option<bool>) -> &'static str {
     match met {
@@ -723,13 +715,13 @@ fn issue17(w: &mut String, reports: &[BackendReport], etcdctl: Option<&EtcdctlRe
                 "paired difference from `resign()` called (leasehold minus `Election`): {}; p50 leasehold {} \
                  from `resign()` returning, {} from called; `Election` {} / {} (interleaved); the library's \
                  release protocol without the library p50 {} ({} against `Election`)",
-                difference(&p.difference),
+                p.difference,
                 ms(p.leasehold.0.p50),
                 ms(p.leasehold.1.p50),
                 ms(p.election.0.p50),
                 ms(p.election.1.p50),
                 ms(p.protocol.p50),
-                difference(&p.protocol_difference),
+                p.protocol_difference,
             ),
             Some(p.difference.median <= 0.0),
         ),

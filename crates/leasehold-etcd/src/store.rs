@@ -813,10 +813,9 @@ impl Inner {
 
     /// A deletion of one of this store's candidate keys failed (`txn` is its [`close_key`], or
     /// the withdrawal itself when its read failed): the key may be left on a session that the
-    /// store's other elections keep alive, where it
-    /// would hold the lease, or keep the candidates behind it waiting, for as long (a release
-    /// that did not free the lease must leave it to expire after its TTL; a withdrawn candidate
-    /// must not stay queued). The engine does not ask again (it has stopped), so `txn` is sent
+    /// store's other elections keep alive, where it would hold the lease, or keep the candidates
+    /// behind it waiting, for as long (a release that did not free the lease must leave it to
+    /// expire after its TTL; a withdrawn candidate must not stay queued). The engine does not ask again (it has stopped), so `txn` is sent
     /// again after the next keepalive of a session of this store, until etcd answers it (a
     /// withdrawal only while its candidate has not campaigned again). Safe at
     /// any later moment: the key was retired (never adopted or granted by this store again, see
