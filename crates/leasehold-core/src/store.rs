@@ -65,8 +65,9 @@ pub fn watched_announcements(rx: tokio::sync::watch::Receiver<Option<Observation
 ///
 /// # Cancel safety
 ///
-/// The engine never drops a store future half-way: it runs each call in a task of its own to
-/// completion, or at most `max(ttl, request_timeout)` after it was sent (by then every grant
+/// The engine never drops a store future half-way: it polls each call to completion (in a task
+/// of its own once it stops waiting for the reply), or at most `max(ttl, request_timeout)` after
+/// it was sent (by then every grant
 /// the call could carry has expired by the engine's own count). A store therefore needs no
 /// "finish anyway" machinery of its own for the engine's sake.
 ///

@@ -184,6 +184,32 @@ async fn campaign_resign_and_the_successor_gets_a_higher_term() {
     }
 }
 
+/// A new leader's `Elected` event comes before the `LeaderChanged` that names it (the driver
+/// applies what a handover waits for first, and what only tells after), on election at once and
+/// after a handover.
+#[tokio::test(start_paused = true)]
+async fn elected_comes_before_the_leader_changed_that_names_the_new_leader() {
+    for (kind, store) in stores() {
+        let a = builder(&store, "a").build().unwrap();
+        let b = builder(&store, "b").build().unwrap();
+        let (mut a_events, mut b_events) = (a.events(), b.events());
+        let la = a.campaign().await.unwrap();
+        let follower = tokio::spawn(async move { b.campaign().await });
+        sleep(TTL).await;
+        la.resign().await;
+        let lb = timeout(PATIENCE, follower).await.unwrap().unwrap().unwrap();
+        for (who, events) in [("a", &mut a_events), ("b", &mut b_events)] {
+            let order = drain(events, |e| match e {
+                Event::Elected { .. } => Some("Elected"),
+                Event::LeaderChanged(Some(info)) if info.holder.as_str() == who => Some("LeaderChanged(self)"),
+                _ => None,
+            });
+            assert_eq!(order, ["Elected", "LeaderChanged(self)"], "{kind}: {who}");
+        }
+        lb.resign().await;
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn observe_shows_the_leader_to_a_follower() {
     for (kind, store) in stores() {

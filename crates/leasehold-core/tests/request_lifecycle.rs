@@ -1,7 +1,8 @@
-//! The engine owns every store call's lifecycle: a call the machine stops waiting for (its
-//! `request_timeout` passed) runs on in its own task to completion, and only a call still
-//! running a TTL after it was sent is cut off. Stores need not be cancel safe for the engine's
-//! sake: no backend has to spawn, detach or queue its requests to survive a dropped future.
+//! The engine owns every store call's lifecycle: the driver polls it, a call the machine stops
+//! waiting for (its `request_timeout` passed) runs on in a task of its own to completion, and
+//! only a call still running a TTL after it was sent is cut off. Stores need not be cancel safe
+//! for the engine's sake: no backend has to spawn, detach or queue its requests to survive a
+//! dropped future.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -24,14 +25,24 @@ struct Calls {
     dropped: Vec<Instant>,
 }
 
-/// A memory store whose acquire takes `delay` (`None`: never answers); with `panic_first`, the
-/// first acquire panics as soon as it is called (in its future's first poll, before any await).
+/// A memory store whose acquire takes `delay` (`None`: never answers); the first acquire may
+/// panic (`panic_first`).
 #[derive(Debug, Clone)]
 struct SlowAcquire {
     inner: MemoryStore,
     delay: Option<Duration>,
     calls: Arc<Mutex<Calls>>,
-    panic_first: bool,
+    panic_first: Panic,
+}
+
+/// When the first acquire panics, if it does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Panic {
+    Never,
+    /// As soon as it is called: in its future's first poll, before any await.
+    AtOnce,
+    /// After its delay: in a later poll, while the driver waits for it.
+    AfterItsDelay,
 }
 
 /// Records a drop before completion.
@@ -64,7 +75,10 @@ impl LeaseStore for SlowAcquire {
             calls.started.push(Instant::now());
             calls.started.len() == 1
         };
-        assert!(!(first && self.panic_first), "the first acquire panics");
+        assert!(
+            !(first && self.panic_first == Panic::AtOnce),
+            "the first acquire panics"
+        );
         let mut watch = DropWatch {
             calls: self.calls.clone(),
             done: false,
@@ -73,6 +87,10 @@ impl LeaseStore for SlowAcquire {
             Some(delay) => sleep(delay).await,
             None => std::future::pending::<()>().await,
         }
+        assert!(
+            !(first && self.panic_first == Panic::AfterItsDelay),
+            "the first acquire panics after its delay"
+        );
         let reply = self.inner.acquire(request).await;
         watch.done = true;
         self.calls.lock().unwrap().completed.push(Instant::now());
@@ -112,7 +130,7 @@ async fn a_call_the_machine_stopped_waiting_for_runs_to_completion() {
         inner: MemoryStore::new(),
         delay: Some(REQUEST_TIMEOUT * 2),
         calls: Arc::default(),
-        panic_first: false,
+        panic_first: Panic::Never,
     };
     let elector = elector(&store);
     let campaign = tokio::spawn(async move { elector.campaign().await });
@@ -137,7 +155,7 @@ async fn a_call_that_never_answers_is_cut_off_one_ttl_after_it_was_sent() {
         inner: MemoryStore::new(),
         delay: None,
         calls: Arc::default(),
-        panic_first: false,
+        panic_first: Panic::Never,
     };
     let elector = elector(&store);
     let campaign = tokio::spawn(async move { elector.campaign().await });
@@ -167,7 +185,7 @@ async fn a_grant_that_comes_after_the_machine_gave_up_reaches_it() {
         inner: MemoryStore::new(),
         delay: Some(REQUEST_TIMEOUT * 2),
         calls: Arc::default(),
-        panic_first: false,
+        panic_first: Panic::Never,
     };
     let elector = elector(&store);
     let leader = tokio::time::timeout(TTL, elector.campaign())
@@ -193,7 +211,7 @@ async fn run_until_returns_once_a_late_acquire_is_settled_and_released() {
         inner: MemoryStore::new(),
         delay: Some(REQUEST_TIMEOUT * 2),
         calls: Arc::default(),
-        panic_first: false,
+        panic_first: Panic::Never,
     };
     let elector = elector(&store);
     let started = Instant::now();
@@ -224,34 +242,37 @@ async fn run_until_returns_once_a_late_acquire_is_settled_and_released() {
     assert_eq!(obs.holder, None, "the late grant is released before run_until returns");
 }
 
-/// The driver polls each call once itself (a call answered at once needs no task of its own): a
-/// store that panics there fails that call with a transient error, as a panic in the call's own
-/// task does, and the campaign goes on; the panic does not end the driver.
+/// The driver polls each call itself until it is answered (or the machine gives up on it and it
+/// runs on in a task of its own): a store that panics there, in the call's first poll or in a
+/// later one, fails that call with a transient error, as a panic in the call's own task does,
+/// and the campaign goes on; the panic does not end the driver.
 #[tokio::test(start_paused = true)]
-async fn a_store_call_that_panics_at_once_fails_only_that_call() {
-    let store = SlowAcquire {
-        inner: MemoryStore::new(),
-        delay: Some(Duration::ZERO),
-        calls: Arc::default(),
-        panic_first: true,
-    };
-    let elector = elector(&store);
-    let mut events = elector.events();
-    let leader = tokio::time::timeout(TTL, elector.campaign())
-        .await
-        .expect("elected within a TTL")
-        .expect("campaign");
-    assert!(
-        store.calls.lock().unwrap().started.len() >= 2,
-        "asked again after the panic"
-    );
-    let trouble = std::iter::from_fn(|| events.try_recv().ok()).find_map(|e| match e {
-        leasehold_core::Event::StoreTrouble { error } => Some(error.to_string()),
-        _ => None,
-    });
-    assert!(
-        trouble.as_deref().is_some_and(|e| e.contains("panicked")),
-        "the panic is reported as the call's trouble: {trouble:?}"
-    );
-    leader.resign().await;
+async fn a_store_call_that_panics_fails_only_that_call() {
+    for panic in [Panic::AtOnce, Panic::AfterItsDelay] {
+        let store = SlowAcquire {
+            inner: MemoryStore::new(),
+            delay: Some(Duration::from_millis(50)),
+            calls: Arc::default(),
+            panic_first: panic,
+        };
+        let elector = elector(&store);
+        let mut events = elector.events();
+        let leader = tokio::time::timeout(TTL, elector.campaign())
+            .await
+            .expect("elected within a TTL")
+            .expect("campaign");
+        assert!(
+            store.calls.lock().unwrap().started.len() >= 2,
+            "{panic:?}: asked again after the panic"
+        );
+        let trouble = std::iter::from_fn(|| events.try_recv().ok()).find_map(|e| match e {
+            leasehold_core::Event::StoreTrouble { error } => Some(error.to_string()),
+            _ => None,
+        });
+        assert!(
+            trouble.as_deref().is_some_and(|e| e.contains("panicked")),
+            "{panic:?}: the panic is reported as the call's trouble: {trouble:?}"
+        );
+        leader.resign().await;
+    }
 }

@@ -368,7 +368,7 @@ impl Waiter {
                 }
                 std::future::pending::<()>().await;
             };
-            let mut client = inner.client();
+            let mut client = inner.kv();
             let options = GetOptions::new().with_revision(revision).with_serializable();
             let read = within(limit, "changes (release marker)", async {
                 inner

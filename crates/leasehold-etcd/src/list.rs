@@ -30,7 +30,7 @@ impl EtcdStore {
                 // One snapshot: every page at the first page's revision.
                 options = options.with_revision(revision);
             }
-            let mut client = inner.client();
+            let mut client = inner.kv();
             let key = from.clone();
             let page = inner
                 .call("list", async move { client.get(key, Some(options)).await })

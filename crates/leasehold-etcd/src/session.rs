@@ -8,7 +8,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Client, GetOptions, Txn, TxnResponse};
+use etcd_client::{Client, GetOptions, KvClient, Txn, TxnResponse};
 use leasehold_core::{Error, Result};
 use tokio::sync::Mutex as AsyncMutex;
 use tokio::time::Instant;
@@ -87,8 +87,15 @@ impl Inner {
         self.client.clone()
     }
 
+    /// The key-value part of the client, for transactions and reads: a clone of the whole
+    /// client copies eight service clients and the options, a cost on the way of every request
+    /// (a release's, before the successor's grant).
+    pub(crate) fn kv(&self) -> KvClient {
+        self.client.kv_client()
+    }
+
     pub(crate) async fn txn(&self, operation: &'static str, txn: Txn) -> Result<TxnResponse> {
-        let mut client = self.client();
+        let mut client = self.kv();
         self.call(operation, async move { client.txn(txn).await }).await
     }
 
@@ -99,7 +106,7 @@ impl Inner {
     /// connects afresh for the second copy. Reading twice is harmless, and a read-back that
     /// fails for this reason would leave a grant whose reply was lost unrecognised.
     pub(crate) async fn read_txn(&self, operation: &'static str, txn: Txn) -> Result<TxnResponse> {
-        let mut client = self.client();
+        let mut client = self.kv();
         let again = txn.clone();
         match self.call(operation, async move { client.txn(txn).await }).await {
             Ok(answer) => return Ok(answer),
@@ -110,13 +117,13 @@ impl Inner {
                 tracing::debug!(operation, %error, "etcd read failed; reading again");
             }
         }
-        let mut client = self.client();
+        let mut client = self.kv();
         self.call(operation, async move { client.txn(again).await }).await
     }
 
     /// A transaction that binds a key to an etcd lease; `None` when that lease is gone.
     pub(crate) async fn txn_unless_lease_gone(&self, operation: &'static str, txn: Txn) -> Result<Option<TxnResponse>> {
-        let mut client = self.client();
+        let mut client = self.kv();
         self.call_unless_lease_gone(operation, async move { client.txn(txn).await })
             .await
     }
@@ -127,7 +134,7 @@ impl Inner {
         key: String,
         options: Option<GetOptions>,
     ) -> Result<etcd_client::GetResponse> {
-        let mut client = self.client();
+        let mut client = self.kv();
         self.call(operation, async move { client.get(key, options).await })
             .await
     }

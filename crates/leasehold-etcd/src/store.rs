@@ -466,7 +466,7 @@ impl EtcdStore {
             ])
             .or_else([TxnOp::get(own.to_string(), None)]);
         let send = || {
-            let mut client = inner.client();
+            let mut client = inner.kv();
             let txn = txn.clone();
             async move { client.txn(txn).await }
         };
@@ -847,7 +847,7 @@ impl Inner {
             for left in left {
                 match left {
                     Left::Close(txn) => {
-                        let mut client = inner.client();
+                        let mut client = inner.kv();
                         let again = txn.clone();
                         let sent = inner
                             .call_shared("delete (left key)", limit, async move { client.txn(again).await })

@@ -6,39 +6,49 @@ use futures::stream::FuturesUnordered;
 
 use super::*;
 
-/// A store call under way: its own task, so the engine never drops a store future half-way (a
-/// store need not be cancel safe for the engine's sake). The driver stops waiting when the
-/// machine gives up on the request (its outcome is then unknown); the call itself runs on to
+/// A store call under way. The engine never drops a store future half-way (a store need not be
+/// cancel safe for the engine's sake): the driver polls it until it is done, and when the
+/// machine gives up on it (its outcome is then unknown) it runs on in a task of its own to
 /// completion, or until [`call_bound`] after it was sent, and its reply still reaches the
 /// machine (which releases a grant it no longer waited for).
 struct PendingOp {
     id: OpId,
-    /// The reply the machine gets if the call's task ends without one.
+    /// The reply the machine gets if the call ends without one.
     failed: fn(Error) -> Reply,
     task: Call,
 }
 
-/// A store call: answered at its first poll, in the driver (a store that needs no request, such
-/// as etcd granting a queued candidate on its predecessor's release, or one whose request is
-/// sent and not yet answered there), or running on in a task of its own. Polling it once in the
-/// driver saves two task hops on the way (to the call's task and back), about 0.05 ms on a
-/// loaded two-core machine; a call that is not done at once is never dropped.
+/// A store call, polled by the driver: answered at its first poll (a store that needs no
+/// request, such as etcd granting a queued candidate on its predecessor's release), running
+/// (its request sent, its reply awaited here), or handed to a task of its own once the machine
+/// stopped waiting for it. Polled in the driver rather than in a task from the start: a spawn
+/// (which may wake another worker thread) and a task hop back with the reply were on the way of
+/// every request (a release before the successor's grant, a renewal before the leader's
+/// extension).
 enum Call {
     Answered(Option<std::result::Result<Reply, String>>),
-    Running(JoinHandle<Reply>),
+    Running(BoxFuture<'static, Reply>),
+    Detached(JoinHandle<Reply>),
 }
 
 impl Call {
-    /// Polls `call` once here, and spawns it if it is not done.
+    /// Polls `call` once here.
     fn start(call: impl Future<Output = Reply> + Send + 'static) -> Call {
-        let mut call = Box::pin(call);
+        let mut call = Call::Running(Box::pin(call));
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        // A store that panics in its first poll fails this call, as a panic in its task would.
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| call.as_mut().poll(&mut cx))) {
-            Ok(std::task::Poll::Ready(reply)) => Call::Answered(Some(Ok(reply))),
-            // Its task polls it again at once, with its own waker.
-            Ok(std::task::Poll::Pending) => Call::Running(tokio::spawn(call)),
-            Err(_) => Call::Answered(Some(Err("it panicked".to_string()))),
+        match std::pin::Pin::new(&mut call).poll(&mut cx) {
+            std::task::Poll::Ready(reply) => Call::Answered(Some(reply)),
+            // Polled again at once with the driver's waker: the store's waker for it is the
+            // no-op one until then.
+            std::task::Poll::Pending => call,
+        }
+    }
+
+    /// The call runs on in a task of its own: the driver no longer polls it.
+    fn detach(self) -> Call {
+        match self {
+            Call::Running(call) => Call::Detached(tokio::spawn(call)),
+            other => other,
         }
     }
 }
@@ -48,9 +58,25 @@ impl Future for Call {
     type Output = std::result::Result<Reply, String>;
 
     fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
-        match self.get_mut() {
+        let this = self.get_mut();
+        match this {
             Call::Answered(reply) => std::task::Poll::Ready(reply.take().expect("a call's reply is taken once")),
-            Call::Running(task) => std::pin::Pin::new(task).poll(cx).map(|r| r.map_err(|e| e.to_string())),
+            Call::Running(call) => {
+                // A store that panics fails this call (the request may or may not have been
+                // applied), as a panic in its own task would; the driver goes on.
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| call.as_mut().poll(cx))) {
+                    Ok(std::task::Poll::Ready(reply)) => {
+                        *this = Call::Answered(None);
+                        std::task::Poll::Ready(Ok(reply))
+                    }
+                    Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+                    Err(_) => {
+                        *this = Call::Answered(None);
+                        std::task::Poll::Ready(Err("it panicked".to_string()))
+                    }
+                }
+            }
+            Call::Detached(task) => std::pin::Pin::new(task).poll(cx).map(|r| r.map_err(|e| e.to_string())),
         }
     }
 }
@@ -61,7 +87,7 @@ fn ended(store: &'static str, why: String) -> Error {
     Error::unreachable(store, format!("the store call ended without a reply: {why}"))
 }
 
-/// How long a store call may run in its own task: past the lease's TTL its outcome can no
+/// How long a store call may run: past the lease's TTL its outcome can no
 /// longer change what the engine believes (every grant it might carry has expired by the
 /// machine's own count), and past `request_timeout` the machine stopped waiting for it.
 fn call_bound(timing: &Timing) -> Duration {
@@ -168,7 +194,7 @@ impl Driver {
         let mut out = Vec::new();
         if self.inner.caps.notifications != crate::Notifications::None {
             // Bounded like any request: a watch that never answers must not stall the campaign.
-            // Like every store call it runs in its own task, never dropped half-way.
+            // It runs in a task of its own, never dropped half-way.
             let (store, lease, id) = (
                 self.inner.store.clone(),
                 self.inner.lease.clone(),
@@ -204,12 +230,11 @@ impl Driver {
         let mut elected = Some(elected);
         let mut elected_tx = None;
         loop {
-            // Taken, not drained: the buffer is freed (a few hundred bytes a step, thousands of
-            // idle leaders in one process keep none).
-            for output in std::mem::take(&mut out) {
-                if let Some(leader) = self.apply(output) {
-                    elected_tx = Some(leader);
-                }
+            if self.apply_step(&mut out, &mut elected_tx) {
+                // A release or hand-over was made: the client's tasks put it on the wire before
+                // the rest of this step runs.
+                tokio::task::yield_now().await;
+                continue;
             }
             if let Some(leader) = elected_tx.take() {
                 // A dropped campaign() future drops the leader handle here, which releases.
@@ -246,11 +271,40 @@ impl Driver {
         }
     }
 
-    /// The machine gave up on the call under way: stop waiting; the call runs on in its task and
-    /// its reply, when it comes, is handed to the machine as a late one (a late grant is
-    /// released, or adopted from the time the acquire was sent).
+    /// Carries out the machine's outputs of one step, in `out`: `true` when it stopped after a
+    /// release or hand-over, the rest left in `out` for after a yield. A handover waits for
+    /// these, so the outputs that only tell go after them (in their order; the others keep the
+    /// machine's): the machine deposed this leader before (its `Deposed` stays ahead), and a new
+    /// leader's `Elected` event comes before the `LeaderChanged` that names it. Not async, so
+    /// that nothing of it is held across the yield (the driver's future stays small).
+    fn apply_step(&mut self, out: &mut Vec<Output>, elected_tx: &mut Option<Leader>) -> bool {
+        // Taken, not drained: the buffer is freed (a few hundred bytes a step, thousands of
+        // idle leaders in one process keep none).
+        let mut batch = std::mem::take(out);
+        let ends = |o: &Output| matches!(o, Output::Send(_, Request::Release(_) | Request::HandOver(..)));
+        if batch.iter().any(|o| ends(o) || matches!(o, Output::Elected { .. })) {
+            batch.sort_by_key(|o| matches!(o, Output::LeaderChanged(_) | Output::StoreTrouble(_)));
+        }
+        let mut batch = batch.into_iter();
+        while let Some(output) = batch.next() {
+            let end = ends(&output);
+            if let Some(leader) = self.apply(output) {
+                *elected_tx = Some(leader);
+            }
+            if end {
+                out.extend(batch);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The machine gave up on the call under way: stop waiting; the call runs on in a task of
+    /// its own and its reply, when it comes, is handed to the machine as a late one (a late
+    /// grant is released, or adopted from the time the acquire was sent).
     fn abandon_op(&mut self) {
         if let Some(PendingOp { id, failed, task }) = self.op.take() {
+            let task = task.detach();
             let store = self.inner.store.name();
             self.late.push(Box::pin(async move {
                 (id, task.await.unwrap_or_else(|e| failed(ended(store, e))))
@@ -693,6 +747,13 @@ impl Driver {
 
 impl Drop for Driver {
     fn drop(&mut self) {
+        // A call under way runs on to its end (its reply has nobody left to reach).
+        if let Some(op) = self.op.take()
+            && let Call::Running(call) = op.task
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            drop(runtime.spawn(call));
+        }
         // However the campaign ends, the next one continues from what this one knew.
         *self.inner.earlier.lock().expect("earlier lock") = Some(self.machine.clone());
         if let Some(l) = &self.leader {
