@@ -87,9 +87,9 @@ fn ended(store: &'static str, why: String) -> Error {
     Error::unreachable(store, format!("the store call ended without a reply: {why}"))
 }
 
-/// How long a store call may run: past the lease's TTL its outcome can no
-/// longer change what the engine believes (every grant it might carry has expired by the
-/// machine's own count), and past `request_timeout` the machine stopped waiting for it.
+/// How long a store call may run: past the lease's TTL its outcome can no longer change what
+/// the engine believes (every grant it might carry has expired by the machine's own count), and
+/// past `request_timeout` the machine stopped waiting for it.
 fn call_bound(timing: &Timing) -> Duration {
     timing.ttl.max(timing.request_timeout)
 }
@@ -231,8 +231,6 @@ impl Driver {
         let mut elected_tx = None;
         loop {
             if self.apply_step(&mut out, &mut elected_tx) {
-                // A release or hand-over was made: the client's tasks put it on the wire before
-                // the rest of this step runs.
                 tokio::task::yield_now().await;
                 continue;
             }
@@ -272,7 +270,8 @@ impl Driver {
     }
 
     /// Carries out the machine's outputs of one step, in `out`: `true` when it stopped after a
-    /// release or hand-over, the rest left in `out` for after a yield. A handover waits for
+    /// release or hand-over, the rest left in `out` for after a yield (so that the client's
+    /// tasks put the request on the wire before the rest of the step runs). A handover waits for
     /// these, so the outputs that only tell go after them (in their order; the others keep the
     /// machine's): the machine deposed this leader before (its `Deposed` stays ahead), and a new
     /// leader's `Elected` event comes before the `LeaderChanged` that names it. Not async, so
