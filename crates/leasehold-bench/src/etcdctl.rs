@@ -353,10 +353,10 @@ pub(crate) const SETTLE: Duration = Duration::from_millis(200);
 pub(crate) const PAIRED_REPS: usize = 200;
 
 /// `reps` samples each of [`election_once`], of the library's graceful handover and of
-/// [`protocol_once`] on the same etcd, interleaved, with the same TTL as `Election`'s leases (10 s): at the benchmark's 2 s a
-/// renewal (every 667 ms) or a waiting candidate's keepalive round under way when the leader
-/// resigns delays the handover by its round trip, a cost `Election`'s leases (never kept alive
-/// here) do not have.
+/// [`protocol_once`] on the same etcd, interleaved, with the same TTL as `Election`'s leases
+/// (10 s): at the benchmark's 2 s a renewal (every 667 ms) or a waiting candidate's keepalive
+/// round under way when the leader resigns delays the handover by its round trip, a cost
+/// `Election`'s leases (never kept alive here) do not have.
 async fn paired(etcd_url: &str, run: u64, reps: usize) -> Outcome<Paired> {
     let mut a = crate::floor::etcd_client(etcd_url).await?;
     let mut b = crate::floor::etcd_client(etcd_url).await?;

@@ -67,9 +67,9 @@ pub fn watched_announcements(rx: tokio::sync::watch::Receiver<Option<Observation
 ///
 /// The engine never drops a store future half-way: it polls each call to completion (in a task
 /// of its own once it stops waiting for the reply), or at most `max(ttl, request_timeout)` after
-/// it was sent (by then every grant
-/// the call could carry has expired by the engine's own count). A store therefore needs no
-/// "finish anyway" machinery of its own for the engine's sake.
+/// it was sent (by then every grant the call could carry has expired by the engine's own
+/// count). A store therefore needs no "finish anyway" machinery of its own for the engine's
+/// sake.
 ///
 /// Other callers (operator tools, tests, a caller's own `select!`) may still drop a future at
 /// any `.await`. A dropped request then counts as a transient failure: it may or may not have

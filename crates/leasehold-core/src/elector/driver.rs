@@ -38,8 +38,8 @@ impl Call {
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         match std::pin::Pin::new(&mut call).poll(&mut cx) {
             std::task::Poll::Ready(reply) => Call::Answered(Some(reply)),
-            // Polled again at once with the driver's waker: the store's waker for it is the
-            // no-op one until then.
+            // Polled again with the driver's waker when the driver next waits (after the yield
+            // that follows a release): the store's waker for it is the no-op one until then.
             std::task::Poll::Pending => call,
         }
     }
