@@ -722,10 +722,12 @@ impl Machine {
             let reason = DeposedReason::HandedOver { to: to.clone() };
             self.step_down(now, reason, Lease::StillOurs, Then::CampaignAgain, out);
         }
-        if let State::SteppingDown(s) = &mut self.state
-            && s.release_due
-        {
-            s.successor = Some(to);
+        if let State::SteppingDown(s) = &mut self.state {
+            if s.release_due {
+                s.successor = Some(to);
+            }
+            // Also when there is nothing to hand over (the lease was lost, or is left to expire
+            // with a lock delay): the work has stopped, and is not to be waited for.
             if work_stopped && s.work_stopped.is_none() && !s.aborted {
                 s.work_stopped = Some(now);
             }
@@ -952,6 +954,25 @@ impl Machine {
                         };
                         f.next_attempt = if cleared.confirmed { now } else { cleared.from };
                         f.cleared = Some(cleared);
+                    }
+                }
+                // Handed over to this candidate: a clean end, taken at once with no delay (the
+                // look would otherwise see the reservation as a holder and look again until it
+                // expired).
+                Ok(observation)
+                    if observation
+                        .holder
+                        .as_ref()
+                        .is_some_and(|h| h.reserved && h.id == self.me) =>
+                {
+                    self.observe(now, &observation, out);
+                    if let Some(f) = self.following_mut() {
+                        f.cleared = Some(Cleared {
+                            from: now,
+                            last_term: observation.last_term,
+                            confirmed: true,
+                        });
+                        f.next_attempt = now;
                     }
                 }
                 Ok(observation) => self.observe(now, &observation, out),

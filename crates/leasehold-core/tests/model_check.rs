@@ -147,6 +147,16 @@ struct State {
     delay_due: Option<(usize, u64, u64)>,
     /// A candidate was granted before the `delay_due` of another candidate's term.
     delay_skipped: bool,
+    /// Store time (ms) at which the record was last handed over (reserved for its successor),
+    /// while the reservation stands.
+    reserved_since: Option<u64>,
+    /// Each candidate's work runs (from its `Elected` until it returns or is aborted).
+    work_running: [bool; 3],
+    /// Work was aborted after it had stopped (a resign or hand-over said so): the step-down
+    /// waited for `valid_until` for nothing, and the work counted as aborted.
+    aborted_stopped_work: bool,
+    /// A successor took a lease handed over to it.
+    hand_over_taken: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -172,6 +182,16 @@ enum Action {
     /// the step-down point of the `valid_until` the handle last saw, which may be older than the
     /// machine's), `false` for [`DeposedReason::TooLittleTime`] (`ensure_valid`).
     StepDown(usize, bool),
+    /// With lingering work: the deposed leader's work returns on its own.
+    WorkReturns(usize),
+    /// With lingering work: the deposed leader's work hands the lease over (`Leader::hand_over`
+    /// on the last clone, the natural shutdown after `cancelled()` fired), or resigns.
+    HandOverAfterDeposed(usize),
+    ResignAfterDeposed(usize),
+    /// With clones: one clone of the leader's handle hands over or resigns while another clone's
+    /// work still runs (`Input::HandOver { work_stopped: false }`, `Input::StepDown(Resigned)`).
+    CloneHandOver(usize),
+    CloneResign(usize),
 }
 
 struct Election {
@@ -223,6 +243,14 @@ struct Election {
     keepalives: u8,
     /// How many times a leader's handle may end the leadership itself ([`Action::StepDown`]).
     step_downs: u8,
+    /// A deposed leader's work does not stop at once: it returns, hands over or resigns later
+    /// ([`Action::WorkReturns`], [`Action::HandOverAfterDeposed`], [`Action::ResignAfterDeposed`]).
+    lingering_work: bool,
+    /// A leader's handle has clones: one may hand over or resign while another's work runs.
+    clones: bool,
+    /// The bound (ms of store time) within which a hand-over must be taken by its successor
+    /// while the successor campaigns and runs (checked when set: a fault-free, prompt model).
+    hand_over_taken_within: Option<u64>,
 }
 
 /// etcd's queue, as `leasehold-etcd` keeps it: each candidate has a session (an etcd lease that
@@ -345,6 +373,7 @@ impl Election {
                 if !take {
                     return ModelReply::Acquire(Acquired::Held(self.observation(s)));
                 }
+                s.hand_over_taken |= s.record.as_ref().is_some_and(|r| r.reserved && r.holder == from);
                 s.last_term += 1;
                 self.granting(s, from);
                 let term = s.last_term;
@@ -392,6 +421,7 @@ impl Election {
                     r.reserved = true;
                     r.version = version;
                     r.expires_at = s.now + ttl;
+                    s.reserved_since = Some(s.now);
                 }
                 ModelReply::Release
             }
@@ -582,6 +612,7 @@ impl Election {
                     }
                     s.max_elected_term = s.max_elected_term.max(grant.term.0);
                     s.valid_until[i] = Some(valid_until);
+                    s.work_running[i] = true;
                 }
                 Output::Extended { valid_until } => s.valid_until[i] = Some(valid_until),
                 // The modelled work stops as soon as it is cancelled.
@@ -592,7 +623,14 @@ impl Election {
                     {
                         s.delay_due = Some((i, term.0, due));
                     }
-                    follow_up.push(Input::WorkStopped);
+                    if !self.lingering_work && s.work_running[i] {
+                        s.work_running[i] = false;
+                        follow_up.push(Input::WorkStopped);
+                    }
+                }
+                Output::AbortWork => {
+                    s.aborted_stopped_work |= !s.work_running[i];
+                    s.work_running[i] = false;
                 }
                 _ => {}
             }
@@ -604,6 +642,13 @@ impl Election {
 
     /// The store answers a request: applies it, or refuses it at once without applying it.
     fn answer(&self, s: &mut State, msg: Msg, refuse: bool) {
+        self.answer_request(s, msg, refuse);
+        if !s.record.as_ref().is_some_and(|r| r.reserved) {
+            s.reserved_since = None;
+        }
+    }
+
+    fn answer_request(&self, s: &mut State, msg: Msg, refuse: bool) {
         let Msg::Request {
             from,
             generation,
@@ -687,6 +732,10 @@ impl Model for Election {
             valid_until: [None; 3],
             delay_due: None,
             delay_skipped: false,
+            reserved_since: None,
+            work_running: [false; 3],
+            aborted_stopped_work: false,
+            hand_over_taken: false,
         }]
     }
 
@@ -712,6 +761,19 @@ impl Model for Election {
                 actions.push(Action::Resign(i));
                 if self.hand_overs {
                     actions.push(Action::HandOver(i));
+                }
+            }
+            if self.lingering_work && s.work_running[i] && !m.believes_leader(now) {
+                actions.push(Action::WorkReturns(i));
+                actions.push(Action::ResignAfterDeposed(i));
+                if self.hand_overs {
+                    actions.push(Action::HandOverAfterDeposed(i));
+                }
+            }
+            if self.clones && s.resigns_left > 0 && m.believes_leader(now) {
+                actions.push(Action::CloneResign(i));
+                if self.hand_overs {
+                    actions.push(Action::CloneHandOver(i));
                 }
             }
             if s.stalls_left > 0 && !s.stalled[i] && m.believes_leader(now) {
@@ -787,12 +849,36 @@ impl Model for Election {
             Action::Tick(i) => self.feed(&mut s, i, Input::Tick),
             Action::Resign(i) => {
                 s.resigns_left -= 1;
+                s.work_running[i] = false;
                 self.feed(&mut s, i, Input::Resign);
             }
             Action::HandOver(i) => {
                 s.resigns_left -= 1;
+                s.work_running[i] = false;
                 let to = candidate((i + 1) % self.candidates);
                 self.feed(&mut s, i, Input::HandOver { to, work_stopped: true });
+            }
+            Action::WorkReturns(i) => {
+                s.work_running[i] = false;
+                self.feed(&mut s, i, Input::WorkStopped);
+            }
+            Action::ResignAfterDeposed(i) => {
+                s.work_running[i] = false;
+                self.feed(&mut s, i, Input::Resign);
+            }
+            Action::HandOverAfterDeposed(i) => {
+                s.work_running[i] = false;
+                let to = candidate((i + 1) % self.candidates);
+                self.feed(&mut s, i, Input::HandOver { to, work_stopped: true });
+            }
+            Action::CloneResign(i) => {
+                s.resigns_left -= 1;
+                self.feed(&mut s, i, Input::StepDown(DeposedReason::Resigned));
+            }
+            Action::CloneHandOver(i) => {
+                s.resigns_left -= 1;
+                let to = candidate((i + 1) % self.candidates);
+                self.feed(&mut s, i, Input::HandOver { to, work_stopped: false });
             }
             Action::Pause(i) => {
                 s.pauses_left -= 1;
@@ -913,6 +999,23 @@ impl Model for Election {
                 "a leader is deposed without a confirmed renewal, with a lock delay",
                 |_, s: &State| s.delay_due.is_some(),
             ),
+            Property::always("work that has stopped is never aborted", |_, s: &State| {
+                !s.aborted_stopped_work
+            }),
+            Property::always(
+                "a hand-over is taken by its campaigning successor within the bound",
+                |m: &Election, s: &State| {
+                    let (Some(bound), Some(since), Some(r)) = (m.hand_over_taken_within, s.reserved_since, &s.record)
+                    else {
+                        return true;
+                    };
+                    let campaigning = !s.paused[r.holder] && s.machines[r.holder].is_following();
+                    !(r.reserved && campaigning && s.now >= since + bound)
+                },
+            ),
+            Property::sometimes("a successor takes a lease handed over to it", |_, s: &State| {
+                s.hand_over_taken
+            }),
         ]
     }
 
@@ -941,6 +1044,8 @@ fn check(model: Election, max_states: usize) -> (usize, Vec<&'static str>) {
     for property in [
         "at most one candidate believes it leads",
         "no grant inside the lock delay of a leader deposed without a confirmed renewal",
+        "work that has stopped is never aborted",
+        "a hand-over is taken by its campaigning successor within the bound",
     ] {
         if let Some(path) = checker.discovery(property) {
             eprintln!("counterexample ({property}): {:?}", path.into_actions());
@@ -973,6 +1078,9 @@ fn model(expiry: Expiry, drift: u32) -> Election {
         queue: None,
         keepalives: 0,
         step_downs: 0,
+        lingering_work: false,
+        clones: false,
+        hand_over_taken_within: None,
     }
 }
 
@@ -1279,4 +1387,78 @@ fn a_handle_step_down_with_a_lock_delay_is_safe() {
     assert!(found.contains(&"leadership changes hands"));
     assert!(found.contains(&"a leader's handle steps it down"));
     assert!(found.contains(&"a leader is deposed without a confirmed renewal, with a lock delay"));
+}
+
+/// A leader hands the lease over (from the last clone once its work returned, or from one clone
+/// while another's work runs on) to a successor that campaigns with a `lock_delay`; nothing is
+/// lost or late and nobody pauses, so the successor must take the reservation within two of its
+/// polls: a hand-over is a clean end, with no delay to wait. Finding 1 of issue 31: the
+/// successor's lock-delay look saw the reservation naming itself as a holder and only looked
+/// again, and the lease stayed unheld until the reservation expired plus the delay (with the fix
+/// switched off the checker finds the reservation standing at 500 ms).
+fn hand_over_lock_delay_model() -> Election {
+    let timing = Timing {
+        lock_delay: Some(Duration::from_millis(300)),
+        ..timing(200)
+    };
+    let retry = timing.retry_every.as_millis() as u64;
+    Election {
+        timing,
+        horizon_ms: 2_500,
+        candidates: 2,
+        losses: 0,
+        resigns: 1,
+        pauses: 0,
+        prompt: true,
+        hand_overs: true,
+        lingering_work: true,
+        clones: true,
+        hand_over_taken_within: Some(2 * retry + STEP_MS),
+        ..model(Expiry::ServerClock, 200)
+    }
+}
+
+#[test]
+fn a_hand_over_to_a_successor_with_a_lock_delay_is_taken_at_once() {
+    let (states, found) = check(hand_over_lock_delay_model(), 4_000_000);
+    println!("hand-over, lock delay: {states} unique states explored; discoveries: {found:?}");
+    assert!(!found.contains(&"at most one candidate believes it leads"));
+    assert!(!found.contains(&"terms strictly increase"));
+    assert!(
+        !found.contains(&"a hand-over is taken by its campaigning successor within the bound"),
+        "a hand-over was left standing"
+    );
+    assert!(!found.contains(&"work that has stopped is never aborted"));
+    assert!(found.contains(&"a successor takes a lease handed over to it"));
+}
+
+/// A leader deposed with a lease it must not release (no renewal confirmed, with a `lock_delay`;
+/// or superseded) whose work runs on after `cancelled()` fired, then stops by returning,
+/// resigning or handing over (the natural shutdown), or whose handle has clones that hand over
+/// or resign while another clone's work runs. Work that said it stopped must not be waited for
+/// until `valid_until` and aborted. Finding 4 of issue 31: `hand_over` after such a deposition
+/// did not count as the work stopping (with the fix switched off the checker finds the abort).
+fn lingering_work_model() -> Election {
+    Election {
+        lingering_work: true,
+        clones: true,
+        hand_overs: true,
+        resigns: 1,
+        losses: 1,
+        ..handle_step_down_model()
+    }
+}
+
+#[test]
+fn work_that_stopped_after_a_deposition_is_never_aborted() {
+    let (states, found) = check(lingering_work_model(), 4_000_000);
+    println!("lingering work and clones: {states} unique states explored; discoveries: {found:?}");
+    assert!(!found.contains(&"at most one candidate believes it leads"));
+    assert!(!found.contains(&"terms strictly increase"));
+    assert!(
+        !found.contains(&"work that has stopped is never aborted"),
+        "stopped work aborted"
+    );
+    assert!(found.contains(&"a leader's handle steps it down"));
+    assert!(found.contains(&"a successor takes a lease handed over to it"));
 }

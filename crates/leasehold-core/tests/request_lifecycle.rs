@@ -33,6 +33,8 @@ struct SlowAcquire {
     delay: Option<Duration>,
     calls: Arc<Mutex<Calls>>,
     panic_first: Panic,
+    /// Only the first acquire takes `delay`; the others are answered at once.
+    only_first: bool,
 }
 
 /// When the first acquire panics, if it does.
@@ -84,6 +86,7 @@ impl LeaseStore for SlowAcquire {
             done: false,
         };
         match self.delay {
+            _ if self.only_first && !first => {}
             Some(delay) => sleep(delay).await,
             None => std::future::pending::<()>().await,
         }
@@ -131,6 +134,7 @@ async fn a_call_the_machine_stopped_waiting_for_runs_to_completion() {
         delay: Some(REQUEST_TIMEOUT * 2),
         calls: Arc::default(),
         panic_first: Panic::Never,
+        only_first: false,
     };
     let elector = elector(&store);
     let campaign = tokio::spawn(async move { elector.campaign().await });
@@ -156,6 +160,7 @@ async fn a_call_that_never_answers_is_cut_off_one_ttl_after_it_was_sent() {
         delay: None,
         calls: Arc::default(),
         panic_first: Panic::Never,
+        only_first: false,
     };
     let elector = elector(&store);
     let campaign = tokio::spawn(async move { elector.campaign().await });
@@ -186,6 +191,7 @@ async fn a_grant_that_comes_after_the_machine_gave_up_reaches_it() {
         delay: Some(REQUEST_TIMEOUT * 2),
         calls: Arc::default(),
         panic_first: Panic::Never,
+        only_first: false,
     };
     let elector = elector(&store);
     let leader = tokio::time::timeout(TTL, elector.campaign())
@@ -212,6 +218,7 @@ async fn run_until_returns_once_a_late_acquire_is_settled_and_released() {
         delay: Some(REQUEST_TIMEOUT * 2),
         calls: Arc::default(),
         panic_first: Panic::Never,
+        only_first: false,
     };
     let elector = elector(&store);
     let started = Instant::now();
@@ -242,6 +249,40 @@ async fn run_until_returns_once_a_late_acquire_is_settled_and_released() {
     assert_eq!(obs.holder, None, "the late grant is released before run_until returns");
 }
 
+/// Finding 3 of issue 31: a leader whose task returns at once steps down, and `run_until`
+/// returns; an acquire its machine gave up on before (sent at 0 s, applied at 9 s, TTL 10 s)
+/// lands after that and grants a term that nobody renews or releases, so every other candidate
+/// waits a TTL. The driver now waits for the acquires it gave up on once leadership ended, and
+/// gives back what they grant: `run_until` returns once the late grant is released.
+#[tokio::test(start_paused = true)]
+async fn an_acquire_given_up_on_cannot_land_after_run_until_returned() {
+    let store = SlowAcquire {
+        inner: MemoryStore::new(),
+        delay: Some(Duration::from_secs(9)),
+        calls: Arc::default(),
+        panic_first: Panic::Never,
+        only_first: true,
+    };
+    let elector = elector(&store);
+    let started = Instant::now();
+    elector
+        .run_until(|_leader| async { Ok::<(), std::convert::Infallible>(()) }, std::future::pending())
+        .await
+        .unwrap();
+    let returned = Instant::now() - started;
+    sleep((started + Duration::from_secs(9) + Duration::from_millis(100)).saturating_duration_since(Instant::now()))
+        .await;
+    let lease = LeaseName::new("jobs").unwrap();
+    let obs = store.inner.inspect(&lease).await.unwrap();
+    let history = store.inner.history(&lease, 10).await.unwrap();
+    assert_eq!(
+        obs.holder, None,
+        "run_until returned after {returned:?}; the acquire sent at 0 s was granted at 9 s and is still held: \
+         {history:?}"
+    );
+    assert!(returned >= Duration::from_secs(9), "run_until returned after {returned:?}");
+}
+
 /// The driver polls each call itself until it is answered (or the machine gives up on it and it
 /// runs on in a task of its own): a store that panics there, in the call's first poll or in a
 /// later one, fails that call with a transient error, as a panic in the call's own task does,
@@ -254,6 +295,7 @@ async fn a_store_call_that_panics_fails_only_that_call() {
             delay: Some(Duration::from_millis(50)),
             calls: Arc::default(),
             panic_first: panic,
+            only_first: false,
         };
         let elector = elector(&store);
         let mut events = elector.events();

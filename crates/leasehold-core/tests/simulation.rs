@@ -83,7 +83,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::{FutureExt, StreamExt};
 use leasehold_core::{
-    AcquireRequest, Acquired, CandidateId, Capabilities, Changes, DeposedReason, Elector, Error, Event, Grant, Leader,
+    AcquireRequest, Acquired, Announcements, CandidateId, Capabilities, Changes, DeposedReason, Elector, Error, Event, Grant, Leader,
     LeaseName, LeaseStore, MemoryStore, Observation, Renewed, Result, Term, Transition,
 };
 use tokio::sync::{broadcast, mpsc, oneshot};
@@ -269,6 +269,8 @@ enum Kind {
     RetryStorm,
     Stranded,
     DelaySkipped,
+    LateGrant,
+    StoppedAborted,
     Panic,
     EventsLost,
     Livelock,
@@ -296,6 +298,8 @@ impl Kind {
             Kind::RetryStorm => "retry-storm",
             Kind::Stranded => "stranded",
             Kind::DelaySkipped => "delay-skipped",
+            Kind::LateGrant => "late-grant",
+            Kind::StoppedAborted => "stopped-aborted",
             Kind::Panic => "panic",
             Kind::EventsLost => "events-lost",
             Kind::Livelock => "livelock",
@@ -409,6 +413,10 @@ struct World {
     /// The candidates run with a `lock_delay`: a leader deposed for want of a confirmed renewal
     /// then leaves its lease to expire (a release would let the next skip the delay).
     lock_delay: bool,
+    /// When each candidate's `run` or `run_until` last returned, until its service starts again.
+    returned: Vec<Option<Instant>>,
+    /// Leaderships whose work said it stopped (it resigned or handed over as its last act).
+    stopped_work: HashSet<(usize, Term)>,
     stats: Stats,
 }
 
@@ -440,6 +448,8 @@ impl World {
             last_valid: HashMap::new(),
             blocked: HashMap::new(),
             lock_delay: false,
+            returned: vec![None; candidates],
+            stopped_work: HashSet::new(),
             stats: Stats::default(),
         }
     }
@@ -502,6 +512,15 @@ impl World {
                 ));
                 if let Some(e) = self.elections.iter_mut().find(|e| e.c == c && e.term == term) {
                     e.end = Some(believed_until);
+                }
+                if aborted && self.stopped_work.contains(&(c, term)) {
+                    self.violation(
+                        Kind::StoppedAborted,
+                        format!(
+                            "c{c} term {term} ({reason}): its work resigned or handed over, and was still \
+                             waited for until valid_until and aborted"
+                        ),
+                    );
                 }
                 // What the candidate should have released: its own term, unless the store proved
                 // it lost or could not be read; a newer term of its own that the store showed
@@ -870,6 +889,25 @@ impl Describe for Acquired {
     }
 }
 
+impl Describe for Vec<Result<Renewed>> {
+    fn describe(&self) -> String {
+        let renewed = self.iter().filter(|r| matches!(r, Ok(Renewed::Renewed(_)))).count();
+        format!("{renewed} of {} renewed", self.len())
+    }
+}
+
+impl Describe for Vec<Observation> {
+    fn describe(&self) -> String {
+        format!("{} leases", self.len())
+    }
+}
+
+impl Describe for Option<Term> {
+    fn describe(&self) -> String {
+        format!("broke term {self:?}")
+    }
+}
+
 impl Describe for Renewed {
     fn describe(&self) -> String {
         match self {
@@ -1033,6 +1071,19 @@ impl Net {
                 }
                 if let Some(term) = result.as_ref().ok().and_then(Describe::granted) {
                     let applied = Instant::now();
+                    // The engine bounds a call by the TTL from its send (`call_bound`): an acquire
+                    // applied within it belongs to the election, which must still be there to
+                    // give back what it grants.
+                    if let Some(returned) = w.returned[me].filter(|r| applied > *r && applied < sent + TTL) {
+                        let detail = format!(
+                            "c{me}'s acquire #{id} (sent {}) granted term {term} at {}, after its run returned at {}: \
+                             a grant nobody renews or releases",
+                            w.t(sent),
+                            w.t(applied),
+                            w.t(returned)
+                        );
+                        w.violation(Kind::LateGrant, detail);
+                    }
                     let seq = w.trace.len();
                     w.grants.insert(
                         term,
@@ -1100,6 +1151,61 @@ impl LeaseStore for Net {
         lock(&self.world).released.insert((self.me, grant.term));
         self.call("release", move |s| async move { s.release(&grant).await })
             .await
+    }
+
+    async fn renew_many(&self, grants: &[Grant]) -> Result<Vec<Result<Renewed>>> {
+        let grants = grants.to_vec();
+        self.call("renew_many", move |s| async move { s.renew_many(&grants).await })
+            .await
+    }
+
+    async fn hand_over(&self, grant: &Grant, to: &CandidateId) -> Result<()> {
+        let (grant, to) = (grant.clone(), to.clone());
+        lock(&self.world).released.insert((self.me, grant.term));
+        let op = "hand_over";
+        self.call(op, move |s| async move { s.hand_over(&grant, &to).await }).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<Observation>> {
+        let prefix = prefix.to_string();
+        self.call("list", move |s| async move { s.list(&prefix).await }).await
+    }
+
+    fn can_break(&self) -> bool {
+        self.store.can_break()
+    }
+
+    async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
+        let lease = lease.clone();
+        self.call("break", move |s| async move { s.break_lease(&lease).await })
+            .await
+    }
+
+    async fn announcements(&self, lease: &LeaseName) -> Result<Option<Announcements>> {
+        // Announcements come late, and some streams end after a while (as notifications do).
+        let mut rng = {
+            let mut guard = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+            guard.0.fork()
+        };
+        if !rng.chance(self.notifications) {
+            return Ok(None);
+        }
+        let Some(inner) = self.store.announcements(lease).await? else {
+            return Ok(None);
+        };
+        let items = if rng.chance(0.3) {
+            1 + rng.below(30) as usize
+        } else {
+            usize::MAX
+        };
+        let delayed = inner.take(items).then(move |observation| {
+            let delay = rng.ms(0, 50);
+            async move {
+                sleep(delay).await;
+                observation
+            }
+        });
+        Ok(Some(Box::pin(delayed)))
     }
 
     async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
@@ -1260,6 +1366,29 @@ async fn work(
     } else {
         rng.ms(1, 150)
     };
+    let other = CandidateId::new(format!("c{}", (c + 1 + rng.below(plan.candidates as u64 - 1) as usize) % plan.candidates))
+        .expect("a candidate id");
+    // Stops as the natural shutdown does once `cancelled()` fired: hands over or resigns.
+    let on_cancel = rng.below(3);
+    // With a clone alive, the work counts as stopped only once that clone is gone too.
+    let cloned = rng.chance(0.1);
+    if cloned {
+        // Another clone of the handle ends the leadership while this work runs on.
+        let (clone, to, after, hand_over) = (leader.clone(), other.clone(), rng.ms(0, 800), rng.chance(0.5));
+        let world = world.clone();
+        tokio::spawn(async move {
+            sleep(after).await;
+            lock(&world).log(format!(
+                "c{c} a clone of term {term}'s handle {}",
+                if hand_over { "hands over" } else { "resigns" }
+            ));
+            if hand_over {
+                clone.hand_over(&to).await;
+            } else {
+                clone.resign().await;
+            }
+        });
+    }
     for step in 0.. {
         let nap = rng.ms(1, 40);
         if ignores_cancel {
@@ -1267,7 +1396,26 @@ async fn work(
         } else {
             tokio::select! {
                 biased;
-                () = leader.cancelled() => return Ok(()),
+                () = leader.cancelled() => {
+                    match on_cancel {
+                        0 => return Ok(()),
+                        1 => {
+                            registration.end("hands over after cancellation (its work has stopped)");
+                            if !cloned {
+                                lock(&world).stopped_work.insert((c, term));
+                            }
+                            leader.hand_over(&other).await;
+                        }
+                        _ => {
+                            registration.end("resigns after cancellation (its work has stopped)");
+                            if !cloned {
+                                lock(&world).stopped_work.insert((c, term));
+                            }
+                            leader.resign().await;
+                        }
+                    }
+                    return Ok(());
+                }
                 () = sleep(nap) => {}
             }
         }
@@ -1296,7 +1444,7 @@ async fn work(
             }
         }
         if step >= steps {
-            return match rng.below(3) {
+            return match rng.below(4) {
                 0 => {
                     lock(&world).log(format!("c{c} work of term {term} returns"));
                     Ok(())
@@ -1304,6 +1452,11 @@ async fn work(
                 1 => {
                     registration.end("resigns (its work has stopped)");
                     leader.resign().await;
+                    Ok(())
+                }
+                2 => {
+                    registration.end(&format!("hands over to {other} (its work has stopped)"));
+                    leader.hand_over(&other).await;
                     Ok(())
                 }
                 _ => Err(format!("c{c} work of term {term} fails on purpose")),
@@ -1325,6 +1478,7 @@ fn tasks(
 /// A service that embeds the elector: starts, is shut down, restarts, until the end.
 async fn service(c: usize, elector: Elector, world: Shared, mut rng: Rng, plan: Plan, end: Instant) {
     while Instant::now() < end {
+        lock(&world).returned[c] = None;
         let life = if plan.turbulent {
             rng.ms(100, 4_000)
         } else {
@@ -1336,7 +1490,11 @@ async fn service(c: usize, elector: Elector, world: Shared, mut rng: Rng, plan: 
                 let task = tasks(c, world.clone(), rng.fork(), plan);
                 tokio::select! {
                     biased;
-                    result = elector.run(task) => lock(&world).log(format!("c{c} run returned {result:?}")),
+                    result = elector.run(task) => {
+                        let mut w = lock(&world);
+                        w.log(format!("c{c} run returned {result:?}"));
+                        w.returned[c] = Some(Instant::now());
+                    }
                     () = sleep(life) => dropped_run(&world, c),
                 }
             }
@@ -1344,7 +1502,9 @@ async fn service(c: usize, elector: Elector, world: Shared, mut rng: Rng, plan: 
                 lock(&world).log(format!("c{c} service starts run_until (shutdown after {life:?})"));
                 let task = tasks(c, world.clone(), rng.fork(), plan);
                 let result = elector.run_until(task, sleep(life)).await;
-                lock(&world).log(format!("c{c} run_until returned {result:?}"));
+                let mut w = lock(&world);
+                w.log(format!("c{c} run_until returned {result:?}"));
+                w.returned[c] = Some(Instant::now());
             }
             _ => {
                 lock(&world).log(format!("c{c} campaigns (gives up after {life:?})"));

@@ -16,6 +16,8 @@ struct PendingOp {
     /// The reply the machine gets if the call ends without one.
     failed: fn(Error) -> Reply,
     task: Call,
+    /// An acquire: a late reply may carry a grant.
+    acquire: bool,
 }
 
 /// A store call, polled by the driver: answered at its first poll (a store that needs no
@@ -101,6 +103,8 @@ pub(super) struct Driver {
     op: Option<PendingOp>,
     /// Calls the machine stopped waiting for, still running: their replies come late.
     late: FuturesUnordered<BoxFuture<'static, (OpId, Reply)>>,
+    /// How many of them are acquires (each may still come back with a grant).
+    late_acquires: u16,
     changes: Option<Changes>,
     /// The store's announcements of new holders, while this candidate follows another one.
     announcements: Option<Announcements>,
@@ -177,6 +181,7 @@ impl Driver {
             machine,
             op: None,
             late: FuturesUnordered::new(),
+            late_acquires: 0,
             changes: None,
             announcements: None,
             announcements_asked: None,
@@ -241,7 +246,21 @@ impl Driver {
                 }
             }
             if self.finished() {
-                break;
+                // The release or hand-over is done.
+                for ack in self.resign_acks.drain(..) {
+                    let _ = ack.send(());
+                }
+                // Acquires the machine gave up on may still come back with a grant that nobody
+                // would renew or release (and `run_until` returns once this driver is done): the
+                // machine stops campaigning (it would ask again otherwise) and gives back what
+                // they grant, each within its bound, as after a shutdown.
+                if self.late_acquires == 0 && self.machine.pending().is_none() {
+                    break;
+                }
+                if self.machine.is_following() {
+                    self.machine.handle(now(), Input::Shutdown, &mut out);
+                    continue;
+                }
             }
             if self.machine.is_stopped() {
                 for ack in self.resign_acks.drain(..) {
@@ -302,7 +321,14 @@ impl Driver {
     /// its own and its reply, when it comes, is handed to the machine as a late one (a late
     /// grant is released, or adopted from the time the acquire was sent).
     fn abandon_op(&mut self) {
-        if let Some(PendingOp { id, failed, task }) = self.op.take() {
+        if let Some(PendingOp {
+            id,
+            failed,
+            task,
+            acquire,
+        }) = self.op.take()
+        {
+            self.late_acquires += u16::from(acquire);
             let task = task.detach();
             let store = self.inner.store.name();
             self.late.push(Box::pin(async move {
@@ -358,7 +384,12 @@ impl Driver {
                     let PendingOp { id, failed, .. } = self.op.take().expect("guarded");
                     Input::Reply(id, joined.unwrap_or_else(|e| failed(ended(self.inner.store.name(), e))))
                 }
-                Some((id, reply)) = self.late.next(), if !self.late.is_empty() => Input::Reply(id, reply),
+                Some((id, reply)) = self.late.next(), if !self.late.is_empty() => {
+                    if matches!(reply, Reply::Acquire(_)) {
+                        self.late_acquires -= 1;
+                    }
+                    Input::Reply(id, reply)
+                }
                 () = async { tokio::time::sleep_until(wake.expect("guarded")).await }, if wake.is_some() => Input::Tick,
                 change = async { changes.as_mut().expect("guarded").next().await }, if changes.is_some() => match change {
                     Some(()) => Input::Notified,
@@ -521,6 +552,7 @@ impl Driver {
                 };
                 let bound = call_bound(&self.inner.timing);
                 let operation = telemetry::operation(&request);
+                let acquire = matches!(request, Request::Acquire(_));
                 let call = async move {
                     let started = now();
                     let reply = match request {
@@ -559,7 +591,12 @@ impl Driver {
                 // The machine sends its next request in the same step as it gives up on the
                 // last one: that one's reply still comes, late.
                 self.abandon_op();
-                self.op = Some(PendingOp { id, failed, task });
+                self.op = Some(PendingOp {
+                    id,
+                    failed,
+                    task,
+                    acquire,
+                });
                 None
             }
             Output::Elected { grant, valid_until } => {
