@@ -121,6 +121,10 @@ struct Book {
     terms: Mutex<HashMap<u32, Vec<Term>>>,
     violations: Mutex<Vec<String>>,
     starts: AtomicUsize,
+    /// When each shard's work last stopped, and the longest time a shard ran nowhere between a
+    /// stop and the next start.
+    stopped_at: Mutex<HashMap<u32, tokio::time::Instant>>,
+    longest_gap: Mutex<Duration>,
 }
 
 impl Book {
@@ -136,6 +140,10 @@ impl Book {
             ));
         }
         running.insert(shard.shard(), (me, shard.term()));
+        if let Some(stopped) = self.stopped_at.lock().unwrap().remove(&shard.shard()) {
+            let mut longest = self.longest_gap.lock().unwrap();
+            *longest = (*longest).max(stopped.elapsed());
+        }
         let mut terms = self.terms.lock().unwrap();
         let terms = terms.entry(shard.shard()).or_default();
         if terms.last().is_some_and(|last| *last >= shard.term()) {
@@ -156,6 +164,10 @@ impl Book {
             .is_some_and(|(_, term)| *term == shard.term())
         {
             running.remove(&shard.shard());
+            self.stopped_at
+                .lock()
+                .unwrap()
+                .insert(shard.shard(), tokio::time::Instant::now());
         }
     }
 
@@ -291,6 +303,31 @@ async fn groups_balance_stay_put_spread_a_crash_and_move_few_shards_on_a_join() 
     for m in members.iter().chain([&d]) {
         m.stop.cancel();
     }
+}
+
+/// Finding 2 of issue 31: with the shard electors' `lock_delay`, every planned move (a join's
+/// hand-overs) left its shard unowned for TTL + delay (3 s at TTL 2 s, delay 1 s), where
+/// docs/groups.md promises no expiry gap on planned moves: the successor's lock-delay look saw the
+/// reservation naming itself as a holder. Planned moves now leave no gap beyond a poll.
+#[tokio::test(start_paused = true)]
+async fn planned_moves_leave_no_gap_with_a_lock_delay() {
+    let store = MemoryStore::new();
+    let book = Arc::new(Book::default());
+    let lock_delay = Some(Duration::from_secs(1));
+    let a = join_with(&store, &book, "a", lock_delay);
+    balanced(&book, &[SHARDS as usize], TTL * 10).await;
+    let starts = book.starts.load(Ordering::SeqCst);
+    let b = join_with(&store, &book, "b", lock_delay);
+    let took = balanced(&book, &[32, 32], TTL * 20).await;
+    let moves = book.starts.load(Ordering::SeqCst) - starts;
+    let gap = *book.longest_gap.lock().unwrap();
+    println!("join with a lock delay: balanced after {took:?} with {moves} moves, longest unowned gap {gap:?}");
+    assert!(moves >= 32, "{moves} moves");
+    assert!(gap < TTL / 2, "a planned move left its shard unowned for {gap:?}");
+    let violations = book.violations.lock().unwrap().clone();
+    assert!(violations.is_empty(), "{violations:#?}");
+    a.stop.cancel();
+    b.stop.cancel();
 }
 
 #[tokio::test(start_paused = true)]
