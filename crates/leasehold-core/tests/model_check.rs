@@ -42,6 +42,27 @@
 //! earlier campaign knew, and asserts that the checker finds the stale read-back grant of the
 //! safety review's finding 1.
 //!
+//! Liveness, bounded (issue 31): in the prompt, fault-free configurations (every message
+//! delivered, nothing lost, nobody paused) a hand-over to a campaigning successor is taken within
+//! two of its polls (`a hand-over is taken by its campaigning successor within the bound`), and
+//! the lease is led again within `ttl + lock_delay + 2 × retry_every` (plus two model steps) of
+//! the moment nobody believed they led while some candidate campaigns. Stateright's own
+//! `eventually` judges only terminal states of acyclic paths, so both are `always` properties over
+//! the model's store clock. The configurations add a leader's work that runs on after it was
+//! cancelled and then returns, resigns or hands over (`lingering_work`), and clones of the
+//! leader's handle that hand over or resign while another clone's work runs (`clones`); the
+//! property `work that has stopped is never aborted` checks that a resign or hand-over from the
+//! work is never waited for until `valid_until`. With each fix of issue 31 switched off, the
+//! checker finds finding 1 (a hand-over to a successor with a `lock_delay` standing until it
+//! expires) and finding 4 (a hand-over after a deposition that left nothing to release, aborted
+//! at `valid_until`); a tight bound shows the liveness check can fail.
+//!
+//! What it still cannot see: the driver (calls it detached and their late replies; findings 2
+//! and 3 are pinned by the simulation and by tests in `group.rs` and `request_lifecycle.rs`),
+//! more than one lease (lease groups), announcements' lifecycle (asked for after a
+//! `LeaderChanged`, dropped by a new leader, a stream ending), liveness under faults that stop
+//! (only fault-free runs are bounded), and the etcd store's own asynchronous steps.
+//!
 //! A last pair runs the machines against etcd's queue instead of one record ([`Queue`]):
 //! sessions that expire a TTL after their last keepalive (taking their candidate's key), keys
 //! in revision order, a release of the first key leaving a marker, and a successor granted on
@@ -157,6 +178,8 @@ struct State {
     aborted_stopped_work: bool,
     /// A successor took a lease handed over to it.
     hand_over_taken: bool,
+    /// Store time (ms) since which no candidate believes it leads.
+    unled_since: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -251,6 +274,9 @@ struct Election {
     /// The bound (ms of store time) within which a hand-over must be taken by its successor
     /// while the successor campaigns and runs (checked when set: a fault-free, prompt model).
     hand_over_taken_within: Option<u64>,
+    /// The bound (ms of store time) within which the lease is led again while a candidate
+    /// campaigns and runs (checked when set: a fault-free, prompt model).
+    led_within: Option<u64>,
 }
 
 /// etcd's queue, as `leasehold-etcd` keeps it: each candidate has a session (an etcd lease that
@@ -693,156 +719,10 @@ impl Election {
     }
 }
 
-impl Model for Election {
-    type State = State;
-    type Action = Action;
 
-    fn init_states(&self) -> Vec<State> {
-        let machines = (0..self.candidates)
-            .map(|i| self.machine(i, local_now(&self.rates, 0, i)))
-            .collect();
-        vec![State {
-            now: 0,
-            machines,
-            record: None,
-            last_term: 0,
-            previous_end: None,
-            versions: 0,
-            net: Vec::new(),
-            losses_left: self.losses,
-            resigns_left: self.resigns,
-            paused: [false; 3],
-            pauses_left: self.pauses,
-            late: Vec::new(),
-            holdbacks_left: self.holdbacks,
-            refusals_left: self.refusals,
-            restarts_left: self.restarts,
-            shutdowns_left: self.shutdowns,
-            stalls_left: self.stalls,
-            generation: [0; 3],
-            stalled: [false; 3],
-            max_elected_term: 0,
-            term_went_back: false,
-            announced: false,
-            queue: Queue {
-                keepalives_left: self.keepalives,
-                ..Queue::default()
-            },
-            step_downs_left: self.step_downs,
-            valid_until: [None; 3],
-            delay_due: None,
-            delay_skipped: false,
-            reserved_since: None,
-            work_running: [false; 3],
-            aborted_stopped_work: false,
-            hand_over_taken: false,
-        }]
-    }
-
-    fn actions(&self, s: &State, actions: &mut Vec<Action>) {
-        // A running process acts as soon as its timer is due: time only moves on once every
-        // running process has acted. Pauses model everything else.
-        let mut someone_due = false;
-        for (i, m) in s.machines.iter().enumerate() {
-            let now = self.local(s, i);
-            if s.paused[i] {
-                actions.push(Action::Resume(i));
-                continue;
-            }
-            let focused = self.focus.is_none_or(|f| f == i);
-            if s.pauses_left > 0 && focused && (self.focus.is_none() || m.believes_leader(now)) {
-                actions.push(Action::Pause(i));
-            }
-            if m.next_wake().is_some_and(|at| at <= now) {
-                someone_due = true;
-                actions.push(Action::Tick(i));
-            }
-            if s.resigns_left > 0 && m.believes_leader(now) && self.focus.is_none_or(|f| f != i) {
-                actions.push(Action::Resign(i));
-                if self.hand_overs {
-                    actions.push(Action::HandOver(i));
-                }
-            }
-            if self.lingering_work && s.work_running[i] && !m.believes_leader(now) {
-                actions.push(Action::WorkReturns(i));
-                actions.push(Action::ResignAfterDeposed(i));
-                if self.hand_overs {
-                    actions.push(Action::HandOverAfterDeposed(i));
-                }
-            }
-            if self.clones && s.resigns_left > 0 && m.believes_leader(now) {
-                actions.push(Action::CloneResign(i));
-                if self.hand_overs {
-                    actions.push(Action::CloneHandOver(i));
-                }
-            }
-            if s.stalls_left > 0 && !s.stalled[i] && m.believes_leader(now) {
-                actions.push(Action::Stall(i));
-            }
-            if s.step_downs_left > 0 && m.believes_leader(now) {
-                actions.push(Action::StepDown(i, true));
-                actions.push(Action::StepDown(i, false));
-            }
-            if s.queue.keepalives_left > 0 && s.queue.sessions[i].is_some() {
-                actions.push(Action::KeepAlive(i));
-            }
-            if s.shutdowns_left > 0 && !m.is_stopped() {
-                actions.push(Action::Shutdown(i));
-            }
-            // The driver ends after a step-down or a shutdown; the next campaign starts a new
-            // machine (a follower with nothing outstanding stands for both).
-            if s.restarts_left > 0 && focused && (m.is_stopped() || (m.is_following() && m.pending().is_none())) {
-                actions.push(Action::Restart(i));
-            }
-        }
-        for k in 0..s.late.len() {
-            actions.push(Action::ApplyLate(k));
-        }
-        let settled = !self.prompt
-            || s.net
-                .iter()
-                .all(|m| matches!(m, Msg::Reply { to, .. } | Msg::Announce { to, .. } if s.paused[*to]));
-        if s.now < self.horizon_ms && !someone_due && settled {
-            actions.push(Action::Advance);
-        }
-        // Each direction of each candidate's connection is FIFO; the connections interleave freely.
-        let channel = |msg: &Msg| match msg {
-            Msg::Request { from, .. } => (*from, 0),
-            Msg::Reply { to, .. } => (*to, 1),
-            Msg::Announce { to, .. } => (*to, 2),
-        };
-        for (k, msg) in s.net.iter().enumerate() {
-            if s.net[..k].iter().any(|earlier| channel(earlier) == channel(msg)) {
-                continue;
-            }
-            if let Msg::Reply { to, .. } | Msg::Announce { to, .. } = msg {
-                if s.paused[*to] {
-                    continue;
-                }
-            }
-            actions.push(Action::Deliver(k));
-            if s.losses_left > 0 {
-                actions.push(Action::Lose(k));
-            }
-            if let Msg::Request { from, request, .. } = msg {
-                let target = match self.focus {
-                    None => true,
-                    Some(f) => f == *from && matches!(request, Request::Acquire(_)),
-                };
-                if !target {
-                    continue;
-                }
-                if s.holdbacks_left > 0 {
-                    actions.push(Action::HoldBack(k));
-                }
-                if s.refusals_left > 0 {
-                    actions.push(Action::Refuse(k));
-                }
-            }
-        }
-    }
-
-    fn next_state(&self, last: &State, action: Action) -> Option<State> {
+impl Election {
+    /// [`Model::next_state`] without the bookkeeping every step shares.
+    fn step(&self, last: &State, action: Action) -> State {
         let mut s = last.clone();
         match action {
             Action::Advance => s.now += STEP_MS,
@@ -970,6 +850,164 @@ impl Model for Election {
                 }
             },
         }
+        s
+    }
+}
+
+impl Model for Election {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        let machines = (0..self.candidates)
+            .map(|i| self.machine(i, local_now(&self.rates, 0, i)))
+            .collect();
+        vec![State {
+            now: 0,
+            machines,
+            record: None,
+            last_term: 0,
+            previous_end: None,
+            versions: 0,
+            net: Vec::new(),
+            losses_left: self.losses,
+            resigns_left: self.resigns,
+            paused: [false; 3],
+            pauses_left: self.pauses,
+            late: Vec::new(),
+            holdbacks_left: self.holdbacks,
+            refusals_left: self.refusals,
+            restarts_left: self.restarts,
+            shutdowns_left: self.shutdowns,
+            stalls_left: self.stalls,
+            generation: [0; 3],
+            stalled: [false; 3],
+            max_elected_term: 0,
+            term_went_back: false,
+            announced: false,
+            queue: Queue {
+                keepalives_left: self.keepalives,
+                ..Queue::default()
+            },
+            step_downs_left: self.step_downs,
+            valid_until: [None; 3],
+            delay_due: None,
+            delay_skipped: false,
+            reserved_since: None,
+            work_running: [false; 3],
+            aborted_stopped_work: false,
+            hand_over_taken: false,
+            unled_since: Some(0),
+        }]
+    }
+
+    fn actions(&self, s: &State, actions: &mut Vec<Action>) {
+        // A running process acts as soon as its timer is due: time only moves on once every
+        // running process has acted. Pauses model everything else.
+        let mut someone_due = false;
+        for (i, m) in s.machines.iter().enumerate() {
+            let now = self.local(s, i);
+            if s.paused[i] {
+                actions.push(Action::Resume(i));
+                continue;
+            }
+            let focused = self.focus.is_none_or(|f| f == i);
+            if s.pauses_left > 0 && focused && (self.focus.is_none() || m.believes_leader(now)) {
+                actions.push(Action::Pause(i));
+            }
+            if m.next_wake().is_some_and(|at| at <= now) {
+                someone_due = true;
+                actions.push(Action::Tick(i));
+            }
+            if s.resigns_left > 0 && m.believes_leader(now) && self.focus.is_none_or(|f| f != i) {
+                actions.push(Action::Resign(i));
+                if self.hand_overs {
+                    actions.push(Action::HandOver(i));
+                }
+            }
+            if self.lingering_work && s.work_running[i] && !m.believes_leader(now) {
+                actions.push(Action::WorkReturns(i));
+                actions.push(Action::ResignAfterDeposed(i));
+                if self.hand_overs {
+                    actions.push(Action::HandOverAfterDeposed(i));
+                }
+            }
+            if self.clones && s.resigns_left > 0 && m.believes_leader(now) {
+                actions.push(Action::CloneResign(i));
+                if self.hand_overs {
+                    actions.push(Action::CloneHandOver(i));
+                }
+            }
+            if s.stalls_left > 0 && !s.stalled[i] && m.believes_leader(now) {
+                actions.push(Action::Stall(i));
+            }
+            if s.step_downs_left > 0 && m.believes_leader(now) {
+                actions.push(Action::StepDown(i, true));
+                actions.push(Action::StepDown(i, false));
+            }
+            if s.queue.keepalives_left > 0 && s.queue.sessions[i].is_some() {
+                actions.push(Action::KeepAlive(i));
+            }
+            if s.shutdowns_left > 0 && !m.is_stopped() {
+                actions.push(Action::Shutdown(i));
+            }
+            // The driver ends after a step-down or a shutdown; the next campaign starts a new
+            // machine (a follower with nothing outstanding stands for both).
+            if s.restarts_left > 0 && focused && (m.is_stopped() || (m.is_following() && m.pending().is_none())) {
+                actions.push(Action::Restart(i));
+            }
+        }
+        for k in 0..s.late.len() {
+            actions.push(Action::ApplyLate(k));
+        }
+        let settled = !self.prompt
+            || s.net
+                .iter()
+                .all(|m| matches!(m, Msg::Reply { to, .. } | Msg::Announce { to, .. } if s.paused[*to]));
+        if s.now < self.horizon_ms && !someone_due && settled {
+            actions.push(Action::Advance);
+        }
+        // Each direction of each candidate's connection is FIFO; the connections interleave freely.
+        let channel = |msg: &Msg| match msg {
+            Msg::Request { from, .. } => (*from, 0),
+            Msg::Reply { to, .. } => (*to, 1),
+            Msg::Announce { to, .. } => (*to, 2),
+        };
+        for (k, msg) in s.net.iter().enumerate() {
+            if s.net[..k].iter().any(|earlier| channel(earlier) == channel(msg)) {
+                continue;
+            }
+            if let Msg::Reply { to, .. } | Msg::Announce { to, .. } = msg {
+                if s.paused[*to] {
+                    continue;
+                }
+            }
+            actions.push(Action::Deliver(k));
+            if s.losses_left > 0 {
+                actions.push(Action::Lose(k));
+            }
+            if let Msg::Request { from, request, .. } = msg {
+                let target = match self.focus {
+                    None => true,
+                    Some(f) => f == *from && matches!(request, Request::Acquire(_)),
+                };
+                if !target {
+                    continue;
+                }
+                if s.holdbacks_left > 0 {
+                    actions.push(Action::HoldBack(k));
+                }
+                if s.refusals_left > 0 {
+                    actions.push(Action::Refuse(k));
+                }
+            }
+        }
+    }
+
+    fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        let mut s = self.step(last, action);
+        let led = (0..s.machines.len()).any(|i| s.machines[i].believes_leader(self.local(&s, i)));
+        s.unled_since = if led { None } else { s.unled_since.or(Some(s.now)) };
         Some(s)
     }
 
@@ -1013,6 +1051,17 @@ impl Model for Election {
                     !(r.reserved && campaigning && s.now >= since + bound)
                 },
             ),
+            Property::always(
+                "the lease is led again within the bound while a candidate campaigns",
+                |m: &Election, s: &State| {
+                    let (Some(bound), Some(since)) = (m.led_within, s.unled_since) else {
+                        return true;
+                    };
+                    let campaigning =
+                        (0..s.machines.len()).any(|i| !s.paused[i] && s.machines[i].is_following());
+                    !(campaigning && s.now >= since + bound)
+                },
+            ),
             Property::sometimes("a successor takes a lease handed over to it", |_, s: &State| {
                 s.hand_over_taken
             }),
@@ -1046,6 +1095,7 @@ fn check(model: Election, max_states: usize) -> (usize, Vec<&'static str>) {
         "no grant inside the lock delay of a leader deposed without a confirmed renewal",
         "work that has stopped is never aborted",
         "a hand-over is taken by its campaigning successor within the bound",
+        "the lease is led again within the bound while a candidate campaigns",
     ] {
         if let Some(path) = checker.discovery(property) {
             eprintln!("counterexample ({property}): {:?}", path.into_actions());
@@ -1081,6 +1131,7 @@ fn model(expiry: Expiry, drift: u32) -> Election {
         lingering_work: false,
         clones: false,
         hand_over_taken_within: None,
+        led_within: None,
     }
 }
 
@@ -1402,18 +1453,23 @@ fn hand_over_lock_delay_model() -> Election {
         ..timing(200)
     };
     let retry = timing.retry_every.as_millis() as u64;
+    let led_within = |timing: &Timing| {
+        let delay = timing.lock_delay.unwrap_or_default().as_millis() as u64;
+        TTL_MS + delay + 2 * retry + 2 * STEP_MS
+    };
     Election {
         timing,
-        horizon_ms: 2_500,
-        candidates: 2,
+        horizon_ms: 3_000,
+        candidates: 3,
         losses: 0,
-        resigns: 1,
+        resigns: 2,
         pauses: 0,
         prompt: true,
         hand_overs: true,
         lingering_work: true,
         clones: true,
         hand_over_taken_within: Some(2 * retry + STEP_MS),
+        led_within: Some(led_within(&timing)),
         ..model(Expiry::ServerClock, 200)
     }
 }
@@ -1429,6 +1485,7 @@ fn a_hand_over_to_a_successor_with_a_lock_delay_is_taken_at_once() {
         "a hand-over was left standing"
     );
     assert!(!found.contains(&"work that has stopped is never aborted"));
+    assert!(!found.contains(&"the lease is led again within the bound while a candidate campaigns"));
     assert!(found.contains(&"a successor takes a lease handed over to it"));
 }
 
@@ -1439,13 +1496,17 @@ fn a_hand_over_to_a_successor_with_a_lock_delay_is_taken_at_once() {
 /// until `valid_until` and aborted. Finding 4 of issue 31: `hand_over` after such a deposition
 /// did not count as the work stopping (with the fix switched off the checker finds the abort).
 fn lingering_work_model() -> Election {
+    let base = handle_step_down_model();
+    let delay = base.timing.lock_delay.unwrap_or_default().as_millis() as u64;
+    let retry = base.timing.retry_every.as_millis() as u64;
     Election {
         lingering_work: true,
         clones: true,
         hand_overs: true,
         resigns: 1,
         losses: 1,
-        ..handle_step_down_model()
+        led_within: Some(TTL_MS + delay + 2 * retry + 2 * STEP_MS),
+        ..base
     }
 }
 
@@ -1459,6 +1520,21 @@ fn work_that_stopped_after_a_deposition_is_never_aborted() {
         !found.contains(&"work that has stopped is never aborted"),
         "stopped work aborted"
     );
+    assert!(!found.contains(&"the lease is led again within the bound while a candidate campaigns"));
     assert!(found.contains(&"a leader's handle steps it down"));
     assert!(found.contains(&"a successor takes a lease handed over to it"));
+}
+
+/// The bounded liveness check can fail: a bound shorter than the gap a resigning leader's
+/// lingering work leaves (it may run on until `valid_until` and be aborted, the lease then left
+/// to expire) is exceeded.
+#[test]
+fn a_leaderless_gap_longer_than_the_bound_is_caught() {
+    let model = Election {
+        led_within: Some(300),
+        ..hand_over_lock_delay_model()
+    };
+    let (states, found) = check(model, 300_000);
+    println!("bound too tight: {states} unique states explored; discoveries: {found:?}");
+    assert!(found.contains(&"the lease is led again within the bound while a candidate campaigns"));
 }
