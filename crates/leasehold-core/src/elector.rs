@@ -397,6 +397,9 @@ impl Elector {
         E: Send + 'static,
     {
         let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
+        // The previous leadership's driver, which may still be settling the acquires it gave up
+        // on when the next campaign begins (that campaign's driver starts once it is done).
+        let mut previous: Option<tokio::task::JoinHandle<()>> = None;
         loop {
             // The election's driver: `run_until` returns once it is done, so that nothing of this
             // election (a call it gave up on, granted late and released by it) lands afterwards.
@@ -405,8 +408,9 @@ impl Elector {
                 leader = self.campaign_with(&mut driver) => leader?,
                 _ = shutdown.clone() => {
                     // The campaign is dropped: its driver withdraws and settles any call it gave
-                    // up on, each within its bound.
-                    if let Some(driver) = driver {
+                    // up on, each within its bound; or, if it had not started yet, the previous
+                    // leadership's driver settles its own.
+                    if let Some(driver) = driver.or(previous) {
                         let _ = driver.await;
                     }
                     return Ok(());
@@ -450,6 +454,7 @@ impl Elector {
                 };
             }
             debug!(?reason, "leadership ended; campaigning again");
+            previous = driver;
         }
     }
 }

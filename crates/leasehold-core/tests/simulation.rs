@@ -110,6 +110,12 @@ const BELIEVED_TTL: Duration = Duration::from_millis(990);
 /// Simulated time per seed, unless `LEASEHOLD_SIM_SECONDS` says otherwise.
 const SIM_LENGTH: Duration = Duration::from_secs(30);
 const PROBE_EVERY: Duration = Duration::from_millis(5);
+/// The last part of every seed has no faults: requests are delivered promptly, nothing pauses,
+/// blocks or is refused, and every service campaigns with `run` (see [`Kind::Leaderless`]).
+const CALM: Duration = Duration::from_secs(10);
+/// After the faults stop, requests applied late may still land for up to two TTLs, and a leader
+/// they left behind expires a TTL later: the leaderless check starts once that is over.
+const SETTLE: Duration = Duration::from_secs(3);
 /// How long a refused connection takes to fail (tokio's timers have 1 ms resolution; a refusal
 /// in zero time would let a retry loop spin forever at one paused instant).
 const REFUSED_AFTER: Duration = Duration::from_millis(1);
@@ -250,10 +256,11 @@ impl Plan {
 
 /// `count` windows of `min..=max` each, at random in `start..start + SIM_LENGTH`.
 fn windows(rng: &mut Rng, start: Instant, count: u64, min: u64, max: u64) -> Arc<[(Instant, Instant)]> {
+    let calm = calm_from(start);
     let mut all: Vec<_> = (0..count)
         .map(|_| {
             let from = start + Duration::from_millis(rng.below(sim_length().as_millis() as u64));
-            (from, from + rng.ms(min, max))
+            (from.min(calm), (from + rng.ms(min, max)).min(calm))
         })
         .collect();
     all.sort();
@@ -284,6 +291,7 @@ enum Kind {
     DelaySkipped,
     LateGrant,
     StoppedAborted,
+    Leaderless,
     Panic,
     EventsLost,
     Livelock,
@@ -313,6 +321,7 @@ impl Kind {
             Kind::DelaySkipped => "delay-skipped",
             Kind::LateGrant => "late-grant",
             Kind::StoppedAborted => "stopped-aborted",
+            Kind::Leaderless => "leaderless",
             Kind::Panic => "panic",
             Kind::EventsLost => "events-lost",
             Kind::Livelock => "livelock",
@@ -426,6 +435,8 @@ struct World {
     /// The candidates run with a `lock_delay`: a leader deposed for want of a confirmed renewal
     /// then leaves its lease to expire (a release would let the next skip the delay).
     lock_delay: bool,
+    /// The candidates' `lock_delay` (zero without one).
+    lock_delay_length: Duration,
     /// When each candidate's `run` or `run_until` last started and returned, until its service
     /// starts again.
     returned: Vec<Option<(Instant, Instant)>>,
@@ -462,6 +473,7 @@ impl World {
             last_valid: HashMap::new(),
             blocked: HashMap::new(),
             lock_delay: false,
+            lock_delay_length: Duration::ZERO,
             returned: vec![None; candidates],
             stopped_work: HashSet::new(),
             stats: Stats::default(),
@@ -583,6 +595,7 @@ impl World {
 
     /// Every check that looks at the whole seed.
     fn check(&mut self, end: Instant) {
+        self.check_leaderless(end);
         self.check_overlaps(end);
         self.check_beliefs();
         self.check_terms();
@@ -608,6 +621,45 @@ impl World {
                 self.t(g.applied)
             ),
             None => format!("no acquire reply recorded granting term {term}"),
+        }
+    }
+
+    /// Once the faults have stopped and settled, the lease is never without a believed leader
+    /// for longer than a leader that stops renewing takes to end (its work aborted at
+    /// `valid_until`, its lease left to expire, observed for a TTL on a store without a clock)
+    /// plus the lock delay and two polls, while every service campaigns.
+    fn check_leaderless(&mut self, end: Instant) {
+        let from = calm_from(self.start) + SETTLE + self.lock_delay_length;
+        let bound = TTL * 2 + self.lock_delay_length + RETRY_EVERY * 3;
+        let mut intervals: Vec<(Instant, Instant)> = self
+            .elections
+            .iter()
+            .map(|e| (e.at, e.end.unwrap_or(end)))
+            .collect();
+        intervals.sort();
+        let mut covered = from;
+        let mut longest = (Duration::ZERO, from);
+        for (at, until) in intervals {
+            if until <= covered {
+                continue;
+            }
+            if at > covered && at <= end {
+                longest = longest.max((at - covered, covered));
+            }
+            covered = covered.max(until);
+        }
+        if end > covered {
+            longest = longest.max((end - covered, covered));
+        }
+        let (gap, since) = longest;
+        if from < end && gap > bound {
+            let detail = format!(
+                "nobody led for {gap:?} from {} with every service campaigning and no faults since {} \
+                 (bound {bound:?})",
+                self.t(since),
+                self.t(calm_from(self.start))
+            );
+            self.violation(Kind::Leaderless, detail);
         }
     }
 
@@ -959,6 +1011,8 @@ struct Net {
     faults: Faults,
     pauses: Arc<[(Instant, Instant)]>,
     outages: Arc<[(Instant, Instant)]>,
+    /// From then on, every request is delivered promptly.
+    calm_from: Instant,
     /// The chance that a `changes` call gives a working stream.
     notifications: f64,
     rng: Mutex<(Rng, u64)>,
@@ -1024,7 +1078,14 @@ impl Net {
             let mut guard = self.rng.lock().unwrap_or_else(|p| p.into_inner());
             let (rng, next) = &mut *guard;
             *next += 1;
-            (*next, draw(rng, &self.faults))
+            let fate = draw(rng, &self.faults);
+            let calm = Fate::Deliver {
+                to_store: rng.ms(0, 5),
+                to_caller: rng.ms(0, 5),
+                lose_reply: false,
+                late: false,
+            };
+            (*next, if sent >= self.calm_from { calm } else { fate })
         };
         {
             let mut w = lock(&self.world);
@@ -1438,7 +1499,7 @@ async fn work(
                 () = sleep(nap) => {}
             }
         }
-        if rng.chance(plan.block) {
+        if rng.chance(plan.block) && Instant::now() < calm_from(lock(&world).start) {
             block(&world, c, &leader, rng.ms(20, 1_200));
         }
         match leader.ensure_valid(min_remaining) {
@@ -1496,9 +1557,19 @@ fn tasks(
 
 /// A service that embeds the elector: starts, is shut down, restarts, until the end.
 async fn service(c: usize, elector: Elector, world: Shared, mut rng: Rng, plan: Plan, end: Instant) {
+    let calm = calm_from(lock(&world).start);
     while Instant::now() < end {
         lock(&world).returned[c] = None;
         let started = Instant::now();
+        if started >= calm {
+            lock(&world).log(format!("c{c} service runs (calm)"));
+            let task = tasks(c, world.clone(), rng.fork(), plan);
+            tokio::select! {
+                result = elector.run(task) => lock(&world).log(format!("c{c} run returned {result:?}")),
+                () = sleep_until(end) => return,
+            }
+            continue;
+        }
         let life = if plan.turbulent {
             rng.ms(100, 4_000)
         } else {
@@ -1709,6 +1780,7 @@ fn simulate(mode: Mode, seed: u64, shared: Arc<Mutex<Option<Running>>>) -> SeedR
         };
         let world: Shared = Arc::new(Mutex::new(World {
             lock_delay: plan.lock_delay.is_some(),
+            lock_delay_length: plan.lock_delay.unwrap_or_default(),
             ..World::new(start, plan.candidates)
         }));
         lock(&world).log(format!("{} seed {seed}: {plan:?}", mode.name()));
@@ -1733,6 +1805,7 @@ fn simulate(mode: Mode, seed: u64, shared: Arc<Mutex<Option<Running>>>) -> SeedR
                 faults: plan.faults,
                 pauses,
                 outages,
+                calm_from: calm_from(start),
                 notifications: plan.notifications,
                 rng: Mutex::new((net_rng, 0)),
                 world: world.clone(),
@@ -1794,6 +1867,11 @@ fn install_panic_hook() {
             default(info);
         }));
     });
+}
+
+/// When the seed's fault-free tail begins.
+fn calm_from(start: Instant) -> Instant {
+    start + sim_length().saturating_sub(CALM)
 }
 
 fn sim_length() -> Duration {
@@ -2068,6 +2146,7 @@ fn dropped_campaign_does_not_busy_loop() {
             },
             pauses: Arc::new([]),
             outages: Arc::new([]),
+            calm_from: start + Duration::from_secs(3_600),
             notifications: 1.0,
             rng: Mutex::new((Rng::new(12), 0)),
             world: world.clone(),
