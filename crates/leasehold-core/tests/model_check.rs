@@ -719,7 +719,6 @@ impl Election {
     }
 }
 
-
 impl Election {
     /// [`Model::next_state`] without the bookkeeping every step shares.
     fn step(&self, last: &State, action: Action) -> State {
@@ -758,7 +757,14 @@ impl Election {
             Action::CloneHandOver(i) => {
                 s.resigns_left -= 1;
                 let to = candidate((i + 1) % self.candidates);
-                self.feed(&mut s, i, Input::HandOver { to, work_stopped: false });
+                self.feed(
+                    &mut s,
+                    i,
+                    Input::HandOver {
+                        to,
+                        work_stopped: false,
+                    },
+                );
             }
             Action::Pause(i) => {
                 s.pauses_left -= 1;
@@ -1057,8 +1063,7 @@ impl Model for Election {
                     let (Some(bound), Some(since)) = (m.led_within, s.unled_since) else {
                         return true;
                     };
-                    let campaigning =
-                        (0..s.machines.len()).any(|i| !s.paused[i] && s.machines[i].is_following());
+                    let campaigning = (0..s.machines.len()).any(|i| !s.paused[i] && s.machines[i].is_following());
                     !(campaigning && s.now >= since + bound)
                 },
             ),

@@ -266,7 +266,10 @@ async fn an_acquire_given_up_on_cannot_land_after_run_until_returned() {
     let elector = elector(&store);
     let started = Instant::now();
     elector
-        .run_until(|_leader| async { Ok::<(), std::convert::Infallible>(()) }, std::future::pending())
+        .run_until(
+            |_leader| async { Ok::<(), std::convert::Infallible>(()) },
+            std::future::pending(),
+        )
         .await
         .unwrap();
     let returned = Instant::now() - started;
@@ -280,7 +283,10 @@ async fn an_acquire_given_up_on_cannot_land_after_run_until_returned() {
         "run_until returned after {returned:?}; the acquire sent at 0 s was granted at 9 s and is still held: \
          {history:?}"
     );
-    assert!(returned >= Duration::from_secs(9), "run_until returned after {returned:?}");
+    assert!(
+        returned >= Duration::from_secs(9),
+        "run_until returned after {returned:?}"
+    );
 }
 
 /// The driver polls each call itself until it is answered (or the machine gives up on it and it

@@ -94,8 +94,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::{FutureExt, StreamExt};
 use leasehold_core::{
-    AcquireRequest, Acquired, Announcements, CandidateId, Capabilities, Changes, DeposedReason, Elector, Error, Event, Grant, Leader,
-    LeaseName, LeaseStore, MemoryStore, Observation, Renewed, Result, Term, Transition,
+    AcquireRequest, Acquired, Announcements, CandidateId, Capabilities, Changes, DeposedReason, Elector, Error, Event,
+    Grant, Leader, LeaseName, LeaseStore, MemoryStore, Observation, Renewed, Result, Term, Transition,
 };
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::time::{Instant, sleep, sleep_until, timeout};
@@ -631,11 +631,8 @@ impl World {
     fn check_leaderless(&mut self, end: Instant) {
         let from = calm_from(self.start) + SETTLE + self.lock_delay_length;
         let bound = TTL * 2 + self.lock_delay_length + RETRY_EVERY * 3;
-        let mut intervals: Vec<(Instant, Instant)> = self
-            .elections
-            .iter()
-            .map(|e| (e.at, e.end.unwrap_or(end)))
-            .collect();
+        let mut intervals: Vec<(Instant, Instant)> =
+            self.elections.iter().map(|e| (e.at, e.end.unwrap_or(end))).collect();
         intervals.sort();
         let mut covered = from;
         let mut longest = (Duration::ZERO, from);
@@ -1243,7 +1240,8 @@ impl LeaseStore for Net {
         let (grant, to) = (grant.clone(), to.clone());
         lock(&self.world).released.insert((self.me, grant.term));
         let op = "hand_over";
-        self.call(op, move |s| async move { s.hand_over(&grant, &to).await }).await
+        self.call(op, move |s| async move { s.hand_over(&grant, &to).await })
+            .await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<Observation>> {
@@ -1446,8 +1444,11 @@ async fn work(
     } else {
         rng.ms(1, 150)
     };
-    let other = CandidateId::new(format!("c{}", (c + 1 + rng.below(plan.candidates as u64 - 1) as usize) % plan.candidates))
-        .expect("a candidate id");
+    let other = CandidateId::new(format!(
+        "c{}",
+        (c + 1 + rng.below(plan.candidates as u64 - 1) as usize) % plan.candidates
+    ))
+    .expect("a candidate id");
     // Stops as the natural shutdown does once `cancelled()` fired: hands over or resigns.
     let on_cancel = rng.below(3);
     // With a clone alive, the work counts as stopped only once that clone is gone too.
