@@ -25,7 +25,8 @@ const TAKEOVER_TTLS: f64 = 1.5;
 ///
 /// # Panics
 ///
-/// When nobody leads after the restart, the successor comes late or two lead at once.
+/// When nobody leads after the restart, the successor comes late, a follower of a store that
+/// announces grants does not hear of the leader after the restart, or two lead at once.
 pub async fn store_restart_then_leader_crash(backend: Arc<dyn Backend>) {
     let name = "store_restart_then_leader_crash";
     let ttl = Duration::from_secs(2);
