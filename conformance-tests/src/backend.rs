@@ -105,6 +105,27 @@ pub trait Backend: Send + Sync + 'static {
         ))
     }
 
+    /// Whether [`Backend::restart`] can stop and start the store's server: the restart scenario
+    /// (`store_restart_then_leader_crash`) runs only then. The default: it cannot.
+    fn can_restart(&self) -> bool {
+        false
+    }
+
+    /// Stops the store's server, keeps it down for `down`, starts it again, and returns once it
+    /// answers. Every other scenario of the process waits while it runs (see the scenarios'
+    /// module docs).
+    ///
+    /// # Errors
+    ///
+    /// When the server cannot be stopped or started (the default: always).
+    async fn restart(&self, down: Duration) -> Result<()> {
+        let _ = down;
+        Err(leasehold_core::Error::store(
+            self.name(),
+            "the suite cannot restart this store's server",
+        ))
+    }
+
     /// Called once after the last scenario of a concurrent run (e.g. to delete the suite's
     /// container); the default does nothing.
     async fn finish(&self) {}

@@ -28,6 +28,7 @@ mod faulty;
 mod macros;
 mod member;
 mod proxy;
+mod restart;
 mod runner;
 pub mod scenarios;
 mod server;

@@ -14,6 +14,7 @@ use crate::backend::{Backend, SecretUrls};
 use crate::faults::Faults;
 use crate::faulty::FaultyStore;
 use crate::proxy::FaultProxy;
+use crate::restart::ServiceRestart;
 
 /// Makes a client from a store URL.
 pub type ConnectFn = Arc<dyn Fn(String) -> BoxFuture<'static, Result<Arc<dyn LeaseStore>>> + Send + Sync>;
@@ -59,6 +60,7 @@ pub struct ServerBackend {
     secret_urls: Option<SecretUrlsFn>,
     finish: Option<FinishFn>,
     many_leases_ttl: Option<Duration>,
+    restart: Option<ServiceRestart>,
     proxies: Mutex<Vec<FaultProxy>>,
 }
 
@@ -92,6 +94,7 @@ impl ServerBackend {
             secret_urls: None,
             finish: None,
             many_leases_ttl: None,
+            restart: None,
             proxies: Mutex::new(Vec::new()),
         }
     }
@@ -124,6 +127,16 @@ impl ServerBackend {
     #[must_use]
     pub fn on_finish(mut self, finish: impl Fn() -> BoxFuture<'static, ()> + Send + Sync + 'static) -> Self {
         self.finish = Some(Arc::new(finish));
+        self
+    }
+
+    /// Restarts the server with `scripts/services down|up service` (see [`Backend::restart`]);
+    /// `base_port` is the service's port without `LEASEHOLD_SERVICES_PORT_OFFSET`, from which
+    /// the offset of the running server is worked out. Without a port in the upstream, the
+    /// backend cannot restart.
+    #[must_use]
+    pub fn restart_with(mut self, service: &'static str, base_port: u16) -> Self {
+        self.restart = ServiceRestart::new(service, base_port, &self.upstream);
         self
     }
 
@@ -190,6 +203,17 @@ impl Backend for ServerBackend {
 
     async fn connect_url(&self, url: &str) -> Result<Arc<dyn LeaseStore>> {
         (self.connect)(url.to_string()).await
+    }
+
+    fn can_restart(&self) -> bool {
+        self.restart.is_some()
+    }
+
+    async fn restart(&self, down: Duration) -> Result<()> {
+        match &self.restart {
+            Some(restart) => restart.run(down).await,
+            None => Err(Error::store(self.name, "the suite cannot restart this store's server")),
+        }
     }
 
     async fn finish(&self) {

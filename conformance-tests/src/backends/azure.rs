@@ -64,6 +64,8 @@ pub fn azure() -> Option<Arc<dyn Backend>> {
     // 1,000 leases renewed every TTL/3 are 3,000/TTL renewals a second, 50 at 60 s, a small share
     // of what Azurite serves next to everything else the suite runs at the same time.
     .many_leases_ttl(Duration::from_secs(60))
+    // No `restart_with`: Azurite runs in memory here (`--inMemoryPersistence`), and a restart would
+    // lose the container, which no real service does: the restart scenario does not run.
     .secret_urls(move |secret| {
         // A well-formed SAS whose signature is wrong: the emulator refuses every request.
         let forged: String = sas

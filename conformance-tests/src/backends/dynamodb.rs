@@ -77,6 +77,8 @@ pub fn dynamodb() -> Option<Arc<dyn Backend>> {
     // (300 a second) it passes on an idle machine but lost leases when another suite kept a core
     // busy.
     .many_leases_ttl(Duration::from_secs(20))
+    // No `restart_with`: dynalite runs in memory here (no `--path`), and a restart would lose the
+    // table, which no real service does: the restart scenario does not run.
     .secret_urls(move |secret| {
         let keys = format!("access_key_id={secret}&secret_access_key={secret}&session_token={secret}");
         let server = format!("dynamodb://{TABLE}?endpoint={endpoint}&region=us-east-1&{keys}");

@@ -57,6 +57,8 @@ pub fn postgres() -> Option<Arc<dyn Backend>> {
             conn.close().await.map_err(sql)
         })
     })
+    // `scripts/services` serves it: the restart scenario stops and starts it.
+    .restart_with("postgres", 25432)
     .secret_urls(move |secret| {
         let mut with = url::Url::parse(&url).expect("LEASEHOLD_POSTGRES_URL is a URL");
         with.set_password(Some(secret)).expect("a URL with a host");

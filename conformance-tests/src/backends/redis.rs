@@ -100,6 +100,8 @@ fn backend(name: &'static str, db_offset: u32, expiry_events: &'static str) -> O
                 .map_err(fail)
         })
     })
+    // `scripts/services` serves it: the restart scenario stops and starts it.
+    .restart_with("redis", 24379)
     .secret_urls(move |secret| {
         let mut with = url::Url::parse(&url).expect("a URL");
         // The default user of a server without `requirepass` accepts any password; a user

@@ -17,6 +17,12 @@
 //! | [`groups`] | lease groups: balance, stability, a crashed member, a join |
 //! | [`cost`] | 1,000 leases; requests per transition, an idle follower's requests (gated) |
 //! | [`secrets`] | passwords of the store URL stay out of `Debug` and errors (gated) |
+//! | [`restart`] | the store's server restarts, then the leader crashes (gated on [`Backend::can_restart`]) |
+//!
+//! A scenario that restarts the store's server runs alone: every scenario holds a share of one
+//! process-wide lock for as long as it runs, and the restart scenario holds it exclusively (a
+//! restart would break the scenarios running beside it; cargo runs test binaries one after
+//! another).
 
 use std::convert::Infallible;
 use std::fmt::Display;
@@ -43,6 +49,7 @@ pub mod groups;
 pub mod handover;
 pub mod history;
 pub mod listing;
+pub mod restart;
 pub mod safety;
 pub mod secrets;
 
@@ -62,6 +69,7 @@ pub use handover::{
 };
 pub use history::{history_records_how_terms_end, terms_increase_and_history};
 pub use listing::list_by_prefix;
+pub use restart::store_restart_then_leader_crash;
 pub use safety::{crash_successor_after_valid_until, race_has_one_winner, stalled_task_steps_down};
 pub use secrets::secrets_stay_out_of_debug_and_errors;
 
@@ -102,6 +110,7 @@ macro_rules! __every_scenario {
             requests_per_transition_do_not_grow
             idle_follower_makes_no_requests
             stalled_task_steps_down
+            store_restart_then_leader_crash
         }
     };
 }
@@ -154,6 +163,16 @@ pub fn pick_ttl(capabilities: &Capabilities, at_least: Duration) -> Duration {
     at_least.max(*capabilities.ttl.start()).min(*capabilities.ttl.end())
 }
 
+/// Held by every running scenario: shared, or exclusive by one that restarts the server.
+static SERVER: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// A running scenario's hold on [`SERVER`].
+#[allow(dead_code)] // held, never read
+enum ServerUse {
+    Shared(tokio::sync::RwLockReadGuard<'static, ()>),
+    Exclusive(tokio::sync::RwLockWriteGuard<'static, ()>),
+}
+
 /// What every scenario starts from: the backend, a fresh lease, the TTL and the checker.
 struct Scene {
     backend: Arc<dyn Backend>,
@@ -165,6 +184,7 @@ struct Scene {
     ttl: Duration,
     checker: SafetyChecker,
     started: Instant,
+    _server: ServerUse,
 }
 
 impl Scene {
@@ -173,6 +193,17 @@ impl Scene {
     }
 
     async fn with_ttl(backend: Arc<dyn Backend>, scenario: &str, at_least: Duration) -> Scene {
+        let server = ServerUse::Shared(SERVER.read().await);
+        Scene::holding(backend, scenario, at_least, server).await
+    }
+
+    /// A scene that no other scenario of the process runs beside (it may restart the server).
+    async fn exclusive(backend: Arc<dyn Backend>, scenario: &str, at_least: Duration) -> Scene {
+        let server = ServerUse::Exclusive(SERVER.write().await);
+        Scene::holding(backend, scenario, at_least, server).await
+    }
+
+    async fn holding(backend: Arc<dyn Backend>, scenario: &str, at_least: Duration, server: ServerUse) -> Scene {
         let prefix = format!("{}::{scenario}", backend.name());
         let store = backend
             .connect()
@@ -191,6 +222,7 @@ impl Scene {
             ttl,
             checker: SafetyChecker::new(),
             started: Instant::now(),
+            _server: server,
         };
         scene.log(format_args!(
             "lease {} ttl {:?} capabilities {:?}",

@@ -4,8 +4,11 @@
 //! from the notification alone (its path), with no read: one request to set the watch, none per
 //! transition, however many watch.
 
+use std::sync::Arc;
+
+use futures::StreamExt;
 use futures::stream::BoxStream;
-use leasehold_core::{LeaseName, Observation, Operation, Result};
+use leasehold_core::{LeaseName, Observation, Operation, Result, watched_announcements};
 use tokio::sync::watch;
 use zookeeper_client as zk;
 
@@ -37,8 +40,12 @@ impl ZookeeperStore {
     /// (one request), and no transition costs a request, however many processes follow the
     /// lease this way. Only grants are announced (a release or an expiry is not: the next grant
     /// is). Announcements made while the session is disconnected may be lost
-    /// ([ZOOKEEPER-4698](https://issues.apache.org/jira/browse/ZOOKEEPER-4698)); the stream
-    /// ends when the session does (ask again for a new one).
+    /// ([ZOOKEEPER-4698](https://issues.apache.org/jira/browse/ZOOKEEPER-4698)).
+    ///
+    /// When the session ends (it expired, e.g. while the server restarted), the stream follows
+    /// the store's next session: once this store has one (its candidate's next request opens
+    /// it), the stream sets the watch there and first yields the holder one read shows then,
+    /// so a grant made while no session watched is not missed. It ends when that fails.
     ///
     /// # Errors
     ///
@@ -50,14 +57,51 @@ impl ZookeeperStore {
             let client = inner.reader().await?;
             inner.leader_watch(&client, lease).await
         };
-        let rx = subscribed.await.map_err(|e| {
+        let (session, rx) = subscribed.await.map_err(|e| {
             during(
                 e,
                 Operation::Changes,
                 &format_args!("the announcements of lease {lease}"),
             )
         })?;
-        Ok(leasehold_core::watched_announcements(rx))
+        let following = Following {
+            inner: inner.clone(),
+            lease: lease.clone(),
+            session,
+            current: watched_announcements(rx),
+        };
+        Ok(Box::pin(futures::stream::unfold(following, |mut f| async move {
+            f.next().await.map(|seen| (seen, f))
+        })))
+    }
+}
+
+/// The announcements of one lease, on whichever session of the store is live.
+struct Following {
+    inner: Arc<Inner>,
+    lease: LeaseName,
+    /// The session `current` comes from.
+    session: i64,
+    current: BoxStream<'static, Observation>,
+}
+
+impl Following {
+    async fn next(&mut self) -> Option<Observation> {
+        loop {
+            if let Some(seen) = self.current.next().await {
+                return Some(seen);
+            }
+            // The session ended: wait for the store's next one (no request until then), watch
+            // there, and catch up with one read.
+            let client = self.inner.next_session(self.session).await;
+            let (session, rx) = self.inner.leader_watch(&client, &self.lease).await.ok()?;
+            let now = self.inner.observe_existing(&client, &self.lease).await.ok()?;
+            self.session = session;
+            self.current = watched_announcements(rx);
+            if let Some(seen) = now.filter(|seen| seen.holder.is_some()) {
+                return Some(seen);
+            }
+        }
     }
 }
 
@@ -68,10 +112,11 @@ impl Inner {
         &self,
         client: &zk::Client,
         lease: &LeaseName,
-    ) -> Result<watch::Receiver<Option<Observation>>> {
-        let key = (client.session_id().0, lease.clone());
+    ) -> Result<(i64, watch::Receiver<Option<Observation>>)> {
+        let session = client.session_id().0;
+        let key = (session, lease.clone());
         if let Some(watching) = lock(&self.leader_watches).get(&key) {
-            return Ok(from_now(&watching.announced));
+            return Ok((session, from_now(&watching.announced)));
         }
         let mut watcher = client
             .watch(&self.leader_dir(lease), zk::AddWatchMode::PersistentRecursive)
@@ -104,6 +149,6 @@ impl Inner {
         }));
         let mut watches = lock(&self.leader_watches);
         let watching = watches.entry(key).or_insert(LeaderWatch { announced, _task: task });
-        Ok(from_now(&watching.announced))
+        Ok((session, from_now(&watching.announced)))
     }
 }

@@ -189,9 +189,26 @@ impl Watching {
         }
     }
 
-    /// Waits until the session's state or this candidate's own znode changes.
+    /// After a request of the stream failed: waits until the session's state or this
+    /// candidate's own znode changes, and says what to do next.
+    ///
+    /// - The session is over (expired, closed): `Some` at once, and the next turn announces the
+    ///   lost place. The client marks a session over *before* it fails the requests queued on
+    ///   it, and a state watcher made after that never sees a change again: waiting for one
+    ///   left a follower deaf after a server restart until the engine's safety poll, 10 TTLs
+    ///   later.
+    /// - Disconnected: waits; the client reconnects by itself, or gives the session up (at 7/5
+    ///   of its timeout), and either change is seen.
+    /// - Connected: the server refused the request itself, and nothing the stream waits for
+    ///   would change that: `None` ends the stream, and the engine polls (its
+    ///   `NotificationsLost`).
     async fn wait_state_or_local(&mut self, client: &zk::Client) -> Option<()> {
         let mut states = client.state_watcher();
+        match states.peek_state() {
+            state if state.is_terminated() => return Some(()),
+            zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => return None,
+            _ => {}
+        }
         tokio::select! {
             _ = states.changed() => Some(()),
             changed = self.rx.changed() => changed.ok(),
