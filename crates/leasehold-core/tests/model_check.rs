@@ -52,15 +52,16 @@
 //! cancelled and then returns, resigns or hands over (`lingering_work`), and clones of the
 //! leader's handle that hand over or resign while another clone's work runs (`clones`); the
 //! property `work that has stopped is never aborted` checks that a resign or hand-over from the
-//! work is never waited for until `valid_until`. With each fix of issue 31 switched off, the
+//! work is never waited for until `valid_until`. A run with the announcement streams' lifecycle
+//! (opened while following, dropped by a new leader and a new campaign, ended once; announcements
+//! reach live streams only) checks safety with late requests and hand-overs. With each fix of issue 31 switched off, the
 //! checker finds finding 1 (a hand-over to a successor with a `lock_delay` standing until it
 //! expires) and finding 4 (a hand-over after a deposition that left nothing to release, aborted
 //! at `valid_until`); a tight bound shows the liveness check can fail.
 //!
 //! What it still cannot see: the driver (calls it detached and their late replies; findings 2
 //! and 3 are pinned by the simulation and by tests in `group.rs` and `request_lifecycle.rs`),
-//! more than one lease (lease groups), announcements' lifecycle (asked for after a
-//! `LeaderChanged`, dropped by a new leader, a stream ending), liveness under faults that stop
+//! more than one lease (lease groups: `simulation_group.rs` runs those), liveness under faults that stop
 //! (only fault-free runs are bounded), and the etcd store's own asynchronous steps.
 //!
 //! A last pair runs the machines against etcd's queue instead of one record ([`Queue`]):
@@ -173,6 +174,8 @@ struct State {
     reserved_since: Option<u64>,
     /// Each candidate's work runs (from its `Elected` until it returns or is aborted).
     work_running: [bool; 3],
+    /// The work told the engine it stopped (a resign, a hand-over, its return), since `Elected`.
+    work_said_stopped: [bool; 3],
     /// Work was aborted after it had stopped (a resign or hand-over said so): the step-down
     /// waited for `valid_until` for nothing, and the work counted as aborted.
     aborted_stopped_work: bool,
@@ -180,6 +183,10 @@ struct State {
     hand_over_taken: bool,
     /// Store time (ms) since which no candidate believes it leads.
     unled_since: Option<u64>,
+    /// Each candidate's announcement stream is live (with `announce_lifecycle`; always
+    /// otherwise).
+    streams: [bool; 3],
+    stream_ends_left: u8,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -215,6 +222,9 @@ enum Action {
     /// work still runs (`Input::HandOver { work_stopped: false }`, `Input::StepDown(Resigned)`).
     CloneHandOver(usize),
     CloneResign(usize),
+    /// With the announcement lifecycle: a following candidate's stream opens, or a live one ends.
+    StreamOpens(usize),
+    StreamEnds(usize),
 }
 
 struct Election {
@@ -277,6 +287,11 @@ struct Election {
     /// The bound (ms of store time) within which the lease is led again while a candidate
     /// campaigns and runs (checked when set: a fault-free, prompt model).
     led_within: Option<u64>,
+    /// Announcement streams come and go as the driver's do: a follower asks for one (any time it
+    /// follows: the driver asks after a `LeaderChanged` naming another holder), a new leader and
+    /// a new campaign drop theirs, and a stream may end once ([`Action::StreamEnds`]);
+    /// announcements reach only live streams.
+    announce_lifecycle: bool,
 }
 
 /// etcd's queue, as `leasehold-etcd` keeps it: each candidate has a session (an etcd lease that
@@ -606,7 +621,7 @@ impl Election {
             return;
         }
         let observation = self.observation(s);
-        for to in (0..self.candidates).filter(|&to| to != from) {
+        for to in (0..self.candidates).filter(|&to| to != from && s.streams[to]) {
             s.net.push(Msg::Announce {
                 to,
                 observation: observation.clone(),
@@ -639,6 +654,9 @@ impl Election {
                     s.max_elected_term = s.max_elected_term.max(grant.term.0);
                     s.valid_until[i] = Some(valid_until);
                     s.work_running[i] = true;
+                    s.work_said_stopped[i] = false;
+                    // A leader's driver drops its announcements.
+                    s.streams[i] &= !self.announce_lifecycle;
                 }
                 Output::Extended { valid_until } => s.valid_until[i] = Some(valid_until),
                 // The modelled work stops as soon as it is cancelled.
@@ -654,8 +672,10 @@ impl Election {
                         follow_up.push(Input::WorkStopped);
                     }
                 }
+                // (Work cancelled by the deposition of the same step and aborted with it, its
+                // process having run only after `valid_until`, never said it stopped.)
                 Output::AbortWork => {
-                    s.aborted_stopped_work |= !s.work_running[i];
+                    s.aborted_stopped_work |= s.work_said_stopped[i];
                     s.work_running[i] = false;
                 }
                 _ => {}
@@ -712,7 +732,7 @@ impl Election {
             7,
         )
         .unwrap();
-        if self.announce {
+        if self.announce && !self.announce_lifecycle {
             machine.handle(now, Input::RenewalsAnnounced(true), &mut Vec::new());
         }
         machine
@@ -729,26 +749,40 @@ impl Election {
             Action::Resign(i) => {
                 s.resigns_left -= 1;
                 s.work_running[i] = false;
+                s.work_said_stopped[i] = true;
                 self.feed(&mut s, i, Input::Resign);
             }
             Action::HandOver(i) => {
                 s.resigns_left -= 1;
                 s.work_running[i] = false;
+                s.work_said_stopped[i] = true;
                 let to = candidate((i + 1) % self.candidates);
                 self.feed(&mut s, i, Input::HandOver { to, work_stopped: true });
             }
             Action::WorkReturns(i) => {
                 s.work_running[i] = false;
+                s.work_said_stopped[i] = true;
                 self.feed(&mut s, i, Input::WorkStopped);
             }
             Action::ResignAfterDeposed(i) => {
                 s.work_running[i] = false;
+                s.work_said_stopped[i] = true;
                 self.feed(&mut s, i, Input::Resign);
             }
             Action::HandOverAfterDeposed(i) => {
                 s.work_running[i] = false;
+                s.work_said_stopped[i] = true;
                 let to = candidate((i + 1) % self.candidates);
                 self.feed(&mut s, i, Input::HandOver { to, work_stopped: true });
+            }
+            Action::StreamOpens(i) => {
+                s.streams[i] = true;
+                self.feed(&mut s, i, Input::RenewalsAnnounced(true));
+            }
+            Action::StreamEnds(i) => {
+                s.stream_ends_left -= 1;
+                s.streams[i] = false;
+                self.feed(&mut s, i, Input::RenewalsAnnounced(false));
             }
             Action::CloneResign(i) => {
                 s.resigns_left -= 1;
@@ -798,6 +832,7 @@ impl Election {
                 }
                 s.machines[i] = machine;
                 s.stalled[i] = false;
+                s.streams[i] &= !self.announce_lifecycle;
             }
             Action::Shutdown(i) => {
                 s.shutdowns_left -= 1;
@@ -830,6 +865,7 @@ impl Election {
                 msg @ Msg::Request { .. } => self.answer(&mut s, msg, false),
                 // The announcement stream outlives a campaign's machine no more than its driver
                 // does, but a new campaign's stream would have seen the same announcements.
+                Msg::Announce { to, .. } if !s.streams[to] => {}
                 Msg::Announce { to, observation } => {
                     s.announced = true;
                     self.feed(&mut s, to, Input::Announced(observation));
@@ -901,9 +937,12 @@ impl Model for Election {
             delay_skipped: false,
             reserved_since: None,
             work_running: [false; 3],
+            work_said_stopped: [false; 3],
             aborted_stopped_work: false,
             hand_over_taken: false,
             unled_since: Some(0),
+            streams: [self.announce && !self.announce_lifecycle; 3],
+            stream_ends_left: u8::from(self.announce_lifecycle),
         }]
     }
 
@@ -942,6 +981,13 @@ impl Model for Election {
                 actions.push(Action::CloneResign(i));
                 if self.hand_overs {
                     actions.push(Action::CloneHandOver(i));
+                }
+            }
+            if self.announce_lifecycle && m.is_following() {
+                if !s.streams[i] {
+                    actions.push(Action::StreamOpens(i));
+                } else if s.stream_ends_left > 0 {
+                    actions.push(Action::StreamEnds(i));
                 }
             }
             if s.stalls_left > 0 && !s.stalled[i] && m.believes_leader(now) {
@@ -1137,6 +1183,7 @@ fn model(expiry: Expiry, drift: u32) -> Election {
         clones: false,
         hand_over_taken_within: None,
         led_within: None,
+        announce_lifecycle: false,
     }
 }
 
@@ -1355,6 +1402,33 @@ fn announced_renewals_with_late_requests_are_safe() {
             "announced renewals, late requests, {expiry:?}: {states} unique states explored; discoveries: {found:?}"
         );
         assert!(states >= 100_000, "explored only {states} states");
+        assert!(
+            !found.contains(&"at most one candidate believes it leads"),
+            "{expiry:?}"
+        );
+        assert!(!found.contains(&"terms strictly increase"), "{expiry:?}");
+        assert!(found.contains(&"leadership changes hands"), "{expiry:?}");
+        assert!(found.contains(&"an announcement reaches a follower"), "{expiry:?}");
+    }
+}
+
+/// Announcement streams with the driver's lifecycle: a follower's opens at any time it follows, a
+/// new leader's and a new campaign's are dropped, one may end, and announcements reach only live
+/// streams (a follower then polls again); with requests applied late, refused, new campaigns and
+/// hand-overs.
+#[test]
+fn the_announcement_lifecycle_is_safe() {
+    for expiry in [Expiry::ServerClock, Expiry::ObservedByContenders] {
+        let model = Election {
+            announce: true,
+            announce_lifecycle: true,
+            hand_overs: true,
+            ..late_requests_model(expiry, true)
+        };
+        let (states, found) = check(model, 3_000_000);
+        println!("announcement lifecycle, {expiry:?}: {states} unique states explored; discoveries: {found:?}");
+        assert!(states >= 100_000, "explored only {states} states");
+        assert!(!found.contains(&"work that has stopped is never aborted"), "{expiry:?}");
         assert!(
             !found.contains(&"at most one candidate believes it leads"),
             "{expiry:?}"
