@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::{
-    AcquireRequest, Acquired, CandidateId, EndReason, Error, Grant, LeaseName, RecordVersion, Renewed,
+    AcquireRequest, Acquired, CandidateId, Error, Grant, LeaseName, RecordVersion, Renewed,
     Result, Term,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlRow};
@@ -395,17 +395,6 @@ fn clone_error(error: &Error) -> Error {
     }
 }
 
-/// The row of `lease` and its lock's state, without locking it.
-async fn read(conn: &mut MySqlConnection, lease: &LeaseName, limit: Duration) -> Result<Record, Failure> {
-    let sql = format!(
-        "SELECT {} FROM (SELECT CAST(? AS CHAR CHARACTER SET utf8mb4) COLLATE utf8mb4_bin AS n) AS w
-         LEFT JOIN leasehold_leases AS l ON l.name = w.n",
-        record_columns("w.n")
-    );
-    let row = timed(limit, query(sql).bind(lease.as_str()).fetch_one(&mut *conn)).await?;
-    Record::decode(lease, &row, 0).map_err(Failure::Other)
-}
-
 /// Takes the lease's named lock if the session does not hold it: `Some(true)` taken now,
 /// `Some(false)` already the session's, `None` another session holds it.
 async fn lock(session: &mut Session, lease: &LeaseName, limit: Duration) -> Result<Option<bool>, Failure> {
@@ -435,8 +424,81 @@ async fn unlock(session: &mut Session, lease: &LeaseName, limit: Duration) -> Re
     Ok(())
 }
 
-/// Takes the lock, reads the row in a transaction (`FOR UPDATE`) and grants if the row is absent,
-/// free, the candidate's own, or has exactly the record version to take over.
+/// `text` as an SQL literal that needs no escaping: a hex string converted to `utf8mb4` with a
+/// binary collation, as leasehold's columns are.
+fn text_literal(text: &str) -> String {
+    let hex: String = text.bytes().map(|b| format!("{b:02x}")).collect();
+    format!("CONVERT(X'{hex}' USING utf8mb4) COLLATE utf8mb4_bin")
+}
+
+/// The checks of [`Record::decode`] in SQL, over the `@lh_*` variables of the acquire batch: a
+/// lease is granted only over a row that passes them.
+const VALID_ROW_SQL: &str = "IFNULL(@lh_term >= 0
+     AND (@lh_prev IS NULL OR @lh_prev IN ('released', 'expired', 'broken'))
+     AND ((@lh_holder IS NULL AND @lh_ttl IS NULL AND @lh_version IS NULL)
+          OR (@lh_holder IS NOT NULL AND @lh_ttl IS NOT NULL AND @lh_version IS NOT NULL AND @lh_prev IS NULL
+              AND @lh_term > 0 AND @lh_ttl BETWEEN 1000 AND 3600000
+              AND @lh_version REGEXP '^[0-9a-fA-F]{16}$'
+              AND OCTET_LENGTH(@lh_holder) BETWEEN 1 AND 256
+              AND @lh_holder NOT REGEXP '[[:cntrl:]]')), 0)";
+
+/// The acquire of `request` as one batch of statements sent in one packet, so that the server
+/// applies it whole even when its reply is lost (a grant decided in this process between two
+/// round trips would not be): take the named lock unless the session holds it (`have`), read
+/// the row `FOR UPDATE` in a transaction, grant if the row is absent, free, the candidate's own,
+/// or has exactly the record version to take over (and passes [`VALID_ROW_SQL`]), write the row
+/// and the history, commit, give back a lock taken but not used, and answer: whether the lock
+/// was ours, whether granted, whether taken now, the new term, then the record as it is now.
+fn acquire_batch(request: &AcquireRequest, have: bool, version: &RecordVersion, history_limit: u32) -> String {
+    let takeover = request
+        .takeover
+        .as_deref()
+        .map_or_else(|| "NULL".to_string(), text_literal);
+    format!(
+        "SET @lh_n = {name}, @lh_c = {candidate}, @lh_tk = {takeover};
+         SET @lh_lk = {lock}, @lh_got = 0, @lh_took = 0, @lh_grant = 0, @lh_new = NULL,
+             @lh_present = 0, @lh_holder = NULL, @lh_term = NULL, @lh_ttl = NULL, @lh_version = NULL,
+             @lh_prev = NULL;
+         SET @lh_took = IF({have}, 0, IFNULL(IF(IS_USED_LOCK(@lh_lk) <=> CONNECTION_ID(), 1, GET_LOCK(@lh_lk, 0)), 0));
+         SET @lh_got = {have} OR @lh_took = 1;
+         START TRANSACTION;
+         SELECT 1, holder, term, ttl_ms, version, previous_end
+             INTO @lh_present, @lh_holder, @lh_term, @lh_ttl, @lh_version, @lh_prev
+             FROM leasehold_leases WHERE name = @lh_n AND @lh_got FOR UPDATE;
+         SET @lh_hist = (SELECT MAX(term) FROM leasehold_history WHERE name = @lh_n);
+         SET @lh_grant = @lh_got AND (@lh_present = 0 OR ({valid} AND (@lh_holder IS NULL OR @lh_holder = @lh_c
+             OR (@lh_tk IS NOT NULL AND @lh_version = @lh_tk))));
+         SET @lh_new = GREATEST(IFNULL(@lh_term, 0), IFNULL(@lh_hist, 0)) + 1;
+         INSERT INTO leasehold_leases (name, holder, term, ttl_ms, version, previous_end, renewed_at)
+             SELECT @lh_n, @lh_c, @lh_new, {ttl_ms}, '{version}', NULL, NOW(3) FROM DUAL WHERE @lh_grant
+             ON DUPLICATE KEY UPDATE holder = VALUES(holder), term = VALUES(term), ttl_ms = VALUES(ttl_ms),
+                 version = VALUES(version), previous_end = NULL, renewed_at = VALUES(renewed_at);
+         UPDATE leasehold_history SET ended_at = {now}, end_reason = IF(@lh_holder = @lh_c, 'released', 'expired')
+             WHERE @lh_grant AND @lh_holder IS NOT NULL AND name = @lh_n AND term = @lh_term AND ended_at IS NULL;
+         INSERT INTO leasehold_history (name, term, holder, acquired_at)
+             SELECT @lh_n, @lh_new, @lh_c, {now} FROM DUAL WHERE @lh_grant;
+         DELETE FROM leasehold_history
+             WHERE @lh_grant AND {keep} > 0 AND name = @lh_n AND term <= @lh_new - {keep};
+         COMMIT;
+         DO IF(@lh_took = 1 AND NOT @lh_grant, RELEASE_LOCK(@lh_lk), 0);
+         SELECT CAST(@lh_got AS SIGNED), CAST(@lh_grant AS SIGNED), CAST(@lh_took AS SIGNED),
+                CAST(@lh_new AS SIGNED), {record}
+             FROM (SELECT @lh_n AS n) AS w LEFT JOIN leasehold_leases AS l ON l.name = w.n",
+        name = text_literal(request.lease.as_str()),
+        candidate = text_literal(request.candidate.as_str()),
+        lock = lock_of("@lh_n"),
+        have = u8::from(have),
+        valid = VALID_ROW_SQL,
+        ttl_ms = millis(request.ttl),
+        version = version.as_str(),
+        now = unix_millis(std::time::SystemTime::now()),
+        keep = history_limit,
+        record = record_columns("w.n"),
+    )
+}
+
+/// Runs [`acquire_batch`]. A batch that fails half way (a lock wait timeout) is rolled back and
+/// a lock it took is given back before the error is answered.
 async fn acquire(
     session: &mut Session,
     history_limit: u32,
@@ -444,139 +506,50 @@ async fn acquire(
     limit: Duration,
 ) -> Result<Acquired, Failure> {
     let lease = &request.lease;
-    let Some(took_now) = lock(session, lease, limit).await? else {
-        let record = read(&mut session.conn, lease, limit).await?;
-        return Ok(Acquired::Held(record.observation(lease)));
-    };
-    timed(limit, session.conn.execute("START TRANSACTION")).await?;
-    let outcome = grant_in_transaction(session, history_limit, request, limit).await;
-    let finish = if matches!(outcome, Ok(Ok(_))) { "COMMIT" } else { "ROLLBACK" };
-    timed(limit, session.conn.execute(finish)).await?;
-    match outcome? {
-        Ok(grant) => {
-            let held = Held {
-                holder: grant.holder.clone(),
-                term: grant.term,
-                ttl: grant.ttl,
-            };
-            session.held.insert(lease.clone(), held);
-            Ok(Acquired::Granted(grant))
-        }
-        Err(mut record) => {
-            if took_now {
-                unlock(session, lease, limit).await?;
-                // The lock was free: a holder the row names has no session.
-                record.lock_free = true;
-            } else {
-                record.lock_free = false;
-            }
-            Ok(Acquired::Held(record.observation(lease)))
-        }
-    }
-}
-
-/// Inside the transaction: `Ok(grant)` written, or `Err(record)` as found (not granted).
-async fn grant_in_transaction(
-    session: &mut Session,
-    history_limit: u32,
-    request: &AcquireRequest,
-    limit: Duration,
-) -> Result<std::result::Result<Grant, Record>, Failure> {
-    let lease = &request.lease;
-    let conn = &mut session.conn;
-    let sql = format!(
-        "SELECT {} FROM leasehold_leases AS l WHERE l.name = ? FOR UPDATE",
-        record_columns("l.name")
-    );
-    let row: Option<MySqlRow> = timed(limit, query(sql).bind(lease.as_str()).fetch_optional(&mut *conn)).await?;
-    let record = match row {
-        Some(row) => Record::decode(lease, &row, 0).map_err(Failure::Other)?,
-        None => {
-            let history: Option<i64> = timed(
-                limit,
-                sqlx::query_scalar("SELECT MAX(term) FROM leasehold_history WHERE name = ?")
-                    .bind(lease.as_str())
-                    .fetch_one(&mut *conn),
-            )
-            .await?;
-            let term = Term(history.and_then(|t| u64::try_from(t).ok()).unwrap_or(0));
-            Record {
-                holder: None,
-                term,
-                last_term: term,
-                previous_end: None,
-                lock_free: false,
-            }
-        }
-    };
-    let ended = match &record.holder {
-        None => None,
-        Some(h) if h.id == request.candidate => Some(EndReason::Released),
-        Some(h) if request.takeover.as_deref() == Some(h.version.as_str()) => Some(EndReason::Expired),
-        Some(_) => return Ok(Err(record)),
-    };
-    let term = Term(record.last_term.0 + 1);
+    let have = session.held.contains_key(lease);
     let version = RecordVersion::random();
-    let now = unix_millis(std::time::SystemTime::now());
-    timed(
-        limit,
-        sqlx::query(
-            "INSERT INTO leasehold_leases (name, holder, term, ttl_ms, version, previous_end, renewed_at)
-             VALUES (?, ?, ?, ?, ?, NULL, NOW(3))
-             ON DUPLICATE KEY UPDATE holder = VALUES(holder), term = VALUES(term), ttl_ms = VALUES(ttl_ms),
-                 version = VALUES(version), previous_end = NULL, renewed_at = VALUES(renewed_at)",
-        )
-        .bind(lease.as_str())
-        .bind(request.candidate.as_str())
-        .bind(term_value(term))
-        .bind(millis(request.ttl))
-        .bind(version.as_str())
-        .execute(&mut *conn),
-    )
-    .await?;
-    if let (Some(reason), Some(previous)) = (ended, &record.holder) {
-        timed(
-            limit,
-            sqlx::query(
-                "UPDATE leasehold_history SET ended_at = ?, end_reason = ?
-                 WHERE name = ? AND term = ? AND ended_at IS NULL",
-            )
-            .bind(now)
-            .bind(reason.to_string())
-            .bind(lease.as_str())
-            .bind(term_value(previous.term))
-            .execute(&mut *conn),
-        )
-        .await?;
+    let sql = acquire_batch(request, have, &version, history_limit);
+    let rows = match timed(limit, sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(&mut session.conn)).await {
+        Ok(rows) => rows,
+        Err(failure) => {
+            if !failure.ends_session() {
+                let cleanup = "ROLLBACK; DO IF(@lh_took = 1, RELEASE_LOCK(@lh_lk), 0)";
+                timed(limit, sqlx::raw_sql(cleanup).execute(&mut session.conn)).await?;
+            }
+            return Err(failure);
+        }
+    };
+    let Some(row) = rows.last() else {
+        return Err(Failure::Other(Error::store(STORE, "unexpected answer to acquire: no rows")));
+    };
+    let flag = |index: usize| -> Result<i64, Failure> {
+        row.try_get::<Option<i64>, _>(index)
+            .map(Option::unwrap_or_default)
+            .map_err(Failure::Sql)
+    };
+    let (got, granted, took, term) = (flag(0)?, flag(1)?, flag(2)?, flag(3)?);
+    if granted == 1 {
+        let term = Term(u64::try_from(term).unwrap_or_default());
+        let held = Held {
+            holder: request.candidate.clone(),
+            term,
+            ttl: request.ttl,
+        };
+        session.held.insert(lease.clone(), held);
+        return Ok(Acquired::Granted(Grant {
+            lease: lease.clone(),
+            holder: request.candidate.clone(),
+            term,
+            ttl: request.ttl,
+            token: version.into(),
+        }));
     }
-    timed(
-        limit,
-        sqlx::query("INSERT INTO leasehold_history (name, term, holder, acquired_at) VALUES (?, ?, ?, ?)")
-            .bind(lease.as_str())
-            .bind(term_value(term))
-            .bind(request.candidate.as_str())
-            .bind(now)
-            .execute(&mut *conn),
-    )
-    .await?;
-    let keep = i64::from(history_limit);
-    if keep > 0 && term_value(term) > keep {
-        timed(
-            limit,
-            sqlx::query("DELETE FROM leasehold_history WHERE name = ? AND term <= ?")
-                .bind(lease.as_str())
-                .bind(term_value(term) - keep)
-                .execute(&mut *conn),
-        )
-        .await?;
+    let mut record = Record::decode(lease, row, 4).map_err(Failure::Other)?;
+    if got == 1 && took == 0 {
+        // The session holds the lock for another grant of this lease: not orphaned.
+        record.lock_free = false;
     }
-    Ok(Ok(Grant {
-        lease: lease.clone(),
-        holder: request.candidate.clone(),
-        term,
-        ttl: request.ttl,
-        token: version.into(),
-    }))
+    Ok(Acquired::Held(record.observation(lease)))
 }
 
 /// Renews `grants` (each for another lease or term): one statement renews those whose locks the
