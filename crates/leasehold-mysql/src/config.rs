@@ -351,7 +351,10 @@ mod tests {
             ("mysql://u:topsecret@h/db?connect_timeout=1h", "connect_timeout"),
             ("mysql://u:topsecret@h/db?history_limit=-1", "history_limit"),
             ("mysql://u:topsecret@h/db?ssl-mode=sometimes", "ssl-mode"),
-            ("mysql://u:topsecret@h/db?busy_timeout=1s", "unknown option busy_timeout"),
+            (
+                "mysql://u:topsecret@h/db?busy_timeout=1s",
+                "unknown option busy_timeout",
+            ),
         ] {
             match MysqlConfig::from_url(url) {
                 Err(e @ Error::InvalidUrl { .. }) => {
@@ -392,7 +395,10 @@ mod tests {
         };
         let ok = MysqlConfig::from_url("mysql://h/db").unwrap();
         assert_eq!(field(ok.clone().with_pool_size(0)), "pool_size");
-        assert_eq!(field(ok.clone().with_connect_timeout(Duration::ZERO)), "connect_timeout");
+        assert_eq!(
+            field(ok.clone().with_connect_timeout(Duration::ZERO)),
+            "connect_timeout"
+        );
         ok.with_history_limit(0).validate().unwrap();
     }
 }

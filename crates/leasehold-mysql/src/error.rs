@@ -147,7 +147,9 @@ mod tests {
         );
         assert!(wrong.is_permanent(), "{wrong:?}");
         assert!(
-            wrong.to_string().contains("127.0.0.1:2379 does not speak the MySQL protocol"),
+            wrong
+                .to_string()
+                .contains("127.0.0.1:2379 does not speak the MySQL protocol"),
             "{wrong}"
         );
         let refused = map_connect(
@@ -156,9 +158,15 @@ mod tests {
             Duration::from_secs(5),
         );
         assert!(refused.is_transient(), "{refused:?}");
-        assert!(refused.to_string().contains("cannot connect to 127.0.0.1:1"), "{refused}");
+        assert!(
+            refused.to_string().contains("cannot connect to 127.0.0.1:1"),
+            "{refused}"
+        );
         let silent = connect_timeout("127.0.0.1:6379", Duration::from_secs(5));
-        assert!(silent.is_transient() && silent.to_string().contains("127.0.0.1:6379"), "{silent}");
+        assert!(
+            silent.is_transient() && silent.to_string().contains("127.0.0.1:6379"),
+            "{silent}"
+        );
     }
 
     #[test]

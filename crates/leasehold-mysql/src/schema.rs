@@ -154,7 +154,9 @@ pub(crate) async fn prepare(conn: &mut MySqlConnection, waited: Duration) -> Res
     if versions != [SCHEMA_VERSION] {
         return Err(foreign(
             "leasehold_meta",
-            format!("leasehold_meta holds schema versions {versions:?}; this leasehold-mysql reads version {SCHEMA_VERSION}"),
+            format!(
+                "leasehold_meta holds schema versions {versions:?}; this leasehold-mysql reads version {SCHEMA_VERSION}"
+            ),
         ));
     }
     check_privileges(conn, waited).await
@@ -212,23 +214,25 @@ pub(crate) async fn check_named_locks(
         format!("leasehold/probe/{:016x}", random_u64()),
         format!("leasehold/probe/{:016x}", random_u64()),
     );
-    let (got_a, id): (Option<i64>, i64) = sqlx::query_as("SELECT CAST(GET_LOCK(?, 0) AS SIGNED), CAST(CONNECTION_ID() AS SIGNED)")
-        .bind(&a)
-        .fetch_one(&mut *lock_conn)
-        .await
-        .map_err(map)?;
-    let (got_b, id_b): (Option<i64>, i64) = sqlx::query_as("SELECT CAST(GET_LOCK(?, 0) AS SIGNED), CAST(CONNECTION_ID() AS SIGNED)")
-        .bind(&b)
-        .fetch_one(&mut *lock_conn)
-        .await
-        .map_err(map)?;
+    let (got_a, id): (Option<i64>, i64) =
+        sqlx::query_as("SELECT CAST(GET_LOCK(?, 0) AS SIGNED), CAST(CONNECTION_ID() AS SIGNED)")
+            .bind(&a)
+            .fetch_one(&mut *lock_conn)
+            .await
+            .map_err(map)?;
+    let (got_b, id_b): (Option<i64>, i64) =
+        sqlx::query_as("SELECT CAST(GET_LOCK(?, 0) AS SIGNED), CAST(CONNECTION_ID() AS SIGNED)")
+            .bind(&b)
+            .fetch_one(&mut *lock_conn)
+            .await
+            .map_err(map)?;
     let (holder_a, holder_b): (Option<i64>, Option<i64>) =
         sqlx::query_as("SELECT CAST(IS_USED_LOCK(?) AS SIGNED), CAST(IS_USED_LOCK(?) AS SIGNED)")
-        .bind(&a)
-        .bind(&b)
-        .fetch_one(&mut *setup)
-        .await
-        .map_err(map)?;
+            .bind(&a)
+            .bind(&b)
+            .fetch_one(&mut *setup)
+            .await
+            .map_err(map)?;
     let _ = sqlx::query("SELECT RELEASE_LOCK(?), RELEASE_LOCK(?)")
         .bind(&a)
         .bind(&b)
@@ -248,7 +252,9 @@ pub(crate) fn check_lock_probe(
 ) -> Result<()> {
     let refuse = |why: String| Err(Error::refused(STORE, "connect", why));
     if got_a != Some(1) || got_b != Some(1) {
-        return refuse(format!("GET_LOCK did not grant a free named lock (answered {got_a:?}, {got_b:?})"));
+        return refuse(format!(
+            "GET_LOCK did not grant a free named lock (answered {got_a:?}, {got_b:?})"
+        ));
     }
     if id != id_b {
         return refuse(format!(
@@ -295,7 +301,11 @@ mod tests {
         check_lock_probe(Some(1), Some(1), 7, 7, Some(7), Some(7)).unwrap();
         // Old servers: the second GET_LOCK released the first.
         let err = check_lock_probe(Some(1), Some(1), 7, 7, None, Some(7)).unwrap_err();
-        assert!(err.to_string().contains("does not keep several named locks per session"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("does not keep several named locks per session"),
+            "{err}"
+        );
         // A statement-mode proxy: another backend session answered.
         let err = check_lock_probe(Some(1), Some(1), 7, 9, Some(7), Some(9)).unwrap_err();
         assert!(err.to_string().contains("different server sessions"), "{err}");

@@ -6,9 +6,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use leasehold_core::{
-    AcquireRequest, Acquired, CandidateId, Error, Grant, LeaseName, RecordVersion, Renewed,
-    Result, Term,
+    AcquireRequest, Acquired, CandidateId, Error, Grant, LeaseName, RecordVersion, Renewed, Result, Term,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlRow};
 use sqlx::{AssertSqlSafe, Connection, Executor, MySqlConnection, Row};
@@ -23,9 +23,10 @@ use crate::record::{Record, lock_of, millis, record_columns, term_value, unix_mi
 /// Renewals per statement.
 const MAX_RENEWALS: usize = 200;
 
-/// Acquires served before the queue is looked at again, so that renewals and releases that
-/// arrive while many acquires wait are not held up behind all of them.
-const ACQUIRES_PER_ROUND: usize = 8;
+/// Acquires sent in one packet (each for another lease) before the queue is looked at again, so
+/// that renewals and releases that arrive while many acquires wait are not held up behind all
+/// of them.
+const ACQUIRES_PER_ROUND: usize = 32;
 
 /// What the store's tasks share: the config and the driver's options.
 #[derive(Debug)]
@@ -173,10 +174,7 @@ impl Failure {
 }
 
 /// Runs one statement future with a client-side bound.
-async fn timed<T>(
-    limit: Duration,
-    statement: impl Future<Output = Result<T, sqlx::Error>>,
-) -> Result<T, Failure> {
+async fn timed<T>(limit: Duration, statement: impl Future<Output = Result<T, sqlx::Error>>) -> Result<T, Failure> {
     match tokio::time::timeout(limit, statement).await {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(e)) => Err(Failure::Sql(e)),
@@ -231,13 +229,36 @@ impl Actor {
                     }
                 }
             }
-            for _ in 0..ACQUIRES_PER_ROUND {
-                let Some((request, reply)) = self.acquires.pop_front() else { break };
+            let mut batch: Vec<(AcquireRequest, Reply<Acquired>)> = Vec::new();
+            let mut later = VecDeque::new();
+            while batch.len() < ACQUIRES_PER_ROUND
+                && let Some((request, reply)) = self.acquires.pop_front()
+            {
                 if reply.is_closed() {
                     continue; // nobody waits for it: not sent, nothing applied
                 }
-                let result = self.acquire(&request).await;
-                let _ = reply.send(result);
+                if batch.iter().any(|(r, _)| r.lease == request.lease) {
+                    later.push_back((request, reply)); // one acquire per lease and packet
+                } else {
+                    batch.push((request, reply));
+                }
+            }
+            later.append(&mut self.acquires);
+            self.acquires = later;
+            if !batch.is_empty() {
+                let requests: Vec<AcquireRequest> = batch.iter().map(|(r, _)| r.clone()).collect();
+                match self.acquire_many(&requests).await {
+                    Ok(answers) => {
+                        for ((_, reply), answer) in batch.into_iter().zip(answers) {
+                            let _ = reply.send(answer);
+                        }
+                    }
+                    Err(e) => {
+                        for (_, reply) in batch {
+                            let _ = reply.send(Err(clone_error(&e)));
+                        }
+                    }
+                }
             }
         }
         // Every store handle is gone: closing the connection ends the session and its locks.
@@ -346,10 +367,10 @@ impl Actor {
         self.finish(session, limit, "renew", result).await
     }
 
-    async fn acquire(&mut self, request: &AcquireRequest) -> Result<Acquired> {
-        let (mut session, limit) = self.begin(Some(request.ttl)).await?;
+    async fn acquire_many(&mut self, requests: &[AcquireRequest]) -> Result<Vec<Result<Acquired>>> {
+        let (mut session, limit) = self.begin(requests.iter().map(|r| r.ttl).min()).await?;
         let history_limit = self.cx.config.history_limit();
-        let result = acquire(&mut session, history_limit, request, limit).await;
+        let result = acquire_many(&mut session, history_limit, requests, limit).await;
         self.finish(session, limit, "acquire", result).await
     }
 
@@ -455,20 +476,18 @@ fn acquire_batch(request: &AcquireRequest, have: bool, version: &RecordVersion, 
         .as_deref()
         .map_or_else(|| "NULL".to_string(), text_literal);
     format!(
-        "SET @lh_n = {name}, @lh_c = {candidate}, @lh_tk = {takeover};
-         SET @lh_lk = {lock}, @lh_got = 0, @lh_took = 0, @lh_grant = 0, @lh_new = NULL,
-             @lh_present = 0, @lh_holder = NULL, @lh_term = NULL, @lh_ttl = NULL, @lh_version = NULL,
-             @lh_prev = NULL;
-         SET @lh_took = IF({have}, 0, IFNULL(IF(IS_USED_LOCK(@lh_lk) <=> CONNECTION_ID(), 1, GET_LOCK(@lh_lk, 0)), 0));
-         SET @lh_got = {have} OR @lh_took = 1;
+        "SET @lh_n = {name}, @lh_c = {candidate}, @lh_tk = {takeover}, @lh_lk = {lock},
+             @lh_took = IF({have}, 0, IFNULL(IF(IS_USED_LOCK({lock}) <=> CONNECTION_ID(), 1, GET_LOCK({lock}, 0)), 0)),
+             @lh_grant = 0, @lh_new = NULL, @lh_present = 0, @lh_holder = NULL, @lh_term = NULL,
+             @lh_ttl = NULL, @lh_version = NULL, @lh_prev = NULL;
          START TRANSACTION;
          SELECT 1, holder, term, ttl_ms, version, previous_end
              INTO @lh_present, @lh_holder, @lh_term, @lh_ttl, @lh_version, @lh_prev
-             FROM leasehold_leases WHERE name = @lh_n AND @lh_got FOR UPDATE;
-         SET @lh_hist = (SELECT MAX(term) FROM leasehold_history WHERE name = @lh_n);
-         SET @lh_grant = @lh_got AND (@lh_present = 0 OR ({valid} AND (@lh_holder IS NULL OR @lh_holder = @lh_c
-             OR (@lh_tk IS NOT NULL AND @lh_version = @lh_tk))));
-         SET @lh_new = GREATEST(IFNULL(@lh_term, 0), IFNULL(@lh_hist, 0)) + 1;
+             FROM leasehold_leases WHERE name = @lh_n AND ({have} OR @lh_took = 1) FOR UPDATE;
+         SET @lh_grant = ({have} OR @lh_took = 1) AND (@lh_present = 0 OR ({valid} AND (@lh_holder IS NULL
+                 OR @lh_holder = @lh_c OR (@lh_tk IS NOT NULL AND @lh_version = @lh_tk)))),
+             @lh_new = GREATEST(IFNULL(@lh_term, 0),
+                 IFNULL((SELECT MAX(term) FROM leasehold_history WHERE name = @lh_n), 0)) + 1;
          INSERT INTO leasehold_leases (name, holder, term, ttl_ms, version, previous_end, renewed_at)
              SELECT @lh_n, @lh_c, @lh_new, {ttl_ms}, '{version}', NULL, NOW(3) FROM DUAL WHERE @lh_grant
              ON DUPLICATE KEY UPDATE holder = VALUES(holder), term = VALUES(term), ttl_ms = VALUES(ttl_ms),
@@ -481,12 +500,12 @@ fn acquire_batch(request: &AcquireRequest, have: bool, version: &RecordVersion, 
              WHERE @lh_grant AND {keep} > 0 AND name = @lh_n AND term <= @lh_new - {keep};
          COMMIT;
          DO IF(@lh_took = 1 AND NOT @lh_grant, RELEASE_LOCK(@lh_lk), 0);
-         SELECT CAST(@lh_got AS SIGNED), CAST(@lh_grant AS SIGNED), CAST(@lh_took AS SIGNED),
+         SELECT CAST({have} OR @lh_took = 1 AS SIGNED), CAST(@lh_grant AS SIGNED), CAST(@lh_took AS SIGNED),
                 CAST(@lh_new AS SIGNED), {record}
              FROM (SELECT @lh_n AS n) AS w LEFT JOIN leasehold_leases AS l ON l.name = w.n",
         name = text_literal(request.lease.as_str()),
         candidate = text_literal(request.candidate.as_str()),
-        lock = lock_of("@lh_n"),
+        lock = lock_of(&text_literal(request.lease.as_str())),
         have = u8::from(have),
         valid = VALID_ROW_SQL,
         ttl_ms = millis(request.ttl),
@@ -497,31 +516,78 @@ fn acquire_batch(request: &AcquireRequest, have: bool, version: &RecordVersion, 
     )
 }
 
-/// Runs [`acquire_batch`]. A batch that fails half way (a lock wait timeout) is rolled back and
-/// a lock it took is given back before the error is answered.
-async fn acquire(
+/// Runs the [`acquire_batch`] of each request (each for another lease) in one packet, so that a
+/// queue of acquires costs one round trip. Rows arrive as each acquire completes: a batch that
+/// fails part way (a lock wait timeout) answers the acquires before the failure, rolls the failed
+/// one back and gives back a lock it took, and answers it and the rest with the error.
+async fn acquire_many(
     session: &mut Session,
     history_limit: u32,
-    request: &AcquireRequest,
+    requests: &[AcquireRequest],
     limit: Duration,
-) -> Result<Acquired, Failure> {
-    let lease = &request.lease;
-    let have = session.held.contains_key(lease);
-    let version = RecordVersion::random();
-    let sql = acquire_batch(request, have, &version, history_limit);
-    let rows = match timed(limit, sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(&mut session.conn)).await {
-        Ok(rows) => rows,
-        Err(failure) => {
-            if !failure.ends_session() {
-                let cleanup = "ROLLBACK; DO IF(@lh_took = 1, RELEASE_LOCK(@lh_lk), 0)";
-                timed(limit, sqlx::raw_sql(cleanup).execute(&mut session.conn)).await?;
+) -> Result<Vec<Result<Acquired>>, Failure> {
+    let versions: Vec<RecordVersion> = requests.iter().map(|_| RecordVersion::random()).collect();
+    let sql: String = requests
+        .iter()
+        .zip(&versions)
+        .map(|(request, version)| {
+            let have = session.held.contains_key(&request.lease);
+            acquire_batch(request, have, version, history_limit) + ";\n"
+        })
+        .collect();
+    let collect = async {
+        let mut rows = Vec::with_capacity(requests.len());
+        let mut stream = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_many(&mut session.conn);
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(sqlx::Either::Right(row)) => rows.push(row),
+                Ok(sqlx::Either::Left(_)) => {}
+                Err(e) => return (rows, Some(e)),
             }
+        }
+        (rows, None)
+    };
+    let (rows, failed) = match tokio::time::timeout(limit, collect).await {
+        Ok(outcome) => outcome,
+        Err(_) => return Err(Failure::NoAnswer(limit)),
+    };
+    let mut answers = Vec::with_capacity(requests.len());
+    for ((request, version), row) in requests.iter().zip(versions).zip(&rows) {
+        answers.push(answer_acquire(session, request, version, row).map_err(|f| f.into_error("acquire")));
+    }
+    if let Some(e) = failed {
+        let failure = Failure::Sql(e);
+        if failure.ends_session() {
             return Err(failure);
         }
-    };
-    let Some(row) = rows.last() else {
-        return Err(Failure::Other(Error::store(STORE, "unexpected answer to acquire: no rows")));
-    };
+        let cleanup = "ROLLBACK; DO IF(@lh_took = 1, RELEASE_LOCK(@lh_lk), 0)";
+        timed(limit, sqlx::raw_sql(cleanup).execute(&mut session.conn)).await?;
+        let error = failure.into_error("acquire");
+        while answers.len() < requests.len() {
+            answers.push(Err(clone_error(&error)));
+        }
+    }
+    if answers.len() < requests.len() {
+        return Err(Failure::Other(Error::store(
+            STORE,
+            format!(
+                "unexpected answer to acquire: {} rows for {} requests",
+                rows.len(),
+                requests.len()
+            ),
+        )));
+    }
+    Ok(answers)
+}
+
+/// What the last row of one [`acquire_batch`] says.
+fn answer_acquire(
+    session: &mut Session,
+    request: &AcquireRequest,
+    version: RecordVersion,
+    row: &MySqlRow,
+) -> Result<Acquired, Failure> {
+    let lease = &request.lease;
     let flag = |index: usize| -> Result<i64, Failure> {
         row.try_get::<Option<i64>, _>(index)
             .map(Option::unwrap_or_default)
@@ -555,11 +621,7 @@ async fn acquire(
 /// Renews `grants` (each for another lease or term): one statement renews those whose locks the
 /// session holds; a grant whose lock the session lost (a broken connection) takes it again if
 /// the row still names it; one read then tells each grant what the store holds.
-async fn renew(
-    session: &mut Session,
-    grants: &[Grant],
-    limit: Duration,
-) -> Result<Vec<Result<Renewed>>, Failure> {
+async fn renew(session: &mut Session, grants: &[Grant], limit: Duration) -> Result<Vec<Result<Renewed>>, Failure> {
     let versions: Vec<RecordVersion> = grants.iter().map(|_| RecordVersion::random()).collect();
     let mine: Vec<usize> = (0..grants.len()).filter(|&i| session.holds(&grants[i])).collect();
     if !mine.is_empty() {
@@ -702,4 +764,3 @@ async fn release(session: &mut Session, grant: &Grant, limit: Duration) -> Resul
     }
     Ok(())
 }
-
