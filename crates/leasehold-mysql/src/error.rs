@@ -96,7 +96,10 @@ pub(crate) fn map_connect(error: &sqlx::Error, endpoint: &str, waited: Duration)
         sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::UnexpectedEof => Error::refused(
             STORE,
             "connect",
-            format!("the server at {endpoint} closed the connection before a MySQL greeting: check the host and port"),
+            format!(
+                "the server at {endpoint} closed the connection without a MySQL greeting: it does not speak the \
+                 MySQL protocol (or refuses this client at once): check the host and port"
+            ),
         ),
         sqlx::Error::Io(io) => Error::unreachable(
             STORE,

@@ -92,7 +92,7 @@ pub(crate) fn refuse_galera(wsrep_on: Option<&str>) -> Result<()> {
 /// Checks the server, and creates the missing tables and checks the existing ones, on the setup
 /// connection `conn`.
 pub(crate) async fn prepare(conn: &mut MySqlConnection, waited: Duration) -> Result<()> {
-    let map = |e: sqlx::Error| error::map(&e, "connect", waited);
+    let map = |e: sqlx::Error| refused_privilege(&e).unwrap_or_else(|| error::map(&e, "connect", waited));
     let wsrep: Option<String> = sqlx::query("SHOW VARIABLES LIKE 'wsrep_on'")
         .fetch_optional(&mut *conn)
         .await
@@ -142,15 +142,21 @@ pub(crate) async fn prepare(conn: &mut MySqlConnection, waited: Duration) -> Res
             ));
         }
     }
-    sqlx::query("INSERT IGNORE INTO leasehold_meta (id, schema_version) VALUES (1, ?)")
-        .bind(SCHEMA_VERSION)
-        .execute(&mut *conn)
-        .await
-        .map_err(map)?;
-    let versions: Vec<i64> = sqlx::query_scalar("SELECT schema_version FROM leasehold_meta")
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(map)?;
+    let read_versions = async |conn: &mut MySqlConnection| -> Result<Vec<i64>> {
+        sqlx::query_scalar("SELECT schema_version FROM leasehold_meta")
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(map)
+    };
+    let mut versions = read_versions(conn).await?;
+    if versions.is_empty() {
+        sqlx::query("INSERT IGNORE INTO leasehold_meta (id, schema_version) VALUES (1, ?)")
+            .bind(SCHEMA_VERSION)
+            .execute(&mut *conn)
+            .await
+            .map_err(map)?;
+        versions = read_versions(conn).await?;
+    }
     if versions != [SCHEMA_VERSION] {
         return Err(foreign(
             "leasehold_meta",
@@ -188,16 +194,22 @@ async fn check_privileges(conn: &mut MySqlConnection, waited: Duration) -> Resul
     let _ = conn.execute("ROLLBACK").await;
     match refused {
         None => Ok(()),
-        Some(e) if error::number(&e) == Some(1142) => Err(Error::refused(
+        Some(e) => Err(refused_privilege(&e).unwrap_or_else(|| error::map(&e, "connect", waited))),
+    }
+}
+
+/// A missing table privilege (error 1142), naming what leasehold needs.
+fn refused_privilege(error: &sqlx::Error) -> Option<Error> {
+    (error::number(error) == Some(1142)).then(|| {
+        Error::refused(
             STORE,
             "connect",
             format!(
                 "{}: leasehold needs SELECT, INSERT, UPDATE and DELETE on the leasehold_* tables (and CREATE for the first connect)",
-                error::describe(&e)
+                error::describe(error)
             ),
-        )),
-        Some(e) => Err(error::map(&e, "connect", waited)),
-    }
+        )
+    })
 }
 
 /// Takes two named locks on the lock session (`lock_conn`) and checks, from the setup
