@@ -7,6 +7,7 @@ mod error;
 mod record;
 mod schema;
 mod session;
+mod statements;
 mod store;
 
 #[doc = include_str!("../docs.md")]

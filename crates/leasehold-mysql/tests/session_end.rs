@@ -71,3 +71,54 @@ async fn a_reset_holders_lock_ends_at_once() {
     };
     assert!(freed <= Duration::from_millis(500), "{freed:?}");
 }
+
+/// A grant nobody renews while the session serves the store's other leases (an elector dropped
+/// without releasing) has its lock given back a TTL after its last renewal: the session's
+/// `wait_timeout` cannot end it, since the other leases' renewals keep the session busy.
+#[tokio::test]
+async fn an_abandoned_grant_loses_its_lock_while_the_session_lives() {
+    let Some(url) = leasehold_conformance::require_server("mysql", "LEASEHOLD_MYSQL_URL") else {
+        return;
+    };
+    let store = MysqlStore::connect(&url).await.unwrap();
+    let observer = MysqlStore::connect(&url).await.unwrap();
+    let ttl = Duration::from_secs(1);
+    let base = format!("abandoned-{:x}", random_u64());
+    let grant = |name: &str| {
+        let store = &store;
+        let request = AcquireRequest {
+            lease: LeaseName::new(format!("{base}-{name}")).unwrap(),
+            candidate: CandidateId::new("holder").unwrap(),
+            ttl,
+            takeover: None,
+        };
+        async move {
+            match store.acquire(&request).await.unwrap() {
+                Acquired::Granted(grant) => grant,
+                other => panic!("a fresh lease is granted, got {other:?}"),
+            }
+        }
+    };
+    let abandoned = grant("abandoned").await;
+    let mut kept = grant("kept").await;
+    let started = Instant::now();
+    let freed = loop {
+        tokio::time::sleep(ttl / 4).await;
+        kept = match store.renew(&kept).await.unwrap() {
+            leasehold_core::Renewed::Renewed(grant) => grant,
+            other => panic!("the kept lease is renewed, got {other:?}"),
+        };
+        let seen = observer.inspect(&abandoned.lease).await.unwrap();
+        if seen.holder.as_ref().is_some_and(|h| h.orphaned) {
+            break started.elapsed();
+        }
+        assert!(started.elapsed() < ttl * 4, "the abandoned grant's lock is still held");
+    };
+    println!("abandoned grant (ttl {ttl:?}): lock given back {freed:.2?} after its last renewal");
+    assert!(freed >= ttl, "given back before its TTL: {freed:?}");
+    let still = observer.inspect(&kept.lease).await.unwrap();
+    assert!(
+        still.holder.is_some_and(|h| !h.orphaned),
+        "the kept lease keeps its lock"
+    );
+}
