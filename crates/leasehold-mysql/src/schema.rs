@@ -168,25 +168,29 @@ pub(crate) async fn prepare(conn: &mut MySqlConnection, waited: Duration) -> Res
     check_privileges(conn, waited).await
 }
 
-/// Writes, changes and deletes a row no lease can have (the empty name) in each table inside a
-/// transaction that is rolled back: a missing `INSERT`, `UPDATE` or `DELETE` privilege is a
-/// refusal naming it (`SELECT` was needed to get here).
+/// Writes, changes and deletes a row no lease can have (a name starting with a control
+/// character, unique to this connection so that stores connecting together never wait for each
+/// other) in each table inside a transaction that is rolled back: a missing `INSERT`, `UPDATE`
+/// or `DELETE` privilege is a refusal naming it (`SELECT` was needed to get here).
 async fn check_privileges(conn: &mut MySqlConnection, waited: Duration) -> Result<()> {
+    let probe = "CONCAT(CHAR(1), 'leasehold-privilege-probe-', CONNECTION_ID())";
     let probes = [
-        "INSERT INTO leasehold_leases (name, term) VALUES ('', 0) ON DUPLICATE KEY UPDATE term = 0",
-        "UPDATE leasehold_leases SET term = 0 WHERE name = ''",
-        "DELETE FROM leasehold_leases WHERE name = ''",
-        "INSERT INTO leasehold_history (name, term, holder, acquired_at) VALUES ('', 0, '', 0)
-         ON DUPLICATE KEY UPDATE acquired_at = 0",
-        "UPDATE leasehold_history SET ended_at = 0 WHERE name = ''",
-        "DELETE FROM leasehold_history WHERE name = ''",
+        format!("INSERT INTO leasehold_leases (name, term) VALUES ({probe}, 0) ON DUPLICATE KEY UPDATE term = 0"),
+        format!("UPDATE leasehold_leases SET term = 0 WHERE name = {probe}"),
+        format!("DELETE FROM leasehold_leases WHERE name = {probe}"),
+        format!(
+            "INSERT INTO leasehold_history (name, term, holder, acquired_at) VALUES ({probe}, 0, '', 0)
+             ON DUPLICATE KEY UPDATE acquired_at = 0"
+        ),
+        format!("UPDATE leasehold_history SET ended_at = 0 WHERE name = {probe}"),
+        format!("DELETE FROM leasehold_history WHERE name = {probe}"),
     ];
     conn.execute("START TRANSACTION")
         .await
         .map_err(|e| error::map(&e, "connect", waited))?;
     let mut refused = None;
     for probe in probes {
-        if let Err(e) = conn.execute(probe).await {
+        if let Err(e) = conn.execute(sqlx::AssertSqlSafe(probe)).await {
             refused = Some(e);
             break;
         }

@@ -247,7 +247,7 @@ impl LeaseStore for MysqlStore {
     async fn list(&self, prefix: &str) -> Result<Vec<Observation>> {
         let timeout = self.inner.cx.config.connect_timeout();
         let sql = format!(
-            "SELECT l.name, {} FROM leasehold_leases AS l WHERE l.name LIKE ? ESCAPE '!' AND l.name <> ''",
+            "SELECT l.name, {} FROM leasehold_leases AS l WHERE l.name LIKE ? ESCAPE '!'",
             record_columns("l.name")
         );
         let rows = sqlx::query(AssertSqlSafe(sql))
