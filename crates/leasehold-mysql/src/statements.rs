@@ -313,32 +313,11 @@ pub(crate) async fn renew(
     limit: Duration,
 ) -> Result<Vec<Result<Renewed>>, Failure> {
     let versions: Vec<RecordVersion> = grants.iter().map(|_| RecordVersion::random()).collect();
-    let mine: Vec<usize> = (0..grants.len()).filter(|&i| session.holds(&grants[i])).collect();
-    if !mine.is_empty() {
-        let cases = vec!["WHEN ? THEN ?"; mine.len()].join(" ");
-        let keys = vec!["(?, ?, ?)"; mine.len()].join(", ");
-        let sql = format!(
-            "UPDATE leasehold_leases SET version = CASE name {cases} END, renewed_at = NOW(3)
-             WHERE (name, holder, term) IN ({keys}) AND previous_end IS NULL
-               AND IS_USED_LOCK({}) <=> CONNECTION_ID()",
-            lock_of("name")
-        );
-        let mut statement = query(sql);
-        for &i in &mine {
-            statement = statement.bind(grants[i].lease.as_str()).bind(versions[i].as_str());
-        }
-        for &i in &mine {
-            let g = &grants[i];
-            statement = statement
-                .bind(g.lease.as_str())
-                .bind(g.holder.as_str())
-                .bind(term_value(g.term));
-        }
-        timed(limit, statement.execute(&mut session.conn)).await?;
-    }
+    // Rare: a grant whose lock this session does not hold (a new session) takes it again if its
+    // row still names it, writing the version the renewal below writes again.
     for (i, grant) in grants.iter().enumerate() {
         if session.held.contains_key(&grant.lease) {
-            continue; // the session's lock is another grant's (or renewed above)
+            continue; // the session's lock is this grant's (renewed below) or another grant's
         }
         if lock(session, &grant.lease, limit).await? != Some(true) {
             continue;
@@ -369,16 +348,48 @@ pub(crate) async fn renew(
             unlock(session, &grant.lease, limit).await?;
         }
     }
-    let names = vec!["?"; grants.len()].join(", ");
-    let sql = format!(
-        "SELECT l.name, {} FROM leasehold_leases AS l WHERE l.name IN ({names})",
-        record_columns("l.name")
-    );
-    let mut statement = query(sql);
-    for grant in grants {
-        statement = statement.bind(grant.lease.as_str());
+    // One packet: the renewal of every grant whose lock the session holds, then the read that
+    // answers each grant. Values are hex literals (see `text_literal`).
+    let mine: Vec<usize> = (0..grants.len()).filter(|&i| session.holds(&grants[i])).collect();
+    let mut sql = String::new();
+    if !mine.is_empty() {
+        let cases: String = mine
+            .iter()
+            .map(|&i| {
+                format!(
+                    " WHEN {} THEN '{}'",
+                    text_literal(grants[i].lease.as_str()),
+                    versions[i]
+                )
+            })
+            .collect();
+        let keys: Vec<String> = mine
+            .iter()
+            .map(|&i| {
+                let g = &grants[i];
+                format!(
+                    "({}, {}, {})",
+                    text_literal(g.lease.as_str()),
+                    text_literal(g.holder.as_str()),
+                    term_value(g.term)
+                )
+            })
+            .collect();
+        sql.push_str(&format!(
+            "UPDATE leasehold_leases SET version = CASE name{cases} END, renewed_at = NOW(3)
+             WHERE (name, holder, term) IN ({}) AND previous_end IS NULL
+               AND IS_USED_LOCK({}) <=> CONNECTION_ID();\n",
+            keys.join(", "),
+            lock_of("name")
+        ));
     }
-    let rows = timed(limit, statement.fetch_all(&mut session.conn)).await?;
+    let names: Vec<String> = grants.iter().map(|g| text_literal(g.lease.as_str())).collect();
+    sql.push_str(&format!(
+        "SELECT l.name, {} FROM leasehold_leases AS l WHERE l.name IN ({})",
+        record_columns("l.name"),
+        names.join(", ")
+    ));
+    let rows = timed(limit, sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(&mut session.conn)).await?;
     let mut found: HashMap<String, &MySqlRow> = HashMap::new();
     for row in &rows {
         let name: String = row.try_get(0).map_err(Failure::Sql)?;
