@@ -348,6 +348,7 @@ pub(crate) fn host_port(url: &str) -> Option<String> {
     }
     let port = match scheme.to_ascii_lowercase().as_str() {
         "postgres" | "postgresql" => 5432,
+        "mysql" | "mariadb" => 3306,
         "redis" => 6379,
         "rediss" => 6380,
         "etcd" => 2379,

@@ -12,6 +12,8 @@ mod azure;
 mod dynamodb;
 #[cfg(feature = "etcd")]
 mod etcd;
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "redis")]
@@ -27,6 +29,8 @@ pub use azure::azure;
 pub use dynamodb::dynamodb;
 #[cfg(feature = "etcd")]
 pub use etcd::etcd;
+#[cfg(feature = "mysql")]
+pub use mysql::mysql;
 #[cfg(feature = "postgres")]
 pub use postgres::postgres;
 #[cfg(feature = "redis")]

@@ -48,6 +48,7 @@ pub(crate) fn start_services(selected: &[&str]) -> Started {
         .iter()
         .filter_map(|b| match *b {
             "postgres" => Some("postgres"),
+            "mysql" => Some("mariadb"),
             "redis" => Some("redis"),
             "etcd" => Some("etcd"),
             "zookeeper" => Some("zookeeper"),
@@ -149,6 +150,7 @@ impl Backend {
             "memory" => None,
             "sqlite" => Some(Ok(format!("sqlite://{}/bench.db", scratch.display()))),
             "postgres" => Some(env.get("LEASEHOLD_POSTGRES_URL").ok_or("postgres")),
+            "mysql" => Some(env.get("LEASEHOLD_MYSQL_URL").ok_or("mariadb")),
             "redis" => Some(env.get("LEASEHOLD_REDIS_URL").ok_or("redis")),
             "etcd" => Some(env.get("LEASEHOLD_ETCD_URL").ok_or("etcd")),
             "zookeeper" => Some(env.get("LEASEHOLD_ZOOKEEPER_URL").ok_or("zookeeper")),

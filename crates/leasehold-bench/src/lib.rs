@@ -23,7 +23,7 @@ pub use measures::{child_leader, child_scale};
 pub struct Options {
     /// Tiny counts, no target verdicts: checks that the code runs end to end.
     pub smoke: bool,
-    /// Backends to measure (`memory sqlite postgres redis etcd zookeeper dynamodb azure`); empty: all.
+    /// Backends to measure (`memory sqlite postgres mysql redis etcd zookeeper dynamodb azure`); empty: all.
     pub backends: Vec<String>,
     /// Measures to run (see [`MEASURES`]); empty: all.
     pub only: Vec<String>,
@@ -44,6 +44,7 @@ pub const ALL_BACKENDS: &[&str] = &[
     "memory",
     "sqlite",
     "postgres",
+    "mysql",
     "redis",
     "etcd",
     "zookeeper",

@@ -21,6 +21,9 @@ pub use leasehold_dynamodb as dynamodb;
 #[cfg(feature = "etcd")]
 #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 pub use leasehold_etcd as etcd;
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub use leasehold_mysql as mysql;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use leasehold_postgres as postgres;
@@ -127,6 +130,7 @@ pub const BACKENDS: &[Backend] = &[
         ["postgres", "postgresql"],
         leasehold_postgres::PostgresStore
     ),
+    backend!("mysql", "mysql", ["mysql", "mariadb"], leasehold_mysql::MysqlStore),
     backend!("redis", "redis", ["redis", "rediss"], leasehold_redis::RedisStore),
     backend!("etcd", "etcd", ["etcd", "etcds"], leasehold_etcd::EtcdStore),
     backend!(
@@ -250,6 +254,7 @@ mod tests {
         let compiled = [
             ("sqlite", cfg!(feature = "sqlite")),
             ("postgres", cfg!(feature = "postgres")),
+            ("mysql", cfg!(feature = "mysql")),
             ("redis", cfg!(feature = "redis")),
             ("etcd", cfg!(feature = "etcd")),
             ("zookeeper", cfg!(feature = "zookeeper")),
@@ -270,6 +275,8 @@ mod tests {
             backend_for("postgres").unwrap().schemes,
             leasehold_postgres::URL_SCHEMES
         );
+        #[cfg(feature = "mysql")]
+        assert_eq!(backend_for("mariadb").unwrap().schemes, leasehold_mysql::URL_SCHEMES);
         #[cfg(feature = "redis")]
         assert_eq!(backend_for("redis").unwrap().schemes, leasehold_redis::URL_SCHEMES);
         #[cfg(feature = "etcd")]
