@@ -16,6 +16,8 @@ mod etcd;
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "s3")]
+mod s3;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 #[cfg(feature = "zookeeper")]
@@ -31,6 +33,8 @@ pub use etcd::etcd;
 pub use postgres::postgres;
 #[cfg(feature = "redis")]
 pub use redis::{redis, redis_polling};
+#[cfg(feature = "s3")]
+pub use s3::s3;
 #[cfg(feature = "sqlite")]
 pub use sqlite::sqlite;
 #[cfg(feature = "zookeeper")]
