@@ -66,6 +66,8 @@ pub fn s3() -> Option<Arc<dyn Backend>> {
     // every renewal is a read and a write: a 20 s TTL asks for 300 requests a second for 1,000
     // leases (6,000 / TTL).
     .many_leases_ttl(Duration::from_secs(20))
+    // An acquire reads the object for the ETag its conditional write names.
+    .acquire_reads_first()
     .secret_urls(move |secret| {
         let keys = format!("access_key_id={secret}&secret_access_key={secret}&session_token={secret}");
         let server = format!("s3://{BUCKET}/{PREFIX}?endpoint={endpoint}&region=us-east-1&{keys}");

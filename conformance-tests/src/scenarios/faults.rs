@@ -382,7 +382,15 @@ pub async fn lost_reply_resolved_by_read_back(backend: Arc<dyn Backend>) {
                 .await;
         })
         .await;
-    faults_c.set(Direction::Reply, Fault::Blackhole);
+    // A store whose acquire reads first would never send its write while every reply is lost:
+    // its replies come half a TTL late instead, twice the request timeout (and before the
+    // engine gives up polling the call, a TTL after it was sent).
+    let lost = if scene.backend.acquire_reads_first() {
+        Fault::Delay(ttl / 2)
+    } else {
+        Fault::Blackhole
+    };
+    faults_c.set(Direction::Reply, lost);
     tokio::time::sleep(ttl / 20).await;
     observer
         .release(&blocking)

@@ -2,7 +2,8 @@
 //! the probe that `connect` runs. Every other module builds on this one; it imports none of them
 //! but the record and the errors.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aws_sdk_s3::Client;
@@ -30,6 +31,9 @@ pub(crate) struct Objects {
     /// Empty, or the prefix followed by `/`.
     pub(crate) key_prefix: Arc<str>,
     pub(crate) timeout: Duration,
+    /// The object of each lease this store holds, as its last write left it: a renewal then
+    /// replaces it on that ETag in one request, without reading it first.
+    held: Arc<Mutex<HashMap<LeaseName, Read>>>,
 }
 
 impl std::fmt::Debug for Objects {
@@ -71,7 +75,23 @@ impl Objects {
             bucket: config.bucket.as_str().into(),
             key_prefix: key_prefix.into(),
             timeout: config.timeout,
+            held: Arc::default(),
         }
+    }
+
+    /// The object of `lease` as this store last wrote it while holding it at version `token`.
+    pub(crate) fn written(&self, lease: &LeaseName, token: &str) -> Option<Read> {
+        let held = self.held.lock().expect("held lock poisoned");
+        held.get(lease).filter(|read| read.record.version() == token).cloned()
+    }
+
+    /// Remembers the object of a lease this store holds (`Some`), or forgets it.
+    pub(crate) fn remember(&self, lease: &LeaseName, read: Option<Read>) {
+        let mut held = self.held.lock().expect("held lock poisoned");
+        match read {
+            Some(read) => held.insert(lease.clone(), read),
+            None => held.remove(lease),
+        };
     }
 
     /// The key of a lease's object.
@@ -208,7 +228,14 @@ impl Objects {
             Err(e) => Err(e),
         };
         for key in [&key, &raced] {
-            if let Err(e) = self.client.delete_object().bucket(self.bucket.as_ref()).key(key).send().await {
+            if let Err(e) = self
+                .client
+                .delete_object()
+                .bucket(self.bucket.as_ref())
+                .key(key)
+                .send()
+                .await
+            {
                 tracing::debug!(key, error = %error::Described::new("delete_object", &e), "probe object left behind");
             }
         }
@@ -216,12 +243,7 @@ impl Objects {
     }
 
     async fn probe_sequence(&self, key: &str) -> Result<()> {
-        let ignored = |what: &str| {
-            Err(ConnectError::ConditionalWritesIgnored {
-                what: what.to_string(),
-            }
-            .refused())
-        };
+        let ignored = |what: &str| Err(ConnectError::ConditionalWritesIgnored { what: what.to_string() }.refused());
         let Some(first) = self.probe_put(key, 1, If::Absent).await? else {
             return ignored("a create-if-absent (If-None-Match: *) of a new key was refused");
         };

@@ -125,10 +125,7 @@ impl Record {
         }
         RecordVersion::parse(&record.version)
             .ok_or_else(|| corrupt(format!("version {:?} is not 16 hex digits", shorten(&record.version))))?;
-        let last = record
-            .terms
-            .last()
-            .ok_or_else(|| corrupt("terms is empty".into()))?;
+        let last = record.terms.last().ok_or_else(|| corrupt("terms is empty".into()))?;
         if last.term != record.term {
             return Err(corrupt(format!(
                 "the last entry of terms is term {}, the object's term is {}",
@@ -160,7 +157,10 @@ impl Record {
         }
         match &record.holder {
             None if last.is_open() => {
-                return Err(corrupt(format!("term {} is open but the lease has no holder", last.term)));
+                return Err(corrupt(format!(
+                    "term {} is open but the lease has no holder",
+                    last.term
+                )));
             }
             None => {}
             Some(holder) => {
@@ -325,7 +325,11 @@ fn first_line(text: &str) -> String {
 /// At most 40 characters of something read from the store.
 fn shorten(text: &str) -> String {
     let shown: String = text.chars().take(40).collect();
-    if shown.len() < text.len() { format!("{shown}...") } else { shown }
+    if shown.len() < text.len() {
+        format!("{shown}...")
+    } else {
+        shown
+    }
 }
 
 #[cfg(test)]
@@ -406,12 +410,18 @@ mod tests {
             (json.replace("\"jobs\"", "\"other\""), "describes lease \"other\""),
             (json.replace(&version, "xyz"), "version \"xyz\""),
             (json.replace("\"ttl_ms\":5000", "\"ttl_ms\":0"), "ttl_ms 0"),
-            (json.replacen("\"term\":1,", "\"term\":2,", 1), "the last entry of terms is term 1"),
+            (
+                json.replacen("\"term\":1,", "\"term\":2,", 1),
+                "the last entry of terms is term 1",
+            ),
             (
                 json.replace(",\"holder\":{\"id\":\"a\",\"ttl_ms\":5000}", ""),
                 "term 1 is open but the lease has no holder",
             ),
-            (json.replace("{\"id\":\"a\"", "{\"id\":\"b\""), "does not hold the open term"),
+            (
+                json.replace("{\"id\":\"a\"", "{\"id\":\"b\""),
+                "does not hold the open term",
+            ),
             (
                 json.replace("\"acquired_at\"", "\"end\":\"released\",\"acquired_at\""),
                 "ended_at and end must be both set",

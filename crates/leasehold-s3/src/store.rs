@@ -235,12 +235,21 @@ impl Objects {
     }
 
     /// Replaces the object read as `read` with `next` if nobody wrote it meanwhile: whether it
-    /// was written.
-    async fn replace(&self, lease: &LeaseName, read: &Read, next: &Record, operation: &'static str) -> Result<bool> {
-        Ok(self
-            .put(lease, next, If::Matches(&read.etag), operation)
-            .await?
-            .is_some())
+    /// was written. The store remembers what it wrote while `keep` (it holds the lease), and
+    /// forgets the lease otherwise.
+    async fn replace(
+        &self,
+        lease: &LeaseName,
+        read: &Read,
+        next: Record,
+        keep: bool,
+        operation: &'static str,
+    ) -> Result<bool> {
+        let written = self.put(lease, &next, If::Matches(&read.etag), operation).await?;
+        let written = written.map(|etag| Read { record: next, etag });
+        let replaced = written.is_some();
+        self.remember(lease, written.filter(|_| keep));
+        Ok(replaced)
     }
 }
 
@@ -285,7 +294,10 @@ impl LeaseStore for Objects {
             None => {
                 let first = Record::first(lease, &request.candidate, request.ttl, now);
                 let written = self.put(lease, &first, If::Absent, "acquire").await?;
-                written.map(|_| first)
+                written.map(|etag| {
+                    self.remember(lease, Some(Read { record: first.clone(), etag }));
+                    first
+                })
             }
             Some(read) => {
                 let grantable = match read.record.holder_info(lease)? {
@@ -299,7 +311,9 @@ impl LeaseStore for Objects {
                     return Ok(Acquired::Held(read.record.observation(lease)));
                 }
                 let next = read.record.clone().granted(&request.candidate, request.ttl, now);
-                self.replace(lease, &read, &next, "acquire").await?.then_some(next)
+                self.replace(lease, &read, next.clone(), true, "acquire")
+                    .await?
+                    .then_some(next)
             }
         };
         match written {
@@ -308,29 +322,45 @@ impl LeaseStore for Objects {
         }
     }
 
-    /// A read, then a replace on its ETag with a new version, if the object still names the
-    /// grant's holder at its term (not merely reserved for it).
+    /// A replace with a new version on the ETag of the store's own last write (one request), or
+    /// of a read when the store has none, if the object names the grant's holder at its term
+    /// (not merely reserved for it). When the object changed meanwhile but still names the
+    /// grant, this renewal made nothing sure: a transient error, which the engine settles by
+    /// reading back (an earlier renewal whose answer was lost may have moved the version on).
     async fn renew(&self, grant: &Grant) -> Result<Renewed> {
         let lease = &grant.lease;
-        let Some(read) = self.get(lease, "renew").await? else {
-            return Ok(Renewed::Lost(Observation::free(lease.clone(), Term(0), None)));
+        let read = match self.written(lease, &grant.token) {
+            Some(read) => read,
+            None => match self.get(lease, "renew").await? {
+                Some(read) => read,
+                None => return Ok(Renewed::Lost(Observation::free(lease.clone(), Term(0), None))),
+            },
         };
         if !read.record.is_held_by(&grant.holder, grant.term) {
+            self.remember(lease, None);
             return Ok(Renewed::Lost(read.record.observation(lease)));
         }
         let next = read.record.clone().renewed();
-        if self.replace(lease, &read, &next, "renew").await? {
+        let token = next.version().to_string();
+        if self.replace(lease, &read, next, true, "renew").await? {
             return Ok(Renewed::Renewed(Grant {
-                token: next.version().to_string(),
+                token,
                 ..grant.clone()
             }));
         }
-        // Someone wrote in between: the store's word is what counts.
         match self.get(lease, "renew").await? {
-            Some(now) if now.record.is_held_by(&grant.holder, grant.term) => Ok(Renewed::Renewed(Grant {
-                token: now.record.version().to_string(),
-                ..grant.clone()
-            })),
+            Some(now) if now.record.is_held_by(&grant.holder, grant.term) => {
+                let version = now.record.version().to_string();
+                self.remember(lease, Some(now));
+                Err(Error::unreachable(
+                    STORE,
+                    format!(
+                        "renew: the object of {lease} changed under the renewal but still names term {} \
+                         (version {version}); read it back",
+                        grant.term
+                    ),
+                ))
+            }
             Some(now) => Ok(Renewed::Lost(now.record.observation(lease))),
             None => Ok(Renewed::Lost(Observation::free(lease.clone(), Term(0), None))),
         }
@@ -344,7 +374,7 @@ impl LeaseStore for Objects {
             && read.record.is_held_by(&grant.holder, grant.term)
         {
             let next = read.record.clone().ended(EndReason::Released, SystemTime::now());
-            self.replace(lease, &read, &next, "release").await?;
+            self.replace(lease, &read, next, false, "release").await?;
         }
         Ok(())
     }
@@ -359,7 +389,7 @@ impl LeaseStore for Objects {
             && read.record.is_held_by(&grant.holder, grant.term)
         {
             let next = read.record.clone().handed_over(to, grant.ttl, SystemTime::now());
-            self.replace(lease, &read, &next, "hand_over").await?;
+            self.replace(lease, &read, next, false, "hand_over").await?;
         }
         Ok(())
     }
@@ -372,7 +402,7 @@ impl LeaseStore for Objects {
             && read.record.holder_id() == Some(candidate.as_str())
         {
             let next = read.record.clone().ended(EndReason::Released, SystemTime::now());
-            self.replace(lease, &read, &next, "withdraw").await?;
+            self.replace(lease, &read, next, false, "withdraw").await?;
         }
         Ok(())
     }
@@ -421,7 +451,7 @@ impl LeaseStore for Objects {
         }
         let term = read.record.term();
         let next = read.record.clone().ended(EndReason::Broken, SystemTime::now());
-        if self.replace(lease, &read, &next, "break_lease").await? {
+        if self.replace(lease, &read, next, false, "break_lease").await? {
             return Ok(Some(term));
         }
         let now = self.observe(lease, "break_lease").await?;
