@@ -89,7 +89,10 @@ pub trait Backend: Send + Sync + 'static {
     /// the write must name), so that replies lost from the start of an acquire lose the read's,
     /// and the write is never sent. `lost_reply_resolved_by_read_back` then delays C's replies
     /// past the request timeout instead of dropping them: the write goes out, is applied, and
-    /// its answer comes too late, which the engine must settle by reading back. Default `false`.
+    /// its answer comes too late, which the engine must settle by reading back. C's later
+    /// acquires, sent while the replies were late, may land after it and grant C a new term
+    /// (as the holder's own acquire does), so C must lead at the applied term or a later one of
+    /// its own, with nobody else in between. Default `false`.
     fn acquire_reads_first(&self) -> bool {
         false
     }

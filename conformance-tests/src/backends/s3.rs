@@ -62,16 +62,19 @@ pub fn s3() -> Option<Arc<dyn Backend>> {
                 .map_err(|e| Error::store("s3", e))
         })
     })
-    // moto is one Python process serving a few hundred requests a second on this machine, and
-    // every renewal is a read and a write: a 20 s TTL asks for 300 requests a second for 1,000
-    // leases (6,000 / TTL).
-    .many_leases_ttl(Duration::from_secs(20))
+    // moto is one Python process: 150-200 requests a second on a loaded 2-core machine. A
+    // renewal is one request (3,000 / TTL a second for 1,000 leases), but the 1,000 first
+    // acquires are two each (a read, then the create), all at once: 10 to 13 s of work, which
+    // must fit in the request timeout (TTL / 4). At 20 s they did not, and the retries of the
+    // acquires that timed out kept moto busy for the rest of the scenario.
+    .many_leases_ttl(Duration::from_secs(60))
     // An acquire reads the object for the ETag its conditional write names.
     .acquire_reads_first()
     .secret_urls(move |secret| {
         let keys = format!("access_key_id={secret}&secret_access_key={secret}&session_token={secret}");
         let server = format!("s3://{BUCKET}/{PREFIX}?endpoint={endpoint}&region=us-east-1&{keys}");
-        let closed = format!("s3://{BUCKET}/{PREFIX}?endpoint=http://127.0.0.1:1&region=us-east-1&{keys}&timeout=500ms");
+        let closed =
+            format!("s3://{BUCKET}/{PREFIX}?endpoint=http://127.0.0.1:1&region=us-east-1&{keys}&timeout=500ms");
         // moto accepts any keys.
         SecretUrls {
             malformed: vec![with_option(&server, "nonsense=1")],

@@ -115,7 +115,10 @@ async fn race(
         .await
         .unwrap_or_else(|e| panic!("{p}: round {round}, {what}: inspect: {e}"));
     let holder = seen.holder.clone();
-    let names: Vec<String> = winners.iter().map(|g| format!("{} (term {})", g.holder, g.term)).collect();
+    let names: Vec<String> = winners
+        .iter()
+        .map(|g| format!("{} (term {})", g.holder, g.term))
+        .collect();
     match winners.as_slice() {
         [winner] => {
             assert_eq!(

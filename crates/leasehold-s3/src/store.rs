@@ -295,7 +295,13 @@ impl LeaseStore for Objects {
                 let first = Record::first(lease, &request.candidate, request.ttl, now);
                 let written = self.put(lease, &first, If::Absent, "acquire").await?;
                 written.map(|etag| {
-                    self.remember(lease, Some(Read { record: first.clone(), etag }));
+                    self.remember(
+                        lease,
+                        Some(Read {
+                            record: first.clone(),
+                            etag,
+                        }),
+                    );
                     first
                 })
             }
@@ -343,10 +349,7 @@ impl LeaseStore for Objects {
         let next = read.record.clone().renewed();
         let token = next.version().to_string();
         if self.replace(lease, &read, next, true, "renew").await? {
-            return Ok(Renewed::Renewed(Grant {
-                token,
-                ..grant.clone()
-            }));
+            return Ok(Renewed::Renewed(Grant { token, ..grant.clone() }));
         }
         match self.get(lease, "renew").await? {
             Some(now) if now.record.is_held_by(&grant.holder, grant.term) => {
