@@ -145,9 +145,7 @@ where
     }
     let code = code(&error);
     let status = status(&error);
-    if is_missing_bucket(&error) {
-        Error::refused_because(STORE, operation, described.reason.clone(), described)
-    } else if REFUSED.contains(&code) || status == 403 {
+    if is_missing_bucket(&error) || REFUSED.contains(&code) || status == 403 {
         Error::refused_because(STORE, operation, described.reason.clone(), described)
     } else if TRANSIENT.contains(&code) || status == 409 || status == 429 || status >= 500 {
         Error::unreachable(STORE, described)
