@@ -373,6 +373,7 @@ impl LeaseStore for Objects {
     /// grant; otherwise nothing (a lost race too).
     async fn release(&self, grant: &Grant) -> Result<()> {
         let lease = &grant.lease;
+        self.remember(lease, None);
         if let Some(read) = self.get(lease, "release").await?
             && read.record.is_held_by(&grant.holder, grant.term)
         {
@@ -388,6 +389,7 @@ impl LeaseStore for Objects {
     async fn hand_over(&self, grant: &Grant, to: &CandidateId) -> Result<()> {
         self.capabilities().check_ttl(STORE, grant.ttl)?;
         let lease = &grant.lease;
+        self.remember(lease, None);
         if let Some(read) = self.get(lease, "hand_over").await?
             && read.record.is_held_by(&grant.holder, grant.term)
         {
