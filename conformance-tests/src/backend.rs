@@ -85,6 +85,18 @@ pub trait Backend: Send + Sync + 'static {
         None
     }
 
+    /// Whether the store's acquire reads the record before its conditional write (S3: the ETag
+    /// the write must name), so that replies lost from the start of an acquire lose the read's,
+    /// and the write is never sent. `lost_reply_resolved_by_read_back` then delays C's replies
+    /// past the request timeout instead of dropping them: the write goes out, is applied, and
+    /// its answer comes too late, which the engine must settle by reading back. C's later
+    /// acquires, sent while the replies were late, may land after it and grant C a new term
+    /// (as the holder's own acquire does), so C must lead at the applied term or a later one of
+    /// its own, with nobody else in between. Default `false`.
+    fn acquire_reads_first(&self) -> bool {
+        false
+    }
+
     /// Store URLs that carry `secret` as a password, key or signature, for
     /// `secrets_stay_out_of_debug_and_errors`; `None` (the default) for a store without secrets.
     fn secret_urls(&self, secret: &str) -> Option<SecretUrls> {

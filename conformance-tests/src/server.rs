@@ -61,6 +61,7 @@ pub struct ServerBackend {
     finish: Option<FinishFn>,
     many_leases_ttl: Option<Duration>,
     restart: Option<ServiceRestart>,
+    acquire_reads_first: bool,
     proxies: Mutex<Vec<FaultProxy>>,
 }
 
@@ -95,8 +96,16 @@ impl ServerBackend {
             finish: None,
             many_leases_ttl: None,
             restart: None,
+            acquire_reads_first: false,
             proxies: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The store's acquire reads before it writes (see [`Backend::acquire_reads_first`]).
+    #[must_use]
+    pub fn acquire_reads_first(mut self) -> Self {
+        self.acquire_reads_first = true;
+        self
     }
 
     /// The TTL of `thousand_leases` (see [`Backend::many_leases_ttl`]).
@@ -195,6 +204,10 @@ impl Backend for ServerBackend {
 
     fn many_leases_ttl(&self) -> Option<Duration> {
         self.many_leases_ttl
+    }
+
+    fn acquire_reads_first(&self) -> bool {
+        self.acquire_reads_first
     }
 
     fn secret_urls(&self, secret: &str) -> Option<SecretUrls> {

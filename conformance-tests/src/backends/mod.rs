@@ -18,6 +18,8 @@ mod mysql;
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "s3")]
+mod s3;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 #[cfg(feature = "zookeeper")]
@@ -35,6 +37,8 @@ pub use mysql::mysql;
 pub use postgres::postgres;
 #[cfg(feature = "redis")]
 pub use redis::{redis, redis_polling};
+#[cfg(feature = "s3")]
+pub use s3::s3;
 #[cfg(feature = "sqlite")]
 pub use sqlite::sqlite;
 #[cfg(feature = "zookeeper")]

@@ -10,6 +10,7 @@
 //! |---|---|
 //! | [`basics`] | the raw store API, `renew_many` as `renew`, leading for 10 TTLs, corrupt records, invalid inputs |
 //! | [`safety`] | races, a crashed leader, a stalled task |
+//! | [`writes`] | writers racing one create, one replace and one takeover: one winner each (a check-then-write store fails) |
 //! | [`handover`] | graceful handover; FIFO order, followers learning of a new leader from announcements (gated), record-version takeover, `break_lease` (gated); planned handover to a named successor |
 //! | [`faults`] | partition, outage, slow store, lost replies |
 //! | [`history`] | terms increase; how each term ended |
@@ -52,6 +53,7 @@ pub mod listing;
 pub mod restart;
 pub mod safety;
 pub mod secrets;
+pub mod writes;
 
 pub use basics::{
     acquire_by_the_holder_keeps_the_lease, acquire_release_reacquire, corrupt_record_is_typed_error, invalid_inputs,
@@ -72,6 +74,7 @@ pub use listing::list_by_prefix;
 pub use restart::store_restart_then_leader_crash;
 pub use safety::{crash_successor_after_valid_until, race_has_one_winner, stalled_task_steps_down};
 pub use secrets::secrets_stay_out_of_debug_and_errors;
+pub use writes::racing_writes_have_one_winner;
 
 /// Calls `$crate::$callback! { $($args)* ; scenario scenario ... }` with every scenario of the
 /// suite: the one list that [`SCENARIOS`], [`by_name`] and [`suite!`](crate::suite) are made
@@ -87,6 +90,7 @@ macro_rules! __every_scenario {
             renew_keeps_lease
             renew_many_answers_as_renew_does
             race_has_one_winner
+            racing_writes_have_one_winner
             crash_successor_after_valid_until
             graceful_release_fast_handover
             fifo_order

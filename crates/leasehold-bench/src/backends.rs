@@ -54,6 +54,7 @@ pub(crate) fn start_services(selected: &[&str]) -> Started {
             "zookeeper" => Some("zookeeper"),
             "dynamodb" => Some("dynalite"),
             "azure" => Some("azurite"),
+            "s3" => Some("moto"),
             _ => None,
         })
         .collect();
@@ -161,6 +162,12 @@ impl Backend {
                 )
             })),
             "azure" => Some(azurite_url(env).ok_or("azurite")),
+            "s3" => Some(env.get("LEASEHOLD_S3_URL").ok_or("moto").map(|endpoint| {
+                format!(
+                    "s3://leasehold-bench/bench?endpoint={}&access_key_id=local&secret_access_key=local&create_bucket=true",
+                    encode(&endpoint)
+                )
+            })),
             _ => unreachable!("checked against ALL_BACKENDS"),
         };
         let available = match url {

@@ -23,7 +23,7 @@ pub use measures::{child_leader, child_scale};
 pub struct Options {
     /// Tiny counts, no target verdicts: checks that the code runs end to end.
     pub smoke: bool,
-    /// Backends to measure (`memory sqlite postgres mysql redis etcd zookeeper dynamodb azure`); empty: all.
+    /// Backends to measure (`memory sqlite postgres mysql redis etcd zookeeper dynamodb azure s3`); empty: all.
     pub backends: Vec<String>,
     /// Measures to run (see [`MEASURES`]); empty: all.
     pub only: Vec<String>,
@@ -50,6 +50,7 @@ pub const ALL_BACKENDS: &[&str] = &[
     "zookeeper",
     "dynamodb",
     "azure",
+    "s3",
 ];
 
 /// Every measure the runner knows (for `--only`).

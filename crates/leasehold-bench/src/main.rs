@@ -16,7 +16,7 @@ struct Args {
     /// unless --docs-dir is given.
     #[arg(long)]
     smoke: bool,
-    /// Backends to measure (default: all of memory sqlite postgres mysql redis etcd zookeeper dynamodb azure).
+    /// Backends to measure (default: all of memory sqlite postgres mysql redis etcd zookeeper dynamodb azure s3).
     #[arg(long, value_delimiter = ',', num_args = 1..)]
     backends: Vec<String>,
     /// Do not run `scripts/services up` first.

@@ -346,7 +346,7 @@ pub(crate) async fn measure_backend(backend: &Backend, plan: &Plan) -> BackendRe
         report.idle = idle(av, run, plan, None).await;
     }
     for &n in plan.scale_sizes.iter().filter(|_| plan.wants("scale")) {
-        if n > 1_000 && matches!(backend.name, "dynamodb" | "azure") {
+        if n > 1_000 && matches!(backend.name, "dynamodb" | "azure" | "s3") {
             report
                 .scale
                 .push((n, Err("not attempted on an emulator (1,000 only)".into())));

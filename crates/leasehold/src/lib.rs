@@ -30,6 +30,9 @@ pub use leasehold_postgres as postgres;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use leasehold_redis as redis;
+#[cfg(feature = "s3")]
+#[cfg_attr(docsrs, doc(cfg(feature = "s3")))]
+pub use leasehold_s3 as s3;
 #[cfg(feature = "zookeeper")]
 #[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
 pub use leasehold_zookeeper as zookeeper;
@@ -141,6 +144,7 @@ pub const BACKENDS: &[Backend] = &[
     ),
     backend!("dynamodb", "dynamodb", ["dynamodb"], leasehold_dynamodb::DynamoDbStore),
     backend!("azure", "azure", ["azblob"], leasehold_azure::AzureBlobStore),
+    backend!("s3", "s3", ["s3"], leasehold_s3::S3Store),
 ];
 
 /// The backend that handles `scheme` (in any case), compiled in or not.
@@ -260,6 +264,7 @@ mod tests {
             ("zookeeper", cfg!(feature = "zookeeper")),
             ("dynamodb", cfg!(feature = "dynamodb")),
             ("azure", cfg!(feature = "azure")),
+            ("s3", cfg!(feature = "s3")),
         ];
         let expected: Vec<&str> = compiled.iter().filter(|(_, on)| *on).map(|(f, _)| *f).collect();
         assert_eq!(enabled, expected);
@@ -290,6 +295,8 @@ mod tests {
         );
         #[cfg(feature = "azure")]
         assert_eq!(backend_for("azblob").unwrap().schemes, leasehold_azure::URL_SCHEMES);
+        #[cfg(feature = "s3")]
+        assert_eq!(backend_for("s3").unwrap().schemes, leasehold_s3::URL_SCHEMES);
     }
 
     #[test]
