@@ -375,10 +375,13 @@ pub(crate) async fn renew(
                 )
             })
             .collect();
+        let names: Vec<String> = mine.iter().map(|&i| text_literal(grants[i].lease.as_str())).collect();
+        // `name IN (...)` as well: MariaDB does not use the key for a one-row `(a, b, c) IN`.
         sql.push_str(&format!(
             "UPDATE leasehold_leases SET version = CASE name{cases} END, renewed_at = NOW(3)
-             WHERE (name, holder, term) IN ({}) AND previous_end IS NULL
+             WHERE name IN ({}) AND (name, holder, term) IN ({}) AND previous_end IS NULL
                AND IS_USED_LOCK({}) <=> CONNECTION_ID();\n",
+            names.join(", "),
             keys.join(", "),
             lock_of("name")
         ));
