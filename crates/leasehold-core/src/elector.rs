@@ -14,7 +14,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use crate::error::{Error, Result};
 use crate::machine::{DeposedReason, Input, Machine, OpId, Output, Reply, Request};
 use crate::store::{Announcements, Changes, LeaseStore};
-use crate::telemetry::{self, RequestGuard};
+use crate::telemetry::{self, PreviousHolder, RequestGuard};
 use crate::timing::{PerMille, Timing};
 mod builder;
 mod driver;
@@ -24,10 +24,7 @@ pub use builder::ElectorBuilder;
 pub use leader::Leader;
 use leader::{Alive, Command, Mailbox, Shared, Status};
 
-use crate::types::{
-    Acquired, Announces, CandidateId, Capabilities, EndReason, LeaseName, Notifications, Observation, Renewed, Term,
-    random_u64,
-};
+use crate::types::{Acquired, Announces, CandidateId, Capabilities, LeaseName, Renewed, Term, random_u64};
 
 /// Who leads a lease, as one candidate sees it.
 ///
