@@ -18,9 +18,12 @@ use crate::telemetry::{self, PreviousHolder, RequestGuard};
 use crate::timing::{PerMille, Timing};
 mod builder;
 mod driver;
+mod health;
 mod leader;
+mod refusals;
 
 pub use builder::ElectorBuilder;
+pub use health::Health;
 pub use leader::Leader;
 use leader::{Alive, Command, Mailbox, Shared, Status};
 
@@ -44,6 +47,11 @@ pub struct LeaderInfo {
     /// The same moment by the wall clock, for logs and dashboards (never used for a decision).
     #[cfg_attr(feature = "serde", serde(with = "crate::types::serde_time::system"))]
     pub since_wall: SystemTime,
+    /// The lease is reserved for `holder` by a hand-over ([`Leader::hand_over`]) and not taken
+    /// yet: nobody leads until it takes it (with a new term); `term` is the previous holder's.
+    /// If it never does, the reservation ends after its TTL.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub reserved: bool,
 }
 
 /// What happens to an election, as one candidate sees it. Subscribe with [`Elector::events`].
@@ -161,6 +169,29 @@ struct Inner {
     one_driver: Arc<tokio::sync::Mutex<()>>,
     /// The lease whose holder names a successor to hand over to, if the leader watches it.
     hand_over_requests: Option<LeaseName>,
+    /// A campaign ends with the store's refusal once it has lasted this long.
+    give_up_when_refused_for: Option<Duration>,
+    /// When the store last answered a request without an error: nanoseconds after `created`,
+    /// plus one (0: never).
+    answered: AtomicU64,
+    created: Instant,
+}
+
+impl Inner {
+    /// The store answered a request without an error, now.
+    fn store_answered(&self) {
+        let nanos = now().saturating_duration_since(self.created).as_nanos();
+        self.answered
+            .store(u64::try_from(nanos).unwrap_or(u64::MAX - 1) + 1, Ordering::Relaxed);
+    }
+
+    /// When the store last answered a request without an error.
+    fn answered_at(&self) -> Option<Instant> {
+        match self.answered.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(self.created + Duration::from_nanos(n - 1)),
+        }
+    }
 }
 
 /// The leader this candidate sees. Its watch channel is made by the first [`Elector::observe`]:
@@ -303,10 +334,20 @@ impl Elector {
             }
             .instrument(span),
         ));
-        elected_rx.await.map_err(|_| Error::Store {
-            store: self.inner.store.name(),
-            source: "the election driver stopped before electing".into(),
-        })
+        let elected = async {
+            elected_rx.await.map_err(|_| Error::Store {
+                store: self.inner.store.name(),
+                source: "the election driver stopped before electing".into(),
+            })
+        };
+        match self.inner.give_up_when_refused_for {
+            // Dropping `elected` ends the campaign (the driver withdraws).
+            Some(after) => tokio::select! {
+                elected = elected => elected,
+                refused = refusals::refused_for(after, self.events(), &self.inner) => Err(refused),
+            },
+            None => elected.await,
+        }
     }
 
     /// Runs `task` whenever this candidate leads, forever.

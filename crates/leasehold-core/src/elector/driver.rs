@@ -124,6 +124,8 @@ pub(super) struct Driver {
     replied_sent: Option<Instant>,
     /// When the acquire that was granted last was sent.
     won_at: Option<Instant>,
+    /// The term of the last reservation seen (a hand-over's successor not in office yet).
+    reserved_term: Option<Term>,
 }
 
 struct LeaderControl {
@@ -185,6 +187,7 @@ impl Driver {
             previous: PreviousHolder::default(),
             replied_sent: None,
             won_at: None,
+            reserved_term: None,
         })
     }
 
@@ -436,14 +439,24 @@ impl Driver {
     /// this only measures).
     fn track_previous(&mut self, now: Instant, input: &Input) {
         let asked = match input {
-            Input::Reply(..) => self.replied_sent.take().unwrap_or(now),
+            Input::Reply(_, reply) => {
+                if telemetry::outcome(reply) != "transient" && telemetry::outcome(reply) != "permanent" {
+                    self.inner.store_answered();
+                }
+                self.replied_sent.take().unwrap_or(now)
+            }
             _ => now,
         };
         match input {
             Input::Reply(_, Reply::Acquire(Ok(Acquired::Held(o))))
             | Input::Reply(_, Reply::Inspect(Ok(o)))
             | Input::Reply(_, Reply::Renew(Ok(Renewed::Lost(o))))
-            | Input::Announced(o) => self.previous.seen(asked, now, o, &self.inner.id),
+            | Input::Announced(o) => {
+                if let Some(h) = &o.holder {
+                    self.reserved_term = h.reserved.then_some(h.term);
+                }
+                self.previous.seen(asked, now, o, &self.inner.id);
+            }
             Input::Reply(_, Reply::Acquire(Ok(Acquired::Granted(_)))) => self.won_at = Some(asked),
             Input::Notified => self.previous.notified(now),
             _ => {}
@@ -665,8 +678,10 @@ impl Driver {
                 if leader.as_ref().is_some_and(|(holder, _)| *holder != self.inner.id) {
                     self.ask_for_announcements();
                 }
+                let reserved_term = self.reserved_term;
                 let info = leader.map(|(holder, term)| LeaderInfo {
                     holder,
+                    reserved: reserved_term == Some(term),
                     term,
                     since: now(),
                     since_wall: SystemTime::now(),
