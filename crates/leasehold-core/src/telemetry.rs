@@ -32,9 +32,11 @@ pub(crate) const TRANSITIONS: &str = "leasehold_transitions_total";
 pub(crate) const RENEW_SECONDS: &str = "leasehold_renew_seconds";
 /// From the start of a campaign to its election.
 pub(crate) const CAMPAIGN_SECONDS: &str = "leasehold_campaign_seconds";
-/// From the last sign of life of the previous holder to this candidate's election.
+/// From the previous holder's last known renewal to this candidate's election, when its term
+/// lapsed.
 pub(crate) const FAILOVER_SECONDS: &str = "leasehold_failover_seconds";
-/// From seeing the previous holder let go to this candidate's election.
+/// From learning that the previous holder let go (released or handed over) to this candidate's
+/// election.
 pub(crate) const HANDOVER_SECONDS: &str = "leasehold_handover_seconds";
 
 /// Every operation label of [`REQUESTS`].
@@ -81,7 +83,7 @@ pub(crate) fn describe() {
     );
     metrics::describe_counter!(
         REQUESTS,
-        "Store requests by operation (acquire, renew, release, inspect, withdraw) and outcome (ok; lost_race: held by another or renewal lost; transient: unreachable, timed out or abandoned before a reply; permanent: any other error)"
+        "Store requests by operation (acquire, renew, release, hand_over, inspect, withdraw) and outcome (ok; lost_race: held by another or renewal lost; transient: unreachable, timed out or abandoned before a reply; permanent: any other error)"
     );
     metrics::describe_counter!(
         TROUBLE,
@@ -101,12 +103,12 @@ pub(crate) fn describe() {
     metrics::describe_histogram!(
         FAILOVER_SECONDS,
         Unit::Seconds,
-        "Elections after another holder's term that ended without a release this candidate saw (expiry, takeover, break): from this candidate's first sighting of that holder's last record version (its last renewal seen) to the election"
+        "Elections after another holder's term lapsed (expiry, takeover, break): from that holder's last renewal this candidate knows of (the store's remaining time, a new record version seen, or a TTL before the store's expiry reached it) to the election"
     );
     metrics::describe_histogram!(
         HANDOVER_SECONDS,
         Unit::Seconds,
-        "Elections after another holder released the lease: from the moment this candidate saw the release (the lease read free as released, or the store's release notification) to the election"
+        "Elections after another holder let go (a release or a hand-over): from the moment this candidate learned of it (a notification, an announcement or a read) to the election"
     );
 }
 
