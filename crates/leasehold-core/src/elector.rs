@@ -86,7 +86,9 @@ pub enum Event {
         /// When believed leadership ended ([`Leader::ensure_valid`] failed from then on).
         #[cfg_attr(feature = "serde", serde(with = "crate::types::serde_time::instant"))]
         believed_until: Instant,
-        /// How long the work took to return after it was cancelled, if it returned by itself.
+        /// How long the work took to return after it was cancelled, if it returned by itself
+        /// (serialized as seconds, a number).
+        #[cfg_attr(feature = "serde", serde(with = "crate::types::serde_time::seconds_opt"))]
         work_stopped_after: Option<Duration>,
         /// Whether the work had to be aborted at `valid_until`.
         aborted: bool,
