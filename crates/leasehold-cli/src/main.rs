@@ -285,7 +285,8 @@ struct RunArgs {
     ttl: Duration,
 
     /// How long CMD gets between SIGTERM and SIGKILL when leadership ends [default: 2s, or
-    /// ttl / 5 when smaller]. Must fit in the lease: see docs/cli.md.
+    /// ttl / 5 when smaller]. Must fit in the lease: kill-grace plus a little slack below
+    /// ttl × (1 − drift) − renew-every (ttl / 3); `run` says by how much when it does not.
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     kill_grace: Option<Duration>,
 
@@ -310,10 +311,10 @@ struct RunArgs {
     no_cgroup: bool,
 
     /// Serve /healthz, /readyz (200 only while this instance leads), /leader (JSON) and
-    /// /metrics (Prometheus) over HTTP on ADDR, e.g. 127.0.0.1:9090 or 0.0.0.0:9090. Without
-    /// CMD, `run` only campaigns and holds the lease (a sidecar): until SIGTERM, SIGINT or
-    /// SIGHUP, campaigning again after a loss.
-    #[arg(long, value_name = "ADDR")]
+    /// /metrics (Prometheus) over HTTP on ADDR, e.g. 127.0.0.1:9090, 0.0.0.0:9090 or
+    /// localhost:9090. Without CMD, `run` only campaigns and holds the lease (a sidecar): until
+    /// SIGTERM, SIGINT or SIGHUP, campaigning again after a loss.
+    #[arg(long, value_name = "ADDR", value_parser = parse_listen_addr)]
     http: Option<std::net::SocketAddr>,
 
     /// Do not print what happens to the election on stderr (failures that end leasehold, and
@@ -332,6 +333,21 @@ struct RunArgs {
 }
 
 /// Parses `10s`, `500ms`, `1m`, `1h 30m`.
+/// `IP:PORT`, or `HOST:PORT` resolved now (the first address), e.g. `localhost:9090`.
+fn parse_listen_addr(text: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    if let Ok(addr) = text.parse() {
+        return Ok(addr);
+    }
+    let hint = "expected IP:PORT or HOST:PORT, e.g. 127.0.0.1:9090, 0.0.0.0:9090 or localhost:9090";
+    match text.to_socket_addrs() {
+        Ok(mut addrs) => addrs
+            .next()
+            .ok_or_else(|| format!("{text:?} resolves to no address ({hint})")),
+        Err(e) => Err(format!("{e} ({hint})")),
+    }
+}
+
 fn parse_duration(text: &str) -> Result<Duration, String> {
     let duration = humantime::parse_duration(text.trim()).map_err(|e| format!("{e} (e.g. 10s, 500ms, 1m)"))?;
     if duration.is_zero() {
@@ -411,5 +427,18 @@ mod tests {
         assert!(parse_duration("10").unwrap_err().contains("e.g. 10s"));
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("soon").is_err());
+    }
+
+    /// `--http localhost:9090` was `invalid socket address syntax`.
+    #[test]
+    fn listen_addresses_take_host_names() {
+        assert_eq!(parse_listen_addr("0.0.0.0:9090"), Ok("0.0.0.0:9090".parse().unwrap()));
+        let local = parse_listen_addr("localhost:9090").expect("localhost resolves");
+        assert!(local.ip().is_loopback() && local.port() == 9090, "{local}");
+        assert!(
+            parse_listen_addr("localhost")
+                .unwrap_err()
+                .contains("e.g. 127.0.0.1:9090")
+        );
     }
 }

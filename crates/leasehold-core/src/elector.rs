@@ -14,20 +14,20 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use crate::error::{Error, Result};
 use crate::machine::{DeposedReason, Input, Machine, OpId, Output, Reply, Request};
 use crate::store::{Announcements, Changes, LeaseStore};
-use crate::telemetry::{self, RequestGuard};
+use crate::telemetry::{self, PreviousHolder, RequestGuard};
 use crate::timing::{PerMille, Timing};
 mod builder;
 mod driver;
+mod health;
 mod leader;
+mod refusals;
 
 pub use builder::ElectorBuilder;
+pub use health::Health;
 pub use leader::Leader;
 use leader::{Alive, Command, Mailbox, Shared, Status};
 
-use crate::types::{
-    Acquired, Announces, CandidateId, Capabilities, EndReason, LeaseName, Notifications, Observation, Renewed, Term,
-    random_u64,
-};
+use crate::types::{Acquired, Announces, CandidateId, Capabilities, LeaseName, Renewed, Term, random_u64};
 
 /// Who leads a lease, as one candidate sees it.
 ///
@@ -47,6 +47,11 @@ pub struct LeaderInfo {
     /// The same moment by the wall clock, for logs and dashboards (never used for a decision).
     #[cfg_attr(feature = "serde", serde(with = "crate::types::serde_time::system"))]
     pub since_wall: SystemTime,
+    /// The lease is reserved for `holder` by a hand-over ([`Leader::hand_over`]) and not taken
+    /// yet: nobody leads until it takes it (with a new term); `term` is the previous holder's.
+    /// If it never does, the reservation ends after its TTL.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub reserved: bool,
 }
 
 /// What happens to an election, as one candidate sees it. Subscribe with [`Elector::events`].
@@ -81,7 +86,9 @@ pub enum Event {
         /// When believed leadership ended ([`Leader::ensure_valid`] failed from then on).
         #[cfg_attr(feature = "serde", serde(with = "crate::types::serde_time::instant"))]
         believed_until: Instant,
-        /// How long the work took to return after it was cancelled, if it returned by itself.
+        /// How long the work took to return after it was cancelled, if it returned by itself
+        /// (serialized as seconds, a number).
+        #[cfg_attr(feature = "serde", serde(with = "crate::types::serde_time::seconds_opt"))]
         work_stopped_after: Option<Duration>,
         /// Whether the work had to be aborted at `valid_until`.
         aborted: bool,
@@ -164,6 +171,29 @@ struct Inner {
     one_driver: Arc<tokio::sync::Mutex<()>>,
     /// The lease whose holder names a successor to hand over to, if the leader watches it.
     hand_over_requests: Option<LeaseName>,
+    /// A campaign ends with the store's refusal once it has lasted this long.
+    give_up_when_refused_for: Option<Duration>,
+    /// When the store last answered a request without an error: nanoseconds after `created`,
+    /// plus one (0: never).
+    answered: AtomicU64,
+    created: Instant,
+}
+
+impl Inner {
+    /// The store answered a request without an error, now.
+    fn store_answered(&self) {
+        let nanos = now().saturating_duration_since(self.created).as_nanos();
+        self.answered
+            .store(u64::try_from(nanos).unwrap_or(u64::MAX - 1) + 1, Ordering::Relaxed);
+    }
+
+    /// When the store last answered a request without an error.
+    fn answered_at(&self) -> Option<Instant> {
+        match self.answered.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(self.created + Duration::from_nanos(n - 1)),
+        }
+    }
 }
 
 /// The leader this candidate sees. Its watch channel is made by the first [`Elector::observe`]:
@@ -306,10 +336,20 @@ impl Elector {
             }
             .instrument(span),
         ));
-        elected_rx.await.map_err(|_| Error::Store {
-            store: self.inner.store.name(),
-            source: "the election driver stopped before electing".into(),
-        })
+        let elected = async {
+            elected_rx.await.map_err(|_| Error::Store {
+                store: self.inner.store.name(),
+                source: "the election driver stopped before electing".into(),
+            })
+        };
+        match self.inner.give_up_when_refused_for {
+            // Dropping `elected` ends the campaign (the driver withdraws).
+            Some(after) => tokio::select! {
+                elected = elected => elected,
+                refused = refusals::refused_for(after, self.events(), &self.inner) => Err(refused),
+            },
+            None => elected.await,
+        }
     }
 
     /// Runs `task` whenever this candidate leads, forever.

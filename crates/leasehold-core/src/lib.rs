@@ -17,7 +17,7 @@ mod types;
 mod wrap;
 
 pub use batch::RenewBatcher;
-pub use elector::{Elector, ElectorBuilder, Event, Leader, LeaderInfo, RunError};
+pub use elector::{Elector, ElectorBuilder, Event, Health, Leader, LeaderInfo, RunError};
 pub use error::{BoxError, Error, Result};
 pub use group::{GroupMember, GroupStatus, LeaseGroup, LeaseGroupBuilder, MAX_SHARDS, ShardLeader, ShardStatus};
 pub use machine::DeposedReason;

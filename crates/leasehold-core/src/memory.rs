@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, broadcast};
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
@@ -23,7 +23,8 @@ const STORE: &str = "memory";
 ///
 /// Followers queue: a release wakes the longest-waiting follower still listening, a takeover,
 /// an expiry, a handover or a break wakes them all; every grant and renewal is announced
-/// ([`Announces::GrantsAndRenewals`]), so idle followers make no requests.
+/// ([`Announces::GrantsAndRenewals`]), so idle followers make no requests, and so is every end
+/// of a term (the lease free, or reserved for a hand-over's successor).
 ///
 /// Time is tokio's, so tests can run it under `tokio::time::pause`. By default the store
 /// expires leases by its own clock ([`Expiry::ServerClock`]); [`MemoryStore::observed_expiry`]
@@ -60,8 +61,9 @@ struct Entry {
     history: Vec<Transition>,
     /// Change streams, oldest first; one whose stream was dropped is skipped.
     waiters: VecDeque<Arc<Notify>>,
-    /// The last grant or renewal, as [`LeaseStore::announcements`] announces it.
-    announced: watch::Sender<Option<Observation>>,
+    /// Grants, renewals and ends of terms, as [`LeaseStore::announcements`] announces them (a
+    /// queue, not the latest alone: an end and the grant that follows it at once both arrive).
+    announced: broadcast::Sender<Observation>,
     corrupt: bool,
 }
 
@@ -122,7 +124,7 @@ impl MemoryStore {
             previous_end: None,
             history: Vec::new(),
             waiters: VecDeque::new(),
-            announced: watch::channel(None).0,
+            announced: broadcast::channel(16).0,
             corrupt: false,
         });
         f(entry)
@@ -138,6 +140,7 @@ impl MemoryStore {
             let now = Instant::now();
             if expiry == Expiry::ServerClock && entry.holder.as_ref().is_some_and(|h| now >= h.expires_at) {
                 entry.end(EndReason::Expired);
+                entry.announce(lease, now, expiry);
                 entry.wake_all();
             }
             Ok(f(entry, now))
@@ -195,7 +198,8 @@ impl Entry {
 
     /// Announces the holder as it is now.
     fn announce(&self, lease: &LeaseName, now: Instant, expiry: Expiry) {
-        self.announced.send_replace(Some(self.observation(lease, now, expiry)));
+        // Nobody listening is fine.
+        let _ = self.announced.send(self.observation(lease, now, expiry));
     }
 
     fn grant(&mut self, lease: &LeaseName, id: &CandidateId, ttl: Duration, now: Instant) -> Grant {
@@ -288,7 +292,8 @@ impl LeaseStore for MemoryStore {
     }
 
     async fn release(&self, grant: &Grant) -> Result<()> {
-        self.with_live_entry(&grant.lease, |entry, _| {
+        let expiry = self.expiry;
+        self.with_live_entry(&grant.lease, |entry, now| {
             // Not a reservation (a hand-over's successor has not taken it yet), as on every store.
             if entry
                 .holder
@@ -296,12 +301,14 @@ impl LeaseStore for MemoryStore {
                 .is_some_and(|h| h.id == grant.holder && h.term == grant.term && !h.reserved)
             {
                 entry.end(EndReason::Released);
+                entry.announce(&grant.lease, now, expiry);
                 entry.wake_next();
             }
         })
     }
 
     async fn hand_over(&self, grant: &Grant, to: &CandidateId) -> Result<()> {
+        let expiry = self.expiry;
         self.with_live_entry(&grant.lease, |entry, now| {
             let Some(h) = entry
                 .holder
@@ -316,6 +323,7 @@ impl LeaseStore for MemoryStore {
             h.id = to.clone();
             h.reserved = true;
             h.refresh(now);
+            entry.announce(&grant.lease, now, expiry);
             entry.wake_all();
         })
     }
@@ -358,12 +366,20 @@ impl LeaseStore for MemoryStore {
         Ok(Some(Box::pin(stream)))
     }
 
-    /// Every grant and renewal, from the moment it is made (a subscriber that falls behind sees
-    /// the latest).
+    /// Every grant, renewal and end of a term, from the moment it is made (a subscriber that
+    /// falls more than 16 behind skips the oldest).
     async fn announcements(&self, lease: &LeaseName) -> Result<Option<Announcements>> {
-        let mut rx = self.with_entry(lease, |entry| entry.announced.subscribe());
-        rx.mark_unchanged();
-        Ok(Some(crate::store::watched_announcements(rx)))
+        let rx = self.with_entry(lease, |entry| entry.announced.subscribe());
+        let stream = futures::stream::unfold(rx, |mut rx| async move {
+            loop {
+                match rx.recv().await {
+                    Ok(seen) => return Some((seen, rx)),
+                    Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        });
+        Ok(Some(Box::pin(stream)))
     }
 
     fn can_break(&self) -> bool {
@@ -371,9 +387,11 @@ impl LeaseStore for MemoryStore {
     }
 
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
-        self.with_live_entry(lease, |entry, _| {
+        let expiry = self.expiry;
+        self.with_live_entry(lease, |entry, now| {
             let term = entry.holder.as_ref().map(|h| h.term);
             entry.end(EndReason::Broken);
+            entry.announce(lease, now, expiry);
             entry.wake_all();
             term
         })

@@ -313,6 +313,13 @@ pub trait LeaseStore: Debug + Send + Sync + 'static {
     /// names the record version it replaces, which the store checks, so a lost, late or
     /// reordered announcement costs freshness or one refused request, never safety.
     ///
+    /// A store that learns how a term ended (a release or break message, a hand-over) may
+    /// announce that too, as `inspect` would show it then: the lease free with its
+    /// [`previous_end`](crate::Observation::previous_end), or reserved for the hand-over's
+    /// successor. The engine takes these only to tell a hand-over from a failover in its
+    /// metrics (`leasehold_handover_seconds`, `leasehold_failover_seconds`): a change
+    /// notification alone does not say which it was.
+    ///
     /// # Errors
     ///
     /// A transient error; the engine asks again the next time it sees another holder.

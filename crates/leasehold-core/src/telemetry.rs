@@ -6,11 +6,13 @@
 //! One process should run one candidate per lease: two electors of one lease in one process
 //! write the same series.
 
+use std::time::{Duration, Instant};
+
 use metrics::Unit;
 
 use crate::error::Error;
 use crate::machine::{DeposedReason, Reply, Request};
-use crate::types::{Acquired, Renewed};
+use crate::types::{Acquired, CandidateId, EndReason, Observation, Renewed, Term};
 
 /// `1` while this candidate leads the lease, `0` otherwise (present from the elector's build).
 pub(crate) const IS_LEADER: &str = "leasehold_is_leader";
@@ -30,9 +32,11 @@ pub(crate) const TRANSITIONS: &str = "leasehold_transitions_total";
 pub(crate) const RENEW_SECONDS: &str = "leasehold_renew_seconds";
 /// From the start of a campaign to its election.
 pub(crate) const CAMPAIGN_SECONDS: &str = "leasehold_campaign_seconds";
-/// From the last sign of life of the previous holder to this candidate's election.
+/// From the previous holder's last known renewal to this candidate's election, when its term
+/// lapsed.
 pub(crate) const FAILOVER_SECONDS: &str = "leasehold_failover_seconds";
-/// From seeing the previous holder let go to this candidate's election.
+/// From learning that the previous holder let go (released or handed over) to this candidate's
+/// election.
 pub(crate) const HANDOVER_SECONDS: &str = "leasehold_handover_seconds";
 
 /// Every operation label of [`REQUESTS`].
@@ -79,7 +83,7 @@ pub(crate) fn describe() {
     );
     metrics::describe_counter!(
         REQUESTS,
-        "Store requests by operation (acquire, renew, release, inspect, withdraw) and outcome (ok; lost_race: held by another or renewal lost; transient: unreachable, timed out or abandoned before a reply; permanent: any other error)"
+        "Store requests by operation (acquire, renew, release, hand_over, inspect, withdraw) and outcome (ok; lost_race: held by another or renewal lost; transient: unreachable, timed out or abandoned before a reply; permanent: any other error)"
     );
     metrics::describe_counter!(
         TROUBLE,
@@ -99,12 +103,12 @@ pub(crate) fn describe() {
     metrics::describe_histogram!(
         FAILOVER_SECONDS,
         Unit::Seconds,
-        "Elections after another holder's term that ended without a release this candidate saw (expiry, takeover, break): from this candidate's first sighting of that holder's last record version (its last renewal seen) to the election"
+        "Elections after another holder's term lapsed (expiry, takeover, break): from that holder's last renewal this candidate knows of (the store's remaining time, a new record version seen, or a TTL before the store's expiry reached it) to the election"
     );
     metrics::describe_histogram!(
         HANDOVER_SECONDS,
         Unit::Seconds,
-        "Elections after another holder released the lease: from the moment this candidate saw the release (the lease read free as released, or the store's release notification) to the election"
+        "Elections after another holder let go (a release or a hand-over): from the moment this candidate learned of it (a notification, an announcement or a read) to the election"
     );
 }
 
@@ -225,6 +229,170 @@ impl Drop for RequestGuard {
     fn drop(&mut self) {
         if !self.done {
             request_counter(&self.lease, self.store, self.operation, "transient").increment(1);
+        }
+    }
+}
+
+/// How the term before this candidate's election ended, as far as this candidate can tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// The holder let go: a release, or a hand-over ([`HANDOVER_SECONDS`]).
+    LetGo,
+    /// The holder stopped renewing (crash, hang, partition) and its lease expired or was taken
+    /// over, or an operator broke it ([`FAILOVER_SECONDS`]).
+    Lapsed,
+}
+
+/// What one campaign saw of the holder before it, for the failover and handover histograms.
+///
+/// Only facts count for how a term ended: the lease read free with the store's word on how its
+/// last term ended, a reservation for this candidate (a hand-over), an orphaned record (its
+/// holder's session is gone). A bare change notification is not one: stores notify renewals,
+/// new candidates and expiries too. Without such a fact, the end counts as a let-go when this
+/// candidate learned of it (a notification, or the acquire that won) before the store would
+/// have expired the holder by what it last showed (its remaining time, or a new record version
+/// seen), and as a lapse otherwise.
+///
+/// The values: a let-go counts from the moment this candidate learned of it (the first
+/// notification after the holder was last seen, else the read or acquire that showed it) to
+/// the election; what came before (the release's own trip to the store) this candidate cannot
+/// see. A lapse counts from the holder's last sign of life this candidate knows of: its last
+/// renewal by the store's remaining time, a new record version seen, or, where the store says
+/// neither, a TTL before this candidate learned the lease was gone (the store expired it then).
+#[derive(Debug, Default)]
+pub(crate) struct PreviousHolder {
+    /// Boxed: every idle leader keeps one in its driver (thousands of leases in one process).
+    holder: Option<Box<Sighting>>,
+}
+
+#[derive(Debug)]
+struct Sighting {
+    id: CandidateId,
+    term: Term,
+    version: String,
+    ttl: Duration,
+    first_seen: Instant,
+    /// The holder's latest renewal this candidate knows of (a new version seen, or the store's
+    /// remaining time counted back from a TTL).
+    alive_at: Option<Instant>,
+    /// When the store would expire the holder by what it last said.
+    deadline: Option<Instant>,
+    /// The record outlived its holder's session.
+    orphaned: bool,
+    /// The first change notification since the holder was last seen in place.
+    notified: Option<Instant>,
+    /// How the term ended and when this candidate learned it, once a fact said so.
+    ended: Option<(Ending, Instant)>,
+}
+
+impl PreviousHolder {
+    /// A read, reply or announcement showed the lease as `observation`. `asked`: when the
+    /// request that read it was sent (the store answered after), or when the announcement came.
+    pub(crate) fn seen(&mut self, asked: Instant, now: Instant, observation: &Observation, me: &CandidateId) {
+        match &observation.holder {
+            Some(h) if h.id == *me => {
+                if h.reserved
+                    && let Some(s) = &mut self.holder
+                {
+                    s.ended.get_or_insert((Ending::LetGo, s.notified.unwrap_or(asked)));
+                }
+            }
+            Some(h) => {
+                let same = self
+                    .holder
+                    .as_ref()
+                    .is_some_and(|s| s.id == h.id && s.term == h.term && s.ended.is_none());
+                if !same {
+                    self.holder = Some(Box::new(Sighting {
+                        id: h.id.clone(),
+                        term: h.term,
+                        version: h.version.clone(),
+                        ttl: h.ttl,
+                        first_seen: now,
+                        alive_at: None,
+                        deadline: None,
+                        orphaned: false,
+                        notified: None,
+                        ended: None,
+                    }));
+                }
+                let s = self.holder.as_mut().expect("set above");
+                if s.version != h.version {
+                    s.version = h.version.clone();
+                    s.alive_at = s.alive_at.max(Some(asked));
+                }
+                if let Some(remaining) = h.store_remaining {
+                    let deadline = asked + remaining;
+                    s.deadline = Some(deadline);
+                    s.alive_at = s.alive_at.max(deadline.checked_sub(h.ttl));
+                }
+                s.orphaned |= h.orphaned;
+                s.notified = None;
+            }
+            None => {
+                // About the term seen (an older one's end may be announced late).
+                let Some(s) = self.holder.as_mut().filter(|s| observation.last_term >= s.term) else {
+                    return;
+                };
+                if s.ended.is_some() {
+                    return;
+                }
+                let ending = match observation.previous_end {
+                    Some(EndReason::Released | EndReason::HandedOver) => Some(Ending::LetGo),
+                    Some(EndReason::Expired | EndReason::Broken) => Some(Ending::Lapsed),
+                    _ => None,
+                };
+                let learned = s.notified.unwrap_or(asked);
+                match ending {
+                    Some(ending) => s.ended = Some((ending, learned)),
+                    None => {
+                        s.notified.get_or_insert(learned);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The store notified a change of the lease.
+    pub(crate) fn notified(&mut self, now: Instant) {
+        if let Some(s) = &mut self.holder
+            && s.ended.is_none()
+        {
+            s.notified.get_or_insert(now);
+        }
+    }
+
+    /// How the previous term ended and the histogram value, at this candidate's election at
+    /// `now`; `won_at`: when the acquire that won was sent. `None` when this candidate saw no
+    /// holder before it.
+    pub(crate) fn ending(&self, now: Instant, won_at: Instant) -> Option<(Ending, Duration)> {
+        let s = self.holder.as_ref()?;
+        let (ending, learned) = match s.ended {
+            Some(ended) => ended,
+            None => {
+                let learned = s.notified.unwrap_or(won_at);
+                let deadline = s.deadline.or(s.alive_at.map(|a| a + s.ttl));
+                let let_go = !s.orphaned && learned < deadline.unwrap_or(s.first_seen + s.ttl);
+                (if let_go { Ending::LetGo } else { Ending::Lapsed }, learned)
+            }
+        };
+        let since = match ending {
+            Ending::LetGo => learned,
+            Ending::Lapsed => s.alive_at.max(learned.checked_sub(s.ttl)).unwrap_or(s.first_seen),
+        };
+        Some((ending, now.saturating_duration_since(since)))
+    }
+
+    /// Records the previous term's end in its histogram (see [`PreviousHolder::ending`]).
+    pub(crate) fn record(&self, lease: &str, now: Instant, won_at: Instant) {
+        match self.ending(now, won_at) {
+            Some((Ending::LetGo, took)) => {
+                metrics::histogram!(HANDOVER_SECONDS, "lease" => lease.to_string()).record(took.as_secs_f64());
+            }
+            Some((Ending::Lapsed, took)) => {
+                metrics::histogram!(FAILOVER_SECONDS, "lease" => lease.to_string()).record(took.as_secs_f64());
+            }
+            None => {}
         }
     }
 }

@@ -325,12 +325,14 @@ pub struct HolderInfo {
     /// The holder's term.
     pub term: Term,
     /// The TTL the holder asked for.
+    #[cfg_attr(feature = "serde", serde(with = "serde_time::seconds"))]
     pub ttl: Duration,
     /// The record version: it changes with every acquire and renew, so a contender that sees it
     /// unchanged for a full TTL knows the holder stopped renewing. Also the holder's grant token.
     pub version: String,
     /// How long the store itself will keep the lease from the moment it answered, where the
     /// store has a clock (Redis PTTL, Azure). `None` where expiry is observed by contenders.
+    #[cfg_attr(feature = "serde", serde(with = "serde_time::seconds_opt"))]
     pub store_remaining: Option<Duration>,
     /// Nothing on the store's side will end this record any more: its holder's session is over
     /// but the record stays (Postgres: the row outlived its holder's connection, whose advisory
@@ -402,7 +404,8 @@ impl FromStr for EndReason {
 
 /// What a store reports about a lease.
 ///
-/// With the `serde` feature it serializes (durations as `{"secs":..,"nanos":..}`).
+/// With the `serde` feature it serializes (durations as seconds, a number: `2.5`; the older
+/// `{"secs":2,"nanos":500000000}` form is still read).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Observation {
@@ -608,6 +611,58 @@ pub(crate) mod serde_time {
                 Ok(ago) => now.checked_sub(ago).unwrap_or(now),
                 Err(ahead) => now + ahead.duration(),
             })
+        }
+    }
+
+    /// A `Duration` as seconds, a JSON number (`0.006927537`), as Prometheus and most tools
+    /// count them; serde's own `{"secs":..,"nanos":..}` form is read too.
+    pub(crate) mod seconds {
+        use std::time::Duration;
+
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        pub(super) enum Secs {
+            Number(f64),
+            Parts { secs: u64, nanos: u32 },
+        }
+
+        impl Secs {
+            pub(super) fn duration<E: serde::de::Error>(self) -> Result<Duration, E> {
+                match self {
+                    Secs::Number(s) => Duration::try_from_secs_f64(s).map_err(E::custom),
+                    Secs::Parts { secs, nanos } => Ok(Duration::new(secs, nanos)),
+                }
+            }
+        }
+
+        pub(crate) fn serialize<S: Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+            serializer.serialize_f64(duration.as_secs_f64())
+        }
+
+        pub(crate) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+            Secs::deserialize(deserializer)?.duration()
+        }
+    }
+
+    /// An `Option<Duration>` as seconds or `null` (see [`seconds`]).
+    pub(crate) mod seconds_opt {
+        use std::time::Duration;
+
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        pub(crate) fn serialize<S: Serializer>(duration: &Option<Duration>, serializer: S) -> Result<S::Ok, S::Error> {
+            match duration {
+                Some(d) => serializer.serialize_some(&d.as_secs_f64()),
+                None => serializer.serialize_none(),
+            }
+        }
+
+        pub(crate) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Duration>, D::Error> {
+            Option::<super::seconds::Secs>::deserialize(deserializer)?
+                .map(super::seconds::Secs::duration)
+                .transpose()
         }
     }
 

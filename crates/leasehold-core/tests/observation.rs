@@ -164,6 +164,8 @@ async fn events_round_trip_through_json_with_wall_clock_times() {
     let json = assert_round_trip(&superseded);
     assert_eq!(json["deposed"]["reason"]["superseded"]["by"], "c");
     assert_eq!(json["deposed"]["reason"]["superseded"]["term"], 8);
+    // Durations are seconds, as Prometheus counts them (were {"secs":0,"nanos":12000000}).
+    assert_eq!(json["deposed"]["work_stopped_after"], 0.012);
     let json = assert_round_trip(&Event::StoreTrouble {
         error: Arc::new(Error::unreachable("etcd", "connection refused")),
     });
@@ -177,6 +179,7 @@ async fn events_round_trip_through_json_with_wall_clock_times() {
     let observation = store.inspect(&lease).await.unwrap();
     let json = serde_json::to_value(&observation).unwrap();
     assert_eq!(json["holder"]["id"], "b");
+    assert_eq!(json["holder"]["ttl"], 1.0);
     assert_eq!(serde_json::from_value::<Observation>(json).unwrap(), observation);
     let history = store.history(&lease, 10).await.unwrap();
     assert!(history.len() >= 2, "{history:?}");

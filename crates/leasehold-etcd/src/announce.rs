@@ -11,13 +11,14 @@
 //!
 //! The same watch carries the release markers a release of the first key in the queue writes
 //! there (`record::released_value`): the store keeps the term the latest one names, for its
-//! queued candidates (see `EtcdStore::grant_on_release`).
+//! queued candidates (see `EtcdStore::grant_on_release`), and announces the lease free and
+//! released (for the engine's metrics: a release, not a failover).
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use etcd_client::{EventType, WatchFilterType, WatchOptions, WatchStream};
-use leasehold_core::{Announcements, Error, LeaseName, Observation, Result};
+use leasehold_core::{Announcements, EndReason, Error, LeaseName, Observation, Result, Term};
 use tokio::sync::watch;
 
 use crate::error::STORE;
@@ -128,6 +129,7 @@ async fn run(
                         };
                         if let Some(term) = crate::record::parse_released(kv.value()) {
                             released.send_replace(Some(term));
+                            announce_end(&sender, &keys.lease, term, EndReason::Released);
                             continue;
                         }
                         match keys.parse_granted(kv.value()) {
@@ -160,6 +162,28 @@ async fn run(
             }
         }
     }
+}
+
+/// Announces the end of the lease's term `term` (`reason`) to this store's followers of it, if
+/// it watches the lease: the lease free, as `inspect` would show it then, unless a later grant
+/// was announced already. The engine takes it to tell a hand-over from a failover in its
+/// metrics; it decides nothing.
+pub(crate) fn announce_ended(inner: &Inner, lease: &LeaseName, term: i64, reason: EndReason) {
+    let announcers = inner.announcers.lock().expect("announcers lock");
+    if let Some(announcer) = announcers.get(lease) {
+        announce_end(&announcer.sender, lease, term, reason);
+    }
+}
+
+fn announce_end(sender: &watch::Sender<Option<Observation>>, lease: &LeaseName, term: i64, reason: EndReason) {
+    let term = Term(u64::try_from(term).unwrap_or(0));
+    sender.send_if_modified(|current| {
+        let later = current.as_ref().is_some_and(|c| c.last_term > term);
+        if !later {
+            *current = Some(Observation::free(lease.clone(), term, Some(reason)));
+        }
+        !later
+    });
 }
 
 async fn within<T>(limit: Duration, fut: impl std::future::Future<Output = Result<T>>) -> Result<T> {

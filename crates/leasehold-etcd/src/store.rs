@@ -315,6 +315,7 @@ impl EtcdStore {
             token: rev.to_string(),
         }
         .valid_since(since.into_std(), now.into_std());
+        crate::announce::announce_ended(inner, &keys.lease, predecessor, EndReason::Released);
         // Held from here until the records are written: a release, renewal or hand-over of this
         // key in this store is not sent before.
         let pending = Arc::new(AsyncMutex::new(()));
@@ -1135,6 +1136,18 @@ impl LeaseStore for EtcdStore {
             }
             Txn::new().when(compares).and_then(ops)
         };
+        // How the term before ended (a fact whether or not the grant goes through), for the
+        // engine's metrics: announced before the grant's own announcement can replace it.
+        let snapshot = &queued.snapshot;
+        let previous = match (&reservation, &snapshot.started) {
+            (Some(r), _) => Some((r.term, EndReason::HandedOver)),
+            (None, Some(s)) if snapshot.latest_ended() => snapshot.ended.as_ref().map(|e| (s.term, e.reason)),
+            (None, Some(s)) => Some((s.term, EndReason::Expired)),
+            (None, None) => None,
+        };
+        if let Some((term, reason)) = previous {
+            crate::announce::announce_ended(inner, &keys.lease, term, reason);
+        }
         let mut granted = inner.txn("acquire (grant)", grant_txn(&ahead)).await?.succeeded();
         if !granted && reservation.is_some() {
             // A key ahead may have left meanwhile (keys ahead only leave): once more without

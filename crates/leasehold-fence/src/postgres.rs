@@ -103,15 +103,27 @@ impl Fence {
         })
     }
 
-    /// Creates the table if it does not exist (the schema must). Call it once at start-up or
-    /// from a migration: concurrent `CREATE TABLE IF NOT EXISTS` of one table can fail in
-    /// Postgres.
+    /// Creates the table if it does not exist (the schema must). Safe to call from every
+    /// replica at start-up, all at once: the `CREATE TABLE IF NOT EXISTS` runs in a
+    /// transaction of its own (a savepoint if `conn` is in one already) under a transaction-level
+    /// advisory lock on the table's name, so creators of one table go one after another and the
+    /// later ones find it made. (Without the lock, Postgres fails all but one of concurrent
+    /// creators of a new table with `duplicate key value violates unique constraint
+    /// "pg_type_typname_nsp_index"`: `IF NOT EXISTS` does not cover a table being created by a
+    /// transaction not yet committed.)
     ///
     /// # Errors
     ///
     /// [`FenceError::Database`].
     pub async fn ensure_table(&self, conn: &mut PgConnection) -> Result<(), FenceError> {
-        self.statements.ensure_table::<sqlx::Postgres>(conn).await
+        let mut tx = sqlx::Connection::begin(conn).await?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('leasehold_fence'), hashtext($1))")
+            .bind(self.statements.table())
+            .execute(&mut *tx)
+            .await?;
+        self.statements.ensure_table::<sqlx::Postgres>(&mut tx).await?;
+        tx.commit().await?;
+        Ok(())
     }
 
     /// Accepts `term` under `key` if no higher term has been accepted there, records it as the

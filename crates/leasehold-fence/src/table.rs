@@ -21,6 +21,8 @@ pub(crate) struct Dialect {
 /// The statements of one fence table.
 #[derive(Clone, Debug)]
 pub(crate) struct Statements {
+    /// The table's name, quoted.
+    table: Arc<str>,
     create: Arc<str>,
     upsert: Arc<str>,
     select: Arc<str>,
@@ -36,6 +38,7 @@ impl Statements {
             params: [p1, p2],
         } = dialect;
         Ok(Statements {
+            table: t.as_str().into(),
             create: format!(
                 "CREATE TABLE IF NOT EXISTS {t} (fence_key {key_column}, term {term_column} NOT NULL CHECK (term >= 0))"
             )
@@ -48,6 +51,12 @@ impl Statements {
             .into(),
             select: format!("SELECT term FROM {t} WHERE fence_key = {p1}").into(),
         })
+    }
+
+    /// The table's name, quoted for SQL.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn table(&self) -> &str {
+        &self.table
     }
 
     /// Creates the table if it does not exist.

@@ -174,3 +174,60 @@ async fn the_default_table_works_and_a_missing_table_is_an_error() {
     drop(conn);
     db.drop_schema().await;
 }
+
+/// Ten replicas starting together on a fresh database each call `ensure_table` at the same
+/// moment, on connections of their own: all succeed, and the table is there once. Five rounds,
+/// each on a database of its own (without the advisory lock, most rounds failed some of them
+/// with `duplicate key value violates unique constraint "pg_type_typname_nsp_index"`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_replicas_ensure_the_table_at_once_on_a_fresh_database() {
+    use sqlx::Connection;
+    let Some(url) = leasehold_conformance::require_server("postgres", "LEASEHOLD_POSTGRES_URL") else {
+        return;
+    };
+    let mut admin = sqlx::PgConnection::connect(&url).await.expect("connect to postgres");
+    for round in 0..5 {
+        let database = format!("fence_race_{:016x}", rand::random::<u64>());
+        sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {database}")))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        let mut fresh = url::Url::parse(&url).unwrap();
+        fresh.set_path(&database);
+        let mut replicas = Vec::new();
+        for _ in 0..10 {
+            replicas.push(sqlx::PgConnection::connect(fresh.as_str()).await.expect("connect"));
+        }
+        let start = Arc::new(tokio::sync::Barrier::new(replicas.len()));
+        let calls: Vec<_> = replicas
+            .into_iter()
+            .map(|mut conn| {
+                let start = start.clone();
+                tokio::spawn(async move {
+                    start.wait().await;
+                    let outcome = leasehold_fence::postgres::ensure_table(&mut conn).await;
+                    let _ = conn.close().await;
+                    outcome
+                })
+            })
+            .collect();
+        let mut failed = Vec::new();
+        for call in calls {
+            if let Err(e) = call.await.unwrap() {
+                let cause = std::error::Error::source(&e)
+                    .map(ToString::to_string)
+                    .unwrap_or_default();
+                failed.push(format!("{e}: {cause}"));
+            }
+        }
+        sqlx::raw_sql(AssertSqlSafe(format!("DROP DATABASE {database} WITH (FORCE)")))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        assert!(
+            failed.is_empty(),
+            "round {round}: {} of 10 failed: {failed:?}",
+            failed.len()
+        );
+    }
+}

@@ -15,7 +15,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
-use leasehold_core::{Announcements, Changes, Error, HolderFields, HolderInfo, LeaseName, Observation, Result};
+use leasehold_core::{
+    Announcements, Changes, EndReason, Error, HolderFields, HolderInfo, LeaseName, Observation, Result, Term,
+};
 use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -53,7 +55,8 @@ pub(crate) struct Hub {
 struct Channel {
     /// Changes streams: sent a wake-up ([`wakes`]).
     wake: watch::Sender<()>,
-    /// Announcement streams: the last `granted` message.
+    /// Announcement streams: the last `granted` message, or the last end of a term
+    /// (`released`, `broken`, `handed_over`).
     granted: watch::Sender<Option<Vec<u8>>>,
 }
 
@@ -257,7 +260,7 @@ impl Hub {
             loop {
                 held.rx.changed().await.ok()?;
                 let payload = held.rx.borrow_and_update().clone();
-                match payload.as_deref().map(|p| granted(&lease, p)) {
+                match payload.as_deref().map(|p| announced(&lease, p)) {
                     Some(Ok(seen)) => return Some((seen, (held, lease))),
                     Some(Err(e)) => tracing::debug!(error = %e, "an unreadable grant announcement"),
                     None => {}
@@ -388,14 +391,14 @@ impl Live {
         }
     }
 
-    /// Hands a message to the streams of its channel: a wake-up ([`wakes`]) and a grant to the
-    /// announcement streams.
+    /// Hands a message to the streams of its channel: a wake-up ([`wakes`]), and a grant or the
+    /// end of a term to the announcement streams.
     fn deliver(&self, channel: &str, payload: &[u8]) {
         if let Some(c) = self.channels.lock().expect("channels lock poisoned").get(channel) {
             if wakes(payload) {
                 c.wake.send_replace(());
             }
-            if payload.starts_with(b"granted ") {
+            if payload.starts_with(b"granted ") || ended(payload).is_some() {
                 c.granted.send_replace(Some(payload.to_vec()));
             }
         }
@@ -471,6 +474,31 @@ pub(crate) fn granted(lease: &LeaseName, payload: &[u8]) -> Result<Observation> 
     })
 }
 
+/// How a `released <term> ...`, `broken <term> ...` or `handed_over <term> <to>` message says a
+/// term ended, and the term.
+pub(crate) fn ended(payload: &[u8]) -> Option<(EndReason, Term)> {
+    let text = std::str::from_utf8(payload).ok()?;
+    let mut words = text.split(' ');
+    let reason = match words.next()? {
+        "released" => EndReason::Released,
+        "broken" => EndReason::Broken,
+        "handed_over" => EndReason::HandedOver,
+        _ => return None,
+    };
+    Some((reason, Term(words.next()?.parse().ok()?)))
+}
+
+/// An announcement as `inspect` would show the lease then: a grant ([`granted`]), or the lease
+/// free after a term's end ([`ended`]; a hand-over's reservation, which the message does not
+/// describe, as free and handed over), which the engine takes to tell a hand-over from a
+/// failover in its metrics.
+fn announced(lease: &LeaseName, payload: &[u8]) -> Result<Observation> {
+    match ended(payload) {
+        Some((reason, term)) => Ok(Observation::free(lease.clone(), term, Some(reason))),
+        None => granted(lease, payload),
+    }
+}
+
 /// Whether a message on a lease's channel or a waiter's own wakes its streams: one that names
 /// nobody (`released <term>`, `broken <term>`, and on a waiter's channel every wake-up), not
 /// one that names who was woken or took the lease (a third word: `released <term> <woken>`,
@@ -533,8 +561,32 @@ async fn keep_alive(live: Arc<Live>, dropped: CancellationToken, timeout: Durati
 
 #[cfg(test)]
 mod tests {
-    use super::{granted, wakes};
-    use leasehold_core::{LeaseName, Term};
+    use super::{announced, granted, wakes};
+    use leasehold_core::{EndReason, LeaseName, Term};
+
+    #[test]
+    fn an_end_of_a_term_reads_as_the_lease_free() {
+        let lease = LeaseName::new("jobs").unwrap();
+        for (payload, reason) in [
+            ("released 17", EndReason::Released),
+            ("released 17 host a 42", EndReason::Released),
+            ("broken 17 c", EndReason::Broken),
+            ("handed_over 17 b", EndReason::HandedOver),
+        ] {
+            let seen = announced(&lease, payload.as_bytes()).unwrap();
+            assert_eq!(
+                (seen.holder, seen.last_term, seen.previous_end),
+                (None, Term(17), Some(reason))
+            );
+        }
+        assert!(announced(&lease, b"released x").is_err());
+        assert!(
+            announced(&lease, b"granted 1795 2000 00112233aabbccdd a")
+                .unwrap()
+                .holder
+                .is_some()
+        );
+    }
 
     #[test]
     fn a_grant_announcement_reads_as_an_observation() {

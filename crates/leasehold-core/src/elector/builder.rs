@@ -19,6 +19,7 @@ pub struct ElectorBuilder {
     stall_timeout: Option<Duration>,
     lock_delay: Option<Duration>,
     hand_over_requests: bool,
+    give_up_when_refused_for: Option<Duration>,
 }
 
 impl ElectorBuilder {
@@ -37,6 +38,7 @@ impl ElectorBuilder {
             stall_timeout: None,
             lock_delay: None,
             hand_over_requests: false,
+            give_up_when_refused_for: None,
         }
     }
 }
@@ -91,6 +93,29 @@ impl ElectorBuilder {
     /// lease to the candidate named there ([`LeaseStore::hand_over`]).
     pub fn hand_over_requests(mut self, enabled: bool) -> Self {
         self.hand_over_requests = enabled;
+        self
+    }
+
+    /// Give up a campaign when the store has refused this candidate ([`Error::Refused`]: a wrong
+    /// password, key or token, missing rights, a missing table) for `after`, with nothing else
+    /// happening in between: [`Elector::campaign`] then returns that refusal, and
+    /// [`Elector::run`] returns it as [`RunError::Election`]. Like `leasehold run --auth-retry`
+    /// (which exits 6). Default: campaign for as long as it takes (a refusal is retried at
+    /// `retry_every`, and reported as [`Event::StoreTrouble`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::{sync::Arc, time::Duration};
+    /// use leasehold_core::{Elector, MemoryStore};
+    ///
+    /// let elector = Elector::builder(Arc::new(MemoryStore::new()), "jobs")
+    ///     .give_up_when_refused_for(Duration::from_secs(60))
+    ///     .build()?;
+    /// # Ok::<(), leasehold_core::Error>(())
+    /// ```
+    pub fn give_up_when_refused_for(mut self, after: Duration) -> Self {
+        self.give_up_when_refused_for = Some(after);
         self
     }
 
@@ -157,6 +182,9 @@ impl ElectorBuilder {
                 earlier: Mutex::new(None),
                 one_driver: Arc::new(tokio::sync::Mutex::new(())),
                 hand_over_requests,
+                give_up_when_refused_for: self.give_up_when_refused_for,
+                answered: AtomicU64::new(0),
+                created: now(),
             }),
         })
     }

@@ -1,6 +1,7 @@
 //! The driver: runs one [`Machine`] for one campaign, carries out its outputs (store calls in
 //! their own tasks, events, the leader's status) and feeds it inputs.
 
+use futures::FutureExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 
@@ -13,6 +14,8 @@ use super::*;
 /// machine (which releases a grant it no longer waited for).
 struct PendingOp {
     id: OpId,
+    /// When it was sent.
+    sent: Instant,
     /// The reply the machine gets if the call ends without one.
     failed: fn(Error) -> Reply,
     task: Call,
@@ -121,17 +124,12 @@ pub(super) struct Driver {
     campaign_dropped: bool,
     /// What this campaign saw of another holder, for the failover and handover histograms.
     previous: PreviousHolder,
-}
-
-/// Another candidate's term as this one saw it while following.
-#[derive(Debug, Default)]
-struct PreviousHolder {
-    /// The holder, its term and record version, when this candidate first saw that version (its
-    /// last renewal seen), and when the store would expire it (if it said).
-    seen: Option<(CandidateId, Term, String, Instant, Option<Instant>)>,
-    /// When this candidate saw the holder let go: the lease read free as released, or a release
-    /// notification.
-    released_at: Option<Instant>,
+    /// When the request whose reply the driver took last was sent.
+    replied_sent: Option<Instant>,
+    /// When the acquire that was granted last was sent.
+    won_at: Option<Instant>,
+    /// The term of the last reservation seen (a hand-over's successor not in office yet).
+    reserved_term: Option<Term>,
 }
 
 struct LeaderControl {
@@ -192,6 +190,9 @@ impl Driver {
             campaign_started: now,
             campaign_dropped: false,
             previous: PreviousHolder::default(),
+            replied_sent: None,
+            won_at: None,
+            reserved_term: None,
         })
     }
 
@@ -326,6 +327,7 @@ impl Driver {
             failed,
             task,
             acquire,
+            ..
         }) = self.op.take()
         {
             self.late_acquires += u16::from(acquire);
@@ -381,7 +383,8 @@ impl Driver {
                     }
                 },
                 joined = async { (&mut op.as_mut().expect("guarded").task).await }, if op.is_some() => {
-                    let PendingOp { id, failed, .. } = self.op.take().expect("guarded");
+                    let PendingOp { id, failed, sent, .. } = self.op.take().expect("guarded");
+                    self.replied_sent = Some(sent);
                     Input::Reply(id, joined.unwrap_or_else(|e| failed(ended(self.inner.store.name(), e))))
                 }
                 Some((id, reply)) = self.late.next(), if !self.late.is_empty() => {
@@ -467,55 +470,28 @@ impl Driver {
     /// Follows what replies and notifications show of another holder (the machine decides;
     /// this only measures).
     fn track_previous(&mut self, now: Instant, input: &Input) {
-        let observation: Option<&Observation> = match input {
+        let asked = match input {
+            Input::Reply(_, reply) => {
+                if telemetry::outcome(reply) != "transient" && telemetry::outcome(reply) != "permanent" {
+                    self.inner.store_answered();
+                }
+                self.replied_sent.take().unwrap_or(now)
+            }
+            _ => now,
+        };
+        match input {
             Input::Reply(_, Reply::Acquire(Ok(Acquired::Held(o))))
             | Input::Reply(_, Reply::Inspect(Ok(o)))
             | Input::Reply(_, Reply::Renew(Ok(Renewed::Lost(o))))
-            | Input::Announced(o) => Some(o),
-            Input::Notified => {
-                let p = &mut self.previous;
-                if let Some((.., alive_at, store_deadline)) = &p.seen
-                    && p.released_at.is_none()
-                {
-                    // A store that notifies releases only: this is one. One that also notifies
-                    // expiry: a release if it came before the store would have expired the lease.
-                    let expires = store_deadline.unwrap_or(*alive_at + self.inner.timing.ttl);
-                    let release = match self.inner.caps.notifications {
-                        Notifications::Release => true,
-                        _ => now < expires,
-                    };
-                    if release {
-                        p.released_at = Some(now);
-                    }
+            | Input::Announced(o) => {
+                if let Some(h) = &o.holder {
+                    self.reserved_term = h.reserved.then_some(h.term);
                 }
-                None
+                self.previous.seen(asked, now, o, &self.inner.id);
             }
-            _ => None,
-        };
-        let Some(observation) = observation else { return };
-        let p = &mut self.previous;
-        match &observation.holder {
-            Some(h) if h.id == self.inner.id => {}
-            Some(h) => {
-                let store_deadline = h.store_remaining.map(|r| now + r);
-                match &mut p.seen {
-                    Some((id, term, version, _, deadline))
-                        if *id == h.id && *term == h.term && *version == h.version =>
-                    {
-                        *deadline = store_deadline;
-                    }
-                    seen => {
-                        *seen = Some((h.id.clone(), h.term, h.version.clone(), now, store_deadline));
-                        p.released_at = None;
-                    }
-                }
-            }
-            None => {
-                if p.seen.is_some() && p.released_at.is_none() && observation.previous_end == Some(EndReason::Released)
-                {
-                    p.released_at = Some(now);
-                }
-            }
+            Input::Reply(_, Reply::Acquire(Ok(Acquired::Granted(_)))) => self.won_at = Some(asked),
+            Input::Notified => self.previous.notified(now),
+            _ => {}
         }
     }
 
@@ -594,6 +570,7 @@ impl Driver {
                 self.op = Some(PendingOp {
                     id,
                     failed,
+                    sent: now(),
                     task,
                     acquire,
                 });
@@ -602,6 +579,11 @@ impl Driver {
             Output::Elected { grant, valid_until } => {
                 let now = now();
                 info!(term = %grant.term, "elected");
+                // What the store already announced counts too (a store may say how the last
+                // term ended as it grants: the announcements are dropped here).
+                while let Some(Some(observation)) = self.announcements.as_mut().and_then(|a| a.next().now_or_never()) {
+                    self.previous.seen(now, now, &observation, &self.inner.id);
+                }
                 // A leader learns of another holder from its renewals: it needs neither the
                 // store's change notifications nor its announcements (a watch, a listener's
                 // routing or a read per change on some stores). A new campaign asks again.
@@ -613,15 +595,7 @@ impl Driver {
                 metrics::counter!(telemetry::TRANSITIONS, "lease" => lease.clone(), "to" => "leader").increment(1);
                 metrics::histogram!(telemetry::CAMPAIGN_SECONDS, "lease" => lease.clone())
                     .record((now - self.campaign_started).as_secs_f64());
-                let previous = std::mem::take(&mut self.previous);
-                if let Some((.., alive_at, _)) = previous.seen {
-                    match previous.released_at {
-                        Some(released_at) => metrics::histogram!(telemetry::HANDOVER_SECONDS, "lease" => lease.clone())
-                            .record(now.saturating_duration_since(released_at).as_secs_f64()),
-                        None => metrics::histogram!(telemetry::FAILOVER_SECONDS, "lease" => lease.clone())
-                            .record(now.saturating_duration_since(alive_at).as_secs_f64()),
-                    }
-                }
+                std::mem::take(&mut self.previous).record(&lease, now, self.won_at.take().unwrap_or(now));
                 metrics::gauge!(telemetry::REMAINING, "lease" => lease.clone())
                     .set(valid_until.saturating_duration_since(now).as_secs_f64());
                 // Last: a scrape begun after one that shows this candidate leading shows the rest of its
@@ -738,8 +712,10 @@ impl Driver {
                 if leader.as_ref().is_some_and(|(holder, _)| *holder != self.inner.id) {
                     self.ask_for_announcements();
                 }
+                let reserved_term = self.reserved_term;
                 let info = leader.map(|(holder, term)| LeaderInfo {
                     holder,
+                    reserved: reserved_term == Some(term),
                     term,
                     since: now(),
                     since_wall: SystemTime::now(),
