@@ -363,19 +363,33 @@ fn main() -> ExitCode {
     let code = match cli.command {
         Command::ChildGuard(args) => guard::main(args),
         Command::Completions { shell } => {
-            clap_complete::generate(shell, &mut Cli::command(), "leasehold", &mut std::io::stdout());
-            0
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "leasehold", &mut script);
+            print_out(&script)
         }
-        Command::Man => match clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout()) {
-            Ok(()) => 0,
-            Err(e) => Failure::runtime(format!("cannot write the manual page: {e}")).report(),
-        },
+        Command::Man => {
+            let mut page = Vec::new();
+            match clap_mangen::Man::new(Cli::command()).render(&mut page) {
+                Ok(()) => print_out(&page),
+                Err(e) => Failure::runtime(format!("cannot render the manual page: {e}")).report(),
+            }
+        }
         command => match dispatch(cli.store, cli.json, command) {
             Ok(code) => code,
             Err(failure) => failure.report(),
         },
     };
     ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+/// Writes `bytes` to standard output; a reader that went away (`| head`) is no error.
+fn print_out(bytes: &[u8]) -> i32 {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(bytes) {
+        Ok(()) => 0,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => 0,
+        Err(e) => Failure::runtime(format!("cannot write to standard output: {e}")).report(),
+    }
 }
 
 fn dispatch(store: Option<String>, json: bool, command: Command) -> Result<i32, Failure> {
