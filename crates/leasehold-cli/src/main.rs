@@ -35,7 +35,7 @@ use std::ffi::OsString;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 
 use crate::exit::Failure;
 
@@ -173,6 +173,19 @@ enum Command {
     /// Lease groups: N shards, each run by exactly one live member, balanced over the members.
     #[command(subcommand)]
     Shards(ShardsCommand),
+
+    /// Print a completion script for SHELL to standard output.
+    ///
+    /// bash: `leasehold completions bash > /etc/bash_completion.d/leasehold`; zsh: into a
+    /// directory of your $fpath as `_leasehold`; fish: `~/.config/fish/completions/leasehold.fish`.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+
+    /// Print the manual page (roff) to standard output: `leasehold man > leasehold.1`.
+    Man,
 
     /// Internal: the small supervisor `run` puts at the head of the command's process group.
     #[command(name = "__child-guard", hide = true)]
@@ -365,12 +378,34 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let code = match cli.command {
         Command::ChildGuard(args) => guard::main(args),
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "leasehold", &mut script);
+            print_out(&script)
+        }
+        Command::Man => {
+            let mut page = Vec::new();
+            match clap_mangen::Man::new(Cli::command()).render(&mut page) {
+                Ok(()) => print_out(&page),
+                Err(e) => Failure::runtime(format!("cannot render the manual page: {e}")).report(),
+            }
+        }
         command => match dispatch(cli.store, cli.json, command) {
             Ok(code) => code,
             Err(failure) => failure.report(),
         },
     };
     ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+/// Writes `bytes` to standard output; a reader that went away (`| head`) is no error.
+fn print_out(bytes: &[u8]) -> i32 {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(bytes) {
+        Ok(()) => 0,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => 0,
+        Err(e) => Failure::runtime(format!("cannot write to standard output: {e}")).report(),
+    }
 }
 
 fn dispatch(store: Option<String>, json: bool, command: Command) -> Result<i32, Failure> {
@@ -403,7 +438,9 @@ fn dispatch(store: Option<String>, json: bool, command: Command) -> Result<i32, 
             Command::Handover { lease, to, within } => handover::handover(&store, &lease, &to, within, json).await,
             Command::Shards(ShardsCommand::Run(args)) => shards::run(&store, args).await,
             Command::Shards(ShardsCommand::Status { group }) => shards::status(&store, &group, json).await,
-            Command::ChildGuard(_) => unreachable!("handled before the runtime starts"),
+            Command::ChildGuard(_) | Command::Completions { .. } | Command::Man => {
+                unreachable!("handled before the runtime starts")
+            }
         }
     })
 }
@@ -411,7 +448,6 @@ fn dispatch(store: Option<String>, json: bool, command: Command) -> Result<i32, 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::CommandFactory;
 
     #[test]
     fn cli_definition_is_consistent() {

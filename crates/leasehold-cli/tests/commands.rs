@@ -28,6 +28,43 @@ fn every_subcommand_has_help() {
     assert!(stdout(&output).contains("Exit codes"), "{output:?}");
 }
 
+/// `completions SHELL` and `man` need no store and describe the real subcommands. (The hidden
+/// internal `__child-guard` is offered too: clap_complete does not leave hidden subcommands out.)
+#[test]
+fn completions_and_manual_page() {
+    for (shell, marker) in [
+        ("bash", "_leasehold()"),
+        ("zsh", "#compdef leasehold"),
+        ("fish", "complete -c leasehold"),
+    ] {
+        let output = Command::new(bin())
+            .args(["completions", shell])
+            .env_remove("LEASEHOLD_STORE")
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{shell}: {output:?}");
+        let script = stdout(&output);
+        assert!(script.contains(marker), "{shell}: no {marker:?} in\n{script}");
+        for sub in ["run", "status", "handover", "shards", "completions", "man"] {
+            assert!(script.contains(sub), "{shell}: subcommand {sub} missing");
+        }
+    }
+    let output = Command::new(bin())
+        .arg("man")
+        .env_remove("LEASEHOLD_STORE")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let page = stdout(&output);
+    assert!(
+        page.starts_with(".ie") || page.contains(".TH leasehold"),
+        "not a manual page:\n{page}"
+    );
+    assert!(page.contains("Exit codes"), "the exit codes are not in the manual page");
+    let output = Command::new(bin()).args(["completions", "tcsh"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+}
+
 fn fails(store: &str, args: &[&str], code: i32) -> String {
     let output = Command::new(bin())
         .arg("--store")

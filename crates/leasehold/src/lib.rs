@@ -1,6 +1,12 @@
-#![doc = include_str!("../../../README.md")]
+#![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
+
+// The repository's README (outside this package) is compiled as doctests in the workspace
+// only: `cfg(doctest)` is never set when the published crate is built or documented.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct RepositoryReadme;
 
 use std::future::Future;
 use std::pin::Pin;
