@@ -751,11 +751,12 @@ impl Machine {
             };
             self.on_reply(now, pending, reply, out);
         }
-        if self.pending.is_none() && matches!(self.state, State::Following(_) | State::Stopping | State::Stopped) {
-            if let Some(grant) = self.stray.take() {
-                self.send(now, Purpose::Release, Request::Release(grant), out);
-                return;
-            }
+        if self.pending.is_none()
+            && matches!(self.state, State::Following(_) | State::Stopping | State::Stopped)
+            && let Some(grant) = self.stray.take()
+        {
+            self.send(now, Purpose::Release, Request::Release(grant), out);
+            return;
         }
         match &mut self.state {
             State::Leading(l) => {

@@ -177,10 +177,10 @@ impl Timing {
                 "greater than zero and at most 30 days",
             ));
         }
-        if let Some(delay) = self.lock_delay {
-            if delay > Duration::from_secs(60) {
-                return Err(Error::config("lock_delay", delay, "at most 60s"));
-            }
+        if let Some(delay) = self.lock_delay
+            && delay > Duration::from_secs(60)
+        {
+            return Err(Error::config("lock_delay", delay, "at most 60s"));
         }
         Ok(())
     }

@@ -1029,10 +1029,10 @@ impl Model for Election {
             if s.net[..k].iter().any(|earlier| channel(earlier) == channel(msg)) {
                 continue;
             }
-            if let Msg::Reply { to, .. } | Msg::Announce { to, .. } = msg {
-                if s.paused[*to] {
-                    continue;
-                }
+            if let Msg::Reply { to, .. } | Msg::Announce { to, .. } = msg
+                && s.paused[*to]
+            {
+                continue;
             }
             actions.push(Action::Deliver(k));
             if s.losses_left > 0 {

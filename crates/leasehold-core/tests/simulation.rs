@@ -676,10 +676,10 @@ impl World {
         let mut reach: Option<(Instant, Instant, usize, Term)> = None;
         let mut found = Vec::new();
         for &(from, until, c, term) in &intervals {
-            if let Some((rfrom, runtil, rc, rterm)) = reach {
-                if from < runtil {
-                    found.push((rfrom, runtil, rc, rterm, from, until, c, term));
-                }
+            if let Some((rfrom, runtil, rc, rterm)) = reach
+                && from < runtil
+            {
+                found.push((rfrom, runtil, rc, rterm, from, until, c, term));
             }
             if reach.is_none_or(|(_, runtil, ..)| until > runtil) {
                 reach = Some((from, until, c, term));
@@ -705,10 +705,10 @@ impl World {
     fn check_beliefs(&mut self) {
         let mut found = Vec::new();
         for e in &self.elections {
-            if let Some(g) = self.grants.get(&e.term) {
-                if e.valid_until > g.applied + BELIEVED_TTL {
-                    found.push((e.clone(), g.clone()));
-                }
+            if let Some(g) = self.grants.get(&e.term)
+                && e.valid_until > g.applied + BELIEVED_TTL
+            {
+                found.push((e.clone(), g.clone()));
             }
         }
         for (e, g) in found {

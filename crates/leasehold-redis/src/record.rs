@@ -172,10 +172,10 @@ pub(crate) fn transitions(
             _ => return Err(corrupt(format!("entry {id} has fields {fields:?}"))),
         }
     }
-    if let Some((term, deadline)) = open {
-        if let Some(t) = out.iter_mut().rev().find(|t| t.term == term && t.ended.is_none()) {
-            t.ended = Some((time::from_unix_millis(deadline), EndReason::Expired));
-        }
+    if let Some((term, deadline)) = open
+        && let Some(t) = out.iter_mut().rev().find(|t| t.term == term && t.ended.is_none())
+    {
+        t.ended = Some((time::from_unix_millis(deadline), EndReason::Expired));
     }
     let skip = out.len().saturating_sub(limit);
     out.drain(..skip);

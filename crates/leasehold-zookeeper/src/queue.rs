@@ -521,13 +521,12 @@ impl Inner {
         let terms = self.history_terms(client, lease).await?;
         if let Some(&previous) = terms.iter().rev().find(|t| **t < term) {
             let path = format!("{dir}/{}", history_name(previous));
-            if let Ok((data, stat)) = client.get_data(&path).await {
-                if let Ok(record) = HistoryRecord::decode(&data) {
-                    if record.ended.is_none() {
-                        let ended = record.ended(EndReason::Expired).encode();
-                        let _ = client.set_data(&path, &ended, Some(stat.version)).await;
-                    }
-                }
+            if let Ok((data, stat)) = client.get_data(&path).await
+                && let Ok(record) = HistoryRecord::decode(&data)
+                && record.ended.is_none()
+            {
+                let ended = record.ended(EndReason::Expired).encode();
+                let _ = client.set_data(&path, &ended, Some(stat.version)).await;
             }
         }
         if terms.len() > HISTORY_LIMIT {
@@ -565,12 +564,11 @@ impl Inner {
         let mut handover = None;
         if reason == EndReason::Released {
             let queue = self.queue(client, lease).await?.unwrap_or_default();
-            if let Some(next) = queue.iter().skip_while(|c| c.name != node).nth(1) {
-                if let Ok(Some((record, stat))) = self.read_candidate(client, lease, &next.name).await {
-                    if record.waiting {
-                        handover = Some((next.name.clone(), stat, record.candidate, record.ttl));
-                    }
-                }
+            if let Some(next) = queue.iter().skip_while(|c| c.name != node).nth(1)
+                && let Ok(Some((record, stat))) = self.read_candidate(client, lease, &next.name).await
+                && record.waiting
+            {
+                handover = Some((next.name.clone(), stat, record.candidate, record.ttl));
             }
         }
         if let Some((next, stat, candidate, next_ttl)) = &handover {

@@ -678,11 +678,11 @@ impl Driver {
                 None
             }
             Output::AbortWork => {
-                if let Some(l) = &self.leader {
-                    if let Some(handle) = l.shared.abort.lock().expect("abort lock").take() {
-                        warn!("the leader's work did not stop by valid_until; aborting it");
-                        handle.abort();
-                    }
+                if let Some(l) = &self.leader
+                    && let Some(handle) = l.shared.abort.lock().expect("abort lock").take()
+                {
+                    warn!("the leader's work did not stop by valid_until; aborting it");
+                    handle.abort();
                 }
                 None
             }
