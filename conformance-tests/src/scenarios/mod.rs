@@ -350,6 +350,25 @@ impl Scene {
     }
 
     async fn finish(&self) {
+        // A leader's `Deposed` event comes once its step-down is complete (its release or
+        // hand-over answered), which on a loaded machine can be after its successor's election:
+        // wait for it (up to two TTLs) rather than report a leader as still leading whose
+        // leadership ended earlier. Its `believed_until` still shows any real overlap, and one
+        // that never comes is reported as before.
+        let waited_from = Instant::now();
+        loop {
+            let intervals = self.checker.intervals().await;
+            let superseded_open = intervals.iter().any(|open| {
+                open.end.is_none()
+                    && intervals
+                        .iter()
+                        .any(|later| later.lease == open.lease && later.start > open.start)
+            });
+            if !superseded_open || waited_from.elapsed() >= self.ttl * 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         let intervals = self.checker.intervals().await;
         if intervals.len() <= 12 {
             for i in &intervals {
