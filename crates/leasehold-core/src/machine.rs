@@ -41,7 +41,8 @@
 //!   it arrived.
 //! - After an unclean end (expiry), a contender waits `lock_delay` before taking over, and looks
 //!   again after the wait: it acquires only if no term started in between (a term that started
-//!   and expired inside the wait starts a new delay).
+//!   and expired inside the wait starts a new delay). A lease released, or handed over to this
+//!   candidate, ended cleanly: it is taken at once.
 //! - A leader whose work stops calling heartbeat for `stall_timeout` steps down; the lease is
 //!   released only once the work has stopped.
 
