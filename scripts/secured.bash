@@ -84,7 +84,8 @@ ensure_pki() {
 	pki_sign server leasehold-server IP:127.0.0.1 serverAuth,clientAuth
 	pki_sign client leasehold-client DNS:leasehold-client clientAuth
 	pki_sign expired leasehold-client DNS:leasehold-client clientAuth 20200101000000Z 20200102000000Z
-	chmod 644 "$PKI_DIR"/*.pem "$PKI_DIR"/*.key
+	chmod 644 "$PKI_DIR"/*.pem
+	chmod 600 "$PKI_DIR"/*.key # libpq refuses a key others may read
 	log "made a throw-away CA and certificates in $PKI_DIR"
 }
 
