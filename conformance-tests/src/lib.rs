@@ -31,6 +31,7 @@ mod proxy;
 mod restart;
 mod runner;
 pub mod scenarios;
+pub mod secured;
 mod server;
 
 pub use backend::{Backend, IntoBackend, MemoryBackend, SecretUrls, require_server};

@@ -53,6 +53,7 @@ pub mod listing;
 pub mod restart;
 pub mod safety;
 pub mod secrets;
+pub mod secured;
 pub mod writes;
 
 pub use basics::{

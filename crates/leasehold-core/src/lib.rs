@@ -13,6 +13,8 @@ mod store;
 mod telemetry;
 pub mod time;
 mod timing;
+#[cfg(feature = "rustls")]
+pub mod tls;
 mod types;
 mod wrap;
 

@@ -35,8 +35,11 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 /// | `etcd://h1:2379,h2:2379,h3:2379/myapp` | three endpoints, keys under `myapp/` |
 /// | `etcd://alice:s3cret@h1/myapp` | user and password (also `?user=..&password=..`) |
 /// | `etcds://h1:2379/myapp?ca=/etc/etcd/ca.pem` | TLS, server verified against this CA |
+/// | `etcds://h1/myapp?ca=ca.pem&cert=client.pem&key=client.key` | TLS with a client certificate |
 ///
 /// Query options: `user`, `password`, `tls` (`true`/`false`), `ca` (a PEM file; implies TLS),
+/// `cert` and `key` (PEM files of a client certificate and its private key, for etcd's
+/// `--client-cert-auth`; both or neither; imply TLS),
 /// `timeout` (`5s`, `500ms`, or bare milliseconds). `Debug` and `Display` never show the
 /// password. `@`, `/`, `?` and `#` in a user name or password are written `%40`, `%2F`, `%3F`,
 /// `%23`: a URL with an unescaped `@` after the hosts is refused (a password holding `/` or `?`
@@ -68,6 +71,11 @@ pub struct EtcdConfig {
     pub tls: bool,
     /// A PEM file with the CA that signed the servers' certificates (otherwise the system roots).
     pub ca: Option<PathBuf>,
+    /// A PEM file with the client certificate shown to the servers (with [`key`](Self::key)).
+    pub cert: Option<PathBuf>,
+    /// A PEM file with the private key of [`cert`](Self::cert). Its content is never read
+    /// into any message.
+    pub key: Option<PathBuf>,
     /// The time limit of one request the store makes on its own. Default 5 s.
     pub timeout: Duration,
 }
@@ -83,6 +91,8 @@ impl EtcdConfig {
             password: None,
             tls: false,
             ca: None,
+            cert: None,
+            key: None,
             timeout: DEFAULT_TIMEOUT,
         }
     }
@@ -170,6 +180,18 @@ impl EtcdConfig {
             config.ca = Some(PathBuf::from(ca));
             config.tls = true;
         }
+        for (name, slot) in [("cert", &mut config.cert), ("key", &mut config.key)] {
+            if let Some(path) = options.string(name) {
+                if path.is_empty() {
+                    return Err(parsed.invalid(format!("option {name} needs a file path")));
+                }
+                *slot = Some(PathBuf::from(path));
+                config.tls = true;
+            }
+        }
+        if config.cert.is_some() != config.key.is_some() {
+            return Err(parsed.invalid("a client certificate needs both cert= and key="));
+        }
         if let Some(text) = options.string("timeout") {
             let timeout = parse_duration(&text).map_err(|why| invalid(&options, "timeout", &why))?;
             if timeout.is_zero() || timeout > MAX_TIMEOUT {
@@ -192,11 +214,18 @@ impl EtcdConfig {
             (Some(u), None) => format!("{}@", percent_encode(u)),
             _ => String::new(),
         };
-        let ca = self
-            .ca
-            .as_ref()
-            .map(|ca| format!("?ca={}", percent_encode(&ca.display().to_string())))
-            .unwrap_or_default();
+        let files: Vec<String> = [("ca", &self.ca), ("cert", &self.cert), ("key", &self.key)]
+            .into_iter()
+            .filter_map(|(name, path)| {
+                path.as_ref()
+                    .map(|p| format!("{name}={}", percent_encode(&p.display().to_string())))
+            })
+            .collect();
+        let ca = if files.is_empty() {
+            String::new()
+        } else {
+            format!("?{}", files.join("&"))
+        };
         format!(
             "{scheme}://{user}{}/{}{ca}",
             self.endpoints.join(","),
@@ -227,6 +256,15 @@ impl EtcdConfig {
                     tls = tls.ca_certificate(etcd_client::Certificate::from_pem(pem));
                 }
                 None => tls = tls.with_native_roots(),
+            }
+            if let (Some(cert), Some(key)) = (&self.cert, &self.key) {
+                let read = |what: &str, path: &PathBuf| {
+                    std::fs::read(path).map_err(|e| Error::InvalidUrl {
+                        url: self.redacted_url(),
+                        reason: format!("cannot read the {what} file {}: {}", path.display(), e.kind()),
+                    })
+                };
+                tls = tls.identity(etcd_client::Identity::from_pem(read("cert", cert)?, read("key", key)?));
             }
             options = options.with_tls(tls);
         }
@@ -287,6 +325,15 @@ mod tests {
         assert_eq!(c.password.as_ref().map(Secret::expose), Some("p@ss"));
         assert_eq!(c.timeout, Duration::from_millis(250));
         assert_eq!(c.ca, Some(PathBuf::from("/tmp/ca.pem")));
+        let c: EtcdConfig = "etcd://h/app?ca=/c.pem&cert=/client.pem&key=/client.key"
+            .parse()
+            .unwrap();
+        assert!(c.tls);
+        assert_eq!(
+            (c.cert.as_deref(), c.key.as_deref()),
+            (Some("/client.pem".as_ref()), Some("/client.key".as_ref()))
+        );
+        assert_eq!(c.to_string().parse::<EtcdConfig>().unwrap(), c);
         let c: EtcdConfig = "etcd://h/app?user=bob&password=pw&tls=true&timeout=2s".parse().unwrap();
         assert_eq!(
             (c.user.as_deref(), c.password.as_ref().map(Secret::expose), c.tls),
@@ -312,6 +359,8 @@ mod tests {
             ("etcd://h?tls=maybe", "tls"),
             ("etcds://h?tls=false", "TLS"),
             ("etcd://h?password=x", "needs a user"),
+            ("etcd://h?cert=/c.pem", "both cert= and key="),
+            ("etcd://h?key=/c.key", "both cert= and key="),
             ("etcd://h/a#b", "fragment"),
             ("h:2379", "expected"),
         ] {

@@ -63,6 +63,28 @@ pub(crate) fn map_error(operation: &'static str, endpoints: &str, error: &Client
     }
 }
 
+/// Converts a client error of `connect`. With a client certificate, a connection that the
+/// server ends right after the handshake (TLS 1.3 checks the client's certificate then: the
+/// client sees an alert in an I/O error, or just a closed connection) is the server rejecting
+/// that certificate, and permanent.
+pub(crate) fn map_connect_error(endpoints: &str, client_cert: bool, error: &ClientError) -> Error {
+    let (meaning, text) = describe(CONNECT, endpoints, error);
+    let ended = match error {
+        ClientError::GRpcStatus(status) => matches!(status.code(), Code::Cancelled | Code::Unknown),
+        _ => matches!(transport_cause(error), Some(Cause::Io(io::ErrorKind::InvalidData))),
+    };
+    if client_cert && meaning == Meaning::Transient && ended {
+        return Error::refused(
+            STORE,
+            CONNECT,
+            format!(
+                "TLS: {endpoints} ended the connection after the handshake, rejecting our client certificate; check cert= and key= (expired? signed by the CA the server trusts?)"
+            ),
+        );
+    }
+    map_error(CONNECT, endpoints, error)
+}
+
 /// A failure that retrying will not mend.
 fn permanent(operation: &'static str, source: RequestError) -> Error {
     Error::refused(STORE, operation, source.text)
@@ -80,6 +102,11 @@ pub(crate) fn lease_gone(error: &ClientError) -> bool {
 }
 
 fn describe(operation: &str, endpoints: &str, error: &ClientError) -> (Meaning, String) {
+    // A failed handshake (certificate rejected either way) is permanent: the same handshake
+    // fails again. It shows as an I/O error underneath, so it is looked for first.
+    if let Some(why) = tls_refusal(error) {
+        return (Meaning::Permanent, format!("{why} (endpoints {endpoints})"));
+    }
     if let Some(found) = transport_cause(error) {
         return found.describe(operation, endpoints);
     }
@@ -181,13 +208,36 @@ impl Cause {
     }
 }
 
-fn transport_cause(error: &ClientError) -> Option<Cause> {
-    let mut next: Option<&(dyn StdError + 'static)> = match error {
+/// A failed TLS handshake under a client error: rustls's error, also where it hides as the I/O
+/// error of an HTTP/2 error (whose `source` does not show it).
+fn tls_refusal(error: &ClientError) -> Option<String> {
+    let mut next = inner(error);
+    while let Some(e) = next {
+        if let Some(why) = leasehold_core::tls::refusal(e) {
+            return Some(why);
+        }
+        if let Some(io) = e.downcast_ref::<h2::Error>().and_then(h2::Error::get_io)
+            && let Some(why) = leasehold_core::tls::refusal(io)
+        {
+            return Some(why);
+        }
+        next = e.source();
+    }
+    None
+}
+
+/// The error under a client error, where it has one.
+fn inner(error: &ClientError) -> Option<&(dyn StdError + 'static)> {
+    match error {
         ClientError::GRpcStatus(status) => status.source(),
         ClientError::TransportError(e) => Some(e),
         ClientError::IoError(e) => Some(e),
         _ => None,
-    };
+    }
+}
+
+fn transport_cause(error: &ClientError) -> Option<Cause> {
+    let mut next = inner(error);
     while let Some(e) = next {
         if let Some(h2) = e.downcast_ref::<h2::Error>() {
             if (h2.is_go_away() || h2.is_reset())

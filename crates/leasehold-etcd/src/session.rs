@@ -14,7 +14,7 @@ use tokio::sync::Mutex as AsyncMutex;
 use tokio::time::Instant;
 
 use crate::config::EtcdConfig;
-use crate::error::{CONNECT, RequestError, STORE, lease_gone, map_error};
+use crate::error::{CONNECT, RequestError, STORE, lease_gone, map_connect_error, map_error};
 use crate::store::Inner;
 
 /// An etcd lease held by this store.
@@ -313,10 +313,11 @@ pub(crate) async fn probe(config: &EtcdConfig, endpoint: &str, options: etcd_cli
     let asked = async {
         let mut client = Client::connect([endpoint], Some(options)).await?;
         let probe = GetOptions::new().with_count_only();
-        client.get(config.prefix.clone(), Some(probe)).await.map(drop)
+        // A key under the prefix: a role limited to `{prefix}/` may read it.
+        client.get(format!("{}/", config.prefix), Some(probe)).await.map(drop)
     };
     match tokio::time::timeout(config.timeout, asked).await {
-        Ok(answer) => answer.map_err(|e| map_error(CONNECT, endpoint, &e)),
+        Ok(answer) => answer.map_err(|e| map_connect_error(endpoint, config.cert.is_some(), &e)),
         Err(_) => Err(Error::Timeout {
             store: STORE,
             operation: CONNECT,

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use crate::changes::{Decision, Position};
 use crate::config::EtcdConfig;
-use crate::error::{CONNECT, STORE, lease_gone, map_error};
+use crate::error::{CONNECT, STORE, lease_gone, map_connect_error, map_error};
 use crate::record::{
     Keys, Snapshot, TTL_RANGE, candidate_value, end_term, ended_value, first_of, granted_value, kvs_of, last_of,
     released_value, reserved_value, revision, session_ttl_secs, started_value,
@@ -208,7 +208,7 @@ impl EtcdStore {
         let connecting = Client::connect(config.endpoints.clone(), Some(options));
         let client = match tokio::time::timeout(config.timeout, connecting).await {
             Ok(Ok(client)) => client,
-            Ok(Err(e)) => return Err(map_error(CONNECT, &endpoints, &e)),
+            Ok(Err(e)) => return Err(map_connect_error(&endpoints, config.cert.is_some(), &e)),
             Err(_) => {
                 return Err(Error::Timeout {
                     store: STORE,

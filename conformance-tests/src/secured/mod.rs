@@ -1,0 +1,177 @@
+//! The secured test servers (`scripts/services up etcd-tls postgres-tls redis-tls
+//! zookeeper-auth`, see `scripts/secured.bash`): what a backend's client must make of them.
+//!
+//! [`secured!`](crate::secured!) runs, per secured server, a small section of the suite:
+//! election, handover and failover over TLS with the least-privilege user; each wrong setting
+//! (CA, host, expired client certificate, password, privilege) refused at `connect` or at the
+//! first request with [`Error::Refused`](leasehold_core::Error::Refused) naming what to check,
+//! in one line; and no secret in any error, log line, `Debug` output or metric label.
+
+use std::sync::Arc;
+
+use crate::backend::Backend;
+
+pub mod capture;
+#[cfg(feature = "etcd")]
+mod etcd;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "redis")]
+mod redis;
+#[cfg(feature = "zookeeper")]
+mod zookeeper;
+
+#[cfg(feature = "etcd")]
+pub use etcd::etcd_tls;
+#[cfg(feature = "postgres")]
+pub use postgres::postgres_tls;
+#[cfg(feature = "redis")]
+pub use redis::redis_tls;
+#[cfg(feature = "zookeeper")]
+pub use zookeeper::zookeeper_auth;
+
+/// A secured server and what must be refused there.
+pub struct Secured {
+    /// Clients with TLS and the least-privilege user (faulty ones through the proxy).
+    pub backend: Arc<dyn Backend>,
+    /// What must show nowhere: the password (as written and as escaped in the URL) and the
+    /// body of the client's private key.
+    pub secrets: Vec<String>,
+    /// URLs each with one thing wrong.
+    pub refusals: Vec<Refusal>,
+}
+
+impl std::fmt::Debug for Secured {
+    /// The secrets and the URLs (which hold the password) do not show.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Secured")
+            .field("backend", &self.backend)
+            .field("refusals", &self.refusals)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for Refusal {
+    /// The URL (which may hold the password) does not show.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Refusal")
+            .field("what", &self.what)
+            .field("says", &self.says)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A URL with one thing wrong, and what its error must name.
+pub struct Refusal {
+    /// What is wrong, e.g. `"wrong CA"`.
+    pub what: &'static str,
+    /// The URL.
+    pub url: String,
+    /// A part of the error's one line, e.g. `"check ca="`.
+    pub says: &'static str,
+}
+
+/// The settings every TLS server shares: the good URL and the `LEASEHOLD_PKI_DIR`.
+pub(crate) struct Tls {
+    pub(crate) url: String,
+    pub(crate) pki: String,
+}
+
+impl Tls {
+    pub(crate) fn from_env(service: &str, url_var: &str) -> Option<Tls> {
+        let url = crate::backend::require_server(service, url_var)?;
+        let pki = crate::backend::configured_url("LEASEHOLD_PKI_DIR")?;
+        Some(Tls { url, pki })
+    }
+
+    /// The refusals of TLS itself: a CA that signed nothing here, a host the server's
+    /// certificate does not name (it names 127.0.0.1; the server also listens on 127.0.0.2),
+    /// a client certificate that has expired.
+    pub(crate) fn refusals(&self) -> Vec<Refusal> {
+        let pki = &self.pki;
+        vec![
+            Refusal {
+                what: "wrong CA",
+                url: self
+                    .url
+                    .replace(&format!("{pki}/ca.pem"), &format!("{pki}/other-ca.pem")),
+                says: "check ca=",
+            },
+            Refusal {
+                what: "wrong host",
+                url: self.url.replacen("127.0.0.1:", "127.0.0.2:", 1),
+                says: "not valid for the host",
+            },
+            Refusal {
+                what: "expired client certificate",
+                url: self
+                    .url
+                    .replace(&format!("{pki}/client.pem"), &format!("{pki}/expired.pem"))
+                    .replace(&format!("{pki}/client.key"), &format!("{pki}/expired.key")),
+                says: "check cert=",
+            },
+        ]
+    }
+
+    /// The body of the client's private key (its first base64 line): it must show nowhere.
+    pub(crate) fn key_body(&self) -> String {
+        let path = format!("{}/client.key", self.pki);
+        let pem = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        pem.lines()
+            .find(|l| !l.starts_with("-----") && !l.is_empty())
+            .unwrap_or_else(|| panic!("{path} has no body"))
+            .to_string()
+    }
+}
+
+/// The password's secrets: as written, and as the URL escapes it.
+pub(crate) fn password_secrets(password_var: &str) -> Option<Vec<String>> {
+    let password = crate::backend::configured_url(password_var)?;
+    let escaped = escape(&password);
+    Some(vec![password, escaped])
+}
+
+/// `@` and `/` escaped as in scripts/secured.bash.
+pub(crate) fn escape(password: &str) -> String {
+    password.replace('@', "%40").replace('/', "%2F")
+}
+
+/// Expands to a module `$name` with the secured section of the suite against
+/// [`secured::$name()`](crate::secured) (e.g. `secured!(etcd_tls)`): a handful of tests, short
+/// TTLs. Without the server each test skips (fails under `CI=true`).
+#[macro_export]
+macro_rules! secured {
+    ($name:ident $(,)?) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use $crate::__private::tokio;
+
+            fn secured() -> ::std::option::Option<$crate::secured::Secured> {
+                $crate::secured::$name()
+            }
+
+            $crate::__secured_tests! {
+                elected_over_tls: |s: $crate::secured::Secured| $crate::scenarios::acquire_release_reacquire(s.backend),
+                handover_over_tls: |s: $crate::secured::Secured| $crate::scenarios::graceful_release_fast_handover(s.backend),
+                failover_over_tls: |s: $crate::secured::Secured| $crate::scenarios::crash_successor_after_valid_until(s.backend),
+                refusals_name_what_to_check: |s: $crate::secured::Secured| $crate::scenarios::secured::refusals_name_what_to_check(s),
+                no_secret_in_errors_logs_debug_or_metrics: |s: $crate::secured::Secured| $crate::scenarios::secured::no_secret_in_errors_logs_debug_or_metrics(s),
+            }
+        }
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __secured_tests {
+    ($($test:ident: $run:expr),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $test() {
+            let Some(secured) = secured() else {
+                eprintln!("SKIPPED: {}::{}", module_path!(), stringify!($test));
+                return;
+            };
+            ($run)(secured).await;
+        }
+    )*};
+}
