@@ -38,6 +38,9 @@ const ALL_OPTIONS: &[&str] = &[
     "pool_size",
     "connect_timeout",
     "history_limit",
+    "ca",
+    "cert",
+    "key",
     "sslmode",
     "ssl-mode",
     "sslrootcert",
@@ -96,6 +99,7 @@ const DRIVER_OPTIONS: &[&str] = &[
 /// | `history_limit` | `1000` | terms kept per lease in the history table; `0` keeps all |
 /// | `sslmode` | `prefer` | `disable`, `allow`, `prefer`, `require`, `verify-ca`, `verify-full` (the last three need the `tls-rustls` feature) |
 /// | `sslrootcert`, `sslcert`, `sslkey` | | certificate files, as libpq |
+/// | `ca`, `cert`, `key` | | the same files in the spelling every leasehold backend shares (a private CA; a client certificate and its key) |
 /// | `application_name`, `options`, `host`, `hostaddr`, `port`, `dbname`, `user`, `password`, `statement-cache-capacity` | | as libpq and sqlx |
 ///
 /// Unknown and repeated options are rejected, naming them. As with libpq, `PGPASSWORD`, `PGSSLMODE` and the
@@ -203,6 +207,23 @@ impl PostgresConfig {
             };
             let Some(value) = value else { continue };
             check_driver_option(name, &value).map_err(|why| options.invalid(name, why))?;
+            driver.push(separator);
+            separator = '&';
+            driver.push_str(name);
+            driver.push('=');
+            driver.push_str(&percent_encode(&value));
+        }
+        // The spelling every leasehold backend shares for a private CA and a client certificate.
+        let mut aliases = Vec::new();
+        for (alias, name) in [("ca", "sslrootcert"), ("cert", "sslcert"), ("key", "sslkey")] {
+            if let Some(value) = options.string(alias) {
+                if driver.contains(&format!("?{name}=")) || driver.contains(&format!("&{name}=")) {
+                    return Err(options.invalid(alias, format!("{alias}= and {name}= say the same: give one")));
+                }
+                aliases.push((name, value));
+            }
+        }
+        for (name, value) in aliases {
             driver.push(separator);
             separator = '&';
             driver.push_str(name);
@@ -447,6 +468,21 @@ mod tests {
                 other => panic!("{url}: expected InvalidUrl, got {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn ca_cert_and_key_are_the_ssl_files() {
+        let config =
+            PostgresConfig::from_url("postgres://u:pw@h/db?ca=/a.pem&cert=/c.pem&key=/c.key&sslmode=disable").unwrap();
+        let driver = config.driver.expose();
+        assert!(
+            driver.contains("sslrootcert=%2Fa.pem")
+                && driver.contains("sslcert=%2Fc.pem")
+                && driver.contains("sslkey=%2Fc.key"),
+            "{driver}"
+        );
+        let err = PostgresConfig::from_url("postgres://h/db?ca=/a.pem&sslrootcert=/b.pem").unwrap_err();
+        assert!(err.to_string().contains("say the same"), "{err}");
     }
 
     #[cfg(not(feature = "tls-rustls"))]
