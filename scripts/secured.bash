@@ -357,6 +357,7 @@ status_redis-tls() {
 up_zookeeper-auth() {
 	local dir="$SERVICES_DIR/zookeeper-auth" t pw other
 	mkdir -p "$dir"
+	ensure_apt openssl
 	pw=$(secret_for "$dir" leasehold)
 	other=$(secret_for "$dir" intruder)
 	t=$(now_ms)
@@ -371,6 +372,16 @@ up_zookeeper-auth() {
 		down_zookeeper-auth
 		return 1
 	}
+	# The chroot belongs to `leasehold` alone (digest ACL cdrwa, nothing for anyone else): another
+	# identity (a wrong password is one) can neither read nor create under it. ZooKeeper's digest
+	# is base64(sha1("user:password")).
+	local digest
+	digest=$(printf 'leasehold:%s' "$pw" | openssl dgst -binary -sha1 | openssl base64)
+	java -Xmx64m -XX:+UseSerialGC -XX:-UsePerfData -Dlog4j.configuration="file:$dir/conf/log4j.properties" \
+		-Dzookeeper.root.logger=ERROR -cp "$(zk_classpath "$dir/conf")" org.apache.zookeeper.ZooKeeperMain \
+		-server "127.0.0.1:$ZK_AUTH_PORT" create /leasehold-tests "" "digest:leasehold:$digest:cdrwa" \
+		>"$dir/zkcli.log" 2>&1 </dev/null || grep -q 'Node already exists' "$dir/zkcli.log" ||
+		die "zookeeper-auth: cannot create /leasehold-tests (see $dir/zkcli.log)"
 	log "zookeeper-auth ready on 127.0.0.1:$ZK_AUTH_PORT in $(secs_since "$t") s"
 	# ZooKeeper's digest credential is user:password, so the password has no ':' (it has none).
 	write_fragment "$dir" <<-EOF

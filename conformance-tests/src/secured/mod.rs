@@ -72,11 +72,13 @@ pub struct Refusal {
 }
 
 /// The settings every TLS server shares: the good URL and the `LEASEHOLD_PKI_DIR`.
+#[cfg(any(feature = "etcd", feature = "postgres", feature = "redis"))]
 pub(crate) struct Tls {
     pub(crate) url: String,
     pub(crate) pki: String,
 }
 
+#[cfg(any(feature = "etcd", feature = "postgres", feature = "redis"))]
 impl Tls {
     pub(crate) fn from_env(service: &str, url_var: &str) -> Option<Tls> {
         let url = crate::backend::require_server(service, url_var)?;
@@ -151,9 +153,9 @@ macro_rules! secured {
             }
 
             $crate::__secured_tests! {
-                elected_over_tls: |s: $crate::secured::Secured| $crate::scenarios::acquire_release_reacquire(s.backend),
-                handover_over_tls: |s: $crate::secured::Secured| $crate::scenarios::graceful_release_fast_handover(s.backend),
-                failover_over_tls: |s: $crate::secured::Secured| $crate::scenarios::crash_successor_after_valid_until(s.backend),
+                elected_secured: |s: $crate::secured::Secured| $crate::scenarios::acquire_release_reacquire(s.backend),
+                handover_secured: |s: $crate::secured::Secured| $crate::scenarios::graceful_release_fast_handover(s.backend),
+                failover_secured: |s: $crate::secured::Secured| $crate::scenarios::crash_successor_after_valid_until(s.backend),
                 refusals_name_what_to_check: |s: $crate::secured::Secured| $crate::scenarios::secured::refusals_name_what_to_check(s),
                 no_secret_in_errors_logs_debug_or_metrics: |s: $crate::secured::Secured| $crate::scenarios::secured::no_secret_in_errors_logs_debug_or_metrics(s),
             }
