@@ -140,7 +140,7 @@ up_etcd-tls() {
 		down_etcd-tls
 		return 1
 	}
-	if ! etcd_tls_ctl --user "root:$root" auth status 2>/dev/null | grep -q 'Authentication Status: true'; then
+	if ! etcd_tls_ctl --user "root:$root" role get leasehold-rw >/dev/null 2>&1; then # auth not set up yet
 		{
 			etcd_tls_ctl user add root --new-user-password="$root" --interactive=false
 			etcd_tls_ctl user grant-role root root
@@ -333,8 +333,8 @@ up_redis-tls() {
 	local tls="ca=$PKI_DIR/ca.pem&cert=$PKI_DIR/client.pem&key=$PKI_DIR/client.key"
 	write_fragment "$dir" <<-EOF
 		$(pki_env)
-		LEASEHOLD_REDIS_TLS_URL=rediss://leasehold:$(url_escape "$pw")@127.0.0.1:$REDIS_TLS_PORT?$tls
-		LEASEHOLD_REDIS_TLS_READONLY_URL=rediss://leasehold-ro:$(url_escape "$ro")@127.0.0.1:$REDIS_TLS_PORT?$tls
+		LEASEHOLD_REDIS_TLS_URL=rediss://leasehold:$(url_escape "$pw")@127.0.0.1:$REDIS_TLS_PORT?prefix=leasehold-tests:&$tls
+		LEASEHOLD_REDIS_TLS_READONLY_URL=rediss://leasehold-ro:$(url_escape "$ro")@127.0.0.1:$REDIS_TLS_PORT?prefix=leasehold-tests:&$tls
 		LEASEHOLD_REDIS_TLS_PASSWORD=$pw
 		LEASEHOLD_REDIS_TLS_PID_FILE=$pidfile
 		LEASEHOLD_REDIS_TLS_LOG=$logfile

@@ -7,6 +7,7 @@
 
 use std::error::Error as StdError;
 use std::io;
+use std::sync::Arc;
 
 use rustls::{AlertDescription, CertificateError, Error as TlsError};
 
@@ -25,7 +26,11 @@ use rustls::{AlertDescription, CertificateError, Error as TlsError};
 /// ```
 pub fn refusal(error: &(dyn StdError + 'static)) -> Option<String> {
     let mut next = Some(error);
-    while let Some(e) = next {
+    while let Some(mut e) = next {
+        // A client that keeps its cause in an `Arc` (redis) hides the cause's type behind it.
+        if let Some(shared) = e.downcast_ref::<Arc<dyn StdError + Send + Sync>>() {
+            e = shared.as_ref();
+        }
         if let Some(tls) = e.downcast_ref::<TlsError>() {
             return Some(describe(tls));
         }

@@ -30,7 +30,16 @@ pub const DEFAULT_HISTORY_LIMIT: u32 = 1000;
 const MIN_TIMEOUT: Duration = Duration::from_millis(10);
 const MAX_TIMEOUT: Duration = Duration::from_secs(600);
 const MAX_PREFIX_LEN: usize = 64;
-const KNOWN_OPTIONS: &[&str] = &["prefix", "timeout", "history_limit", "restart_guard", "expiry_events"];
+const KNOWN_OPTIONS: &[&str] = &[
+    "prefix",
+    "timeout",
+    "history_limit",
+    "restart_guard",
+    "expiry_events",
+    "ca",
+    "cert",
+    "key",
+];
 
 /// How to reach a Redis server and how to lay out leasehold's keys on it.
 ///
@@ -86,6 +95,12 @@ pub struct RedisConfig {
     pub port: u16,
     /// Whether to connect with TLS (`rediss://`). Needs the `tls` feature.
     pub tls: bool,
+    /// A PEM file with the CA that signed the server's certificate (URL option `ca`; otherwise
+    /// the platform's roots). TLS only.
+    pub ca: Option<std::path::PathBuf>,
+    /// PEM files of a client certificate and its private key (URL options `cert` and `key`,
+    /// both or neither), for a server with `tls-auth-clients yes`. TLS only.
+    pub cert: Option<(std::path::PathBuf, std::path::PathBuf)>,
     /// The ACL user, if any (Redis 6 and later).
     pub username: Option<String>,
     /// The password, if any. Never printed.
@@ -222,6 +237,8 @@ impl RedisConfig {
             host: host.into(),
             port,
             tls: false,
+            ca: None,
+            cert: None,
             username: None,
             password: None,
             db: 0,
@@ -289,6 +306,19 @@ impl RedisConfig {
         if let Some(events) = options.parse::<ExpiryEvents>("expiry_events")? {
             config.expiry_events = events;
         }
+        let file = |options: &mut leasehold_core::config::Options<'_>, name: &'static str| -> Result<_> {
+            match options.string(name) {
+                Some(path) if path.is_empty() => Err(options.invalid(name, "expected a file path")),
+                Some(_) if !tls => Err(options.invalid(name, "TLS files need a rediss:// URL")),
+                other => Ok(other.map(std::path::PathBuf::from)),
+            }
+        };
+        config.ca = file(&mut options, "ca")?;
+        config.cert = match (file(&mut options, "cert")?, file(&mut options, "key")?) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => return Err(url.invalid("a client certificate needs both cert= and key=")),
+        };
         options.finish()?;
         config.validate().map_err(|e| match e {
             Error::InvalidConfig { field, value, allowed } => {
@@ -388,7 +418,19 @@ impl fmt::Display for RedisConfig {
             self.history_limit,
             self.restart_guard,
             self.expiry_events
-        )
+        )?;
+        if let Some(ca) = &self.ca {
+            write!(f, "&ca={}", percent_encode(&ca.display().to_string()))?;
+        }
+        if let Some((cert, key)) = &self.cert {
+            write!(
+                f,
+                "&cert={}&key={}",
+                percent_encode(&cert.display().to_string()),
+                percent_encode(&key.display().to_string())
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -532,6 +574,23 @@ mod tests {
         }
         let long = format!("redis://h?prefix={}", "x".repeat(65));
         assert!(RedisConfig::from_url(&long).is_err());
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn ca_cert_and_key_are_tls_files() {
+        let c: RedisConfig = "rediss://u@h:1?ca=/ca.pem&cert=/c.pem&key=/c.key".parse().unwrap();
+        assert_eq!(c.ca.as_deref(), Some("/ca.pem".as_ref()));
+        assert_eq!(c.cert, Some(("/c.pem".into(), "/c.key".into())));
+        assert_eq!(c.to_string().parse::<RedisConfig>().unwrap(), c);
+        for (url, says) in [
+            ("redis://h?ca=/ca.pem", "rediss://"),
+            ("rediss://h?cert=/c.pem", "both cert= and key="),
+            ("rediss://h?ca=", "file path"),
+        ] {
+            let err = url.parse::<RedisConfig>().unwrap_err();
+            assert!(err.to_string().contains(says), "{url}: {err}");
+        }
     }
 
     #[test]

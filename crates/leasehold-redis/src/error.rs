@@ -123,6 +123,11 @@ pub(crate) fn describe(error: &redis::RedisError) -> String {
 /// answer in another protocol to `connect`. Everything else (a read-only replica, out of
 /// memory, a script error) is definite.
 pub(crate) fn map(error: redis::RedisError, operation: &'static str) -> Error {
+    // A failed TLS handshake: the same handshake fails again.
+    #[cfg(feature = "tls")]
+    if let Some(why) = leasehold_core::tls::refusal(&error) {
+        return Error::refused(STORE, operation, why);
+    }
     let refused = |what: &str| Error::refused(STORE, operation, format!("{}: {what}", describe(&error)));
     if matches!(error.kind(), ErrorKind::AuthenticationFailed) || matches!(error.code(), Some("WRONGPASS" | "NOAUTH")) {
         return Error::refused(

@@ -150,7 +150,7 @@ impl RedisStore {
     /// [`Error::InvalidConfig`] for a field out of range.
     pub fn lazy(config: RedisConfig) -> Result<Self> {
         config.validate()?;
-        let client = redis::Client::open(connection_info(&config)).map_err(|e| error::map(e, "connect"))?;
+        let client = client(&config)?;
         let commands = Commands::new(client.clone(), config.timeout)?;
         let hub = Hub::new(client, config.timeout, config.expiry_events, config.db, &config.prefix);
         Ok(RedisStore {
@@ -283,6 +283,31 @@ impl RedisStore {
         ];
         self.inner.commands.eval(operation, script, &keys, args).await
     }
+}
+
+/// The client: with a private CA or a client certificate when the URL names them.
+fn client(config: &RedisConfig) -> Result<redis::Client> {
+    #[cfg(feature = "tls")]
+    if config.tls && (config.ca.is_some() || config.cert.is_some()) {
+        let read = |what: &str, path: &std::path::Path| {
+            std::fs::read(path).map_err(|e| Error::InvalidUrl {
+                url: config.redacted_url(),
+                reason: format!("cannot read the {what} file {}: {}", path.display(), e.kind()),
+            })
+        };
+        let root_cert = config.ca.as_deref().map(|ca| read("ca", ca)).transpose()?;
+        let client_tls = match &config.cert {
+            Some((cert, key)) => Some(redis::ClientTlsConfig {
+                client_cert: read("cert", cert)?,
+                client_key: read("key", key)?,
+            }),
+            None => None,
+        };
+        let certificates = redis::TlsCertificates { client_tls, root_cert };
+        return redis::Client::build_with_tls(connection_info(config), certificates)
+            .map_err(|e| error::map(e, "connect"));
+    }
+    redis::Client::open(connection_info(config)).map_err(|e| error::map(e, "connect"))
 }
 
 fn connection_info(config: &RedisConfig) -> redis::ConnectionInfo {
