@@ -1,0 +1,91 @@
+//! The operator surface against a secured store (`scripts/services up etcd-tls`): etcd over TLS
+//! with client certificates and RBAC. A read-only role (`leasehold-ro`, read on the prefix) can
+//! `status` and `watch`; `break` needs the write privilege and is refused with exit 6 and one
+//! line naming what to check; no password shows in any output.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use support::{Store, bin, fresh_lease, one_error_line, stdout, wait_for};
+
+/// `VAR` from the environment or from `target/services/env` (what `scripts/services up` writes).
+fn configured(var: &str) -> Option<String> {
+    if let Some(value) = std::env::var(var).ok().filter(|v| !v.is_empty()) {
+        return Some(value);
+    }
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/services/env");
+    let text = std::fs::read_to_string(file).ok()?;
+    text.lines()
+        .find_map(|line| line.strip_prefix(var)?.strip_prefix('=').map(str::to_string))
+}
+
+fn etcd_tls() -> Option<(String, String, String)> {
+    let found = (
+        configured("LEASEHOLD_ETCD_TLS_URL"),
+        configured("LEASEHOLD_ETCD_TLS_READONLY_URL"),
+        configured("LEASEHOLD_ETCD_TLS_PASSWORD"),
+    );
+    match found {
+        (Some(rw), Some(ro), Some(password)) => Some((rw, ro, password)),
+        _ if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") => {
+            panic!("etcd-tls is not up under CI=true: `scripts/services up etcd-tls`")
+        }
+        _ => {
+            eprintln!("SKIPPED: etcd-tls is not up (`eval \"$(scripts/services up etcd-tls)\"`)");
+            None
+        }
+    }
+}
+
+#[test]
+fn a_read_only_role_can_look_but_not_break() {
+    let Some((rw, ro, password)) = etcd_tls() else { return };
+    let holder = Store::at(&rw);
+    let lease = fresh_lease("secured");
+    let path = holder.path("ledger");
+    let script = format!("echo \"$LEASEHOLD_TERM $$\" >> '{}'; exec sleep 60", path.display());
+    let _run = holder.spawn_run(
+        "holder",
+        &["--lease", &lease, "--id", "holder", "--ttl", "2s", "--", "sh", "-c", &script],
+    );
+    wait_for(Duration::from_secs(15), || path.exists()).expect("the holder's command starts");
+
+    let reader = Store::at(&ro);
+    let output = reader.leasehold(&["status", &lease]);
+    assert!(output.status.success(), "status with the read-only role: {output:?}");
+    let table = stdout(&output);
+    assert!(table.contains("held") && table.contains("holder"), "{table}");
+
+    let mut watch = Command::new(bin())
+        .args(["--store", &ro, "watch", &lease, "--interval", "100ms"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, lines) = mpsc::channel();
+    let out = watch.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let first = lines.recv_timeout(Duration::from_secs(10)).expect("watch prints the leader");
+    assert!(first.contains("holder"), "{first}");
+    watch.kill().unwrap();
+    watch.wait().unwrap();
+
+    let output = reader.leasehold(&["break", &lease]);
+    assert_eq!(output.status.code(), Some(6), "break with the read-only role: {output:?}");
+    let line = one_error_line(&output);
+    assert!(line.contains("refused") && line.contains("role"), "{line}");
+    for text in [line, table, first] {
+        assert!(!text.contains(&password), "the password shows: {text}");
+    }
+    // The lease is untouched: still held by the holder.
+    let output = holder.leasehold(&["status", &lease]);
+    assert!(stdout(&output).contains("holder"), "{output:?}");
+}
