@@ -68,7 +68,7 @@ pub(crate) fn map_error(operation: &'static str, endpoints: &str, error: &Client
 /// client sees an alert in an I/O error, or just a closed connection) is the server rejecting
 /// that certificate, and permanent.
 pub(crate) fn map_connect_error(endpoints: &str, client_cert: bool, error: &ClientError) -> Error {
-    let (meaning, text) = describe(CONNECT, endpoints, error);
+    let (meaning, _) = describe(CONNECT, endpoints, error);
     let ended = match error {
         ClientError::GRpcStatus(status) => matches!(status.code(), Code::Cancelled | Code::Unknown),
         _ => matches!(transport_cause(error), Some(Cause::Io(io::ErrorKind::InvalidData))),
