@@ -50,7 +50,9 @@ fn a_read_only_role_can_look_but_not_break() {
     let script = format!("echo \"$LEASEHOLD_TERM $$\" >> '{}'; exec sleep 60", path.display());
     let _run = holder.spawn_run(
         "holder",
-        &["--lease", &lease, "--id", "holder", "--ttl", "2s", "--", "sh", "-c", &script],
+        &[
+            "--lease", &lease, "--id", "holder", "--ttl", "2s", "--", "sh", "-c", &script,
+        ],
     );
     wait_for(Duration::from_secs(15), || path.exists()).expect("the holder's command starts");
 
@@ -73,13 +75,19 @@ fn a_read_only_role_can_look_but_not_break() {
             let _ = tx.send(line);
         }
     });
-    let first = lines.recv_timeout(Duration::from_secs(10)).expect("watch prints the leader");
+    let first = lines
+        .recv_timeout(Duration::from_secs(10))
+        .expect("watch prints the leader");
     assert!(first.contains("holder"), "{first}");
     watch.kill().unwrap();
     watch.wait().unwrap();
 
     let output = reader.leasehold(&["break", &lease]);
-    assert_eq!(output.status.code(), Some(6), "break with the read-only role: {output:?}");
+    assert_eq!(
+        output.status.code(),
+        Some(6),
+        "break with the read-only role: {output:?}"
+    );
     let line = one_error_line(&output);
     assert!(line.contains("refused") && line.contains("role"), "{line}");
     for text in [line, table, first] {
