@@ -97,3 +97,34 @@ fn a_read_only_role_can_look_but_not_break() {
     let output = holder.leasehold(&["status", &lease]);
     assert!(stdout(&output).contains("holder"), "{output:?}");
 }
+
+/// The binary has TLS for every backend that has it as a feature: `status` reaches etcd, Postgres
+/// (`sslmode=verify-full`) and Redis (`rediss://`) with a private CA and a client certificate,
+/// and a wrong CA exits 6 with one line naming `ca=`.
+#[test]
+fn tls_reaches_every_secured_store() {
+    let mut tried = 0;
+    for var in [
+        "LEASEHOLD_ETCD_TLS_URL",
+        "LEASEHOLD_POSTGRES_TLS_URL",
+        "LEASEHOLD_REDIS_TLS_URL",
+    ] {
+        let Some(url) = configured(var) else {
+            eprintln!("SKIPPED: {var} is not set");
+            continue;
+        };
+        tried += 1;
+        let lease = fresh_lease("tls");
+        let output = Store::at(&url).leasehold(&["status", &lease]);
+        assert!(output.status.success(), "{var}: {output:?}");
+        assert!(stdout(&output).contains("free"), "{var}: {output:?}");
+        let wrong = url.replace("/ca.pem", "/other-ca.pem");
+        let output = Store::at(&wrong).leasehold(&["status", &lease]);
+        assert_eq!(output.status.code(), Some(6), "{var} with a wrong CA: {output:?}");
+        let line = one_error_line(&output);
+        assert!(line.contains("check ca="), "{var}: {line}");
+    }
+    if tried == 0 && std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+        panic!("no secured store is up under CI=true");
+    }
+}

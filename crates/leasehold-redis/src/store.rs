@@ -287,6 +287,15 @@ impl RedisStore {
 
 /// The client: with a private CA or a client certificate when the URL names them.
 fn client(config: &RedisConfig) -> Result<redis::Client> {
+    // The redis client builds its rustls config from the process's default crypto provider,
+    // which rustls cannot pick by itself when the binary links two (the AWS SDK brings
+    // aws-lc-rs): seen as a panic on the first `rediss://` request of the `leasehold` CLI.
+    // Install ring (this crate's) unless the program chose one.
+    #[cfg(feature = "tls")]
+    if config.tls && rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Err: another thread installed one meanwhile, which is as good.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
     #[cfg(feature = "tls")]
     if config.tls && (config.ca.is_some() || config.cert.is_some()) {
         let read = |what: &str, path: &std::path::Path| {
