@@ -1,4 +1,4 @@
-//! The secured section (see [`secured`](crate::secured)): refusals that name what to check, and
+//! The secured section (see [`secured`](mod@crate::secured)): refusals that name what to check, and
 //! a scan for secrets in everything the process shows.
 
 use std::error::Error as _;

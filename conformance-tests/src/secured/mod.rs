@@ -139,7 +139,7 @@ pub(crate) fn escape(password: &str) -> String {
 }
 
 /// Expands to a module `$name` with the secured section of the suite against
-/// [`secured::$name()`](crate::secured) (e.g. `secured!(etcd_tls)`): a handful of tests, short
+/// `secured::$name()` (see [`secured`](mod@crate::secured); e.g. `secured!(etcd_tls)`): a handful of tests, short
 /// TTLs. Without the server each test skips (fails under `CI=true`).
 #[macro_export]
 macro_rules! secured {
