@@ -316,7 +316,9 @@ impl Notifier {
             })
             .await?;
         Ok(rx.map(|rx| {
-            futures::stream::unfold(rx, |mut rx| async move { rx.changed().await.ok().map(|()| ((), rx)) }).boxed()
+            leasehold_core::notifications(futures::stream::unfold(rx, |mut rx| async move {
+                rx.changed().await.ok().map(|()| ((), rx))
+            }))
         }))
     }
 
