@@ -63,9 +63,11 @@ struct Waiter {
     position: watch::Receiver<Option<Position>>,
     /// The watch on the reservation key, while waiting.
     reservation: Option<Box<WatchStream>>,
-    /// The predecessor watch, for the position it was set up for, and the predecessor's
-    /// create_revision.
-    watch: Option<Box<(WatchStream, Position, i64)>>,
+    /// The predecessor watch, for the position it was set up for.
+    watch: Option<Box<(WatchStream, Position)>>,
+    /// The predecessor last watched at a position (its create_revision), kept after it went:
+    /// its release marker, seen later on the store's announcement watch, is still our turn.
+    behind: Option<(Position, i64)>,
     /// The position for which "first" was said, so that it is said once.
     announced: Option<Position>,
     tick: Option<(tokio::time::Interval, i64)>,
@@ -86,6 +88,7 @@ pub(crate) fn changes(
         position,
         reservation: None,
         watch: None,
+        behind: None,
         announced: None,
         tick: None,
         released: None,
@@ -146,7 +149,14 @@ impl Waiter {
                 // Boxed: the look-up's etcd futures are large, and a stream's state lives as
                 // long as its candidate (10,000 leaders would otherwise hold ~44 KB each).
                 match Box::pin(self.look(p)).await {
-                    Ok(true) => return Some(Some(Change::Changed)),
+                    Ok(true) => {
+                        // First: by our last predecessor's release (its marker already seen on
+                        // the announcement watch), or otherwise (the engine asks).
+                        return Some(Some(match self.predecessor(p).filter(|r| self.marker_seen(*r)) {
+                            Some(predecessor) => Box::pin(self.turn(p, predecessor)).await,
+                            None => Change::Changed,
+                        }));
+                    }
                     Ok(false) => {}
                     Err(e) => {
                         tracing::debug!(error = %e, "etcd change stream ends; the engine polls");
@@ -163,9 +173,7 @@ impl Waiter {
                     if changed.is_err() {
                         // The store's announcement watch ended: looked for again next time.
                         self.released = None;
-                    } else if let Some(predecessor) = self.predecessor(p)
-                        && self.released.as_ref().is_some_and(|r| *r.borrow() == Some(predecessor))
-                    {
+                    } else if let Some(predecessor) = self.predecessor(p).filter(|r| self.marker_seen(*r)) {
                         // Our predecessor was released while first (its key's deletion, at the
                         // same revision, may come on the other watch later).
                         return Some(Some(Box::pin(self.turn(p, predecessor)).await));
@@ -222,9 +230,14 @@ impl Waiter {
         }
     }
 
-    /// The predecessor this stream watches at `p`, if it does.
+    /// The predecessor this stream watches, or last watched, at `p`.
     fn predecessor(&self, p: Position) -> Option<i64> {
-        self.watch.as_ref().filter(|w| w.1 == p).map(|w| w.2)
+        self.behind.filter(|b| b.0 == p).map(|b| b.1)
+    }
+
+    /// Whether the store's announcement watch saw the release marker naming `predecessor`.
+    fn marker_seen(&self, predecessor: i64) -> bool {
+        self.released.as_ref().is_some_and(|r| *r.borrow() == Some(predecessor))
     }
 
     /// A message of the predecessor's watch stream (which also watches `granted`): the change
@@ -250,7 +263,7 @@ impl Waiter {
         }
         self.watch = None;
         self.announced = Some(p);
-        marker = marker || self.released.as_ref().is_some_and(|r| *r.borrow() == Some(predecessor));
+        marker = marker || self.marker_seen(predecessor);
         Some(if marker {
             self.turn(p, predecessor).await
         } else {
@@ -264,14 +277,18 @@ impl Waiter {
     /// compared it, and only a holder hands over). Our key is then taken only by its session's
     /// expiry (or by this candidate, or an operator's break), and etcd keeps the session at
     /// least its TTL from a moment after its last confirmed keepalive was sent: the turn is
-    /// valid from that send. [`Change::Changed`] when the session is another one by now, or the
+    /// valid from that send (or from the start of a one-shot grant of the key that may still
+    /// bind it to a lease of its own, if earlier). [`Change::Changed`] when the session is another one by now, or the
     /// store has begun to delete our key.
     async fn turn(&mut self, p: Position, predecessor: i64) -> Change {
         self.announced = Some(p);
-        let Some(valid_from) = self.inner.confirmed_since(p.ttl_secs, p.lease).await else {
+        let Some(mut valid_from) = self.inner.confirmed_since(p.ttl_secs, p.lease).await else {
             return Change::Changed;
         };
         let own = self.keys.candidate(&self.candidate);
+        if let Some(began) = self.inner.one_shot_began(&own, p) {
+            valid_from = valid_from.min(began);
+        }
         let Some(grant) = self.inner.take_turn(&self.keys, &own, &self.candidate, p) else {
             return Change::Changed;
         };
@@ -353,7 +370,10 @@ impl Waiter {
         .await?;
         let revision = predecessor.header().map_or(0, etcd_client::ResponseHeader::revision);
         let Some(kv) = predecessor.kvs().first() else {
-            let news = self.announced != Some(position);
+            // First. Said once, unless our last predecessor's release marker has been seen since
+            // (then it is our turn, see `Waiter::next_while_waiting`).
+            let released = self.predecessor(position).is_some_and(|r| self.marker_seen(r));
+            let news = self.announced != Some(position) || released;
             self.announced = Some(position);
             return Ok(news);
         };
@@ -382,7 +402,8 @@ impl Waiter {
                 .await
         })
         .await?;
-        self.watch = Some(Box::new((watch, position, predecessor_rev)));
+        self.watch = Some(Box::new((watch, position)));
+        self.behind = Some((position, predecessor_rev));
         Ok(false)
     }
 

@@ -268,6 +268,19 @@ impl Inner {
         self.current.lock().expect("current lock").remove(&ttl_secs);
     }
 
+    /// Refreshes a lease of one grant (see `EtcdStore::grant_in_one_shot`); `false` when it is
+    /// gone. Its keepalive is sent after the caller began.
+    pub(crate) async fn keep_private_alive(&self, id: i64) -> Result<bool> {
+        let mut client = self.client();
+        let kept = self
+            .call_unless_lease_gone("lease keepalive", async move { client.lease_keep_alive(id).await })
+            .await?;
+        if kept.is_none() {
+            self.private.lock().expect("private lock").remove(&id);
+        }
+        Ok(kept.is_some())
+    }
+
     /// Forgets a session that etcd no longer knows.
     pub(crate) async fn forget_session(&self, ttl_secs: i64, id: i64) {
         let slot = self.slot(ttl_secs);

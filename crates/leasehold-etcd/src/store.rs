@@ -1,13 +1,14 @@
 //! The [`LeaseStore`] over etcd: a session lease per process, candidate keys queued by
 //! `create_revision`, terms fenced by that revision.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{Client, Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Client, Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
+use futures::stream::{FuturesUnordered, StreamExt};
 use leasehold_core::{
     AcquireRequest, Acquired, Announcements, CandidateId, Capabilities, Changes, EndReason, Error, Expiry, Grant,
     LeaseName, LeaseStore, Notifications, Observation, Renewed, Result, Term, Transition,
@@ -17,16 +18,40 @@ use tokio::time::Instant;
 
 use crate::changes::Position;
 use crate::config::EtcdConfig;
-use crate::error::{CONNECT, STORE, map_error};
+use crate::error::{CONNECT, STORE, lease_gone, map_error};
 use crate::record::{
     Keys, Snapshot, TTL_RANGE, candidate_value, end_term, ended_value, first_of, granted_value, kvs_of, last_of,
     released_value, reserved_value, revision, session_ttl_secs, started_value,
 };
 use crate::session::{self, Session};
 
+/// When a one-shot grant's transaction is sent again while the grant of its lease is unanswered,
+/// counted from the first copy (see `EtcdStore::grant_in_one_shot`).
+const ONE_SHOT_RESENDS: [Duration; 4] = [
+    Duration::from_millis(10),
+    Duration::from_millis(30),
+    Duration::from_millis(80),
+    Duration::from_millis(200),
+];
+
 /// At most this many failed deletions are kept to be sent again (see [`Inner::leave`]); the
 /// oldest goes first (its key has most likely gone with its session meanwhile).
 const MAX_LEFT: usize = 1024;
+
+/// How long after a one-shot grant began one of its copies may still apply: its private lease
+/// (granted no earlier, for `ttl_secs`) has expired by then, with etcd's revocation lag and a
+/// margin (the entry in `Inner::one_shots` is kept that long, also after the key was withdrawn).
+fn one_shot_reach(ttl_secs: i64) -> Duration {
+    Duration::from_secs(u64::try_from(ttl_secs).unwrap_or(1).max(1) * 2 + 1)
+}
+
+/// Whether a one-shot grant's transaction that failed its compare found the key bound to that
+/// very grant's lease: an earlier copy of it applied.
+fn applied_before(resp: &TxnResponse, rev: i64, private: i64) -> bool {
+    kvs_of(&resp.op_responses(), 0)
+        .first()
+        .is_some_and(|kv| kv.create_revision() == rev && kv.lease() == private)
+}
 
 /// A lease store on an etcd cluster.
 ///
@@ -116,6 +141,12 @@ pub(crate) struct Inner {
     pub(crate) current: Mutex<HashMap<i64, i64>>,
     /// Where each candidate key of this process stands, for its change stream.
     positions: Mutex<HashMap<String, Place>>,
+    /// etcd leases granted for one grant each (see `EtcdStore::grant_in_one_shot`).
+    pub(crate) private: Mutex<HashSet<i64>>,
+    /// Per candidate key: the position of its latest one-shot grant, and when the first one for
+    /// that position began (a turn of that key counts from no later, see
+    /// `Inner::one_shot_began`).
+    one_shots: Mutex<HashMap<String, (Position, Instant)>>,
     /// One watch per followed lease, shared by its followers in this store (see `announce`).
     pub(crate) announcers: Mutex<HashMap<LeaseName, crate::announce::Announcer>>,
     /// Deletions of candidate keys of this store that failed (a release, hand-over or
@@ -193,6 +224,8 @@ impl EtcdStore {
                 sessions: Mutex::default(),
                 current: Mutex::default(),
                 positions: Mutex::default(),
+                private: Mutex::default(),
+                one_shots: Mutex::default(),
                 announcers: Mutex::default(),
                 left: Mutex::default(),
                 resending: Arc::default(),
@@ -203,6 +236,155 @@ impl EtcdStore {
     /// The configuration (its `Debug` and `Display` redact the password).
     pub fn config(&self) -> &EtcdConfig {
         &self.inner.config
+    }
+
+    /// Grants a queued candidate that has become first in one transaction, needing no answer
+    /// to any earlier request: so that it works even when replies are lost (the engine then
+    /// settles the outcome by reading back).
+    ///
+    /// The promise needs the key to live a TTL from a moment after the request began. Instead of
+    /// a confirmed keepalive of the shared session, the transaction binds the key to a fresh etcd
+    /// lease, granted (with an id chosen here) as this request begins: if the transaction
+    /// applies, that lease exists, and it was granted after this request began.
+    ///
+    /// etcd does not apply two requests in the order they were sent: the transaction often
+    /// arrives before its lease exists and fails ("lease not found"; measured here in 35-58% of
+    /// single tries). So it is sent again: once the lease grant is confirmed (then it finds the
+    /// lease), and, while the grant's answer has not come (replies may be lost), a few times in
+    /// the first fraction of a second without waiting for any answer. Each copy is the same
+    /// compare-and-set on the key's place and the term's history key, so at most one applies;
+    /// a copy that finds the key already bound to this request's lease knows an earlier copy
+    /// applied. `None`: not first, or the fresh lease could not be granted; the caller takes
+    /// the ordinary path.
+    async fn grant_in_one_shot(
+        &self,
+        keys: &Keys,
+        own: &str,
+        request: &AcquireRequest,
+        position: Position,
+    ) -> Result<Option<Grant>> {
+        let inner = &self.inner;
+        let private = i64::try_from(leasehold_core::random_u64() >> 2).unwrap_or(1).max(1);
+        inner.private.lock().expect("private lock").insert(private);
+        let ttl_secs = position.ttl_secs;
+        let begun = Instant::now();
+        // A copy of this transaction may apply at any later moment (copies left unanswered,
+        // or a dropped call), rebinding the key to the fresh lease: a grant on release of this
+        // key counts from no later than now (see `Inner::one_shot_began`).
+        inner
+            .one_shots
+            .lock()
+            .expect("one-shots lock")
+            .entry(own.to_string())
+            .and_modify(|(p, at)| {
+                if p.rev != position.rev || begun.saturating_duration_since(*at) >= one_shot_reach(p.ttl_secs) {
+                    (*p, *at) = (position, begun);
+                }
+            })
+            .or_insert((position, begun));
+        // Spawned: the lease must be granted even if this call is dropped with copies of the
+        // transaction under way.
+        let mut lease_grant = {
+            let inner = inner.clone();
+            tokio::spawn(async move {
+                let mut client = inner.client();
+                let options = etcd_client::LeaseGrantOptions::new().with_id(private);
+                let limit = inner.config.timeout;
+                inner
+                    .call_shared("lease grant", limit, async move {
+                        client.lease_grant(ttl_secs, Some(options)).await
+                    })
+                    .await
+            })
+        };
+        let rev = position.rev;
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(own.to_string(), CompareOp::Equal, rev),
+                // Every candidate key was created at or after ours: we are first.
+                Compare::create_revision(keys.candidates(), CompareOp::Greater, rev - 1).with_prefix(),
+                Compare::create_revision(keys.started(rev), CompareOp::Equal, 0),
+                // A handed-over lease goes to its successor only (see `acquire`).
+                Compare::create_revision(keys.reserved(), CompareOp::Equal, 0),
+            ])
+            .and_then([
+                TxnOp::put(
+                    own.to_string(),
+                    candidate_value(request.ttl),
+                    Some(PutOptions::new().with_lease(private)),
+                ),
+                TxnOp::put(keys.started(rev), started_value(&request.candidate), None),
+                TxnOp::put(
+                    keys.granted(),
+                    granted_value(rev, request.ttl, &request.candidate),
+                    None,
+                ),
+            ])
+            .or_else([TxnOp::get(own.to_string(), None)]);
+        let send = || {
+            let mut client = inner.kv();
+            let txn = txn.clone();
+            async move { client.txn(txn).await }
+        };
+        let mut answers = FuturesUnordered::new();
+        answers.push(send());
+        let mut resends = ONE_SHOT_RESENDS.iter().map(|after| begun + *after);
+        let mut next_resend = resends.next();
+        // `None` while the lease grant is unanswered; then whether etcd confirmed it.
+        let mut lease: Option<bool> = None;
+        // A copy answered that the lease was not there (yet).
+        let mut not_yet = false;
+        // A copy was sent after etcd confirmed the lease: it finds the lease unless it is gone.
+        let mut sent_after_grant = false;
+        let granted = loop {
+            tokio::select! {
+                Some(answer) = answers.next() => match answer {
+                    Ok(resp) => break resp.succeeded() || applied_before(&resp, rev, private),
+                    Err(e) if lease_gone(&e) => {
+                        not_yet = true;
+                        if lease == Some(true) && !sent_after_grant {
+                            sent_after_grant = true;
+                            answers.push(send());
+                        } else if lease.is_some() && answers.is_empty() {
+                            return Ok(None);
+                        }
+                    }
+                    Err(e) => return Err(map_error("acquire (grant)", &inner.endpoints, &e)),
+                },
+                joined = &mut lease_grant, if lease.is_none() => {
+                    let confirmed = matches!(joined, Ok(Ok(Some(_))));
+                    lease = Some(confirmed);
+                    next_resend = None;
+                    if confirmed && (not_yet || answers.is_empty()) {
+                        sent_after_grant = true;
+                        answers.push(send());
+                    } else if answers.is_empty() {
+                        return Ok(None);
+                    }
+                },
+                () = tokio::time::sleep_until(next_resend.unwrap_or(begun)), if next_resend.is_some() => {
+                    answers.push(send());
+                    next_resend = resends.next();
+                },
+                else => return Ok(None),
+            }
+        };
+        if !granted {
+            return Ok(None);
+        }
+        let position = Position {
+            lease: private,
+            granted: true,
+            ..position
+        };
+        inner.publish(own, Some(position));
+        Ok(Some(Grant {
+            lease: request.lease.clone(),
+            holder: request.candidate.clone(),
+            term: Term(u64::try_from(rev).unwrap_or(0)),
+            ttl: request.ttl,
+            token: rev.to_string(),
+        }))
     }
 
     /// Takes the candidate's place in the queue (a key already there stays, with its place) and
@@ -248,13 +430,40 @@ impl EtcdStore {
             let me = keys.parse_candidate(kv)?;
             (me.rev, me.lease)
         };
+        let private = inner.private.lock().expect("private lock").contains(&lease);
         Ok(Queued {
             session,
             snapshot,
             rev,
             lease,
+            private,
             retired: rev <= retired_before,
         })
+    }
+
+    /// Renews a grant whose key is bound to its own etcd lease: a keepalive of that lease (sent
+    /// after the renewal began), then the key is checked.
+    async fn renew_private(&self, grant: &Grant, keys: &Keys, lease: i64) -> Result<Renewed> {
+        let inner = &self.inner;
+        if inner.keep_private_alive(lease).await? {
+            let own_key = keys.candidate(&grant.holder);
+            let own = inner.get("renew", own_key.clone(), None).await?;
+            if let Some(kv) = own.kvs().first() {
+                let me = keys.parse_candidate(kv)?;
+                if me.lease == lease && me.term() == grant.term {
+                    let ttl_secs = session_ttl_secs(grant.ttl);
+                    let position = Position {
+                        rev: me.rev,
+                        lease,
+                        ttl_secs,
+                        granted: true,
+                    };
+                    inner.publish(&own_key, Some(position));
+                    return Ok(Renewed::Renewed(grant.clone()));
+                }
+            }
+        }
+        Ok(Renewed::Lost(self.inspect(&grant.lease).await?))
     }
 
     /// The candidate keys queued ahead of revision `rev`, with their create_revisions. A
@@ -414,6 +623,18 @@ impl Inner {
                 token: rev.to_string(),
             })
         })
+    }
+
+    /// When a one-shot grant of `own` at `position` began, if one may still apply: a copy left
+    /// unanswered may bind the key to its own lease, granted after that one-shot began, at any
+    /// later moment (also once a release has made the key first): a turn of that key counts from
+    /// no later than this.
+    pub(crate) fn one_shot_began(&self, own: &str, position: Position) -> Option<Instant> {
+        let one_shots = self.one_shots.lock().expect("one-shots lock");
+        one_shots
+            .get(own)
+            .filter(|(p, began)| p.rev == position.rev && began.elapsed() < one_shot_reach(p.ttl_secs))
+            .map(|(_, began)| *began)
     }
 
     /// Writes the records of the turn of `own` at `term` (its history entry and its
@@ -578,6 +799,8 @@ struct Queued {
     rev: i64,
     /// The etcd lease the key is bound to.
     lease: i64,
+    /// Whether that lease is one of a one-shot grant.
+    private: bool,
     /// Whether this store had begun to delete the key before the acquire began (see
     /// `Inner::retire`): a deletion that failed or whose outcome is unknown, its key still there.
     retired: bool,
@@ -590,7 +813,7 @@ impl Queued {
     /// granted before means that leadership ended (the engine asks again only then). Either
     /// must go, and the candidate queue afresh with a new term.
     fn is_stale(&self) -> bool {
-        let foreign = self.lease != self.session;
+        let foreign = self.lease != self.session && !self.private;
         foreign || self.retired || self.granted_before()
     }
 
@@ -642,6 +865,12 @@ impl LeaseStore for EtcdStore {
             p.acquires += 1;
             p.asked = request.ttl;
         });
+        let queued = (*inner.position(&own).borrow()).filter(|p| !p.granted && p.ttl_secs == ttl_secs);
+        if let Some(position) = queued
+            && let Some(grant) = self.grant_in_one_shot(&keys, &own, request, position).await?
+        {
+            return Ok(Acquired::Granted(grant));
+        }
         let mut queued = self.enqueue(&keys, &own, request).await?;
         if !queued.retired && queued.rev <= inner.retired(&own) {
             // This store began to delete the key while this acquire read it: a withdrawal (as
@@ -726,7 +955,11 @@ impl LeaseStore for EtcdStore {
         };
         // The promise: the key lives a TTL from a moment after this request began, so a
         // keepalive sent after `started` must be confirmed.
-        let alive = inner.refreshed_since(ttl_secs, started).await? == Some(queued.session);
+        let alive = if queued.private {
+            inner.keep_private_alive(queued.lease).await?
+        } else {
+            inner.refreshed_since(ttl_secs, started).await? == Some(queued.session)
+        };
         if !alive {
             // The session expired with our key: the engine asks again, and queues afresh.
             inner.publish(&own, None);
@@ -812,6 +1045,12 @@ impl LeaseStore for EtcdStore {
         let own_key = keys.candidate(&grant.holder);
         // A turn's confirmation writes the term's records first (see `Place::records_due`).
         Box::pin(inner.write_records_due(&keys, &own_key, grant.term)).await?;
+        let known = *inner.position(&own_key).borrow();
+        if let Some(p) = known.filter(|p| p.granted && p.rev == i64::try_from(grant.term.0).unwrap_or(0))
+            && inner.private.lock().expect("private lock").contains(&p.lease)
+        {
+            return Box::pin(self.renew_private(grant, &keys, p.lease)).await;
+        }
         let Some((session, bound)) = inner.session_keys(ttl_secs, started).await? else {
             return Ok(Renewed::Lost(Box::pin(self.inspect(&grant.lease)).await?));
         };
@@ -826,6 +1065,10 @@ impl LeaseStore for EtcdStore {
         let own = Box::pin(inner.get("renew", own_key.clone(), None)).await?;
         if let Some(kv) = own.kvs().first() {
             let me = keys.parse_candidate(kv)?;
+            let private = inner.private.lock().expect("private lock").contains(&me.lease);
+            if private && me.term() == grant.term {
+                return Box::pin(self.renew_private(grant, &keys, me.lease)).await;
+            }
             if Some(me.lease) == session && me.term() == grant.term {
                 let position = Position {
                     rev: me.rev,
@@ -848,7 +1091,7 @@ impl LeaseStore for EtcdStore {
         };
         self.inner.write_records_due(&keys, &own, grant.term).await?;
         self.inner.retire(&own, term);
-        // The release marker for the successor (see `grant_on_release`) says that the released
+        // The release marker for the successor (its turn, see `changes`) says that the released
         // key was first in the queue and no reservation was there. First: a key is granted
         // only while first (every grant compares the keys ahead, or deletes them with a
         // reservation's take), and no key can be created before it later (revisions only grow),
