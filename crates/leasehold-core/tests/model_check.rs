@@ -1094,9 +1094,10 @@ impl Model for Election {
             Property::sometimes("a leader is elected", |_, s: &State| s.max_elected_term >= 1),
             Property::sometimes("leadership changes hands", |_, s: &State| s.max_elected_term >= 2),
             Property::sometimes("an announcement reaches a follower", |_, s: &State| s.announced),
-            Property::sometimes("a successor is told its turn on its predecessor's release", |_, s: &State| {
-                s.queue.on_release
-            }),
+            Property::sometimes(
+                "a successor is told its turn on its predecessor's release",
+                |_, s: &State| s.queue.on_release,
+            ),
             Property::always(
                 "no grant inside the lock delay of a leader deposed without a confirmed renewal",
                 |_, s: &State| !s.delay_skipped,
@@ -1638,4 +1639,3 @@ fn a_leaderless_gap_longer_than_the_bound_is_caught() {
     println!("bound too tight: {states} unique states explored; discoveries: {found:?}");
     assert!(found.contains(&"the lease is led again within the bound while a candidate campaigns"));
 }
-

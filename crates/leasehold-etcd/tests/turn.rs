@@ -127,11 +127,21 @@ impl Queue {
         let Change::YourTurn(Turn { grant, valid_from }) = change else {
             panic!("b is first after a's release and must be told its turn: {change:?}");
         };
-        assert!(took < DELAY * 2, "the turn took {took:?}: the stream asked etcd (replies delayed {DELAY:?})");
+        assert!(
+            took < DELAY * 2,
+            "the turn took {took:?}: the stream asked etcd (replies delayed {DELAY:?})"
+        );
         assert_eq!((grant.holder.as_str(), grant.ttl), ("b", TTL), "{grant:?}");
         assert!(grant.term > self.grant_a.term, "{grant:?}");
-        assert!(valid_from < released, "valid from the last keepalive, before the release");
-        assert!(released - valid_from < TTL, "valid from too long ago: {:?}", released - valid_from);
+        assert!(
+            valid_from < released,
+            "valid from the last keepalive, before the release"
+        );
+        assert!(
+            released - valid_from < TTL,
+            "valid from too long ago: {:?}",
+            released - valid_from
+        );
         grant
     }
 
@@ -164,7 +174,9 @@ async fn a_release_tells_the_next_candidate_its_turn_and_its_renewal_confirms_it
     assert!(matches!(renewed, Renewed::Renewed(_)), "{renewed:?}");
     let seen = q.a.inspect(&q.lease).await.expect("inspect");
     assert!(
-        seen.holder.as_ref().is_some_and(|h| h.id == id("b") && h.term == grant.term),
+        seen.holder
+            .as_ref()
+            .is_some_and(|h| h.id == id("b") && h.term == grant.term),
         "{seen:?}"
     );
     let history = q.a.history(&q.lease, 10).await.expect("history");

@@ -38,7 +38,6 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock, Weak};
 
-use futures::StreamExt;
 use leasehold_core::{Announcements, CandidateId, Changes, LeaseName, Observation};
 use notify::{RecommendedWatcher, RecursiveMode, Watcher};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteSynchronous};
