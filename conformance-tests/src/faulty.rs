@@ -451,6 +451,6 @@ mod tests {
         };
         memory.release(&grant).await.unwrap();
         let seen = tokio::time::timeout(Duration::from_secs(1), changes.next()).await;
-        assert_eq!(seen.unwrap(), Some(()));
+        assert_eq!(seen.unwrap(), Some(leasehold_core::Change::Changed));
     }
 }

@@ -25,7 +25,7 @@ pub use group::{GroupMember, GroupStatus, LeaseGroup, LeaseGroupBuilder, MAX_SHA
 pub use machine::DeposedReason;
 pub use memory::MemoryStore;
 pub use record::{HolderFields, RecordNumber, RecordVersion};
-pub use store::{Announcements, Changes, LeaseStore, Operation, watched_announcements};
+pub use store::{Announcements, Change, Changes, LeaseStore, Operation, Turn, notifications, watched_announcements};
 pub use timing::{PerMille, Timing};
 pub use wrap::{Admitted, CountingStore, LimitStore, RequestCounts, RequestLimit};
 

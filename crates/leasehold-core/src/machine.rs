@@ -9,12 +9,10 @@
 //! The rules, all in this file:
 //!
 //! - A grant is believed until `sent + ttl * (1 - drift)`, where `sent` is when the acquire or
-//!   renew request was sent, never when its reply arrived. A grant that is valid only since an
-//!   earlier instant `since` (a store that grants on the strength of an earlier request: the etcd
-//!   store's queued successor, granted on its predecessor's release from its last confirmed
-//!   keepalive) says so by a [`Grant::ttl`] shorter than asked ([`Grant::valid_since`]), and is
-//!   believed until `min(sent, since) + ttl * (1 - drift)`: the machine subtracts the shortfall
-//!   from `sent` (never scaled by the drift). It keeps the grant with the TTL it asked for.
+//!   renew request was sent, never when its reply arrived. A grant the store made by waiting
+//!   ([`Input::YourTurn`]: a FIFO store whose candidate's predecessor left) is believed from the
+//!   instant the store's promise rests on ([`Turn::valid_from`](crate::Turn::valid_from)), taken
+//!   through the same path as an acquire's grant, and confirmed by a renewal sent at once.
 //! - A leader renews every `renew_every`; when no renewal has been confirmed by
 //!   `valid_until - step_down_margin`, it is deposed and its work cancelled; work still running at
 //!   `valid_until` is aborted.
@@ -102,6 +100,12 @@ pub enum Input {
     Notified,
     /// Notifications stopped working (the stream ended): fall back to polling.
     NotificationsLost,
+    /// The store's change stream says this candidate's turn has come
+    /// ([`Change::YourTurn`](crate::Change::YourTurn)): a follower takes the grant as an
+    /// acquire's, sent at [`Turn::valid_from`](crate::Turn::valid_from), gives up on a call under
+    /// way, and renews at once. With a `lock_delay` it is a notification only (the store does not
+    /// say how the term before ended).
+    YourTurn(crate::store::Turn),
     /// The store announced a new holder ([`LeaseStore::announcements`](crate::LeaseStore::announcements)),
     /// or, where [`Input::RenewalsAnnounced`] says so, a holder's renewal. A follower takes a
     /// higher term than the one last seen as the leader it reports. While renewals are announced,
@@ -606,19 +610,14 @@ impl Machine {
     pub fn handle(&mut self, now: Instant, input: Input, out: &mut Vec<Output>) {
         match input {
             Input::Tick => {}
-            Input::Notified => {
-                let busy = self.pending.is_some();
-                if let State::Following(f) = &mut self.state {
-                    f.next_attempt = f.next_attempt.min(now.max(f.not_before));
-                    f.notified |= busy;
-                }
-            }
+            Input::Notified => self.notified(now),
             Input::NotificationsLost => {
                 self.notifications = Notifications::None;
                 if let State::Following(f) = &mut self.state {
                     f.next_attempt = f.next_attempt.min(now.max(f.not_before));
                 }
             }
+            Input::YourTurn(turn) => self.your_turn(now, turn, out),
             Input::Announced(observation) => self.announced(now, &observation, out),
             Input::RenewalsAnnounced(live) => {
                 self.renewals_announced = live;
@@ -984,12 +983,8 @@ impl Machine {
                 Ok(Renewed::Renewed(grant)) => {
                     let believed_ttl = self.timing.believed_ttl();
                     let renew_every = self.timing.renew_every;
-                    // A renewal that rests on an earlier request counts from it, as a grant does.
-                    let (since, grant) = self.counted_from(pending.sent, grant);
                     if let State::Leading(l) = &mut self.state {
-                        if let Some(since) = since {
-                            l.valid_until = l.valid_until.max(since + believed_ttl);
-                        }
+                        l.valid_until = l.valid_until.max(pending.sent + believed_ttl);
                         l.next_renew = pending.sent + renew_every;
                         l.grant = grant;
                         l.last_error = None;
@@ -1078,22 +1073,8 @@ impl Machine {
         }
     }
 
-    /// When a grant answering a request sent at `sent` counts from: `sent`, or earlier by as much
-    /// as the grant's TTL falls short of the TTL asked for ([`Grant::valid_since`]: a store whose
-    /// grant rests on an earlier request). `None` when that is before this process's clock
-    /// began (nothing can be believed). The grant comes back with the TTL asked for, which the
-    /// machine keeps asking for.
-    fn counted_from(&self, sent: Instant, mut grant: Grant) -> (Option<Instant>, Grant) {
-        let short = self.timing.ttl.saturating_sub(grant.ttl);
-        grant.ttl = grant.ttl.max(self.timing.ttl);
-        (sent.checked_sub(short), grant)
-    }
-
     fn granted(&mut self, now: Instant, sent: Instant, grant: Grant, out: &mut Vec<Output>) {
-        let (since, grant) = self.counted_from(sent, grant);
-        // A grant valid since before the clock began is believed not at all: "too late" below.
-        let valid_until = since.map_or(now, |since| since + self.timing.believed_ttl());
-        let since = since.unwrap_or(now);
+        let valid_until = sent + self.timing.believed_ttl();
         if self.state == State::Stopping {
             self.send(now, Purpose::Release, Request::Release(grant), out);
             return;
@@ -1117,7 +1098,7 @@ impl Machine {
             }
             return;
         }
-        let next_renew = since + self.timing.renew_every;
+        let next_renew = sent + self.timing.renew_every;
         // A store that hands a candidate its existing place again (a FIFO queue) may grant the
         // term of a stray: it is in use now, not to be released.
         self.stray.take_if(|stray| stray.term == grant.term);
@@ -1285,6 +1266,39 @@ impl Machine {
         }
         let leader = observation.holder.as_ref().map(|h| (h.id.clone(), h.term));
         self.set_leader_seen(leader, out);
+    }
+
+    /// A change was notified: a follower attempts at once (after a request under way, whose
+    /// reply may predate the change).
+    fn notified(&mut self, now: Instant) {
+        let busy = self.pending.is_some();
+        if let State::Following(f) = &mut self.state {
+            f.next_attempt = f.next_attempt.min(now.max(f.not_before));
+            f.notified |= busy;
+        }
+    }
+
+    /// The store's change stream says this candidate's turn has come ([`Input::YourTurn`]). A
+    /// follower takes it as a grant answering an acquire sent at `valid_from`, gives up on the
+    /// call under way (its reply comes late: a grant of the same term is then nothing new, a
+    /// later one a stray) and renews at once: that renewal is the engine's confirmation, and
+    /// writes what the store records of a term. With a `lock_delay` the turn is a notification
+    /// only (the store does not say how the term before ended). A turn at or below a term
+    /// already seen is stale, and one that comes to anything but a follower is a late grant.
+    fn your_turn(&mut self, now: Instant, turn: crate::store::Turn, out: &mut Vec<Output>) {
+        let crate::store::Turn { grant, valid_from } = turn;
+        let following = matches!(self.state, State::Following(_));
+        if following && self.timing.lock_delay.is_some() {
+            return self.notified(now);
+        }
+        if !following || self.term_floor.is_some_and(|floor| grant.term <= floor) {
+            return self.late_grant(now, grant, out);
+        }
+        self.pending = None;
+        self.granted(now, valid_from.min(now), grant, out);
+        if let State::Leading(l) = &mut self.state {
+            l.next_renew = now;
+        }
     }
 
     /// A grant of ours that came back after the machine stopped waiting for its acquire (the

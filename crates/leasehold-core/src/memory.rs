@@ -363,7 +363,7 @@ impl LeaseStore for MemoryStore {
             waiter.notified().await;
             Some(((), waiter))
         });
-        Ok(Some(Box::pin(stream)))
+        Ok(Some(crate::store::notifications(stream)))
     }
 
     /// Every grant, renewal and end of a term, from the moment it is made (a subscriber that

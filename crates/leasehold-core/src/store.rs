@@ -10,11 +10,46 @@ use crate::types::{
     AcquireRequest, Acquired, CandidateId, Capabilities, Grant, LeaseName, Observation, Renewed, Term, Transition,
 };
 
-/// A stream that yields whenever something a candidate waits for may have changed: the lease was
-/// released or taken over (or, for FIFO stores, the candidate's predecessor left). It may yield
-/// spuriously; the engine then simply asks the store again. A stream that ends or errors makes
-/// the engine fall back to polling.
-pub type Changes = BoxStream<'static, ()>;
+/// What a change stream ([`LeaseStore::changes`]) says to a waiting candidate.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Change {
+    /// Something the candidate waits for may have changed: the lease was released or taken over
+    /// (or, for FIFO stores, the candidate's predecessor left). It may be said spuriously; the
+    /// engine then simply asks the store again.
+    Changed,
+    /// The store learnt by waiting that the candidate is first and holds the lease: its
+    /// predecessor left and nothing can come before it (etcd's predecessor released while first,
+    /// ZooKeeper's predecessor node deleted while second in line). The engine takes the grant
+    /// through its ordinary grant path, believes it from [`Turn::valid_from`], and confirms it
+    /// with its own next request (a renewal) at once; it never asks the store for what the store
+    /// already told it.
+    YourTurn(Turn),
+}
+
+/// A grant a store made by waiting ([`Change::YourTurn`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Turn {
+    /// The grant, as an `acquire` would answer it (the TTL asked for, the term, the token).
+    pub grant: Grant,
+    /// The instant of this process from which the store promises the grant for its TTL: the
+    /// send of the last request the promise rests on (etcd: the candidate's session's last
+    /// confirmed keepalive; ZooKeeper: the session's last heartbeat sent), never later. The
+    /// engine believes the grant until `valid_from + ttl * (1 - drift)`, and does not take it
+    /// when that leaves less than its step-down margin.
+    pub valid_from: std::time::Instant,
+}
+
+/// A stream of [`Change`]s for one waiting candidate. A stream that ends or errors makes the
+/// engine fall back to polling.
+pub type Changes = BoxStream<'static, Change>;
+
+/// The change stream of a store that only notifies: each `()` of `stream` is a
+/// [`Change::Changed`].
+pub fn notifications(stream: impl futures::Stream<Item = ()> + Send + 'static) -> Changes {
+    use futures::StreamExt;
+    stream.map(|()| Change::Changed).boxed()
+}
 
 /// New holders of one lease as the store announces them
 /// ([`LeaseStore::announcements`]), each as [`LeaseStore::inspect`] would show it right after
@@ -50,11 +85,9 @@ pub fn watched_announcements(rx: tokio::sync::watch::Receiver<Option<Observation
 /// after it first sees the new record version). The engine builds its conservative deadline on
 /// that promise.
 ///
-/// A store that can promise only a TTL from some moment *before* the request was sent (the etcd
-/// store grants a queued candidate on its predecessor's release, with no further request, on the
-/// strength of the candidate's last confirmed keepalive) answers the grant made
-/// [`valid_since`](crate::Grant::valid_since) that moment's send: the engine then believes it
-/// only until `since + ttl * (1 - drift)`.
+/// A store that learns by waiting that a candidate's turn has come (a FIFO queue whose
+/// predecessor left) says so on the candidate's change stream ([`Change::YourTurn`]), with the
+/// instant its promise counts from: the engine's own next request confirms it.
 ///
 /// # Compare-and-set
 ///
@@ -280,8 +313,10 @@ pub trait LeaseStore: Debug + Send + Sync + 'static {
         })
     }
 
-    /// A stream of change notifications for `candidate` campaigning for `lease`.
-    /// Stores without notification return `Ok(None)` (the default) and candidates poll.
+    /// A stream of [`Change`]s for `candidate` campaigning for `lease`: notifications, and for a
+    /// store that learns by waiting that the candidate is first, its turn
+    /// ([`Change::YourTurn`]). Stores without notification return `Ok(None)` (the default) and
+    /// candidates poll.
     ///
     /// # Errors
     ///

@@ -268,52 +268,10 @@ pub struct Grant {
     pub term: Term,
     /// The TTL the store keeps the lease for after each acquire or renew, counted from when the
     /// request was sent.
-    ///
-    /// A store whose grant rests on something sent *before* the acquire (the etcd store grants a
-    /// queued candidate on its predecessor's release without a request, on the strength of the
-    /// candidate's last confirmed keepalive) answers less than was asked, by how much earlier
-    /// that was: see [`Grant::valid_since`]. The engine then believes the grant as if its
-    /// acquire had been sent that much earlier, and keeps the grant with the TTL it asked for.
     pub ttl: Duration,
     /// Backend-specific proof of holding (a record version, a lease id, a znode path). Opaque to
     /// the engine.
     pub token: String,
-}
-
-impl Grant {
-    /// This grant, valid only from `since`, an instant of this process no later than `now`
-    /// (when the store answers): its [`ttl`](Grant::ttl) less the time from `since` to `now`.
-    ///
-    /// For a store that grants an acquire on the strength of a request sent before it (the etcd
-    /// store's queued successor, granted on its predecessor's release with no further request,
-    /// whose key lives a TTL from its last confirmed keepalive *send*). The engine believes an
-    /// acquire's grant until `sent - (asked - ttl) + asked * (1 - drift)`, where `sent` is when it
-    /// sent the acquire: with `ttl = asked - (now - since)` and `sent <= now`, that is no later
-    /// than `since + asked * (1 - drift)`, whenever the acquire was sent. The TTL never goes
-    /// below zero (a grant valid since more than its TTL ago is not believed at all).
-    ///
-    /// ```
-    /// use std::time::{Duration, Instant};
-    /// use leasehold_core::{CandidateId, Grant, LeaseName, Term};
-    ///
-    /// let grant = Grant {
-    ///     lease: LeaseName::new("jobs")?,
-    ///     holder: CandidateId::new("a")?,
-    ///     term: Term(7),
-    ///     ttl: Duration::from_secs(2),
-    ///     token: "7".into(),
-    /// };
-    /// let now = Instant::now();
-    /// let since = now.checked_sub(Duration::from_millis(300)).unwrap_or(now);
-    /// let shorter = grant.valid_since(since, now);
-    /// assert_eq!(shorter.ttl, Duration::from_secs(2) - (now - since));
-    /// # Ok::<(), leasehold_core::Error>(())
-    /// ```
-    #[must_use]
-    pub fn valid_since(mut self, since: std::time::Instant, now: std::time::Instant) -> Grant {
-        self.ttl = self.ttl.saturating_sub(now.saturating_duration_since(since));
-        self
-    }
 }
 
 /// The current holder of a lease, as a store reports it.

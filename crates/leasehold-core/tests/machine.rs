@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use leasehold_core::machine::{DeposedReason, Input, Machine, OpId, Output, Reply, Request};
 use leasehold_core::{
     AcquireRequest, Acquired, CandidateId, EndReason, Error, Expiry, Grant, HolderInfo, LeaseName, Notifications,
-    Observation, PerMille, Renewed, Term, Timing,
+    Observation, PerMille, Renewed, Term, Timing, Turn,
 };
 
 const TTL: Duration = Duration::from_secs(10);
@@ -353,8 +353,8 @@ fn grant_too_late_to_use_is_released_not_elected() {
     assert_eq!(h.tick(7_500), vec![Ev::Send(OpId(2), acquire(None))]);
 }
 
-/// A follower that was told the lease is held at 0 and asks again at 2 000 ms.
-fn follower_asking_again_at_2000() -> (Harness, OpId) {
+/// A follower that was told the lease is held at 0 (its next poll due at 2 000 ms).
+fn follower_told_held_at_0() -> Harness {
     let mut h = Harness::follower();
     let op = h.send_at(0);
     let _ = h.reply(
@@ -362,78 +362,84 @@ fn follower_asking_again_at_2000() -> (Harness, OpId) {
         op,
         Reply::Acquire(Ok(Acquired::Held(held(holder(other(), 1, "v1", None))))),
     );
-    let op = h.send_at(2_000);
-    (h, op)
+    h
+}
+
+fn turn(h: &Harness, valid_from: u64) -> Input {
+    Input::YourTurn(Turn {
+        grant: grant(2, "v2"),
+        valid_from: h.at(valid_from),
+    })
 }
 
 #[test]
-fn a_grant_valid_since_an_earlier_instant_is_believed_from_that_instant_not_the_send() {
-    // The etcd successor's case: granted on its predecessor's release, at once, on the strength
-    // of a keepalive sent at 1 500 ms; the acquire itself was sent at 2 000 ms.
-    let (mut h, op) = follower_asking_again_at_2000();
-    let since = grant(2, "v2").valid_since(h.at(1_500), h.at(2_000));
-    assert_eq!(since.ttl, TTL - ms(500));
-    let out = h.reply(2_000, op, Reply::Acquire(Ok(Acquired::Granted(since))));
+fn a_turn_is_believed_from_its_valid_from_and_confirmed_by_a_renewal_at_once() {
+    // The etcd successor's case: its predecessor was released, told at 1 800 ms on the strength
+    // of a keepalive sent at 1 500 ms.
+    let mut h = follower_told_held_at_0();
+    let out = h.step(1_800, turn(&h, 1_500));
     assert_eq!(
         out,
         vec![
             Ev::LeaderChanged(Some((me(), Term(2)))),
-            // 1 500 + 8 000, not 2 000 + 8 000; the grant is kept with the TTL asked for.
+            // 1 500 + 8 000, not 1 800 + 8 000.
             Ev::Elected {
                 grant: grant(2, "v2"),
                 valid_until: ms(9_500)
             },
+            // The engine's own confirmation, at once.
+            Ev::Send(OpId(1), Request::Renew(grant(2, "v2"))),
         ]
     );
     assert!(h.believes(9_499));
-    assert!(!h.believes(9_500), "believed past since + ttl * (1 - drift)");
-    // Renewals count from the earlier instant too, and ask for the full TTL.
-    assert_eq!(h.wake(), Some(4_500));
-    assert_eq!(h.tick(4_500), vec![Ev::Send(OpId(2), Request::Renew(grant(2, "v2")))]);
-
-    // The store answers later than the acquire was sent: never believed past since + 8 000.
-    let (mut h, op) = follower_asking_again_at_2000();
-    let since = grant(2, "v2").valid_since(h.at(1_500), h.at(2_300));
-    let out = h.reply(2_300, op, Reply::Acquire(Ok(Acquired::Granted(since))));
-    let until = out.iter().find_map(|e| match e {
-        Ev::Elected { valid_until, .. } => Some(*valid_until),
-        _ => None,
-    });
-    assert_eq!(until, Some(ms(9_200)), "{out:?}");
+    assert!(!h.believes(9_500), "believed past valid_from + ttl * (1 - drift)");
+    let out = h.reply(1_810, OpId(1), Reply::Renew(Ok(Renewed::Renewed(grant(2, "v2")))));
+    assert_eq!(out, vec![Ev::Extended(ms(9_800))]);
 }
 
 #[test]
-fn a_grant_valid_since_too_long_ago_is_released_not_elected() {
-    let (mut h, op) = follower_asking_again_at_2000();
-    // Valid since 7 100 ms before the acquire was sent: 900 ms left, less than the 1 000 ms margin.
-    let since = grant(2, "v2").valid_since(h.at(0), h.at(7_100));
-    let out = h.reply(2_000, op, Reply::Acquire(Ok(Acquired::Granted(since))));
+fn a_turn_valid_from_too_long_ago_is_released_not_elected() {
+    // Valid from 7 100 ms before it came: 900 ms left, less than the 1 000 ms margin.
+    let mut h = follower_told_held_at_0();
+    let out = h.step(7_200, turn(&h, 100));
     assert_eq!(
         out,
         vec![
             Ev::Trouble("engine"),
-            Ev::Send(OpId(2), Request::Release(grant(2, "v2")))
+            Ev::Send(OpId(1), Request::Release(grant(2, "v2")))
         ]
     );
-    assert!(!h.believes(2_000));
-    // More than the whole TTL ago: nothing is left at all.
-    let (mut h, op) = follower_asking_again_at_2000();
-    let since = grant(2, "v2").valid_since(h.at(0), h.at(20_000));
-    assert_eq!(since.ttl, Duration::ZERO);
-    let out = h.reply(2_000, op, Reply::Acquire(Ok(Acquired::Granted(since))));
-    assert!(!out.iter().any(|e| matches!(e, Ev::Elected { .. })), "{out:?}");
-    assert!(!h.believes(2_000));
+    assert!(!h.believes(7_200));
 }
 
 #[test]
-fn a_renewal_valid_since_an_earlier_instant_extends_only_from_it() {
-    let mut h = Harness::leader();
-    let op = h.send_at(3_000);
-    let since = grant(1, "v2").valid_since(h.at(2_500), h.at(3_000));
-    let out = h.reply(3_000, op, Reply::Renew(Ok(Renewed::Renewed(since))));
-    assert_eq!(out, vec![Ev::Extended(ms(10_500))]);
-    assert!(!h.believes(10_500));
-    assert_eq!(h.tick(6_000), vec![Ev::Send(OpId(2), Request::Renew(grant(1, "v2")))]);
+fn a_turn_while_a_request_is_under_way_gives_up_on_the_request() {
+    let mut h = follower_told_held_at_0();
+    let op = h.send_at(2_000);
+    let out = h.step(2_010, turn(&h, 1_500));
+    assert!(out.contains(&Ev::Elected {
+        grant: grant(2, "v2"),
+        valid_until: ms(9_500)
+    }));
+    assert_eq!(sends(&out), vec![&Request::Renew(grant(2, "v2"))], "{out:?}");
+    // The acquire's reply comes late, granting the same term: nothing changes.
+    let out = h.reply(2_020, op, Reply::Acquire(Ok(Acquired::Granted(grant(2, "v2")))));
+    assert_eq!(out, vec![]);
+    assert!(h.believes(2_020));
+}
+
+#[test]
+fn a_stale_turn_is_not_believed() {
+    let mut h = Harness::follower();
+    let op = h.send_at(0);
+    let _ = h.reply(
+        0,
+        op,
+        Reply::Acquire(Ok(Acquired::Held(held(holder(other(), 3, "v3", None))))),
+    );
+    let out = h.step(100, turn(&h, 50));
+    assert!(!out.iter().any(|e| matches!(e, Ev::Elected { .. })), "{out:?}");
+    assert!(!h.believes(100));
 }
 
 #[test]

@@ -66,13 +66,14 @@
 //!
 //! A last pair runs the machines against etcd's queue instead of one record ([`Queue`]):
 //! sessions that expire a TTL after their last keepalive (taking their candidate's key), keys
-//! in revision order, a release of the first key leaving a marker, and a successor granted on
-//! that marker with no further keepalive. Believed from its last keepalive's send
-//! ([`Grant::valid_since`]), no double leadership is found; believed from the acquire's send, the
-//! checker finds one (the successor pauses, its session expires, the next candidate is granted
-//! while the successor still believes). That model has no message loss, no late requests, no
-//! hand-overs and no breaks, and the etcd store's own steps (the change stream's wait for the
-//! marker, the grant's records written after it) are not in it.
+//! in revision order, and a release of the first key that makes its successor first: the
+//! store tells the successor on its change stream that its turn has come ([`Input::YourTurn`],
+//! on a connection of its own), valid from its session's last keepalive, with no further
+//! request; the successor's engine confirms it with a renewal (which writes the term's records).
+//! Believed from that keepalive's send, no double leadership is found; believed from when the
+//! turn arrived, the checker finds one (the successor pauses, its session expires, the next
+//! candidate is granted while the successor still believes). That model has no message loss,
+//! no late requests, no hand-overs and no breaks.
 
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
@@ -80,7 +81,7 @@ use std::time::{Duration, Instant};
 use leasehold_core::machine::{Input, Machine, OpId, Output, Reply, Request};
 use leasehold_core::{
     Acquired, CandidateId, DeposedReason, EndReason, Error, Expiry, Grant, HolderInfo, LeaseName, Notifications,
-    Observation, PerMille, Renewed, Term, Timing,
+    Observation, PerMille, Renewed, Term, Timing, Turn,
 };
 use stateright::{Checker, Model, Property};
 
@@ -110,6 +111,9 @@ enum Msg {
     /// The store announces a grant or renewal to a follower (its own connection: late,
     /// interleaved with replies in any order, or lost).
     Announce { to: usize, observation: Observation },
+    /// etcd's queue: the successor's change stream says its turn has come (its own
+    /// connection; dropped with the campaign's driver).
+    Turn { to: usize, generation: u8, turn: Turn },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -266,10 +270,10 @@ struct Election {
     /// it ([`Input::RenewalsAnnounced`]): followers take announced versions as sightings and
     /// stop polling.
     announce: bool,
-    /// The store is etcd's queue (see [`Queue`]) instead of one record: `Some(true)` when its
-    /// grants on a predecessor's release are valid since the successor's last keepalive
-    /// ([`Grant::valid_since`]), `Some(false)` when they claim validity from the acquire's send
-    /// (the mistake the model must catch).
+    /// The store is etcd's queue (see [`Queue`]) instead of one record: `Some(true)` when a
+    /// successor's turn is believed from its session's last keepalive ([`Turn::valid_from`]),
+    /// `Some(false)` when it is believed from the moment it arrived (the mistake the model must
+    /// catch).
     queue: Option<bool>,
     /// How many keepalives of a session the candidates' processes may send on their own (a
     /// waiting candidate's change stream keeps its session alive), at any moment.
@@ -297,10 +301,10 @@ struct Election {
 /// etcd's queue, as `leasehold-etcd` keeps it: each candidate has a session (an etcd lease that
 /// expires a TTL after its last keepalive, deleting the candidate's key with it) and a key whose
 /// revision is its place and its term; the first key leads once granted. A release of the first
-/// key leaves a marker naming it; a candidate whose predecessor (the key before its own when it
-/// queued) is named by the marker is granted without a further keepalive, on the strength of its
-/// last one (the store's own `acquire`, answered in the candidate's process). Any other grant
-/// sends a keepalive after the acquire began, as the ordinary path does; a renewal too.
+/// key makes the candidate behind it (whose predecessor it was when it queued) first: its change
+/// stream says so ([`Msg::Turn`]), valid from its session's last keepalive, and its first renewal
+/// writes the term's records. Any other grant sends a keepalive after the acquire began, as the
+/// ordinary path does; a renewal too.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 struct Queue {
     /// (candidate, revision, predecessor's revision when it queued), in revision order.
@@ -310,11 +314,15 @@ struct Queue {
     sessions: [Option<u64>; 3],
     /// The candidate's local instant at which it sent its session's last confirmed keepalive.
     confirmed: [Option<Instant>; 3],
-    /// The revision a release of the first key named last.
-    released_first: Option<u64>,
+    /// The revision whose term's records are written (an ordinary grant, or a turn's first
+    /// renewal): an acquire of that key again is a new campaign of its candidate.
+    started: Option<u64>,
     keepalives_left: u8,
-    /// A grant on release was made.
+    /// A turn was given on a predecessor's release.
     on_release: bool,
+    /// The highest revision granted (what the store shows as the last term: a queued key's
+    /// revision is no term until it is granted).
+    last_granted: u64,
 }
 
 fn local_now(rates: &[u64; 3], now_ms: u64, i: usize) -> Instant {
@@ -386,8 +394,8 @@ impl Election {
 
     /// The store applies a request at the current real time.
     fn apply(&self, s: &mut State, from: usize, request: &Request) -> ModelReply {
-        if let Some(since_fix) = self.queue {
-            return self.apply_queue(s, from, request, since_fix);
+        if self.queue.is_some() {
+            return self.apply_queue(s, from, request);
         }
         if self.expiry == Expiry::ServerClock && s.record.as_ref().is_some_and(|r| s.now >= r.expires_at) {
             s.record = None;
@@ -514,7 +522,7 @@ impl Election {
             });
         Observation {
             lease: lease(),
-            last_term: Term(s.last_term),
+            last_term: Term(s.queue.last_granted),
             previous_end: if holder.is_none() { s.previous_end } else { None },
             holder,
         }
@@ -531,7 +539,7 @@ impl Election {
     }
 
     /// [`Election::apply`] on etcd's queue ([`Queue`]).
-    fn apply_queue(&self, s: &mut State, from: usize, request: &Request, since_fix: bool) -> ModelReply {
+    fn apply_queue(&self, s: &mut State, from: usize, request: &Request) -> ModelReply {
         self.expire_sessions(s);
         let ttl = self.timing.ttl.as_millis() as u64;
         let own = s.queue.keys.iter().position(|k| k.0 == from);
@@ -550,43 +558,32 @@ impl Election {
                         s.queue.keys.len() - 1
                     }
                 };
-                let (_, rev, predecessor) = s.queue.keys[at];
-                if s.queue.granted == Some(rev) {
+                let (_, rev, _) = s.queue.keys[at];
+                if s.queue.started == Some(rev) {
                     // Asked again after that leadership ended for it (or by an abandoned call):
                     // the etcd store hands the term over to the candidate itself and takes it
                     // with a new one, deleting the keys queued ahead of the new key (all others).
                     s.last_term += 1;
                     s.queue.keys = vec![(from, s.last_term, None)];
                     s.queue.granted = Some(s.last_term);
+                    s.queue.last_granted = s.last_term;
+                    s.queue.started = Some(s.last_term);
                     self.keep_alive(s, from);
                     return ModelReply::Acquire(Acquired::Granted(self.queue_grant(s.last_term, from)));
                 }
                 if at != 0 {
                     return ModelReply::Acquire(Acquired::Held(self.queue_observation(s)));
                 }
-                let now = self.local(s, from);
-                let confirmed = s.queue.confirmed[from].expect("a live session");
-                let on_release = s.queue.granted != Some(rev)
-                    && predecessor.is_some()
-                    && s.queue.released_first == predecessor
-                    && now.duration_since(confirmed) < self.timing.ttl / 2;
                 s.queue.granted = Some(rev);
-                if on_release {
-                    s.queue.on_release = true;
-                    let grant = self.queue_grant(rev, from);
-                    let grant = if since_fix {
-                        grant.valid_since(confirmed, now)
-                    } else {
-                        grant
-                    };
-                    return ModelReply::Acquire(Acquired::Granted(grant));
-                }
+                s.queue.last_granted = s.queue.last_granted.max(rev);
+                s.queue.started = Some(rev);
                 self.keep_alive(s, from);
                 ModelReply::Acquire(Acquired::Granted(self.queue_grant(rev, from)))
             }
             Request::Renew(g) => match own.map(|at| s.queue.keys[at]) {
                 Some((_, rev, _)) if Term(rev) == g.term && s.queue.granted == Some(rev) => {
                     self.keep_alive(s, from);
+                    s.queue.started = Some(rev);
                     ModelReply::Renew(Renewed::Renewed(self.queue_grant(rev, from)))
                 }
                 _ => ModelReply::Renew(Renewed::Lost(self.queue_observation(s))),
@@ -594,14 +591,28 @@ impl Election {
             Request::Release(g) | Request::HandOver(g, _) => {
                 if let Some(at) = own.filter(|at| Term(s.queue.keys[*at].1) == g.term) {
                     let (_, rev, _) = s.queue.keys.remove(at);
-                    // A hand-over (not in these runs) leaves a reservation instead: no marker.
-                    if at == 0 && matches!(request, Request::Release(_)) {
-                        s.queue.released_first = Some(rev);
-                    }
                     if s.queue.granted == Some(rev) {
                         s.queue.granted = None;
                     }
                     s.previous_end = Some(EndReason::Released);
+                    // A hand-over (not in these runs) leaves a reservation instead: no turn.
+                    let next = s.queue.keys.first().copied();
+                    if let Some((to, next_rev, predecessor)) = next
+                        && at == 0
+                        && predecessor == Some(rev)
+                        && matches!(request, Request::Release(_))
+                    {
+                        s.queue.granted = Some(next_rev);
+                        s.queue.last_granted = s.queue.last_granted.max(next_rev);
+                        s.queue.on_release = true;
+                        let valid_from = s.queue.confirmed[to].expect("a queued key's session");
+                        let grant = self.queue_grant(next_rev, to);
+                        s.net.push(Msg::Turn {
+                            to,
+                            generation: s.generation[to],
+                            turn: Turn { grant, valid_from },
+                        });
+                    }
                 }
                 ModelReply::Release
             }
@@ -870,6 +881,13 @@ impl Election {
                     s.announced = true;
                     self.feed(&mut s, to, Input::Announced(observation));
                 }
+                Msg::Turn { to, generation, .. } if generation != s.generation[to] => {}
+                Msg::Turn { to, mut turn, .. } => {
+                    if self.queue == Some(false) {
+                        turn.valid_from = self.local(&s, to);
+                    }
+                    self.feed(&mut s, to, Input::YourTurn(turn));
+                }
                 // The earlier campaign's driver is gone: nobody reads this reply.
                 Msg::Reply { to, generation, .. } if generation != s.generation[to] => {}
                 Msg::Reply { to, id, reply, .. } => {
@@ -1015,7 +1033,7 @@ impl Model for Election {
         let settled = !self.prompt
             || s.net
                 .iter()
-                .all(|m| matches!(m, Msg::Reply { to, .. } | Msg::Announce { to, .. } if s.paused[*to]));
+                .all(|m| matches!(m, Msg::Reply { to, .. } | Msg::Announce { to, .. } | Msg::Turn { to, .. } if s.paused[*to]));
         if s.now < self.horizon_ms && !someone_due && settled {
             actions.push(Action::Advance);
         }
@@ -1024,12 +1042,13 @@ impl Model for Election {
             Msg::Request { from, .. } => (*from, 0),
             Msg::Reply { to, .. } => (*to, 1),
             Msg::Announce { to, .. } => (*to, 2),
+            Msg::Turn { to, .. } => (*to, 3),
         };
         for (k, msg) in s.net.iter().enumerate() {
             if s.net[..k].iter().any(|earlier| channel(earlier) == channel(msg)) {
                 continue;
             }
-            if let Msg::Reply { to, .. } | Msg::Announce { to, .. } = msg
+            if let Msg::Reply { to, .. } | Msg::Announce { to, .. } | Msg::Turn { to, .. } = msg
                 && s.paused[*to]
             {
                 continue;
@@ -1075,9 +1094,10 @@ impl Model for Election {
             Property::sometimes("a leader is elected", |_, s: &State| s.max_elected_term >= 1),
             Property::sometimes("leadership changes hands", |_, s: &State| s.max_elected_term >= 2),
             Property::sometimes("an announcement reaches a follower", |_, s: &State| s.announced),
-            Property::sometimes("a candidate is granted on its predecessor's release", |_, s: &State| {
-                s.queue.on_release
-            }),
+            Property::sometimes(
+                "a successor is told its turn on its predecessor's release",
+                |_, s: &State| s.queue.on_release,
+            ),
             Property::always(
                 "no grant inside the lock delay of a leader deposed without a confirmed renewal",
                 |_, s: &State| !s.delay_skipped,
@@ -1442,7 +1462,7 @@ fn the_announcement_lifecycle_is_safe() {
 }
 
 /// etcd's queue ([`Queue`]): three candidates queue with sessions; the leader may resign (its
-/// release marks the next key first), the next is then granted on the release with no further
+/// release makes the next key first), the next is then told its turn with no further
 /// keepalive, valid since its last one; any process may pause (a paused successor stops
 /// renewing, its session expires and the third candidate takes over), a session may be kept
 /// alive once at any moment. Messages are delivered promptly (no loss, no late application):
@@ -1461,10 +1481,10 @@ fn queue_model(since_fix: bool) -> Election {
 }
 
 #[test]
-fn a_grant_on_release_believed_from_the_acquire_send_is_caught() {
+fn a_turn_believed_from_when_it_arrived_is_caught() {
     let (states, found) = check(queue_model(false), 4_000_000);
-    assert!(found.contains(&"a candidate is granted on its predecessor's release"));
-    println!("queue, grants on release from the send: {states} unique states explored; discoveries: {found:?}");
+    assert!(found.contains(&"a successor is told its turn on its predecessor's release"));
+    println!("queue, turns believed from their arrival: {states} unique states explored; discoveries: {found:?}");
     assert!(
         found.contains(&"at most one candidate believes it leads"),
         "no counterexample found"
@@ -1472,15 +1492,15 @@ fn a_grant_on_release_believed_from_the_acquire_send_is_caught() {
 }
 
 #[test]
-fn a_grant_on_release_believed_from_the_last_keepalive_is_safe() {
-    // A bounded search (the target stops it at about 5.5 million unique states), not exhaustive.
+fn a_turn_believed_from_the_last_keepalive_is_safe() {
+    // A bounded search (the target stops it at 12 million unique states), not exhaustive.
     let (states, found) = check(queue_model(true), 12_000_000);
-    println!("queue, grants on release from the keepalive: {states} unique states explored; discoveries: {found:?}");
+    println!("queue, turns believed from the keepalive: {states} unique states explored; discoveries: {found:?}");
     assert!(states >= 1_000_000, "explored only {states} states");
     assert!(!found.contains(&"at most one candidate believes it leads"));
     assert!(!found.contains(&"terms strictly increase"));
     assert!(found.contains(&"leadership changes hands"));
-    assert!(found.contains(&"a candidate is granted on its predecessor's release"));
+    assert!(found.contains(&"a successor is told its turn on its predecessor's release"));
 }
 
 /// With a `lock_delay`, a leader's handle ends the leadership itself ([`Action::StepDown`]) at

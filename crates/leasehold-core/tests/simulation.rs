@@ -1322,9 +1322,12 @@ impl LeaseStore for Net {
                 } else {
                     usize::MAX
                 };
-                let delayed = inner.take(items).then(move |()| {
+                let delayed = inner.take(items).then(move |change| {
                     let delay = rng.ms(0, 50);
-                    async move { sleep(delay).await }
+                    async move {
+                        sleep(delay).await;
+                        change
+                    }
                 });
                 Ok(Some(Box::pin(delayed)))
             }

@@ -60,8 +60,9 @@ impl LeaseStore for Tracked {
         let alive = Alive(self.alive.clone());
         Ok(Some(
             changes
-                .map(move |()| {
+                .map(move |change| {
                     let _ = &alive;
+                    change
                 })
                 .boxed(),
         ))

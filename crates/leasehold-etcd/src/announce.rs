@@ -11,7 +11,7 @@
 //!
 //! The same watch carries the release markers a release of the first key in the queue writes
 //! there (`record::released_value`): the store keeps the term the latest one names, for its
-//! queued candidates (see `EtcdStore::grant_on_release`), and announces the lease free and
+//! queued candidates (see `changes`: the successor's turn), and announces the lease free and
 //! released (for the engine's metrics: a release, not a failover).
 
 use std::sync::{Arc, Weak};

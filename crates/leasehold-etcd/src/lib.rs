@@ -8,8 +8,6 @@ mod config;
 mod error;
 mod list;
 mod record;
-#[cfg(test)]
-mod release_tests;
 mod session;
 mod store;
 

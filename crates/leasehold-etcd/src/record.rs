@@ -14,7 +14,7 @@
 //!   key first in the queue, with no reservation there, rewrites it in the release's transaction
 //!   to `leasehold1 released {term}`: the queued successor's store, watching this key, learns
 //!   from it that its predecessor's key went by that release, so that its own key is now first
-//!   (see `EtcdStore::grant_on_release`). Readers that know only grants skip it as unreadable.
+//!   (see `changes`: the successor's turn). Readers that know only grants skip it as unreadable.
 //! - `P/L/reserved`: only while a handed-over lease waits for its successor, bound to an etcd
 //!   lease of its own (granted with the handed-over grant's TTL, never kept alive: etcd deletes
 //!   an untaken reservation after that TTL). Value: `leasehold1 r {ttl_ms} {term} {successor}`.

@@ -16,7 +16,7 @@ use leasehold_core::{
 use tokio::sync::{Mutex as AsyncMutex, watch};
 use tokio::time::Instant;
 
-use crate::changes::{Decision, Position};
+use crate::changes::Position;
 use crate::config::EtcdConfig;
 use crate::error::{CONNECT, STORE, lease_gone, map_connect_error, map_error};
 use crate::record::{
@@ -33,11 +33,6 @@ const ONE_SHOT_RESENDS: [Duration; 4] = [
     Duration::from_millis(80),
     Duration::from_millis(200),
 ];
-
-/// How many scheduling turns a grant's records wait before they are sent (see
-/// `grant_on_release`): the grant reaches the engine in one, the engine's run loop spawns the
-/// leader's task in the next, which runs in the one after.
-const RECORDS_AFTER_TURNS: usize = 3;
 
 /// At most this many failed deletions are kept to be sent again (see [`Inner::leave`]); the
 /// oldest goes first (its key has most likely gone with its session meanwhile).
@@ -98,9 +93,6 @@ pub struct EtcdStore {
     pub(crate) inner: Arc<Inner>,
 }
 
-/// A waiting candidate key's predecessor (see `Inner::behind`).
-type Behind = (Position, i64, Option<Decision>);
-
 /// Where one candidate key of this process stands (see `Inner::positions`).
 struct Place {
     /// Its place, as the store's last answer for it saw it; read by its change stream.
@@ -112,6 +104,20 @@ struct Place {
     /// How many acquires of the key's candidate this store has begun: a withdrawal sent again
     /// later is dropped once the candidate campaigns again (see [`Left::Withdraw`]).
     acquires: u64,
+    /// The TTL its candidate's latest acquire asked for (a turn grants it).
+    asked: Duration,
+    /// A turn its change stream gave (see `changes`) whose records (the term's history entry and
+    /// announcement) are still to be written: by the engine's confirmation, its next renewal
+    /// (or a release or hand-over sent first).
+    records_due: Option<RecordsDue>,
+}
+
+/// The records of a term granted by a turn, written by the term's first renewal.
+#[derive(Clone, Debug)]
+pub(crate) struct RecordsDue {
+    pub(crate) rev: i64,
+    pub(crate) ttl: Duration,
+    pub(crate) holder: CandidateId,
 }
 
 /// A deletion of this store that failed, to be sent again (see [`Inner::leave`]).
@@ -137,19 +143,12 @@ pub(crate) struct Inner {
     positions: Mutex<HashMap<String, Place>>,
     /// etcd leases granted for one grant each (see `EtcdStore::grant_in_one_shot`).
     pub(crate) private: Mutex<HashSet<i64>>,
+    /// Per candidate key: the position of its latest one-shot grant, and when the first one for
+    /// that position began (a turn of that key counts from no later, see
+    /// `Inner::one_shot_began`).
+    one_shots: Mutex<HashMap<String, (Position, Instant)>>,
     /// One watch per followed lease, shared by its followers in this store (see `announce`).
     pub(crate) announcers: Mutex<HashMap<LeaseName, crate::announce::Announcer>>,
-    /// Per waiting candidate key: the position its change stream watched a predecessor for,
-    /// that predecessor's create_revision, and, once its deletion was seen, the stream's decision
-    /// whether it was released while first (`None` in the channel until decided; see
-    /// `EtcdStore::grant_on_release`).
-    behind: Mutex<HashMap<String, Behind>>,
-    /// Per candidate key granted on its predecessor's release: held until its grant's records
-    /// are written, and waited for by every later operation of the key.
-    records: Mutex<HashMap<String, Arc<AsyncMutex<()>>>>,
-    /// Per candidate key: the position of its latest one-shot grant, and when the first one for
-    /// that position began (see `EtcdStore::grant_on_release`).
-    one_shots: Mutex<HashMap<String, (Position, Instant)>>,
     /// Deletions of candidate keys of this store that failed (a release, hand-over or
     /// withdrawal answered an error), sent again after the next keepalive of any session of
     /// this store (see [`Inner::leave`]).
@@ -226,10 +225,8 @@ impl EtcdStore {
                 current: Mutex::default(),
                 positions: Mutex::default(),
                 private: Mutex::default(),
-                announcers: Mutex::default(),
-                behind: Mutex::default(),
-                records: Mutex::default(),
                 one_shots: Mutex::default(),
+                announcers: Mutex::default(),
                 left: Mutex::default(),
                 resending: Arc::default(),
             }),
@@ -239,148 +236,6 @@ impl EtcdStore {
     /// The configuration (its `Debug` and `Display` redact the password).
     pub fn config(&self) -> &EtcdConfig {
         &self.inner.config
-    }
-
-    /// Grants a queued candidate whose predecessor was released, with no request at all: its
-    /// key is first in the queue, and stays first while its session lives.
-    ///
-    /// Why: the candidate's change stream watched its immediate predecessor `p` (the key with the
-    /// greatest create_revision below its own, found when it began waiting; no key can appear
-    /// between them later, since new keys get higher revisions). A release of `p` puts a marker
-    /// naming `p` in the lease's `granted` key, in the release's transaction, only if `p` was
-    /// granted (so first in the queue: see `release`) and no reservation was there (compared in
-    /// that same transaction, before its writes). So once the marker is seen, no key is ahead of ours:
-    /// none was ahead of `p`, `p` is gone, and none can appear. No reservation can appear
-    /// either: only a holder hands over, and only the first key (ours) can be granted now.
-    /// Our key is then taken only by its session's expiry (or by this candidate, or an
-    /// operator's break), and etcd keeps the session at least its TTL from a moment after the
-    /// last keepalive it confirmed was *sent*: the grant is valid since that send
-    /// ([`Grant::valid_since`]), not since this call, which is later. A one-shot grant of the
-    /// same key, begun earlier, may still apply (an unanswered copy) and bind the key to its
-    /// own lease, granted after that one-shot began: then the grant counts from that beginning
-    /// if it is earlier.
-    ///
-    /// The grant's records (`started` and `granted`) are written just after, in one
-    /// transaction, in a task of their own that first lets what the grant sets off in this
-    /// process run (the engine's `Elected`, the leader's task): every later operation of this key in this store
-    /// waits for it ([`Inner::records_written`]). A process that dies before they are written
-    /// leaves a term without a history entry (and not announced); its key ends with its
-    /// session. `None`: not this case (no marker for our predecessor seen, nor read by the change
-    /// stream at its deletion's revision, another session, or a keepalive too long ago); the
-    /// caller takes the ordinary path. While the change stream's read is out, this waits for it.
-    async fn grant_on_release(
-        &self,
-        keys: &Keys,
-        own: &str,
-        request: &AcquireRequest,
-        position: Position,
-    ) -> Option<Grant> {
-        let inner = &self.inner;
-        let predecessor = inner.predecessor(own, position)?;
-        let marker_seen =
-            crate::announce::released(inner, &keys.lease).is_some_and(|r| *r.borrow() == Some(predecessor));
-        if !marker_seen {
-            // The change stream's decision on the predecessor's deletion (the marker seen, or read
-            // at the deletion's revision), which it makes beside waking the engine: waited for as
-            // long as that read may take (it is bounded; a decision given up is "no").
-            let mut decision = inner.decision(own, position, predecessor)?;
-            let released = decision.wait_for(Option::is_some).await.is_ok_and(|d| *d == Some(true));
-            if !released {
-                return None;
-            }
-        }
-        let mut since = inner.confirmed_since(position.ttl_secs, position.lease).await?;
-        // A one-shot grant of this key at this position may still apply (a copy unanswered):
-        // it would bind the key to a lease granted after that one-shot began, which may be
-        // before the keepalive. Counted from the earlier of the two.
-        // Matched by the key's revision (the same key, also queued again by a later campaign of
-        // this store) and kept until any lease that one-shot granted has surely expired.
-        let one_shot = inner.one_shots.lock().expect("one-shots lock").get(own).copied();
-        if let Some((_, began)) =
-            one_shot.filter(|(p, began)| p.rev == position.rev && began.elapsed() < one_shot_reach(p.ttl_secs))
-        {
-            since = since.min(began);
-        }
-        let now = Instant::now();
-        if now.saturating_duration_since(since) >= request.ttl / 2 {
-            // The session's keepalives fell behind: the ordinary path confirms it anew.
-            return None;
-        }
-        let rev = position.rev;
-        let grant = Grant {
-            lease: request.lease.clone(),
-            holder: request.candidate.clone(),
-            term: Term(u64::try_from(rev).unwrap_or(0)),
-            ttl: request.ttl,
-            token: rev.to_string(),
-        }
-        .valid_since(since.into_std(), now.into_std());
-        crate::announce::announce_ended(inner, &keys.lease, predecessor, EndReason::Released);
-        // Held from here until the records are written: a release, renewal or hand-over of this
-        // key in this store is not sent before.
-        let pending = Arc::new(AsyncMutex::new(()));
-        let held = pending.clone().try_lock_owned().expect("a new mutex is free");
-        inner
-            .records
-            .lock()
-            .expect("records lock")
-            .insert(own.to_string(), pending.clone());
-        inner.publish(
-            own,
-            Some(Position {
-                granted: true,
-                ..position
-            }),
-        );
-        let inner = inner.clone();
-        let own = own.to_string();
-        let (keys, candidate, ttl) = (keys.clone(), request.candidate.clone(), request.ttl);
-        tokio::spawn(async move {
-            // Made here, not before the grant is returned: the grant's way to the engine is
-            // the handover's critical path.
-            let txn = Txn::new()
-                .when([
-                    Compare::create_revision(own.clone(), CompareOp::Equal, rev),
-                    Compare::create_revision(keys.started(rev), CompareOp::Equal, 0),
-                ])
-                .and_then([
-                    TxnOp::put(keys.started(rev), started_value(&candidate), None),
-                    TxnOp::put(keys.granted(), granted_value(rev, ttl, &candidate), None),
-                ]);
-            // Sent after what the grant sets off in this process: the engine's `Elected`, the
-            // leader's task starting (`leasehold run` execs its pre-started command there). On a
-            // one-thread runtime this task would otherwise run first, and its request (and etcd
-            // answering it, on the same cores) came before the command's start; every operation
-            // of this key waits for the records anyway.
-            for _ in 0..RECORDS_AFTER_TURNS {
-                tokio::task::yield_now().await;
-            }
-            // Until written or the key is gone (the compare fails), for up to a TTL: the key's
-            // renewals wait behind this, so a term whose records cannot be written ends with it.
-            let give_up = Instant::now() + ttl;
-            let mut pause = Duration::from_millis(10);
-            loop {
-                match inner.txn("acquire (records)", txn.clone()).await {
-                    Ok(_) => break,
-                    Err(e) if Instant::now() + pause < give_up => {
-                        tracing::debug!(error = %e, key = %own, "writing a grant's records failed; again");
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(Duration::from_millis(500));
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, key = %own, "a grant's records (history, announcement) could not be written within its TTL");
-                        break;
-                    }
-                }
-            }
-            let mut records = inner.records.lock().expect("records lock");
-            if records.get(&own).is_some_and(|p| Arc::ptr_eq(p, &pending)) {
-                records.remove(&own);
-            }
-            drop(records);
-            drop(held);
-        });
-        Some(grant)
     }
 
     /// Grants a queued candidate that has become first in one transaction, needing no answer
@@ -415,7 +270,7 @@ impl EtcdStore {
         let begun = Instant::now();
         // A copy of this transaction may apply at any later moment (copies left unanswered,
         // or a dropped call), rebinding the key to the fresh lease: a grant on release of this
-        // key counts from no later than now (see `grant_on_release`).
+        // key counts from no later than now (see `Inner::one_shot_began`).
         inner
             .one_shots
             .lock()
@@ -646,7 +501,7 @@ impl EtcdStore {
         let Ok(term) = i64::try_from(grant.term.0) else {
             return Ok(());
         };
-        inner.records_written(&own).await;
+        inner.write_records_due(&keys, &own, grant.term).await?;
         let ttl_secs = session_ttl_secs(grant.ttl);
         let mut client = inner.client();
         let lease = inner
@@ -688,53 +543,6 @@ impl EtcdStore {
 }
 
 impl Inner {
-    /// The change stream of the candidate key `own`, waiting at `position`, watches the key
-    /// created at `predecessor` (the greatest create_revision below its own).
-    pub(crate) fn note_predecessor(&self, own: &str, position: Position, predecessor: i64) {
-        let mut behind = self.behind.lock().expect("behind lock");
-        behind.insert(own.to_string(), (position, predecessor, None));
-    }
-
-    /// The predecessor the change stream of `own` watched at `position`, if it did.
-    pub(crate) fn predecessor(&self, own: &str, position: Position) -> Option<i64> {
-        let behind = self.behind.lock().expect("behind lock");
-        behind.get(own).filter(|(p, ..)| *p == position).map(|(_, rev, _)| *rev)
-    }
-
-    /// The change stream of `own`, waiting at `position`, saw the deletion of `predecessor`
-    /// and decides whether it was released while first: `decision` answers. Kept only if the
-    /// stream still watches that very predecessor at that position (the entry may have changed
-    /// meanwhile); `false` otherwise.
-    pub(crate) fn note_deletion(&self, own: &str, position: Position, predecessor: i64, decision: Decision) -> bool {
-        let mut behind = self.behind.lock().expect("behind lock");
-        match behind.get_mut(own) {
-            Some((p, rev, slot)) if *p == position && *rev == predecessor => {
-                *slot = Some(decision);
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// The decision on the deletion of `predecessor`, watched by the change stream of `own` at
-    /// `position` (see [`Inner::note_deletion`]), if its deletion was seen.
-    pub(crate) fn decision(&self, own: &str, position: Position, predecessor: i64) -> Option<Decision> {
-        let behind = self.behind.lock().expect("behind lock");
-        behind
-            .get(own)
-            .filter(|(p, rev, _)| *p == position && *rev == predecessor)
-            .and_then(|(.., decision)| decision.clone())
-    }
-
-    /// Waits until the records of a grant of `own` made on its predecessor's release are
-    /// written (or their writing gave up), so that nothing of that key is ordered before them.
-    async fn records_written(&self, own: &str) {
-        let pending = self.records.lock().expect("records lock").get(own).cloned();
-        if let Some(pending) = pending {
-            drop(pending.lock().await);
-        }
-    }
-
     fn place<T>(&self, own: &str, f: impl FnOnce(&mut Place) -> T) -> T {
         let mut positions = self.positions.lock().expect("positions lock");
         if let Some(place) = positions.get_mut(own) {
@@ -744,6 +552,8 @@ impl Inner {
             position: watch::channel(None).0,
             retired: 0,
             acquires: 0,
+            asked: Duration::ZERO,
+            records_due: None,
         });
         f(place)
     }
@@ -757,9 +567,6 @@ impl Inner {
     fn publish(&self, own: &str, position: Option<Position>) {
         self.place(own, |place| {
             let position = position.filter(|p| p.rev > place.retired);
-            if position.is_none_or(|p| p.granted) {
-                self.behind.lock().expect("behind lock").remove(own);
-            }
             place.position.send_if_modified(|p| {
                 let changed = *p != position;
                 *p = position;
@@ -779,7 +586,6 @@ impl Inner {
         self.place(own, |place| {
             place.retired = place.retired.max(rev);
             if place.position.borrow().is_some_and(|p| p.rev <= rev) {
-                self.behind.lock().expect("behind lock").remove(own);
                 place.position.send_replace(None);
             }
         });
@@ -789,6 +595,69 @@ impl Inner {
     fn retired(&self, own: &str) -> i64 {
         let positions = self.positions.lock().expect("positions lock");
         positions.get(own).map_or(0, |place| place.retired)
+    }
+
+    /// The change stream of `own` found its key first at `position` by waiting (its
+    /// predecessor released while first): the grant of that turn, its place published as
+    /// granted, and its records due. `None` when the store has begun to delete the key.
+    pub(crate) fn take_turn(&self, keys: &Keys, own: &str, holder: &CandidateId, position: Position) -> Option<Grant> {
+        self.place(own, |place| {
+            if position.rev <= place.retired || *place.position.borrow() != Some(position) {
+                return None;
+            }
+            let rev = position.rev;
+            place.records_due = Some(RecordsDue {
+                rev,
+                ttl: place.asked,
+                holder: holder.clone(),
+            });
+            place.position.send_replace(Some(Position {
+                granted: true,
+                ..position
+            }));
+            Some(Grant {
+                lease: keys.lease.clone(),
+                holder: holder.clone(),
+                term: Term(u64::try_from(rev).unwrap_or(0)),
+                ttl: place.asked,
+                token: rev.to_string(),
+            })
+        })
+    }
+
+    /// When a one-shot grant of `own` at `position` began, if one may still apply: a copy left
+    /// unanswered may bind the key to its own lease, granted after that one-shot began, at any
+    /// later moment (also once a release has made the key first): a turn of that key counts from
+    /// no later than this.
+    pub(crate) fn one_shot_began(&self, own: &str, position: Position) -> Option<Instant> {
+        let one_shots = self.one_shots.lock().expect("one-shots lock");
+        one_shots
+            .get(own)
+            .filter(|(p, began)| p.rev == position.rev && began.elapsed() < one_shot_reach(p.ttl_secs))
+            .map(|(_, began)| *began)
+    }
+
+    /// Writes the records of the turn of `own` at `term` (its history entry and its
+    /// announcement), if they are due: one transaction, only while the key is still the one
+    /// granted and no other request wrote them. A key gone meanwhile leaves nothing due (the
+    /// request that follows finds it gone).
+    async fn write_records_due(&self, keys: &Keys, own: &str, term: Term) -> Result<()> {
+        let due = self.place(own, |p| p.records_due.clone());
+        let Some(due) = due.filter(|d| u64::try_from(d.rev).ok() == Some(term.0)) else {
+            return Ok(());
+        };
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(own.to_string(), CompareOp::Equal, due.rev),
+                Compare::create_revision(keys.started(due.rev), CompareOp::Equal, 0),
+            ])
+            .and_then([
+                TxnOp::put(keys.started(due.rev), started_value(&due.holder), None),
+                TxnOp::put(keys.granted(), granted_value(due.rev, due.ttl, &due.holder), None),
+            ]);
+        self.txn("renew (records)", txn).await?;
+        self.place(own, |p| p.records_due.take_if(|d| d.rev == due.rev));
+        Ok(())
     }
 
     /// `snapshot` as this store may show it: an error (transient) when its holder is a key this
@@ -992,14 +861,11 @@ impl LeaseStore for EtcdStore {
         let keys = self.keys(&request.lease);
         let own = keys.candidate(&request.candidate);
         let ttl_secs = session_ttl_secs(request.ttl);
-        inner.place(&own, |p| p.acquires += 1);
-        inner.records_written(&own).await;
+        inner.place(&own, |p| {
+            p.acquires += 1;
+            p.asked = request.ttl;
+        });
         let queued = (*inner.position(&own).borrow()).filter(|p| !p.granted && p.ttl_secs == ttl_secs);
-        if let Some(position) = queued
-            && let Some(grant) = self.grant_on_release(&keys, &own, request, position).await
-        {
-            return Ok(Acquired::Granted(grant));
-        }
         if let Some(position) = queued
             && let Some(grant) = self.grant_in_one_shot(&keys, &own, request, position).await?
         {
@@ -1177,7 +1043,8 @@ impl LeaseStore for EtcdStore {
         // after a confirmed keepalive lives a TTL from a moment after this request began. Both are shared by every renewal of the
         // session that began before them.
         let own_key = keys.candidate(&grant.holder);
-        inner.records_written(&own_key).await;
+        // A turn's confirmation writes the term's records first (see `Place::records_due`).
+        Box::pin(inner.write_records_due(&keys, &own_key, grant.term)).await?;
         let known = *inner.position(&own_key).borrow();
         if let Some(p) = known.filter(|p| p.granted && p.rev == i64::try_from(grant.term.0).unwrap_or(0))
             && inner.private.lock().expect("private lock").contains(&p.lease)
@@ -1222,9 +1089,9 @@ impl LeaseStore for EtcdStore {
         let Ok(term) = i64::try_from(grant.term.0) else {
             return Ok(());
         };
-        self.inner.records_written(&own).await;
+        self.inner.write_records_due(&keys, &own, grant.term).await?;
         self.inner.retire(&own, term);
-        // The release marker for the successor (see `grant_on_release`) says that the released
+        // The release marker for the successor (its turn, see `changes`) says that the released
         // key was first in the queue and no reservation was there. First: a key is granted
         // only while first (every grant compares the keys ahead, or deletes them with a
         // reservation's take), and no key can be created before it later (revisions only grow),
@@ -1288,7 +1155,7 @@ impl LeaseStore for EtcdStore {
     async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
         let keys = self.keys(lease);
         let key = keys.candidate(candidate);
-        self.inner.records_written(&key).await;
+        self.inner.place(&key, |p| p.records_due = None);
         self.inner.publish(&key, None);
         let acquires = self.inner.place(&key, |p| p.acquires);
         self.inner.withdraw_key(&keys, key, acquires).await
@@ -1360,49 +1227,5 @@ impl LeaseStore for EtcdStore {
             )
             .await?;
         Ok(resp.succeeded().then(|| holder.term()))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use leasehold_conformance::require_server;
-    use tokio::sync::watch;
-
-    use crate::EtcdStore;
-    use crate::changes::Position;
-
-    /// A decision on a predecessor's deletion is kept only for the predecessor it was made for,
-    /// at the position it was made at: one made for another key than the one now watched (the
-    /// stream looked again meanwhile) grants nothing.
-    #[tokio::test]
-    async fn a_release_decision_counts_only_for_its_own_predecessor() {
-        let Some(url) = require_server("etcd", "LEASEHOLD_ETCD_URL") else {
-            return;
-        };
-        let store = EtcdStore::connect(&url).await.expect("connects");
-        let inner = &store.inner;
-        let own = "test/c/b";
-        let at = Position {
-            rev: 10,
-            lease: 1,
-            ttl_secs: 10,
-            granted: false,
-        };
-        let released = || watch::channel(Some(true)).1;
-        inner.note_predecessor(own, at, 7);
-        assert!(
-            !inner.note_deletion(own, at, 5, released()),
-            "not the watched predecessor"
-        );
-        assert!(inner.decision(own, at, 7).is_none());
-        assert!(!inner.note_deletion(own, Position { rev: 11, ..at }, 7, released()));
-        assert!(inner.decision(own, at, 7).is_none());
-        assert!(inner.note_deletion(own, at, 7, released()));
-        assert_eq!(inner.decision(own, at, 7).map(|d| *d.borrow()), Some(Some(true)));
-        assert!(inner.decision(own, at, 5).is_none(), "asked for another predecessor");
-        // The stream watches another predecessor now: the decision made for 7 is gone.
-        inner.note_predecessor(own, at, 8);
-        assert!(inner.decision(own, at, 7).is_none());
-        assert!(inner.decision(own, at, 8).is_none());
     }
 }

@@ -306,10 +306,9 @@ impl Notifier {
             lease: lease.as_str().to_string(),
             id,
         };
-        futures::stream::unfold((rx, guard), |(mut rx, guard)| async move {
+        leasehold_core::notifications(futures::stream::unfold((rx, guard), |(mut rx, guard)| async move {
             rx.changed().await.ok().map(|()| ((), (rx, guard)))
-        })
-        .boxed()
+        }))
     }
 
     /// Starts the listener unless one runs.

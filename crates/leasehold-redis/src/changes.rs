@@ -223,7 +223,7 @@ impl Hub {
             }
             Some(((), s))
         });
-        Ok(Some(stream.boxed()))
+        Ok(Some(leasehold_core::notifications(stream)))
     }
 
     /// The grants announced on the lease's `channel`, from now on (a subscriber that falls

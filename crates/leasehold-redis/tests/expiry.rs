@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::{RedisBackend, TTL, elector, grant, id, try_raw_cmd};
 use futures::StreamExt;
 use leasehold_conformance::{Direction, Fault, Faults, FaultyStore, SafetyChecker, require_server};
-use leasehold_core::{LeaseName, LeaseStore, Notifications, random_u64};
+use leasehold_core::{Change, LeaseName, LeaseStore, Notifications, random_u64};
 use leasehold_redis::{ExpiryEvents, RedisConfig, RedisStore};
 
 fn backend(mode: ExpiryEvents) -> Option<RedisBackend> {
@@ -63,7 +63,7 @@ async fn an_expired_lease_wakes_its_changes_stream() {
         let woken = tokio::time::timeout(ttl + Duration::from_secs(1), changes.next()).await;
         assert_eq!(
             woken,
-            Ok(Some(())),
+            Ok(Some(Change::Changed)),
             "{lease}: no expiry event within a second of the TTL"
         );
         let after = granted.elapsed();
@@ -180,7 +180,7 @@ async fn without_expiry_events_an_idle_follower_polls_once_per_ttl() {
     assert!(quiet.is_err(), "a takeover woke a follower");
     store.release(&g).await.unwrap();
     let woken = tokio::time::timeout(Duration::from_secs(1), changes.next()).await;
-    assert_eq!(woken, Ok(Some(())), "a release is announced");
+    assert_eq!(woken, Ok(Some(Change::Changed)), "a release is announced");
 }
 
 /// `auto` uses the events when the server already sends them (here: turned on by an `enable`
@@ -207,7 +207,7 @@ async fn auto_uses_expiry_events_the_server_sends() {
     assert_eq!(lazy.capabilities().notifications, Notifications::ReleaseAndExpiry);
     grant(&store, &lease, "a", Duration::from_millis(100)).await;
     let woken = tokio::time::timeout(Duration::from_secs(1), changes.next()).await;
-    assert_eq!(woken, Ok(Some(())), "the lazy store hears the expiry");
+    assert_eq!(woken, Ok(Some(Change::Changed)), "the lazy store hears the expiry");
 }
 
 /// `auto` follows what the server sends: checked whenever the server's setting did not change
@@ -299,7 +299,7 @@ async fn refused_config_or_channel_falls_back_to_polling() {
     let g = grant(&store, &lease, "a", TTL).await;
     store.release(&g).await.unwrap();
     let woken = tokio::time::timeout(Duration::from_secs(1), changes.next()).await;
-    assert_eq!(woken, Ok(Some(())), "releases are still announced");
+    assert_eq!(woken, Ok(Some(Change::Changed)), "releases are still announced");
     no_channel.delete().await;
 }
 
@@ -356,7 +356,7 @@ async fn expiry_events_that_vanish_make_followers_poll() {
     assert_eq!(store.capabilities().notifications, Notifications::ReleaseAndExpiry);
     grant(&store, &lease, "a", Duration::from_millis(100)).await;
     let woken = tokio::time::timeout(Duration::from_secs(1), changes.next()).await;
-    assert_eq!(woken, Ok(Some(())), "the expiry is heard again");
+    assert_eq!(woken, Ok(Some(Change::Changed)), "the expiry is heard again");
     user.delete().await;
 }
 
@@ -400,7 +400,7 @@ async fn expiry_event_delay_with_many_volatile_keys() {
             let granted = Instant::now();
             grant(&store, &lease, "abandoned", ttl).await;
             let woken = tokio::time::timeout(ttl + Duration::from_secs(120), changes.next()).await;
-            assert_eq!(woken, Ok(Some(())));
+            assert_eq!(woken, Ok(Some(Change::Changed)));
             delays.push((granted.elapsed() - ttl).as_millis());
         }
         delays.sort();

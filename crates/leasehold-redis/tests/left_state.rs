@@ -220,7 +220,7 @@ async fn left_while_other_leases_renew(left: Left) {
         let Some(left_for) = deadline.checked_duration_since(Instant::now()) else {
             break Err(last);
         };
-        if !matches!(tokio::time::timeout(left_for, c_changes.next()).await, Ok(Some(()))) {
+        if !matches!(tokio::time::timeout(left_for, c_changes.next()).await, Ok(Some(_))) {
             continue;
         }
         match acquire(&c, &lease, "c").await {

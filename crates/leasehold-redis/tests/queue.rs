@@ -28,7 +28,7 @@ fn lease(tag: &str) -> LeaseName {
 
 /// Whether the stream yields within `within`.
 async fn woken(changes: &mut Changes, within: Duration) -> bool {
-    matches!(tokio::time::timeout(within, changes.next()).await, Ok(Some(())))
+    matches!(tokio::time::timeout(within, changes.next()).await, Ok(Some(_)))
 }
 
 /// Whether the stream yields within 2 s.

@@ -27,7 +27,9 @@ fn lease(tag: &str) -> LeaseName {
 }
 
 /// The next item of a changes stream, if it comes within 2 s.
-async fn next(changes: &mut leasehold_core::Changes) -> Result<Option<()>, tokio::time::error::Elapsed> {
+async fn next(
+    changes: &mut leasehold_core::Changes,
+) -> Result<Option<leasehold_core::Change>, tokio::time::error::Elapsed> {
     tokio::time::timeout(Duration::from_secs(2), changes.next()).await
 }
 
@@ -424,7 +426,11 @@ async fn hand_over_writes_a_reserved_record() {
 
     let a = grant(&store, &lease, "a", ttl).await;
     store.hand_over(&a, &id("c")).await.unwrap();
-    assert_eq!(next(&mut changes).await, Ok(Some(())), "a handover is announced");
+    assert_eq!(
+        next(&mut changes).await,
+        Ok(Some(leasehold_core::Change::Changed)),
+        "a handover is announced"
+    );
     let field = |name: &'static str| {
         let key = keys.lease.clone();
         let backend = &backend;
@@ -543,18 +549,30 @@ async fn changes_announce_releases_and_end_with_the_connection() {
 
     let g = grant(&store, &lease, "a", TTL).await;
     store.release(&g).await.unwrap();
-    assert_eq!(next(&mut changes).await, Ok(Some(())), "a release is announced");
-    assert_eq!(next(&mut again).await, Ok(Some(())), "to every stream of the lease");
+    assert_eq!(
+        next(&mut changes).await,
+        Ok(Some(leasehold_core::Change::Changed)),
+        "a release is announced"
+    );
+    assert_eq!(
+        next(&mut again).await,
+        Ok(Some(leasehold_core::Change::Changed)),
+        "to every stream of the lease"
+    );
     grant(&store, &lease, "b", TTL).await;
     assert!(store.break_lease(&lease).await.unwrap().is_some());
-    assert_eq!(next(&mut changes).await, Ok(Some(())), "a break is announced");
+    assert_eq!(
+        next(&mut changes).await,
+        Ok(Some(leasehold_core::Change::Changed)),
+        "a break is announced"
+    );
     drop(again);
     grant(&store, &lease, "c", Duration::from_millis(50)).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let d = grant(&store, &lease, "d", TTL).await;
     assert_eq!(
         next(&mut changes).await,
-        Ok(Some(())),
+        Ok(Some(leasehold_core::Change::Changed)),
         "the expiry of the record wakes the follower (expiry events)"
     );
     store.release(&d).await.unwrap();
@@ -586,7 +604,7 @@ async fn changes_announce_releases_and_end_with_the_connection() {
         store.release(&grant(&store, &lease, "e", TTL).await).await.unwrap();
         assert_eq!(
             next(&mut healed).await,
-            Ok(Some(())),
+            Ok(Some(leasehold_core::Change::Changed)),
             "{fault:?}: a new connection after healing"
         );
     }

@@ -38,7 +38,6 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock, Weak};
 
-use futures::StreamExt;
 use leasehold_core::{Announcements, CandidateId, Changes, LeaseName, Observation};
 use notify::{RecommendedWatcher, RecursiveMode, Watcher};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteSynchronous};
@@ -316,7 +315,9 @@ impl Notifier {
             })
             .await?;
         Ok(rx.map(|rx| {
-            futures::stream::unfold(rx, |mut rx| async move { rx.changed().await.ok().map(|()| ((), rx)) }).boxed()
+            leasehold_core::notifications(futures::stream::unfold(rx, |mut rx| async move {
+                rx.changed().await.ok().map(|()| ((), rx))
+            }))
         }))
     }
 

@@ -56,7 +56,7 @@ async fn subscribe(store: &SqliteStore, candidate: &str) -> Changes {
 
 async fn woken(changes: &mut Changes, what: &str) {
     match tokio::time::timeout(WAKE, changes.next()).await {
-        Ok(Some(())) => {}
+        Ok(Some(_)) => {}
         Ok(None) => panic!("{what}: the stream ended"),
         Err(_) => panic!("{what}: no wake-up within {WAKE:?}"),
     }

@@ -20,7 +20,7 @@ pub(crate) fn changes(inner: Arc<Inner>, lease: &LeaseName, candidate: &Candidat
         announced: None,
         doorbell: None,
     };
-    Box::pin(futures::stream::unfold(watching, |mut w| async move {
+    leasehold_core::notifications(futures::stream::unfold(watching, |mut w| async move {
         w.next().await.map(|()| ((), w))
     }))
 }

@@ -395,7 +395,8 @@ impl Driver {
                 }
                 () = async { tokio::time::sleep_until(wake.expect("guarded")).await }, if wake.is_some() => Input::Tick,
                 change = async { changes.as_mut().expect("guarded").next().await }, if changes.is_some() => match change {
-                    Some(()) => Input::Notified,
+                    Some(crate::store::Change::Changed) => Input::Notified,
+                    Some(crate::store::Change::YourTurn(turn)) => Input::YourTurn(turn),
                     None => {
                         self.changes = None;
                         Input::NotificationsLost
@@ -491,6 +492,10 @@ impl Driver {
             }
             Input::Reply(_, Reply::Acquire(Ok(Acquired::Granted(_)))) => self.won_at = Some(asked),
             Input::Notified => self.previous.notified(now),
+            Input::YourTurn(_) => {
+                self.previous.notified(now);
+                self.won_at = Some(now);
+            }
             _ => {}
         }
     }
