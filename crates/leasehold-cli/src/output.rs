@@ -109,15 +109,6 @@ pub(crate) fn humanize(text: &str) -> String {
     out
 }
 
-/// "4.200" -> "4.2", "5.000" -> "5".
-fn trim(number: String) -> String {
-    if number.contains('.') {
-        number.trim_end_matches('0').trim_end_matches('.').to_string()
-    } else {
-        number
-    }
-}
-
 /// Writes `text` and a newline to stdout. A closed pipe (`leasehold watch x | head -3`) ends the
 /// process quietly with status 0.
 pub(crate) fn line(text: &str) {
