@@ -16,6 +16,10 @@ pub mod recipes;
 pub mod sqlite;
 
 pub use error::FenceError;
+/// The sqlx (0.9) whose connections the fence takes: a service on another sqlx version can open
+/// the fence's connections with this one (see the crate docs).
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub use sqlx;
 pub use key::FenceKey;
 pub use leasehold_core::Term;
 
