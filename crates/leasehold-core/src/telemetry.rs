@@ -420,7 +420,10 @@ mod tests {
             (TROUBLE, &TROUBLE_REASONS[..]),
         ] {
             for label in labels {
-                assert!(row(series).contains(&format!("`{label}`")), "{series}: `{label}` missing");
+                assert!(
+                    row(series).contains(&format!("`{label}`")),
+                    "{series}: `{label}` missing"
+                );
             }
         }
     }
