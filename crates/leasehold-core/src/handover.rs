@@ -11,7 +11,10 @@
 //! however it ends.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's clock, so that a request runs under `tokio::time::pause` as the engine does.
+use tokio::time::Instant;
 
 use crate::elector::{Elector, Leader};
 use crate::error::Error;
@@ -32,8 +35,9 @@ const CAMPAIGN_AT_LEAST: Duration = Duration::from_secs(2);
 ///
 /// Before asking, the request checks that `to` is campaigning where the store can list its
 /// candidates ([`LeaseStore::candidates`]: etcd, ZooKeeper, Redis), and fails with
-/// [`HandOverError::NotCampaigning`] when it is not (a typo in `to` would otherwise leave the
-/// lease reserved for nobody for a TTL). Where the store keeps no list, it cannot check, and says
+/// [`HandOverError::NotCampaigning`] when it is not listed within one TTL of the holder (a typo
+/// in `to` would otherwise leave the lease reserved for nobody for a TTL; the wait lets a
+/// candidate that has just lost the lease queue again). Where the store keeps no list, it cannot check, and says
 /// so: [`TargetCheck::StoreCannotList`], also named in the error when `to` does not take the lease.
 ///
 /// # Examples
@@ -144,7 +148,8 @@ pub enum HandOverError {
         /// The successor asked for.
         to: CandidateId,
     },
-    /// The store lists the lease's candidates, and the successor is not among them.
+    /// The store lists the lease's candidates, and the successor was not among them for a whole
+    /// TTL of the holder (a candidate that campaigns is listed within a round trip or two).
     #[error(
         "cannot hand over lease {lease} to {to}: {to} is not campaigning for it ({}); start it first, or check the id",
         campaigning_text(campaigning)
@@ -368,7 +373,23 @@ impl HandOverRequest {
         }
     }
 
-    /// Makes the request: reads the holder, checks the successor, takes the request lease.
+    /// [`check_target`](Self::check_target) until `to` is listed, for up to `grace`: a candidate
+    /// that has just lost the lease (to a hand-over, say) is listed again only once its next
+    /// campaign's first acquire was answered.
+    async fn wait_for_target(&self, grace: Duration) -> Result<TargetCheck, HandOverError> {
+        let until = Instant::now() + grace;
+        loop {
+            match self.check_target().await {
+                Err(HandOverError::NotCampaigning { .. }) if Instant::now() < until => {
+                    tokio::time::sleep(POLL).await;
+                }
+                checked => return checked,
+            }
+        }
+    }
+
+    /// Makes the request: reads the holder, checks the successor (waiting up to the holder's TTL
+    /// for it to be listed), takes the request lease.
     ///
     /// # Errors
     ///
@@ -409,8 +430,8 @@ impl HandOverRequest {
                 term: holder.term,
             });
         }
-        let target = self.check_target().await?;
         let within = self.within.unwrap_or(holder.ttl.saturating_mul(3));
+        let target = self.wait_for_target(holder.ttl.min(within)).await?;
         let request = if holder.reserved {
             None
         } else {
@@ -571,11 +592,11 @@ impl PendingHandOver {
             tokio::select! {
                 _ = tick.tick() => {}
                 () = lost => return Err(self.request_lost()),
-                () = tokio::time::sleep_until(self.deadline.into()) => {
+                () = tokio::time::sleep_until(self.deadline) => {
                     return Err(self.timed_out(last.as_ref(), last_error));
                 }
             }
-            let read = tokio::time::timeout_at(self.deadline.into(), self.store.inspect(&self.lease)).await;
+            let read = tokio::time::timeout_at(self.deadline, self.store.inspect(&self.lease)).await;
             let Ok(read) = read else {
                 return Err(self.timed_out(last.as_ref(), last_error));
             };
