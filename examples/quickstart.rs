@@ -2,7 +2,7 @@
 //!
 //! Three worker processes elect a leader over one SQLite file in a temp dir. The leader runs a
 //! coordinator task that does fenced work: it appends its term to a ledger that rejects stale
-//! terms. The example then
+//! terms, checking and writing in one locked step. The example then
 //!
 //! 1. kills the leader with SIGKILL and shows a successor taking over within the TTL (plus one
 //!    poll) with a higher term, and
@@ -10,7 +10,7 @@
 //!
 //! prints a timeline, cleans up, and exits 0 only if all of that happened.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -86,8 +86,21 @@ async fn worker(url: &str, ledger: &Path, id: &str) -> Result<(), Box<dyn std::e
 }
 
 /// The downstream system: accepts an entry only if its term is not older than the newest seen.
+///
+/// The check and the write are one step of the ledger (the file is locked exclusively while it
+/// reads the newest term and appends), as a fenced write must be: a check in one request and
+/// the write in another would let a deposed leader's write through between the two (see
+/// docs/fencing.md; a database does it with one statement or transaction, as
+/// `leasehold_fence::postgres::check_and_advance` does).
 fn append_fenced(ledger: &Path, term: u64, holder: &str) -> std::io::Result<()> {
-    let text = std::fs::read_to_string(ledger).unwrap_or_default();
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .read(true)
+        .append(true)
+        .open(ledger)?;
+    file.lock()?; // until the file is closed: no other writer between the check and the write
+    let mut text = String::new();
+    file.read_to_string(&mut text)?;
     let newest = text
         .lines()
         .filter_map(|l| l.split(' ').next()?.parse::<u64>().ok())
@@ -96,7 +109,6 @@ fn append_fenced(ledger: &Path, term: u64, holder: &str) -> std::io::Result<()> 
     if term < newest {
         return Err(std::io::Error::other(format!("stale term {term} < {newest}: rejected")));
     }
-    let mut file = std::fs::OpenOptions::new().create(true).append(true).open(ledger)?;
     writeln!(file, "{term} {holder}")
 }
 

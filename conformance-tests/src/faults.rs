@@ -81,6 +81,8 @@ pub struct RequestCounts {
     pub history: u64,
     /// [`LeaseStore::list`] calls.
     pub list: u64,
+    /// [`LeaseStore::candidates`] calls.
+    pub candidates: u64,
     /// [`LeaseStore::changes`] calls.
     pub changes: u64,
     /// [`LeaseStore::break_lease`] calls.
@@ -109,6 +111,7 @@ impl RequestCounts {
             (Operation::Inspect, self.inspect),
             (Operation::History, self.history),
             (Operation::List, self.list),
+            (Operation::Candidates, self.candidates),
             (Operation::Changes, self.changes),
             (Operation::BreakLease, self.break_lease),
         ]
@@ -146,6 +149,7 @@ impl RequestCounts {
             inspect: f(self.inspect, other.inspect),
             history: f(self.history, other.history),
             list: f(self.list, other.list),
+            candidates: f(self.candidates, other.candidates),
             changes: f(self.changes, other.changes),
             break_lease: f(self.break_lease, other.break_lease),
             failed: f(self.failed, other.failed),
@@ -166,6 +170,7 @@ impl From<Counts> for RequestCounts {
             inspect: n(Operation::Inspect),
             history: n(Operation::History),
             list: n(Operation::List),
+            candidates: n(Operation::Candidates),
             changes: n(Operation::Changes),
             break_lease: n(Operation::BreakLease),
             failed: counts.failed,

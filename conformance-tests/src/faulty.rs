@@ -122,6 +122,10 @@ impl LeaseStore for FaultyStore {
         self.counted.list(prefix).await
     }
 
+    async fn candidates(&self, lease: &LeaseName) -> Result<Vec<CandidateId>> {
+        self.counted.candidates(lease).await
+    }
+
     async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {
         self.counted.changes(lease, candidate).await
     }
@@ -259,6 +263,10 @@ impl LeaseStore for Injected {
 
     async fn list(&self, prefix: &str) -> Result<Vec<Observation>> {
         self.call(|| self.inner.list(prefix)).await
+    }
+
+    async fn candidates(&self, lease: &LeaseName) -> Result<Vec<CandidateId>> {
+        self.call(|| self.inner.candidates(lease)).await
     }
 
     async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {

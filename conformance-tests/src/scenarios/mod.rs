@@ -11,6 +11,7 @@
 //! | [`basics`] | the raw store API, `renew_many` as `renew`, leading for 10 TTLs, corrupt records, invalid inputs |
 //! | [`safety`] | races, a crashed leader, a stalled task |
 //! | [`writes`] | writers racing one create, one replace and one takeover: one winner each (a check-then-write store fails) |
+//! | [`candidates`] | the store's list of candidates (or `Unsupported`); a hand-over asked from another instance, checked against it |
 //! | [`handover`] | graceful handover; FIFO order, followers learning of a new leader from announcements (gated), record-version takeover, `break_lease` (gated); planned handover to a named successor |
 //! | [`faults`] | partition, outage, slow store, lost replies |
 //! | [`history`] | terms increase; how each term ended |
@@ -44,6 +45,7 @@ use crate::checker::SafetyChecker;
 use crate::faults::Faults;
 
 pub mod basics;
+pub mod candidates;
 pub mod cost;
 pub mod faults;
 pub mod groups;
@@ -60,6 +62,7 @@ pub use basics::{
     acquire_by_the_holder_keeps_the_lease, acquire_release_reacquire, corrupt_record_is_typed_error, invalid_inputs,
     renew_keeps_lease, renew_many_answers_as_renew_does,
 };
+pub use candidates::hand_over_request_checks_the_successor;
 pub use cost::{idle_follower_makes_no_requests, requests_per_transition_do_not_grow, thousand_leases};
 pub use faults::{
     lost_reply_resolved_by_read_back, partitioned_leader_steps_down, slow_store_no_double_leadership,
@@ -100,6 +103,7 @@ macro_rules! __every_scenario {
             break_lease_ends_the_term
             hand_over_reserves_the_lease
             leader_hands_over_to_a_named_successor
+            hand_over_request_checks_the_successor
             partitioned_leader_steps_down
             store_outage_no_leader_then_one
             slow_store_no_double_leadership

@@ -154,11 +154,13 @@ enum Command {
     /// Ask the holder of a lease to hand it over to the candidate ID, and wait until ID leads.
     ///
     /// The request goes through the store: this command holds the lease LEASE.handover as ID
-    /// until done. The holder (any `leasehold run`, and every Elector unless it turned requests
-    /// off) reads it once per renewal, stops its work (its command gets SIGTERM, then SIGKILL
-    /// after its kill grace), and hands the lease over: the store keeps it for ID, which takes it
-    /// at its next notification or poll with a higher term. Exits 0 once ID leads; if ID does not
-    /// take it within --within, the lease opens to everyone after its TTL.
+    /// until done. A holder that watches requests (every `leasehold run`; a library Elector only
+    /// when built with `hand_over_requests(true)`, off by default) reads it once per renewal,
+    /// stops its work (its command gets SIGTERM, then SIGKILL after its kill grace), and hands
+    /// the lease over: the store keeps it for ID, which takes it at its next notification or poll
+    /// with a higher term. Where the store lists its candidates (etcd, ZooKeeper, Redis), ID must
+    /// be campaigning, or nothing is asked (exit 9); elsewhere it is not checked. Exits 0 once ID
+    /// leads; if ID does not take it within --within, the lease opens to everyone after its TTL.
     Handover {
         /// The lease.
         lease: String,

@@ -109,15 +109,6 @@ pub(crate) fn humanize(text: &str) -> String {
     out
 }
 
-/// "4.200" -> "4.2", "5.000" -> "5".
-fn trim(number: String) -> String {
-    if number.contains('.') {
-        number.trim_end_matches('0').trim_end_matches('.').to_string()
-    } else {
-        number
-    }
-}
-
 /// Writes `text` and a newline to stdout. A closed pipe (`leasehold watch x | head -3`) ends the
 /// process quietly with status 0.
 pub(crate) fn line(text: &str) {
@@ -168,39 +159,9 @@ pub(crate) fn millis(duration: Duration) -> u64 {
 }
 
 /// A duration for people, to the millisecond under 10 s: `0.4ms`, `850ms`, `4.215s`, `12.3s`,
-/// `2m 5s`, `3h 20m`.
+/// `2m 5s`, `3h 20m` (the library's errors print durations the same way).
 pub(crate) fn short(duration: Duration) -> String {
-    let micros = duration.as_micros();
-    // Rounded, not truncated: 667.92ms is 668ms.
-    let ms = (micros + 500) / 1000;
-    let secs = duration.as_secs();
-    if micros < 1000 {
-        if duration.is_zero() {
-            return "0ms".into();
-        }
-        if micros < 100 {
-            return "<0.1ms".into();
-        }
-        // Sub-millisecond figures matter when they are all there is (a kill in 0.4ms).
-        return trim(format!("{:.1}", micros as f64 / 1000.0)) + "ms";
-    }
-    if ms < 1000 {
-        format!("{ms}ms")
-    } else if ms < 10_000 {
-        trim(format!("{:.3}", ms as f64 / 1000.0)) + "s"
-    } else if secs < 60 {
-        trim(format!("{:.1}", duration.as_secs_f64())) + "s"
-    } else if secs < 3600 {
-        match secs % 60 {
-            0 => format!("{}m", secs / 60),
-            s => format!("{}m {s}s", secs / 60),
-        }
-    } else {
-        match secs % 3600 / 60 {
-            0 => format!("{}h", secs / 3600),
-            m => format!("{}h {m}m", secs / 3600),
-        }
-    }
+    leasehold::time::Human(duration).to_string()
 }
 
 #[cfg(test)]

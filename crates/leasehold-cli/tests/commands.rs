@@ -408,3 +408,52 @@ fn exit_code_tables_agree() {
         assert!(in_docs, "docs/cli.md lacks exit code {code} ({words})");
     }
 }
+
+/// A port that serves another protocol (here: an HTTP server that answers 400 and hangs up)
+/// gives the same exit code on every command for the same URL, whatever the backend concludes
+/// (3: cannot reach a store there; 6: something else answers there). Before, the same address
+/// gave exit 3 on one command and exit 6 on another.
+#[test]
+fn a_port_serving_another_protocol_exits_alike_on_every_command() {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let _ = stream.set_read_timeout(Some(std::time::Duration::from_millis(200)));
+            let _ = stream.read(&mut [0; 512]);
+            let _ = stream.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        }
+    });
+    let commands: [&[&str]; 8] = [
+        &["status", "jobs"],
+        &["status", "--prefix", "j"],
+        &["history", "jobs"],
+        &["break", "jobs"],
+        &["watch", "jobs"],
+        &["handover", "jobs", "--to", "b"],
+        &["run", "--lease", "jobs", "--wait", "2s", "--", "true"],
+        &["shards", "status", "g"],
+    ];
+    for (scheme, path) in [("redis", "/0"), ("etcd", "/app"), ("zk", "/app"), ("postgres", "/db")] {
+        let url = format!("{scheme}://127.0.0.1:{port}{path}");
+        let mut codes = Vec::new();
+        for args in commands {
+            let output = Command::new(bin())
+                .arg("--store")
+                .arg(&url)
+                .args(args)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            if stderr.contains("unsupported store scheme") {
+                break; // not in this build
+            }
+            codes.push((args[0], output.status.code()));
+        }
+        let Some(&(_, first)) = codes.first() else { continue };
+        assert!(matches!(first, Some(3 | 6)), "{url}: {codes:?}");
+        assert!(codes.iter().all(|&(_, code)| code == first), "{url}: {codes:?}");
+    }
+}

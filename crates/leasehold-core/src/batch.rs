@@ -189,6 +189,10 @@ impl<S: LeaseStore> LeaseStore for RenewBatcher<S> {
         self.inner.list(prefix).await
     }
 
+    async fn candidates(&self, lease: &LeaseName) -> Result<Vec<CandidateId>> {
+        self.inner.candidates(lease).await
+    }
+
     async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {
         self.inner.changes(lease, candidate).await
     }

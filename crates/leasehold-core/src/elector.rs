@@ -274,6 +274,14 @@ impl Elector {
     }
 
     /// The leader as this candidate sees it, updated while it campaigns or leads.
+    ///
+    /// After a hand-over ([`Leader::hand_over`], or a [`HandOverRequest`](crate::HandOverRequest)
+    /// acted on), the value names the successor with [`LeaderInfo::reserved`] set and the
+    /// handed-over term: the lease is kept for it, but *nobody leads* until it takes the lease
+    /// (with a higher term, reported as a new value). A reservation for a candidate that never
+    /// campaigns ends after its TTL, and the next value names whoever takes the lease then. A
+    /// status page or a `/leader` endpoint should show a reserved value as "handing over to
+    /// `holder`", not as a leader.
     pub fn observe(&self) -> watch::Receiver<Option<LeaderInfo>> {
         let mut seen = self.inner.leader.lock().expect("leader lock");
         let LeaderSeen { current, watch } = &mut *seen;

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::time::Human;
 use crate::types::{LeaseName, Term};
 
 /// A boxed error from a store's client library.
@@ -130,7 +131,7 @@ pub enum Error {
     },
 
     /// The store did not answer in time. The request may or may not have been applied.
-    #[error("{store} store did not answer {operation} within {after:?}")]
+    #[error("{store} store did not answer {operation} within {}", Human(*after))]
     Timeout {
         /// The store.
         store: &'static str,
@@ -181,7 +182,9 @@ pub enum Error {
     /// lease released once the work has returned, and [`Elector::run`](crate::Elector::run)
     /// campaigns again.
     #[error(
-        "lease {lease} (term {term}) has only {remaining:?} left but {required:?} was required{}: stepping down to campaign again",
+        "lease {lease} (term {term}) has only {} left but {} was required{}: stepping down to campaign again",
+        Human(*remaining),
+        Human(*required),
         if *never { " (more than a renewal can ever give: lower min_remaining or raise the ttl)" } else { "" }
     )]
     LeaseEnding {
@@ -388,6 +391,17 @@ impl fmt::Display for Quoted<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Durations in messages are rounded as people read them, not Debug's nanoseconds.
+    #[test]
+    fn durations_in_messages_are_rounded() {
+        let timeout = Error::Timeout {
+            store: "redis",
+            operation: "inspect",
+            after: Duration::from_nanos(668_174_553),
+        };
+        assert_eq!(timeout.to_string(), "redis store did not answer inspect within 668ms");
+    }
 
     /// Every variant's `Display` is one line, whatever its parts hold.
     #[test]

@@ -911,7 +911,7 @@ impl Inner {
             unknown => {
                 let unknown = match unknown {
                     Ok(Err(error)) => error.to_string(),
-                    _ => format!("no answer to the takeover within {:?}", self.ttl),
+                    _ => format!("no answer to the takeover within {}", crate::time::Human(self.ttl)),
                 };
                 match self.read_back_own(&request).await {
                     Some(grant) => grant,
@@ -932,8 +932,8 @@ impl Inner {
                 Ok(Err(error)) => return Err(format!("took the record over, then could not release it: {error}")),
                 Err(_) => {
                     return Err(format!(
-                        "took the record over, then its release got no answer within {:?}",
-                        self.ttl
+                        "took the record over, then its release got no answer within {}",
+                        crate::time::Human(self.ttl)
                     ));
                 }
             }

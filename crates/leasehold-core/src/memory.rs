@@ -60,7 +60,7 @@ struct Entry {
     previous_end: Option<EndReason>,
     history: Vec<Transition>,
     /// Change streams, oldest first; one whose stream was dropped is skipped.
-    waiters: VecDeque<Arc<Notify>>,
+    waiters: VecDeque<(CandidateId, Arc<Notify>)>,
     /// Grants, renewals and ends of terms, as [`LeaseStore::announcements`] announces them (a
     /// queue, not the latest alone: an end and the grant that follows it at once both arrive).
     announced: broadcast::Sender<Observation>,
@@ -178,8 +178,8 @@ impl Entry {
 
     /// Wakes every follower still listening.
     fn wake_all(&mut self) {
-        self.waiters.retain(|w| Arc::strong_count(w) > 1);
-        for waiter in &self.waiters {
+        self.waiters.retain(|(_, w)| Arc::strong_count(w) > 1);
+        for (_, waiter) in &self.waiters {
             waiter.notify_one();
         }
     }
@@ -187,7 +187,7 @@ impl Entry {
     /// Wakes the longest-waiting follower still listening (it stays first in line until its
     /// stream is dropped, e.g. once it leads).
     fn wake_next(&mut self) {
-        while let Some(waiter) = self.waiters.front() {
+        while let Some((_, waiter)) = self.waiters.front() {
             if Arc::strong_count(waiter) > 1 {
                 waiter.notify_one();
                 return;
@@ -356,9 +356,29 @@ impl LeaseStore for MemoryStore {
             .collect()
     }
 
-    async fn changes(&self, lease: &LeaseName, _candidate: &CandidateId) -> Result<Option<Changes>> {
+    /// The holder (while it holds, not reserved), then every follower listening for changes, in
+    /// the order they started to.
+    async fn candidates(&self, lease: &LeaseName) -> Result<Vec<CandidateId>> {
+        let now = Instant::now();
+        self.with_entry(lease, |entry| {
+            let mut listed: Vec<CandidateId> = Vec::new();
+            if let Some(h) = entry.holder.as_ref().filter(|h| !h.reserved && h.expires_at > now) {
+                listed.push(h.id.clone());
+            }
+            for (id, waiter) in &entry.waiters {
+                if Arc::strong_count(waiter) > 1 && !listed.contains(id) {
+                    listed.push(id.clone());
+                }
+            }
+            Ok(listed)
+        })
+    }
+
+    async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {
         let waiter = Arc::new(Notify::new());
-        self.with_entry(lease, |entry| entry.waiters.push_back(waiter.clone()));
+        self.with_entry(lease, |entry| {
+            entry.waiters.push_back((candidate.clone(), waiter.clone()))
+        });
         let stream = futures::stream::unfold(waiter, |waiter| async move {
             waiter.notified().await;
             Some(((), waiter))

@@ -313,6 +313,38 @@ pub trait LeaseStore: Debug + Send + Sync + 'static {
         })
     }
 
+    /// The candidates campaigning for `lease` as the store keeps them (Curator's
+    /// `getParticipants`): every candidate with a place in the store's queue, in the order the
+    /// store would grant the lease to them, the holder first while it holds. A candidate appears
+    /// once its first acquire was answered and leaves when it withdraws, is granted and releases,
+    /// or its session (etcd, ZooKeeper) or subscription (Redis) ends. An empty list: nobody
+    /// campaigns (or the lease was never asked for).
+    ///
+    /// Only stores that keep something per campaigning candidate can answer; where a follower
+    /// only polls (SQLite, Postgres, MySQL, DynamoDB, Azure, S3) nothing records it, and the
+    /// answer is [`Error::Unsupported`] (the default), never a guess.
+    /// [`HandOverRequest`](crate::HandOverRequest) uses this to check that a successor is
+    /// campaigning.
+    ///
+    /// The listing is not one snapshot on every store: a candidate that joins or leaves during
+    /// the call may or may not be in it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] with operation `"candidates"` where the store keeps no candidates
+    /// (the default); a transient error; [`Error::CorruptRecord`] for a queue entry leasehold
+    /// cannot read.
+    ///
+    /// # Cancel safety
+    ///
+    /// A read: dropping it changes nothing.
+    async fn candidates(&self, _lease: &LeaseName) -> Result<Vec<CandidateId>> {
+        Err(Error::Unsupported {
+            store: self.name(),
+            operation: "candidates",
+        })
+    }
+
     /// A stream of [`Change`]s for `candidate` campaigning for `lease`: notifications, and for a
     /// store that learns by waiting that the candidate is first, its turn
     /// ([`Change::YourTurn`]). Stores without notification return `Ok(None)` (the default) and
@@ -454,6 +486,10 @@ impl<T: LeaseStore + ?Sized> LeaseStore for std::sync::Arc<T> {
         (**self).list(prefix).await
     }
 
+    async fn candidates(&self, lease: &LeaseName) -> Result<Vec<CandidateId>> {
+        (**self).candidates(lease).await
+    }
+
     async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {
         (**self).changes(lease, candidate).await
     }
@@ -494,6 +530,8 @@ pub enum Operation {
     History,
     /// [`LeaseStore::list`].
     List,
+    /// [`LeaseStore::candidates`].
+    Candidates,
     /// [`LeaseStore::changes`] and [`LeaseStore::announcements`] (subscriptions).
     Changes,
     /// [`LeaseStore::break_lease`].
@@ -502,7 +540,7 @@ pub enum Operation {
 
 impl Operation {
     /// Every operation, in declaration order.
-    pub const ALL: [Operation; 11] = [
+    pub const ALL: [Operation; 12] = [
         Operation::Acquire,
         Operation::Renew,
         Operation::RenewMany,
@@ -512,6 +550,7 @@ impl Operation {
         Operation::Inspect,
         Operation::History,
         Operation::List,
+        Operation::Candidates,
         Operation::Changes,
         Operation::BreakLease,
     ];
@@ -536,6 +575,7 @@ impl Operation {
             Operation::Inspect => "inspect",
             Operation::History => "history",
             Operation::List => "list",
+            Operation::Candidates => "candidates",
             Operation::Changes => "changes",
             Operation::BreakLease => "break_lease",
         }

@@ -402,6 +402,32 @@ mod tests {
     use super::*;
     use crate::types::{CandidateId, Grant, LeaseName, Observation, Term};
 
+    /// The repository README's metrics table names every label value each series can carry
+    /// (it once missed `operation="hand_over"`).
+    #[test]
+    fn the_readme_table_lists_every_label() {
+        let readme = include_str!("../../../README.md");
+        let row = |series: &str| {
+            readme
+                .lines()
+                .find(|l| l.starts_with(&format!("| `{series}` |")))
+                .unwrap_or_else(|| panic!("README has no row for {series}"))
+        };
+        for (series, labels) in [
+            (REQUESTS, &OPERATIONS[..]),
+            (REQUESTS, &OUTCOMES[..]),
+            (STEP_DOWNS, &STEP_DOWN_REASONS[..]),
+            (TROUBLE, &TROUBLE_REASONS[..]),
+        ] {
+            for label in labels {
+                assert!(
+                    row(series).contains(&format!("`{label}`")),
+                    "{series}: `{label}` missing"
+                );
+            }
+        }
+    }
+
     #[test]
     fn outcomes_by_reply() {
         let lease = LeaseName::new("l").unwrap();

@@ -443,6 +443,11 @@ impl<S: LeaseStore> LeaseStore for LimitStore<S> {
         self.inner.list(prefix).await
     }
 
+    async fn candidates(&self, lease: &LeaseName) -> Result<Vec<CandidateId>> {
+        let _slot = self.limit.admit(Operation::Candidates).await;
+        self.inner.candidates(lease).await
+    }
+
     async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {
         let _slot = self.limit.admit(Operation::Changes).await;
         self.inner.changes(lease, candidate).await
@@ -629,6 +634,11 @@ impl<S: LeaseStore> LeaseStore for CountingStore<S> {
     async fn list(&self, prefix: &str) -> Result<Vec<Observation>> {
         self.start(Operation::List);
         self.finish(self.inner.list(prefix).await)
+    }
+
+    async fn candidates(&self, lease: &LeaseName) -> Result<Vec<CandidateId>> {
+        self.start(Operation::Candidates);
+        self.finish(self.inner.candidates(lease).await)
     }
 
     async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {

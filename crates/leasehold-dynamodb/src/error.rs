@@ -31,7 +31,7 @@ pub enum TableError {
         table: String,
     },
     /// The table did not become `ACTIVE` in time (it is being created, updated or deleted).
-    #[error("table {table:?} is {status}, not ACTIVE, after waiting {waited:?}")]
+    #[error("table {table:?} is {status}, not ACTIVE, after waiting {}", leasehold_core::time::Human(*waited))]
     NotActive {
         /// The table.
         table: String,

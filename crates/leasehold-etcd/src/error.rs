@@ -187,6 +187,22 @@ impl Cause {
                 Meaning::Transient,
                 format!("{endpoints} did not accept a connection in time; check the address and any firewall"),
             ),
+            // At connect, a peer that accepted the connection and hung up before any HTTP/2
+            // answer is no etcd (which never does that): another service that answered and
+            // closed while the client was still writing, or a proxy with nothing behind it. Which
+            // of the two errors the client sees (this, or NotHttp2 below) is a race: both say the
+            // same, so that the same address gives the same answer every time.
+            Cause::Io(io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset | io::ErrorKind::UnexpectedEof)
+                if operation == CONNECT =>
+            {
+                (
+                    Meaning::Permanent,
+                    format!(
+                        "{endpoints} does not answer gRPC over HTTP/2 (it hung up); check that the URL names an etcd \
+                         client port (2379), not another service or a proxy with no etcd behind it"
+                    ),
+                )
+            }
             Cause::Io(kind) => (
                 Meaning::Transient,
                 format!("the connection to {endpoints} failed ({kind}); check that etcd runs there"),

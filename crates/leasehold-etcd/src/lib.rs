@@ -3,6 +3,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 mod announce;
+mod candidates;
 mod changes;
 mod config;
 mod error;

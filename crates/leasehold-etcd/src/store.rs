@@ -1171,6 +1171,10 @@ impl LeaseStore for EtcdStore {
         self.list_leases(prefix).await
     }
 
+    async fn candidates(&self, lease: &LeaseName) -> Result<Vec<CandidateId>> {
+        self.queued_candidates(lease).await
+    }
+
     async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {
         if limit == 0 {
             return Ok(Vec::new());

@@ -73,7 +73,22 @@ pub enum FenceError {
     },
 
     /// The database failed (connection, lock timeout, serialization failure, missing table).
+    /// Its `Display` names the database's message and SQLSTATE (code), on one line, without
+    /// the server's source position that sqlx appends (`at line 664`).
     #[cfg(any(feature = "postgres", feature = "sqlite"))]
-    #[error("fence database error")]
+    #[error("fence database error: {}", describe(.0))]
     Database(#[from] sqlx::Error),
+}
+
+/// What a person reads about a database error: its message and code, one line.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+fn describe(error: &sqlx::Error) -> String {
+    let text = match error {
+        sqlx::Error::Database(db) => match db.code() {
+            Some(code) => format!("{} (SQLSTATE {code})", db.message()),
+            None => db.message().to_string(),
+        },
+        other => other.to_string(),
+    };
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }

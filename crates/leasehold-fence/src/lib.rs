@@ -18,6 +18,10 @@ pub mod sqlite;
 pub use error::FenceError;
 pub use key::FenceKey;
 pub use leasehold_core::Term;
+/// The sqlx (0.9) whose connections the fence takes: a service on another sqlx version can open
+/// the fence's connections with this one (see the crate docs).
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub use sqlx;
 
 /// `term` as the tables store it, or [`FenceError::TermOutOfRange`].
 #[cfg(any(feature = "postgres", feature = "sqlite"))]

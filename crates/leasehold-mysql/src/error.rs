@@ -114,8 +114,9 @@ pub(crate) fn connect_timeout(endpoint: &str, after: Duration) -> Error {
     Error::unreachable(
         STORE,
         format!(
-            "no MySQL greeting from {endpoint} within {after:?} while connecting: check that a MySQL or MariaDB \
-             server listens there (a server of another protocol waits for the client to speak first)"
+            "no MySQL greeting from {endpoint} within {} while connecting: check that a MySQL or MariaDB \
+             server listens there (a server of another protocol waits for the client to speak first)",
+            leasehold_core::time::Human(after)
         ),
     )
 }

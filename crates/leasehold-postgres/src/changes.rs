@@ -63,7 +63,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use leasehold_core::{Acquired, Announcements, CandidateId, Changes, HolderFields, HolderInfo, LeaseName, Observation};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
-use sqlx::{AssertSqlSafe, Connection, PgConnection, Row};
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgConnection, Row};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tracing::debug;
@@ -244,7 +244,11 @@ impl Notifier {
         let queue_options = match queue_options.get_application_name() {
             Some(_) => queue_options,
             None => queue_options.application_name("leasehold-queue"),
-        };
+        }
+        // Its `pg_advisory_lock` waits for as long as the followers before it: slow by design,
+        // not the WARN sqlx gives a statement over a second (the application's own connections
+        // keep that default).
+        .log_slow_statements(log::LevelFilter::Debug, Duration::from_secs(1));
         let options = match options.get_application_name() {
             Some(_) => options,
             None => options.application_name("leasehold-listen"),

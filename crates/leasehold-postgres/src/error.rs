@@ -131,8 +131,9 @@ pub(crate) fn connect_timeout(endpoint: &str, after: Duration) -> Error {
     Error::unreachable(
         STORE,
         format!(
-            "no answer from {endpoint} within {after:?} while connecting: check that a Postgres server listens \
-             there (another service on that port may not answer at all)"
+            "no answer from {endpoint} within {} while connecting: check that a Postgres server listens \
+             there (another service on that port may not answer at all)",
+            leasehold_core::time::Human(after)
         ),
     )
 }

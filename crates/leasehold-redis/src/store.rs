@@ -511,6 +511,16 @@ impl LeaseStore for RedisStore {
         }
     }
 
+    async fn candidates(&self, lease: &LeaseName) -> Result<Vec<CandidateId>> {
+        crate::candidates::queued(
+            &self.inner.commands,
+            &self.keys(lease),
+            lease,
+            self.inspect(lease).await?,
+        )
+        .await
+    }
+
     /// `SCAN` (one script per step of 1,000 keys) for the lease and state keys of
     /// names that start with `prefix` (glob characters escaped), then one script inspecting
     /// each 250 leases, sent together on the one connection (pipelined). Keys under the store's prefix that

@@ -341,6 +341,13 @@ impl LeaseStore for ZookeeperStore {
             .map_err(|e| during(e, Operation::List, &format_args!("the leases starting with {prefix:?}")))
     }
 
+    async fn candidates(&self, lease: &LeaseName) -> Result<Vec<CandidateId>> {
+        self.inner
+            .queued_candidates(lease)
+            .await
+            .map_err(|e| during(e, Operation::Candidates, &format_args!("lease {lease}")))
+    }
+
     async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {
         Ok(Some(crate::changes::changes(self.inner.clone(), lease, candidate)))
     }
