@@ -1,11 +1,11 @@
-//! Review of the grant on a predecessor's release (`EtcdStore::grant_on_release`): it makes no
-//! request, so it trusts the candidate's position as the store last published it. Here a
+//! Review of the turn on a predecessor's release (the change stream's `Change::YourTurn`): it
+//! makes no request, so it trusts the candidate's position as the store last published it. Here a
 //! `withdraw` of the candidate and an `acquire` of the same candidate (as the engine runs them
 //! when it gave up on a slow acquire and then stops: the acquire runs on, late) interleave so
 //! that the withdraw deletes the key after the acquire read it: the acquire publishes the key's
 //! place again after the withdraw cleared it, and the key is gone. The change stream then looks
-//! for that key's predecessor, sees the holder's release marker, and the next acquire is granted
-//! the term of a key that no longer exists, while the candidate that was queued behind it is
+//! for that key's predecessor, sees the holder's release marker, and gives the turn of a key that
+//! no longer exists, while the candidate that was queued behind it is
 //! granted too. Found by review (session 13); fixed by `Inner::retire`: a place the store has
 //! begun to delete is never published again, and a key found at or below it is stale.
 
