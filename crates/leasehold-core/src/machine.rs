@@ -209,7 +209,9 @@ impl fmt::Display for DeposedReason {
             DeposedReason::Stalled => f.write_str("the leader's work stalled (no heartbeat)"),
             DeposedReason::TooLittleTime { remaining, required } => write!(
                 f,
-                "only {remaining:?} of the lease was left and the work needed {required:?} (renewals were late)"
+                "only {} of the lease was left and the work needed {} (renewals were late)",
+                crate::time::Human(*remaining),
+                crate::time::Human(*required)
             ),
             DeposedReason::Resigned => f.write_str("resigned"),
             DeposedReason::HandedOver { to } => write!(f, "handed over to {to}"),

@@ -2112,3 +2112,15 @@ fn a_session_store_follower_with_announced_renewals_waits_a_ttl_not_a_poll() {
     // The session's end is notified: at once.
     assert_eq!(sends(&h.step(5_000, Input::Notified)), vec![&acquire(None)]);
 }
+
+#[test]
+fn too_little_time_reads_rounded_durations() {
+    let reason = DeposedReason::TooLittleTime {
+        remaining: Duration::from_micros(667_920),
+        required: ms(1_000),
+    };
+    assert_eq!(
+        reason.to_string(),
+        "only 668ms of the lease was left and the work needed 1s (renewals were late)"
+    );
+}
