@@ -102,9 +102,8 @@ pub enum Input {
     NotificationsLost,
     /// The store's change stream says this candidate's turn has come
     /// ([`Change::YourTurn`](crate::Change::YourTurn)): a follower takes the grant as an
-    /// acquire's, sent at [`Turn::valid_from`](crate::Turn::valid_from), gives up on a call under
-    /// way, and renews at once. With a `lock_delay` it is a notification only (the store does not
-    /// say how the term before ended).
+    /// acquire's, sent at [`Turn::valid_from`](crate::Turn::valid_from), and renews at once.
+    /// With a request under way, or a `lock_delay`, it is a notification only.
     YourTurn(crate::store::Turn),
     /// The store announced a new holder ([`LeaseStore::announcements`](crate::LeaseStore::announcements)),
     /// or, where [`Input::RenewalsAnnounced`] says so, a holder's renewal. A follower takes a
@@ -1280,23 +1279,23 @@ impl Machine {
         }
     }
 
-    /// The store's change stream says this candidate's turn has come ([`Input::YourTurn`]). A
-    /// follower takes it as a grant answering an acquire sent at `valid_from`, gives up on the
-    /// call under way (its reply comes late: a grant of the same term is then nothing new, a
-    /// later one a stray) and renews at once: that renewal is the engine's confirmation, and
-    /// writes what the store records of a term. With a `lock_delay` the turn is a notification
-    /// only (the store does not say how the term before ended). A turn at or below a term
-    /// already seen is stale, and one that comes to anything but a follower is a late grant.
+    /// The store's change stream says this candidate's turn has come ([`Input::YourTurn`]). An
+    /// idle follower takes it as a grant answering an acquire sent at `valid_from` and renews at
+    /// once: that renewal is the engine's confirmation, and writes what the store records of a
+    /// term. A follower with a request under way (whose reply may predate the turn, and which
+    /// the store may still apply) or with a `lock_delay` (the store does not say how the term
+    /// before ended) takes it as a notification, and asks: the model check finds two leaders
+    /// when a turn gives up on an acquire under way instead. A turn at or below a term already
+    /// seen is stale, and one that comes to anything but a follower is a late grant.
     fn your_turn(&mut self, now: Instant, turn: crate::store::Turn, out: &mut Vec<Output>) {
         let crate::store::Turn { grant, valid_from } = turn;
         let following = matches!(self.state, State::Following(_));
-        if following && self.timing.lock_delay.is_some() {
+        if following && (self.pending.is_some() || self.timing.lock_delay.is_some()) {
             return self.notified(now);
         }
         if !following || self.term_floor.is_some_and(|floor| grant.term <= floor) {
             return self.late_grant(now, grant, out);
         }
-        self.pending = None;
         self.granted(now, valid_from.min(now), grant, out);
         if let State::Leading(l) = &mut self.state {
             l.next_renew = now;
