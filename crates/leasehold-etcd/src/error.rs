@@ -68,12 +68,20 @@ pub(crate) fn map_error(operation: &'static str, endpoints: &str, error: &Client
 /// client sees an alert in an I/O error, or just a closed connection) is the server rejecting
 /// that certificate, and permanent.
 pub(crate) fn map_connect_error(endpoints: &str, client_cert: bool, error: &ClientError) -> Error {
-    let (meaning, _) = describe(CONNECT, endpoints, error);
+    // (Without a client certificate, a peer that hangs up at connect is no etcd: see `Cause`.)
     let ended = match error {
         ClientError::GRpcStatus(status) => matches!(status.code(), Code::Cancelled | Code::Unknown),
-        _ => matches!(transport_cause(error), Some(Cause::Io(io::ErrorKind::InvalidData))),
+        _ => matches!(
+            transport_cause(error),
+            Some(Cause::Io(
+                io::ErrorKind::InvalidData
+                    | io::ErrorKind::BrokenPipe
+                    | io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::UnexpectedEof
+            ))
+        ),
     };
-    if client_cert && meaning == Meaning::Transient && ended {
+    if client_cert && ended {
         return Error::refused(
             STORE,
             CONNECT,
