@@ -43,8 +43,10 @@ impl LeaseStore for CheckThenWrite {
         if !grantable {
             return Ok(Acquired::Held(seen));
         }
-        // The time a request to a server takes between its check and its write.
-        tokio::task::yield_now().await;
+        // The time a request to a server takes between its check and its write: long enough that
+        // every racing writer checks before any writes, however the runtime schedules them (a
+        // single yield let the create round go one at a time under CI load).
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         // An unconditional write: whatever is there now is replaced.
         self.store.break_lease(&request.lease).await?;
         let write = AcquireRequest {
