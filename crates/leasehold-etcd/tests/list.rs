@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use etcd_client::{Client, DeleteOptions, Txn, TxnOp};
 use leasehold_conformance::require_server;
-use leasehold_core::{AcquireRequest, Acquired, CandidateId, EndReason, Error, Grant, LeaseName, LeaseStore, Term};
+use leasehold_core::{AcquireRequest, Acquired, CandidateId, EndReason, Grant, LeaseName, LeaseStore, Term};
 use leasehold_etcd::EtcdStore;
 
 const TTL: Duration = Duration::from_secs(30);

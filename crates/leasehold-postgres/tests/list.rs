@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use leasehold_conformance::{Direction, Fault};
-use leasehold_core::{EndReason, Error, Grant, LeaseName, LeaseStore, Observation, Term};
+use leasehold_core::{EndReason, Grant, LeaseName, LeaseStore, Observation, Term};
 use leasehold_postgres::PostgresStore;
 
 use common::{PostgresBackend, lock_holder, server};

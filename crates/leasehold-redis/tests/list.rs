@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use leasehold_core::{EndReason, Error, LeaseName, LeaseStore, Observation, Term, random_u64};
+use leasehold_core::{EndReason, LeaseName, LeaseStore, Observation, Term, random_u64};
 use leasehold_redis::RedisStore;
 
 use common::{RedisBackend, grant, raw_cmd};
