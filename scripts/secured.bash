@@ -5,6 +5,8 @@
 #   etcd-tls        TLS with client certificates (--client-cert-auth), RBAC auth on
 #   postgres-tls    TLS (client certificates checked: clientcert=verify-ca), scram-sha-256
 #   redis-tls       TLS only (no plain port), client certificates required, ACL users only
+#   mariadb-tls     TLS required (require_secure_transport), users REQUIRE X509 (a client
+#                   certificate of our CA) and a password
 #   zookeeper-auth  digest authentication; znode ACLs are the client's (creator_all)
 #
 # A throw-away CA and certificates are made at the first start with Debian's openssl, under
@@ -28,6 +30,9 @@
 #   redis:     user `leasehold` (the keys, channels and commands of crates/leasehold-redis's
 #              docs), user `leasehold-ro` (read-only commands on the same keys), `admin` for
 #              probes; the default user is off.
+#   mariadb:   user `leasehold` (SELECT, INSERT, UPDATE, DELETE, CREATE on database `leasehold`:
+#              crates/leasehold-mysql/docs.md), user `leasehold_ro` (SELECT on it); root only
+#              over the unix socket, for the set-up.
 #   zookeeper: any client may connect; a store with ?auth=digest:user:pass creates its znodes
 #              with creator_all ACLs, so another digest user cannot delete them.
 
@@ -36,9 +41,10 @@ ETCD_TLS_PEER_PORT=$((22390 + OFFSET))
 PG_TLS_PORT=$((25442 + OFFSET))
 REDIS_TLS_PORT=$((24389 + OFFSET))
 ZK_AUTH_PORT=$((22191 + OFFSET))
+MARIADB_TLS_PORT=$((23316 + OFFSET))
 PKI_DIR="$SERVICES_DIR/pki"
 
-SECURED_SERVICES=(etcd-tls postgres-tls redis-tls zookeeper-auth)
+SECURED_SERVICES=(etcd-tls postgres-tls redis-tls mariadb-tls zookeeper-auth)
 
 # --- certificates ----------------------------------------------------------------------------
 
@@ -347,6 +353,87 @@ down_redis-tls() {
 status_redis-tls() {
 	status_line redis-tls "$SERVICES_DIR/redis-tls/redis.pid" "$SERVICES_DIR/redis-tls" \
 		"127.0.0.1:$REDIS_TLS_PORT" redis_tls_ping
+}
+
+# --- mariadb-tls -----------------------------------------------------------------------------
+# A second MariaDB server (Debian's 10.11, run as `mysql` like the plain one): TCP clients must
+# speak TLS (require_secure_transport), show a client certificate of our CA (REQUIRE X509) and
+# log in with a password. Root logs in over the unix socket only (unix_socket authentication),
+# for the set-up.
+
+mariadb_tls_sql() { # PASSWORD READONLY_PASSWORD: the database and the two users, idempotent
+	# The passwords come from secret_for: no quote or backslash to escape in SQL.
+	local pw=$1 ro=$2
+	cat <<-EOF
+		CREATE DATABASE IF NOT EXISTS leasehold;
+		CREATE USER IF NOT EXISTS 'leasehold'@'127.0.0.%';
+		ALTER USER 'leasehold'@'127.0.0.%' IDENTIFIED BY '$pw' REQUIRE X509;
+		GRANT SELECT, INSERT, UPDATE, DELETE, CREATE ON leasehold.* TO 'leasehold'@'127.0.0.%';
+		CREATE USER IF NOT EXISTS 'leasehold_ro'@'127.0.0.%';
+		ALTER USER 'leasehold_ro'@'127.0.0.%' IDENTIFIED BY '$ro' REQUIRE X509;
+		GRANT SELECT ON leasehold.* TO 'leasehold_ro'@'127.0.0.%';
+	EOF
+}
+
+up_mariadb-tls() {
+	local dir="$SERVICES_DIR/mariadb-tls" t pw ro
+	local data="$dir/data" pidfile="$dir/mariadb.pid" logfile="$dir/mariadb.log" sock="$dir/mariadb.sock"
+	mkdir -p "$dir"
+	[[ -s $PKI_DIR/expired.pem ]] || die "no certificates in $PKI_DIR (made by install_for)"
+	pw=$(secret_for "$dir" leasehold)
+	ro=$(secret_for "$dir" leasehold_ro)
+	touch "$logfile"
+	chown mysql:mysql "$dir" "$logfile"
+	t=$(now_ms)
+	if pid_alive "$pidfile" "$dir"; then
+		log "mariadb-tls already running (pid $(pid_of "$pidfile"))"
+	else
+		require_free_port mariadb-tls "$MARIADB_TLS_PORT"
+		if [[ ! -d $data/mysql ]]; then
+			rm -rf "$data"
+			mariadb-install-db --no-defaults --user=mysql --datadir="$data" \
+				--auth-root-authentication-method=socket --skip-test-db >>"$logfile" 2>&1 ||
+				{
+					tail -n 20 "$logfile" >&2
+					die "mariadb-tls: mariadb-install-db failed"
+				}
+		fi
+		install -o mysql -g mysql -m 600 "$PKI_DIR/server.key" "$dir/server.key"
+		install -o mysql -g mysql -m 644 "$PKI_DIR/server.pem" "$dir/server.pem"
+		install -o mysql -g mysql -m 644 "$PKI_DIR/ca.pem" "$dir/ca.pem"
+		rm -f "$sock"
+		launch "$dir" "$pidfile" "$logfile" mariadbd --no-defaults --user=mysql --datadir="$data" \
+			--bind-address=127.0.0.1,127.0.0.2 --port="$MARIADB_TLS_PORT" --socket="$sock" \
+			--pid-file="$data/mariadbd.pid" --skip-log-bin --skip-name-resolve \
+			--ssl-cert="$dir/server.pem" --ssl-key="$dir/server.key" --ssl-ca="$dir/ca.pem" \
+			--require-secure-transport=ON \
+			--max-connections=400 --innodb-flush-log-at-trx-commit=2 --innodb-doublewrite=0 \
+			--innodb-buffer-pool-size=32M --performance-schema=0
+	fi
+	wait_ready mariadb-tls "$logfile" "$pidfile" "$dir" mariadb_ping "$sock" || {
+		down_mariadb-tls
+		return 1
+	}
+	mariadb_tls_sql "$pw" "$ro" | mariadb --no-defaults --socket="$sock" -u root ||
+		die "mariadb-tls: setting up the database and users failed"
+	log "mariadb-tls ready on 127.0.0.1:$MARIADB_TLS_PORT in $(secs_since "$t") s"
+	local tls="ssl-mode=VERIFY_IDENTITY&ca=$PKI_DIR/ca.pem&cert=$PKI_DIR/client.pem&key=$PKI_DIR/client.key"
+	write_fragment "$dir" <<-EOF
+		$(pki_env)
+		LEASEHOLD_MYSQL_TLS_URL=mysql://leasehold:$(url_escape "$pw")@127.0.0.1:$MARIADB_TLS_PORT/leasehold?$tls
+		LEASEHOLD_MYSQL_TLS_READONLY_URL=mysql://leasehold_ro:$(url_escape "$ro")@127.0.0.1:$MARIADB_TLS_PORT/leasehold?$tls
+		LEASEHOLD_MYSQL_TLS_PASSWORD=$pw
+		LEASEHOLD_MYSQL_TLS_PID_FILE=$pidfile
+		LEASEHOLD_MYSQL_TLS_LOG=$logfile
+	EOF
+}
+down_mariadb-tls() {
+	stop_pid mariadb-tls "$SERVICES_DIR/mariadb-tls/mariadb.pid" "$SERVICES_DIR/mariadb-tls"
+	rm -f "$SERVICES_DIR/mariadb-tls/env"
+}
+status_mariadb-tls() {
+	status_line mariadb-tls "$SERVICES_DIR/mariadb-tls/mariadb.pid" "$SERVICES_DIR/mariadb-tls" \
+		"127.0.0.1:$MARIADB_TLS_PORT" mariadb_ping "$SERVICES_DIR/mariadb-tls/mariadb.sock"
 }
 
 # --- zookeeper-auth --------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-//! The secured test servers (`scripts/services up etcd-tls postgres-tls redis-tls
+//! The secured test servers (`scripts/services up etcd-tls postgres-tls redis-tls mariadb-tls
 //! zookeeper-auth`, see `scripts/secured.bash`): what a backend's client must make of them.
 //!
 //! [`secured!`](crate::secured!) runs, per secured server, a small section of the suite:
@@ -14,6 +14,8 @@ use crate::backend::Backend;
 pub mod capture;
 #[cfg(feature = "etcd")]
 mod etcd;
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "redis")]
@@ -23,6 +25,8 @@ mod zookeeper;
 
 #[cfg(feature = "etcd")]
 pub use etcd::etcd_tls;
+#[cfg(feature = "mysql")]
+pub use mysql::mysql_tls;
 #[cfg(feature = "postgres")]
 pub use postgres::postgres_tls;
 #[cfg(feature = "redis")]
@@ -72,13 +76,13 @@ pub struct Refusal {
 }
 
 /// The settings every TLS server shares: the good URL and the `LEASEHOLD_PKI_DIR`.
-#[cfg(any(feature = "etcd", feature = "postgres", feature = "redis"))]
+#[cfg(any(feature = "etcd", feature = "postgres", feature = "redis", feature = "mysql"))]
 pub(crate) struct Tls {
     pub(crate) url: String,
     pub(crate) pki: String,
 }
 
-#[cfg(any(feature = "etcd", feature = "postgres", feature = "redis"))]
+#[cfg(any(feature = "etcd", feature = "postgres", feature = "redis", feature = "mysql"))]
 impl Tls {
     pub(crate) fn from_env(service: &str, url_var: &str) -> Option<Tls> {
         let url = crate::backend::require_server(service, url_var)?;
