@@ -7,6 +7,8 @@
 #   redis-tls       TLS only (no plain port), client certificates required, ACL users only
 #   mariadb-tls     TLS required (require_secure_transport), users REQUIRE X509 (a client
 #                   certificate of our CA) and a password
+#   azurite-tls     Azurite's blob service over HTTPS only (no client certificates: Azure has
+#                   none); the account key, and a read-only SAS (sp=rl)
 #   zookeeper-auth  digest authentication; znode ACLs are the client's (creator_all)
 #
 # A throw-away CA and certificates are made at the first start with Debian's openssl, under
@@ -33,6 +35,7 @@
 #   mariadb:   user `leasehold` (SELECT, INSERT, UPDATE, DELETE, CREATE on database `leasehold`:
 #              crates/leasehold-mysql/docs.md), user `leasehold_ro` (SELECT on it); root only
 #              over the unix socket, for the set-up.
+#   azure:     the emulator's account key (everything); an account SAS with sp=rl (read, list).
 #   zookeeper: any client may connect; a store with ?auth=digest:user:pass creates its znodes
 #              with creator_all ACLs, so another digest user cannot delete them.
 
@@ -42,9 +45,10 @@ PG_TLS_PORT=$((25442 + OFFSET))
 REDIS_TLS_PORT=$((24389 + OFFSET))
 ZK_AUTH_PORT=$((22191 + OFFSET))
 MARIADB_TLS_PORT=$((23316 + OFFSET))
+AZURITE_TLS_PORT=$((21010 + OFFSET))
 PKI_DIR="$SERVICES_DIR/pki"
 
-SECURED_SERVICES=(etcd-tls postgres-tls redis-tls mariadb-tls zookeeper-auth)
+SECURED_SERVICES=(etcd-tls postgres-tls redis-tls mariadb-tls azurite-tls zookeeper-auth)
 
 # --- certificates ----------------------------------------------------------------------------
 
@@ -434,6 +438,71 @@ down_mariadb-tls() {
 status_mariadb-tls() {
 	status_line mariadb-tls "$SERVICES_DIR/mariadb-tls/mariadb.pid" "$SERVICES_DIR/mariadb-tls" \
 		"127.0.0.1:$MARIADB_TLS_PORT" mariadb_ping "$SERVICES_DIR/mariadb-tls/mariadb.sock"
+}
+
+# --- azurite-tls -----------------------------------------------------------------------------
+# Azurite's blob service with --cert/--key: HTTPS only, the server certificate of our CA. Like
+# the plain one in memory, with the emulator's published account key.
+
+https_answers() { # PORT: any HTTP status over TLS verified with our CA
+	local code
+	code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 --cacert "$PKI_DIR/ca.pem" "https://127.0.0.1:$1/") || true
+	[[ $code =~ ^[1-5][0-9][0-9]$ ]]
+}
+
+# An account SAS as crates/leasehold-azure/src/sas.rs signs one (version 2021-08-06), with the
+# permissions PERM, valid until 2099: string-to-sign = account, sp, ss, srt, st, se, sip, spr,
+# sv, ses, "" (newline-joined), HMAC-SHA256 with the base64-decoded account key.
+azure_account_sas() { # PERM: prints the SAS query
+	local perm=$1 expiry=2099-01-01T00:00:00Z hexkey sig
+	hexkey=$(printf %s "$AZURITE_KEY" | base64 -d | od -An -v -tx1 | tr -d ' \n')
+	sig=$(printf '%s\n%s\nb\nsco\n\n%s\n\nhttps,http\n2021-08-06\n\n' "$AZURITE_ACCOUNT" "$perm" "$expiry" |
+		openssl dgst -sha256 -mac HMAC -macopt "hexkey:$hexkey" -binary | openssl base64 -A)
+	sig=${sig//+/%2B}
+	sig=${sig//\//%2F}
+	sig=${sig//=/%3D}
+	echo "sv=2021-08-06&ss=b&srt=sco&sp=$perm&se=${expiry//:/%3A}&spr=https%2Chttp&sig=$sig"
+}
+
+up_azurite-tls() {
+	local dir="$SERVICES_DIR/azurite-tls" t
+	mkdir -p "$dir"
+	[[ -s $PKI_DIR/expired.pem ]] || die "no certificates in $PKI_DIR (made by install_for)"
+	t=$(now_ms)
+	if pid_alive "$dir/azurite.pid" "$dir"; then
+		log "azurite-tls already running (pid $(pid_of "$dir/azurite.pid"))"
+	else
+		require_free_port azurite-tls "$AZURITE_TLS_PORT"
+		launch "$dir" "$dir/azurite.pid" "$dir/azurite.log" \
+			env "NODE_OPTIONS=--require $ROOT/scripts/azurite-no-gc.js" "$NPM_DIR/node_modules/.bin/azurite-blob" \
+			--blobHost 127.0.0.1 --blobPort "$AZURITE_TLS_PORT" --inMemoryPersistence --disableTelemetry \
+			--skipApiVersionCheck --silent --cert "$PKI_DIR/server.pem" --key "$PKI_DIR/server.key"
+	fi
+	wait_ready azurite-tls "$dir/azurite.log" "$dir/azurite.pid" "$dir" https_answers "$AZURITE_TLS_PORT" || {
+		down_azurite-tls
+		return 1
+	}
+	log "azurite-tls ready on 127.0.0.1:$AZURITE_TLS_PORT in $(secs_since "$t") s"
+	local key=${AZURITE_KEY//+/%2B}
+	key=${key//\//%2F}
+	key=${key//=/%3D}
+	local base="https://127.0.0.1:$AZURITE_TLS_PORT/$AZURITE_ACCOUNT/leasehold-tests?ca=$PKI_DIR/ca.pem"
+	write_fragment "$dir" <<-EOF
+		$(pki_env)
+		LEASEHOLD_AZURE_TLS_URL=$base&account_key=$key
+		LEASEHOLD_AZURE_TLS_READONLY_URL=$base&$(azure_account_sas rl)
+		LEASEHOLD_AZURE_TLS_PASSWORD=$AZURITE_KEY
+		LEASEHOLD_AZURE_TLS_PID_FILE=$dir/azurite.pid
+		LEASEHOLD_AZURE_TLS_LOG=$dir/azurite.log
+	EOF
+}
+down_azurite-tls() {
+	stop_pid azurite-tls "$SERVICES_DIR/azurite-tls/azurite.pid" "$SERVICES_DIR/azurite-tls"
+	rm -f "$SERVICES_DIR/azurite-tls/env"
+}
+status_azurite-tls() {
+	status_line azurite-tls "$SERVICES_DIR/azurite-tls/azurite.pid" "$SERVICES_DIR/azurite-tls" \
+		"127.0.0.1:$AZURITE_TLS_PORT" https_answers "$AZURITE_TLS_PORT"
 }
 
 # --- zookeeper-auth --------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 //! The secured test servers (`scripts/services up etcd-tls postgres-tls redis-tls mariadb-tls
-//! zookeeper-auth`, see `scripts/secured.bash`): what a backend's client must make of them.
+//! azurite-tls zookeeper-auth`, see `scripts/secured.bash`): what a backend's client must make of them.
 //!
 //! [`secured!`](crate::secured!) runs, per secured server, a small section of the suite:
 //! election, handover and failover over TLS with the least-privilege user; each wrong setting
@@ -11,6 +11,8 @@ use std::sync::Arc;
 
 use crate::backend::Backend;
 
+#[cfg(feature = "azure")]
+mod azure;
 pub mod capture;
 #[cfg(feature = "etcd")]
 mod etcd;
@@ -23,6 +25,8 @@ mod redis;
 #[cfg(feature = "zookeeper")]
 mod zookeeper;
 
+#[cfg(feature = "azure")]
+pub use azure::azure_tls;
 #[cfg(feature = "etcd")]
 pub use etcd::etcd_tls;
 #[cfg(feature = "mysql")]

@@ -34,10 +34,14 @@ pub fn refusal(error: &(dyn StdError + 'static)) -> Option<String> {
         if let Some(tls) = e.downcast_ref::<TlsError>() {
             return Some(describe(tls));
         }
-        if let Some(inner) = e.downcast_ref::<io::Error>().and_then(io::Error::get_ref)
-            && let Some(tls) = inner.downcast_ref::<TlsError>()
-        {
-            return Some(describe(tls));
+        // An `io::Error`'s `source()` skips the error it wraps: look inside, also through an
+        // `io::Error` that wraps another (reqwest's connector wraps tokio-rustls's).
+        let mut wrapped = e.downcast_ref::<io::Error>().and_then(io::Error::get_ref);
+        while let Some(inner) = wrapped {
+            if let Some(tls) = inner.downcast_ref::<TlsError>() {
+                return Some(describe(tls));
+            }
+            wrapped = inner.downcast_ref::<io::Error>().and_then(io::Error::get_ref);
         }
         next = e.source();
     }
@@ -111,6 +115,8 @@ mod tests {
             let wrapped = io::Error::new(io::ErrorKind::InvalidData, error);
             let text = refusal(&wrapped).expect("a TLS error");
             assert!(text.contains(says) && !text.contains('\n'), "{text}");
+            let twice = io::Error::other(wrapped);
+            assert_eq!(refusal(&twice).as_deref(), Some(text.as_str()));
         }
     }
 }
