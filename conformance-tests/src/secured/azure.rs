@@ -4,11 +4,10 @@
 use std::sync::Arc;
 
 use leasehold_azure::AzureBlobStore;
-use leasehold_core::{Error, LeaseStore};
+use leasehold_core::LeaseStore;
 
-use super::{Refusal, Secured};
-use crate::backend::{configured_url, host_port, require_server};
-use crate::server::ServerBackend;
+use super::{Refusal, Secured, secured_backend};
+use crate::backend::{configured_url, require_server};
 
 /// The azurite-tls server (`LEASEHOLD_AZURE_TLS_URL`, container `leasehold-tests`).
 pub fn azure_tls() -> Option<Secured> {
@@ -52,22 +51,11 @@ pub fn azure_tls() -> Option<Secured> {
             says: "permissions sp=racwl",
         },
     ];
-    let backend = ServerBackend::new(
-        "azure",
-        url.clone(),
-        host_port(&url)?,
-        |url| Box::pin(async move { Ok(Arc::new(AzureBlobStore::connect(&url).await?) as Arc<dyn LeaseStore>) }),
-        |_| {
-            Box::pin(async {
-                Err(Error::Unsupported {
-                    store: "azure",
-                    operation: "corrupt (not part of the secured section)",
-                })
-            })
-        },
-    );
+    let backend = secured_backend("azure", &url, |url| {
+        Box::pin(async move { Ok(Arc::new(AzureBlobStore::connect(&url).await?) as Arc<dyn LeaseStore>) })
+    })?;
     Some(Secured {
-        backend: Arc::new(backend),
+        backend,
         secrets: vec![key, escaped_key, sig, decoded_sig],
         refusals,
     })

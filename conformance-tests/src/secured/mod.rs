@@ -134,7 +134,88 @@ impl Tls {
     }
 }
 
+/// A client backend of the secured section at `url`, its stores made by `connect`; it writes
+/// no garbage (`corrupt` is not part of the section).
+#[cfg(any(
+    feature = "etcd",
+    feature = "postgres",
+    feature = "redis",
+    feature = "mysql",
+    feature = "zookeeper",
+    feature = "azure"
+))]
+pub(crate) fn secured_backend(
+    name: &'static str,
+    url: &str,
+    connect: impl Fn(
+        String,
+    )
+        -> futures::future::BoxFuture<'static, leasehold_core::Result<Arc<dyn leasehold_core::LeaseStore>>>
+    + Send
+    + Sync
+    + 'static,
+) -> Option<Arc<dyn Backend>> {
+    let corrupt = move |_| -> futures::future::BoxFuture<'static, leasehold_core::Result<()>> {
+        Box::pin(async move {
+            Err(leasehold_core::Error::Unsupported {
+                store: name,
+                operation: "corrupt (not part of the secured section)",
+            })
+        })
+    };
+    let upstream = crate::backend::host_port(url)?;
+    Some(Arc::new(crate::server::ServerBackend::new(
+        name, url, upstream, connect, corrupt,
+    )))
+}
+
+/// The users of a TLS server with a password: the store's (whose password is in
+/// `password_var`) and a read-only one (its URL in `readonly_var`), and what their refusals say.
+#[cfg(any(feature = "etcd", feature = "postgres", feature = "redis", feature = "mysql"))]
+pub(crate) struct Users {
+    pub(crate) password_var: &'static str,
+    pub(crate) readonly_var: &'static str,
+    /// What a wrong password's error names.
+    pub(crate) wrong_password_says: &'static str,
+    /// The read-only user (`"read-only role"`, ...) and what its refusal names.
+    pub(crate) readonly: (&'static str, &'static str),
+}
+
+#[cfg(any(feature = "etcd", feature = "postgres", feature = "redis", feature = "mysql"))]
+impl Tls {
+    /// The secured section of `backend` (its clients use [`Tls::url`](Tls)): the TLS refusals,
+    /// a wrong password, the read-only user; the password and the client key as secrets.
+    pub(crate) fn with_users(self, backend: Arc<dyn Backend>, users: Users) -> Option<Secured> {
+        let mut secrets = password_secrets(users.password_var)?;
+        let readonly = crate::backend::configured_url(users.readonly_var)?;
+        let mut refusals = self.refusals();
+        refusals.push(Refusal {
+            what: "wrong password",
+            url: self.url.replacen(&escape(&secrets[0]), "wrong-password", 1),
+            says: users.wrong_password_says,
+        });
+        refusals.push(Refusal {
+            what: users.readonly.0,
+            url: readonly,
+            says: users.readonly.1,
+        });
+        secrets.push(self.key_body());
+        Some(Secured {
+            backend,
+            secrets,
+            refusals,
+        })
+    }
+}
+
 /// The password's secrets: as written, and as the URL escapes it.
+#[cfg(any(
+    feature = "etcd",
+    feature = "postgres",
+    feature = "redis",
+    feature = "mysql",
+    feature = "zookeeper"
+))]
 pub(crate) fn password_secrets(password_var: &str) -> Option<Vec<String>> {
     let password = crate::backend::configured_url(password_var)?;
     let escaped = escape(&password);
@@ -142,6 +223,13 @@ pub(crate) fn password_secrets(password_var: &str) -> Option<Vec<String>> {
 }
 
 /// `@` and `/` escaped as in scripts/secured.bash.
+#[cfg(any(
+    feature = "etcd",
+    feature = "postgres",
+    feature = "redis",
+    feature = "mysql",
+    feature = "zookeeper"
+))]
 pub(crate) fn escape(password: &str) -> String {
     password.replace('@', "%40").replace('/', "%2F")
 }
