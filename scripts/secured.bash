@@ -381,7 +381,7 @@ mariadb_tls_sql() { # PASSWORD READONLY_PASSWORD: the database and the two users
 
 up_mariadb-tls() {
 	local dir="$SERVICES_DIR/mariadb-tls" t pw ro
-	local data="$dir/data" pidfile="$dir/mariadb.pid" logfile="$dir/mariadb.log" sock="$dir/mariadb.sock"
+	local pidfile="$dir/mariadb.pid" logfile="$dir/mariadb.log" sock="$dir/mariadb.sock"
 	mkdir -p "$dir"
 	[[ -s $PKI_DIR/expired.pem ]] || die "no certificates in $PKI_DIR (made by install_for)"
 	pw=$(secret_for "$dir" leasehold)
@@ -392,27 +392,12 @@ up_mariadb-tls() {
 	if pid_alive "$pidfile" "$dir"; then
 		log "mariadb-tls already running (pid $(pid_of "$pidfile"))"
 	else
-		require_free_port mariadb-tls "$MARIADB_TLS_PORT"
-		if [[ ! -d $data/mysql ]]; then
-			rm -rf "$data"
-			mariadb-install-db --no-defaults --user=mysql --datadir="$data" \
-				--auth-root-authentication-method=socket --skip-test-db >>"$logfile" 2>&1 ||
-				{
-					tail -n 20 "$logfile" >&2
-					die "mariadb-tls: mariadb-install-db failed"
-				}
-		fi
 		install -o mysql -g mysql -m 600 "$PKI_DIR/server.key" "$dir/server.key"
 		install -o mysql -g mysql -m 644 "$PKI_DIR/server.pem" "$dir/server.pem"
 		install -o mysql -g mysql -m 644 "$PKI_DIR/ca.pem" "$dir/ca.pem"
-		rm -f "$sock"
-		launch "$dir" "$pidfile" "$logfile" mariadbd --no-defaults --user=mysql --datadir="$data" \
-			--bind-address=127.0.0.1,127.0.0.2 --port="$MARIADB_TLS_PORT" --socket="$sock" \
-			--pid-file="$data/mariadbd.pid" --skip-log-bin --skip-name-resolve \
+		mariadb_launch mariadb-tls "$dir" "$MARIADB_TLS_PORT" 127.0.0.1,127.0.0.2 \
 			--ssl-cert="$dir/server.pem" --ssl-key="$dir/server.key" --ssl-ca="$dir/ca.pem" \
-			--require-secure-transport=ON \
-			--max-connections=400 --innodb-flush-log-at-trx-commit=2 --innodb-doublewrite=0 \
-			--innodb-buffer-pool-size=32M --performance-schema=0
+			--require-secure-transport=ON --max-connections=400 --innodb-buffer-pool-size=32M
 	fi
 	wait_ready mariadb-tls "$logfile" "$pidfile" "$dir" mariadb_ping "$sock" || {
 		down_mariadb-tls

@@ -191,7 +191,7 @@ impl Tls {
         let mut refusals = self.refusals();
         refusals.push(Refusal {
             what: "wrong password",
-            url: self.url.replacen(&escape(&secrets[0]), "wrong-password", 1),
+            url: self.url.replacen(&secrets[1], "wrong-password", 1),
             says: users.wrong_password_says,
         });
         refusals.push(Refusal {
@@ -208,7 +208,8 @@ impl Tls {
     }
 }
 
-/// The password's secrets: as written, and as the URL escapes it.
+/// The password's secrets: as written, and as the URL escapes it (`@` and `/`, as
+/// scripts/secured.bash does), in that order.
 #[cfg(any(
     feature = "etcd",
     feature = "postgres",
@@ -218,20 +219,8 @@ impl Tls {
 ))]
 pub(crate) fn password_secrets(password_var: &str) -> Option<Vec<String>> {
     let password = crate::backend::configured_url(password_var)?;
-    let escaped = escape(&password);
+    let escaped = password.replace('@', "%40").replace('/', "%2F");
     Some(vec![password, escaped])
-}
-
-/// `@` and `/` escaped as in scripts/secured.bash.
-#[cfg(any(
-    feature = "etcd",
-    feature = "postgres",
-    feature = "redis",
-    feature = "mysql",
-    feature = "zookeeper"
-))]
-pub(crate) fn escape(password: &str) -> String {
-    password.replace('@', "%40").replace('/', "%2F")
 }
 
 /// Expands to a module `$name` with the secured section of the suite against

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use leasehold_core::LeaseStore;
 use leasehold_zookeeper::ZookeeperStore;
 
-use super::{Refusal, Secured, escape, password_secrets, secured_backend};
+use super::{Refusal, Secured, password_secrets, secured_backend};
 use crate::backend::require_server;
 
 /// The zookeeper-auth server (`LEASEHOLD_ZOOKEEPER_AUTH_URL`): digest user `leasehold`, owner of
@@ -19,7 +19,7 @@ pub fn zookeeper_auth() -> Option<Secured> {
     // which the ACLs keep out at the first request.
     let refusals = vec![Refusal {
         what: "wrong password (another digest identity)",
-        url: url.replacen(&escape(&secrets[0]), "wrong-password", 1),
+        url: url.replacen(&secrets[1], "wrong-password", 1),
         says: "check the digest credentials",
     }];
     let backend = secured_backend("zookeeper", &url, |url| {

@@ -48,6 +48,21 @@ pub fn refusal(error: &(dyn StdError + 'static)) -> Option<String> {
     None
 }
 
+/// The one-line reason of an error that is known to be a failed TLS set-up or handshake:
+/// [`refusal`]'s when rustls says why, else the error's own text (a certificate file that
+/// cannot be read, ...) with the options to check.
+///
+/// ```
+/// let e = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file: /etc/ca.pem");
+/// assert_eq!(
+///     leasehold_core::tls::failure(&e),
+///     "TLS: no such file: /etc/ca.pem; check ca=, cert= and key="
+/// );
+/// ```
+pub fn failure(error: &(dyn StdError + 'static)) -> String {
+    refusal(error).unwrap_or_else(|| format!("TLS: {}; check ca=, cert= and key=", one_line(&error.to_string())))
+}
+
 fn describe(error: &TlsError) -> String {
     match error {
         TlsError::InvalidCertificate(why) => match why {
