@@ -113,6 +113,20 @@ pki_env() {
 	EOF
 }
 
+# users_fragment DIR NAME URL READONLY_URL PASSWORD PID_FILE LOG: the env fragment of a secured
+# service with the store's user and a read-only one: LEASEHOLD_<NAME>_{URL,READONLY_URL,PASSWORD,
+# PID_FILE,LOG} and the PKI directory.
+users_fragment() {
+	write_fragment "$1" <<-EOF
+		$(pki_env)
+		LEASEHOLD_$2_URL=$3
+		LEASEHOLD_$2_READONLY_URL=$4
+		LEASEHOLD_$2_PASSWORD=$5
+		LEASEHOLD_$2_PID_FILE=$6
+		LEASEHOLD_$2_LOG=$7
+	EOF
+}
+
 # --- etcd-tls --------------------------------------------------------------------------------
 
 etcd_tls_ctl() { # etcdctl as root over TLS with the client certificate
@@ -167,14 +181,10 @@ up_etcd-tls() {
 	fi
 	log "etcd-tls ready on 127.0.0.1:$ETCD_TLS_PORT in $(secs_since "$t") s"
 	local tls="ca=$PKI_DIR/ca.pem&cert=$PKI_DIR/client.pem&key=$PKI_DIR/client.key"
-	write_fragment "$dir" <<-EOF
-		$(pki_env)
-		LEASEHOLD_ETCD_TLS_URL=etcds://leasehold:$(url_escape "$pw")@127.0.0.1:$ETCD_TLS_PORT/leasehold-tests?$tls
-		LEASEHOLD_ETCD_TLS_READONLY_URL=etcds://leasehold-ro:$(url_escape "$ro")@127.0.0.1:$ETCD_TLS_PORT/leasehold-tests?$tls
-		LEASEHOLD_ETCD_TLS_PASSWORD=$pw
-		LEASEHOLD_ETCD_TLS_PID_FILE=$dir/etcd.pid
-		LEASEHOLD_ETCD_TLS_LOG=$dir/etcd.log
-	EOF
+	users_fragment "$dir" ETCD_TLS \
+		"etcds://leasehold:$(url_escape "$pw")@127.0.0.1:$ETCD_TLS_PORT/leasehold-tests?$tls" \
+		"etcds://leasehold-ro:$(url_escape "$ro")@127.0.0.1:$ETCD_TLS_PORT/leasehold-tests?$tls" \
+		"$pw" "$dir/etcd.pid" "$dir/etcd.log"
 }
 down_etcd-tls() {
 	stop_pid etcd-tls "$SERVICES_DIR/etcd-tls/etcd.pid" "$SERVICES_DIR/etcd-tls"
@@ -267,14 +277,10 @@ up_postgres-tls() {
 		EOF
 	log "postgres-tls ready on 127.0.0.1:$PG_TLS_PORT in $(secs_since "$t") s"
 	local tls="sslmode=verify-full&ca=$PKI_DIR/ca.pem&cert=$PKI_DIR/client.pem&key=$PKI_DIR/client.key"
-	write_fragment "$dir" <<-EOF
-		$(pki_env)
-		LEASEHOLD_POSTGRES_TLS_URL=postgres://leasehold:$(url_escape "$pw")@127.0.0.1:$PG_TLS_PORT/leasehold?$tls
-		LEASEHOLD_POSTGRES_TLS_READONLY_URL=postgres://leasehold_ro:$(url_escape "$ro")@127.0.0.1:$PG_TLS_PORT/leasehold?$tls
-		LEASEHOLD_POSTGRES_TLS_PASSWORD=$pw
-		LEASEHOLD_POSTGRES_TLS_PID_FILE=$pidfile
-		LEASEHOLD_POSTGRES_TLS_LOG=$logfile
-	EOF
+	users_fragment "$dir" POSTGRES_TLS \
+		"postgres://leasehold:$(url_escape "$pw")@127.0.0.1:$PG_TLS_PORT/leasehold?$tls" \
+		"postgres://leasehold_ro:$(url_escape "$ro")@127.0.0.1:$PG_TLS_PORT/leasehold?$tls" \
+		"$pw" "$pidfile" "$logfile"
 }
 down_postgres-tls() {
 	local dir="$SERVICES_DIR/postgres-tls" bin
@@ -341,14 +347,10 @@ up_redis-tls() {
 	}
 	log "redis-tls ready on 127.0.0.1:$REDIS_TLS_PORT in $(secs_since "$t") s"
 	local tls="ca=$PKI_DIR/ca.pem&cert=$PKI_DIR/client.pem&key=$PKI_DIR/client.key"
-	write_fragment "$dir" <<-EOF
-		$(pki_env)
-		LEASEHOLD_REDIS_TLS_URL=rediss://leasehold:$(url_escape "$pw")@127.0.0.1:$REDIS_TLS_PORT?prefix=leasehold-tests:&$tls
-		LEASEHOLD_REDIS_TLS_READONLY_URL=rediss://leasehold-ro:$(url_escape "$ro")@127.0.0.1:$REDIS_TLS_PORT?prefix=leasehold-tests:&$tls
-		LEASEHOLD_REDIS_TLS_PASSWORD=$pw
-		LEASEHOLD_REDIS_TLS_PID_FILE=$pidfile
-		LEASEHOLD_REDIS_TLS_LOG=$logfile
-	EOF
+	users_fragment "$dir" REDIS_TLS \
+		"rediss://leasehold:$(url_escape "$pw")@127.0.0.1:$REDIS_TLS_PORT?prefix=leasehold-tests:&$tls" \
+		"rediss://leasehold-ro:$(url_escape "$ro")@127.0.0.1:$REDIS_TLS_PORT?prefix=leasehold-tests:&$tls" \
+		"$pw" "$pidfile" "$logfile"
 }
 down_redis-tls() {
 	stop_pid redis-tls "$SERVICES_DIR/redis-tls/redis.pid" "$SERVICES_DIR/redis-tls"
@@ -407,14 +409,10 @@ up_mariadb-tls() {
 		die "mariadb-tls: setting up the database and users failed"
 	log "mariadb-tls ready on 127.0.0.1:$MARIADB_TLS_PORT in $(secs_since "$t") s"
 	local tls="ssl-mode=VERIFY_IDENTITY&ca=$PKI_DIR/ca.pem&cert=$PKI_DIR/client.pem&key=$PKI_DIR/client.key"
-	write_fragment "$dir" <<-EOF
-		$(pki_env)
-		LEASEHOLD_MYSQL_TLS_URL=mysql://leasehold:$(url_escape "$pw")@127.0.0.1:$MARIADB_TLS_PORT/leasehold?$tls
-		LEASEHOLD_MYSQL_TLS_READONLY_URL=mysql://leasehold_ro:$(url_escape "$ro")@127.0.0.1:$MARIADB_TLS_PORT/leasehold?$tls
-		LEASEHOLD_MYSQL_TLS_PASSWORD=$pw
-		LEASEHOLD_MYSQL_TLS_PID_FILE=$pidfile
-		LEASEHOLD_MYSQL_TLS_LOG=$logfile
-	EOF
+	users_fragment "$dir" MYSQL_TLS \
+		"mysql://leasehold:$(url_escape "$pw")@127.0.0.1:$MARIADB_TLS_PORT/leasehold?$tls" \
+		"mysql://leasehold_ro:$(url_escape "$ro")@127.0.0.1:$MARIADB_TLS_PORT/leasehold?$tls" \
+		"$pw" "$pidfile" "$logfile"
 }
 down_mariadb-tls() {
 	stop_pid mariadb-tls "$SERVICES_DIR/mariadb-tls/mariadb.pid" "$SERVICES_DIR/mariadb-tls"
@@ -472,14 +470,10 @@ up_azurite-tls() {
 	key=${key//\//%2F}
 	key=${key//=/%3D}
 	local base="https://127.0.0.1:$AZURITE_TLS_PORT/$AZURITE_ACCOUNT/leasehold-tests?ca=$PKI_DIR/ca.pem"
-	write_fragment "$dir" <<-EOF
-		$(pki_env)
-		LEASEHOLD_AZURE_TLS_URL=$base&account_key=$key
-		LEASEHOLD_AZURE_TLS_READONLY_URL=$base&$(azure_account_sas rl)
-		LEASEHOLD_AZURE_TLS_PASSWORD=$AZURITE_KEY
-		LEASEHOLD_AZURE_TLS_PID_FILE=$dir/azurite.pid
-		LEASEHOLD_AZURE_TLS_LOG=$dir/azurite.log
-	EOF
+	users_fragment "$dir" AZURE_TLS \
+		"$base&account_key=$key" \
+		"$base&$(azure_account_sas rl)" \
+		"$AZURITE_KEY" "$dir/azurite.pid" "$dir/azurite.log"
 }
 down_azurite-tls() {
 	stop_pid azurite-tls "$SERVICES_DIR/azurite-tls/azurite.pid" "$SERVICES_DIR/azurite-tls"
