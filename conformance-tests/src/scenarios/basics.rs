@@ -285,8 +285,9 @@ pub async fn renew_keeps_lease(backend: Arc<dyn Backend>) {
     scene.finish().await;
 }
 
-/// Someone overwrites the lease's record with garbage: reads give a typed
-/// [`Error::CorruptRecord`], the leader steps down with a store error within a TTL, and nobody
+/// Someone overwrites the lease's record with garbage: reads (`inspect`, a `list` that takes it
+/// in) give a typed [`Error::CorruptRecord`] naming the lease, a listing that leaves it out
+/// reads, the leader steps down with a store error within a TTL, and nobody
 /// becomes leader while the record is garbage.
 ///
 /// # Panics
@@ -319,6 +320,13 @@ pub async fn corrupt_record_is_typed_error(backend: Arc<dyn Backend>) {
         }
     };
     expect_corrupt("inspect", raw.inspect(&lease).await.map(|o| format!("{o:?}")));
+    // A listing that takes the lease in fails the same way; one that leaves it out reads.
+    expect_corrupt("list", raw.list(&scene.lease).await.map(|o| format!("{o:?}")));
+    let elsewhere = raw
+        .list(&scene.other_lease("elsewhere"))
+        .await
+        .unwrap_or_else(|e| panic!("{p}: a listing that leaves the garbage out: {e}"));
+    assert!(elsewhere.is_empty(), "{p}: nothing to list elsewhere: {elsewhere:?}");
     let intruder = CandidateId::new("intruder").expect("valid id");
     expect_corrupt(
         "acquire",

@@ -8,11 +8,12 @@ use super::*;
 use crate::faults::{Direction, Fault};
 use crate::faulty::FaultyStore;
 
-/// One process (one client) holds 1,000 leases at once, renews them for 3 TTLs and loses none.
+/// One process (one client) holds 1,000 leases at once, renews them for 3 TTLs and loses none;
+/// one `list` gives all 1,000, in name order, with their holder.
 ///
 /// # Panics
 ///
-/// When a lease is not granted or is lost.
+/// When a lease is not granted or is lost, or the listing misses or misorders one.
 pub async fn thousand_leases(backend: Arc<dyn Backend>) {
     const LEASES: usize = 1000;
     let ttl = backend.many_leases_ttl().unwrap_or(Duration::from_secs(2));
@@ -47,6 +48,27 @@ pub async fn thousand_leases(backend: Arc<dyn Backend>) {
         lost.len(),
         lost.first()
     );
+    // One listing pages through all of them (stores list in pages of 1,000 or fewer), in name
+    // order, each with its holder.
+    let under = format!("{}-", scene.lease);
+    let listed = scene
+        .within("listing 1,000 leases", scene.ttl * 5, store.list(&under))
+        .await
+        .unwrap_or_else(|e| panic!("{p}: list: {e}"));
+    let mut names: Vec<String> = (0..LEASES).map(|i| scene.other_lease(&i.to_string())).collect();
+    names.sort();
+    let listed_names: Vec<&str> = listed.iter().map(|o| o.lease.as_str()).collect();
+    assert!(
+        listed_names == names.iter().map(String::as_str).collect::<Vec<_>>(),
+        "{p}: list({under:?}) must give the {LEASES} leases in name order: {} listed, first {:?}",
+        listed.len(),
+        listed_names.first()
+    );
+    let unheld = listed
+        .iter()
+        .filter(|o| o.holder.as_ref().is_none_or(|h| h.id.as_str() != "holder"))
+        .count();
+    assert_eq!(unheld, 0, "{p}: every listed lease shows its holder");
     let records = scene.checker.records().await;
     let elected = records
         .iter()

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use metrics::Unit;
 
 use crate::error::Error;
-use crate::machine::{DeposedReason, Reply, Request};
+use crate::machine::{DeposedReason, Output, Reply, Request};
 use crate::types::{Acquired, CandidateId, EndReason, Observation, Renewed, Term};
 
 /// `1` while this candidate leads the lease, `0` otherwise (present from the elector's build).
@@ -145,6 +145,48 @@ pub(crate) fn request_counter(
         "operation" => operation,
         "outcome" => outcome,
     )
+}
+
+/// Records what one output of the machine changes in the metrics: the one place the engine's
+/// transitions reach them (requests are counted by [`RequestGuard`], hand-overs by
+/// [`PreviousHolder`]).
+pub(crate) fn record_output(
+    lease: &str,
+    store: &'static str,
+    output: &Output,
+    now: Instant,
+    campaign_started: Instant,
+) {
+    let lease = || lease.to_string();
+    match output {
+        Output::Elected { grant, valid_until } => {
+            metrics::gauge!(TERM, "lease" => lease()).set(grant.term.0 as f64);
+            metrics::counter!(TRANSITIONS, "lease" => lease(), "to" => "leader").increment(1);
+            metrics::histogram!(CAMPAIGN_SECONDS, "lease" => lease()).record((now - campaign_started).as_secs_f64());
+            metrics::gauge!(REMAINING, "lease" => lease())
+                .set(valid_until.saturating_duration_since(now).as_secs_f64());
+            // Last: a scrape begun after one that shows this candidate leading shows the rest of
+            // its election (one rendered meanwhile can show part: the exporter renders kind by kind).
+            metrics::gauge!(IS_LEADER, "lease" => lease()).set(1.0);
+        }
+        Output::Extended { valid_until } => {
+            metrics::gauge!(REMAINING, "lease" => lease())
+                .set(valid_until.saturating_duration_since(now).as_secs_f64());
+        }
+        Output::Deposed { reason, .. } => {
+            metrics::gauge!(IS_LEADER, "lease" => lease()).set(0.0);
+            metrics::gauge!(REMAINING, "lease" => lease()).set(0.0);
+            metrics::counter!(STEP_DOWNS, "lease" => lease(), "reason" => step_down_reason(reason)).increment(1);
+            metrics::counter!(TRANSITIONS, "lease" => lease(), "to" => "follower").increment(1);
+        }
+        Output::LeaderChanged(Some((_, term))) => metrics::gauge!(TERM, "lease" => lease()).set(term.0 as f64),
+        Output::StoreTrouble(error) => trouble_counter(&lease(), store, trouble_reason(error)).increment(1),
+        Output::Send(..)
+        | Output::AbortWork
+        | Output::SteppedDown { .. }
+        | Output::LeaderChanged(None)
+        | Output::Stopped => {}
+    }
 }
 
 pub(crate) fn trouble_counter(lease: &str, store: &'static str, reason: &'static str) -> metrics::Counter {

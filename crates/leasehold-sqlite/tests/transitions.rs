@@ -61,12 +61,15 @@ async fn transitions(n: usize, transitions: usize) -> Vec<(usize, usize, Vec<Req
         .await
         .expect("a first leader")
         .unwrap();
-    // Every follower makes its first attempt and subscribes: wait until the requests stop.
+    // Every follower makes its first attempt and subscribes: wait until each has asked once and
+    // the requests stop. (Waiting for the requests to stop alone was not enough: on a loaded
+    // machine a follower's first acquire came after a quiet 300 ms, inside the first transition.)
     let mut last = faults.counts().total();
     loop {
         tokio::time::sleep(Duration::from_millis(300)).await;
         let now = faults.counts().total();
-        if now == last {
+        let everyone_asked = stores.iter().all(|s| s.counts().acquire >= 1);
+        if everyone_asked && now == last {
             break;
         }
         last = now;

@@ -510,9 +510,21 @@ impl Driver {
         }
     }
 
-    /// Carries out one output; returns a new leader handle on election.
+    /// Carries out one output; returns a new leader handle on election. Its metrics are
+    /// recorded in one place, [`telemetry::record_output`].
     fn apply(&mut self, output: Output) -> Option<Leader> {
         let lease = self.inner.lease.as_str().to_string();
+        let at = now();
+        if matches!(output, Output::Elected { .. }) {
+            // What the store already announced counts too (a store may say how the last term
+            // ended as it grants: the announcements are dropped here). Before the election's own
+            // metrics: a scrape that shows this candidate leading shows the hand-over too.
+            while let Some(Some(observation)) = self.announcements.as_mut().and_then(|a| a.next().now_or_never()) {
+                self.previous.seen(at, at, &observation, &self.inner.id);
+            }
+            std::mem::take(&mut self.previous).record(&lease, at, self.won_at.take().unwrap_or(at));
+        }
+        telemetry::record_output(&lease, self.inner.store.name(), &output, at, self.campaign_started);
         match output {
             Output::Send(id, request) => {
                 let store = self.inner.store.clone();
@@ -582,13 +594,8 @@ impl Driver {
                 None
             }
             Output::Elected { grant, valid_until } => {
-                let now = now();
+                let now = at;
                 info!(term = %grant.term, "elected");
-                // What the store already announced counts too (a store may say how the last
-                // term ended as it grants: the announcements are dropped here).
-                while let Some(Some(observation)) = self.announcements.as_mut().and_then(|a| a.next().now_or_never()) {
-                    self.previous.seen(now, now, &observation, &self.inner.id);
-                }
                 // A leader learns of another holder from its renewals: it needs neither the
                 // store's change notifications nor its announcements (a watch, a listener's
                 // routing or a read per change on some stores). A new campaign asks again.
@@ -596,16 +603,6 @@ impl Driver {
                 self.announcements = None;
                 self.announcements_asked = None;
                 *self.inner.leading.lock().expect("leading lock") = Some(valid_until);
-                metrics::gauge!(telemetry::TERM, "lease" => lease.clone()).set(grant.term.0 as f64);
-                metrics::counter!(telemetry::TRANSITIONS, "lease" => lease.clone(), "to" => "leader").increment(1);
-                metrics::histogram!(telemetry::CAMPAIGN_SECONDS, "lease" => lease.clone())
-                    .record((now - self.campaign_started).as_secs_f64());
-                std::mem::take(&mut self.previous).record(&lease, now, self.won_at.take().unwrap_or(now));
-                metrics::gauge!(telemetry::REMAINING, "lease" => lease.clone())
-                    .set(valid_until.saturating_duration_since(now).as_secs_f64());
-                // Last: a scrape begun after one that shows this candidate leading shows the rest of its
-                // election (one rendered meanwhile can show part: the exporter renders kind by kind).
-                metrics::gauge!(telemetry::IS_LEADER, "lease" => lease).set(1.0);
                 let (status_tx, status) = watch::channel(Status {
                     valid_until,
                     deposed: None,
@@ -654,8 +651,6 @@ impl Driver {
                 if let Some(leading) = self.inner.leading.lock().expect("leading lock").as_mut() {
                     *leading = valid_until;
                 }
-                metrics::gauge!(telemetry::REMAINING, "lease" => lease)
-                    .set(valid_until.saturating_duration_since(now()).as_secs_f64());
                 None
             }
             Output::Deposed {
@@ -670,11 +665,6 @@ impl Driver {
                     _ => warn!(%term, %reason, "deposed"),
                 }
                 *self.inner.leading.lock().expect("leading lock") = None;
-                metrics::gauge!(telemetry::IS_LEADER, "lease" => lease.clone()).set(0.0);
-                metrics::gauge!(telemetry::REMAINING, "lease" => lease.clone()).set(0.0);
-                metrics::counter!(telemetry::STEP_DOWNS, "lease" => lease.clone(), "reason" => telemetry::step_down_reason(&reason))
-                    .increment(1);
-                metrics::counter!(telemetry::TRANSITIONS, "lease" => lease, "to" => "follower").increment(1);
                 if let Some(l) = &self.leader {
                     l.status.send_modify(|s| s.deposed = Some(reason.clone()));
                     l.shared.token.cancel();
@@ -696,9 +686,8 @@ impl Driver {
                 work_stopped_after,
                 aborted,
             } => {
-                let now = now();
                 *self.inner.not_before.lock().expect("not_before lock") =
-                    Some(now + self.inner.timing.step_down_backoff());
+                    Some(at + self.inner.timing.step_down_backoff());
                 if let Some((_, reason, believed_until)) = self.deposed.take() {
                     self.emit(Event::Deposed {
                         term,
@@ -722,12 +711,9 @@ impl Driver {
                     holder,
                     reserved: reserved_term == Some(term),
                     term,
-                    since: now(),
+                    since: at,
                     since_wall: SystemTime::now(),
                 });
-                if let Some(info) = &info {
-                    metrics::gauge!(telemetry::TERM, "lease" => lease).set(info.term.0 as f64);
-                }
                 {
                     let mut seen = self.inner.leader.lock().expect("leader lock");
                     if let Some(watch) = &seen.watch {
@@ -746,8 +732,6 @@ impl Driver {
                     // itself: say so at once; the engine keeps retrying at its pace.
                     warn!(%error, "store trouble");
                 }
-                telemetry::trouble_counter(&lease, self.inner.store.name(), telemetry::trouble_reason(&error))
-                    .increment(1);
                 self.emit(Event::StoreTrouble { error: Arc::new(error) });
                 None
             }
