@@ -5,6 +5,10 @@
 #   etcd-tls        TLS with client certificates (--client-cert-auth), RBAC auth on
 #   postgres-tls    TLS (client certificates checked: clientcert=verify-ca), scram-sha-256
 #   redis-tls       TLS only (no plain port), client certificates required, ACL users only
+#   mariadb-tls     TLS required (require_secure_transport), users REQUIRE X509 (a client
+#                   certificate of our CA) and a password
+#   azurite-tls     Azurite's blob service over HTTPS only (no client certificates: Azure has
+#                   none); the account key, and a read-only SAS (sp=rl)
 #   zookeeper-auth  digest authentication; znode ACLs are the client's (creator_all)
 #
 # A throw-away CA and certificates are made at the first start with Debian's openssl, under
@@ -28,6 +32,10 @@
 #   redis:     user `leasehold` (the keys, channels and commands of crates/leasehold-redis's
 #              docs), user `leasehold-ro` (read-only commands on the same keys), `admin` for
 #              probes; the default user is off.
+#   mariadb:   user `leasehold` (SELECT, INSERT, UPDATE, DELETE, CREATE on database `leasehold`:
+#              crates/leasehold-mysql/docs.md), user `leasehold_ro` (SELECT on it); root only
+#              over the unix socket, for the set-up.
+#   azure:     the emulator's account key (everything); an account SAS with sp=rl (read, list).
 #   zookeeper: any client may connect; a store with ?auth=digest:user:pass creates its znodes
 #              with creator_all ACLs, so another digest user cannot delete them.
 
@@ -36,9 +44,11 @@ ETCD_TLS_PEER_PORT=$((22390 + OFFSET))
 PG_TLS_PORT=$((25442 + OFFSET))
 REDIS_TLS_PORT=$((24389 + OFFSET))
 ZK_AUTH_PORT=$((22191 + OFFSET))
+MARIADB_TLS_PORT=$((23316 + OFFSET))
+AZURITE_TLS_PORT=$((21010 + OFFSET))
 PKI_DIR="$SERVICES_DIR/pki"
 
-SECURED_SERVICES=(etcd-tls postgres-tls redis-tls zookeeper-auth)
+SECURED_SERVICES=(etcd-tls postgres-tls redis-tls mariadb-tls azurite-tls zookeeper-auth)
 
 # --- certificates ----------------------------------------------------------------------------
 
@@ -103,6 +113,20 @@ pki_env() {
 	EOF
 }
 
+# users_fragment DIR NAME URL READONLY_URL PASSWORD PID_FILE LOG: the env fragment of a secured
+# service with the store's user and a read-only one: LEASEHOLD_<NAME>_{URL,READONLY_URL,PASSWORD,
+# PID_FILE,LOG} and the PKI directory.
+users_fragment() {
+	write_fragment "$1" <<-EOF
+		$(pki_env)
+		LEASEHOLD_$2_URL=$3
+		LEASEHOLD_$2_READONLY_URL=$4
+		LEASEHOLD_$2_PASSWORD=$5
+		LEASEHOLD_$2_PID_FILE=$6
+		LEASEHOLD_$2_LOG=$7
+	EOF
+}
+
 # --- etcd-tls --------------------------------------------------------------------------------
 
 etcd_tls_ctl() { # etcdctl as root over TLS with the client certificate
@@ -157,14 +181,10 @@ up_etcd-tls() {
 	fi
 	log "etcd-tls ready on 127.0.0.1:$ETCD_TLS_PORT in $(secs_since "$t") s"
 	local tls="ca=$PKI_DIR/ca.pem&cert=$PKI_DIR/client.pem&key=$PKI_DIR/client.key"
-	write_fragment "$dir" <<-EOF
-		$(pki_env)
-		LEASEHOLD_ETCD_TLS_URL=etcds://leasehold:$(url_escape "$pw")@127.0.0.1:$ETCD_TLS_PORT/leasehold-tests?$tls
-		LEASEHOLD_ETCD_TLS_READONLY_URL=etcds://leasehold-ro:$(url_escape "$ro")@127.0.0.1:$ETCD_TLS_PORT/leasehold-tests?$tls
-		LEASEHOLD_ETCD_TLS_PASSWORD=$pw
-		LEASEHOLD_ETCD_TLS_PID_FILE=$dir/etcd.pid
-		LEASEHOLD_ETCD_TLS_LOG=$dir/etcd.log
-	EOF
+	users_fragment "$dir" ETCD_TLS \
+		"etcds://leasehold:$(url_escape "$pw")@127.0.0.1:$ETCD_TLS_PORT/leasehold-tests?$tls" \
+		"etcds://leasehold-ro:$(url_escape "$ro")@127.0.0.1:$ETCD_TLS_PORT/leasehold-tests?$tls" \
+		"$pw" "$dir/etcd.pid" "$dir/etcd.log"
 }
 down_etcd-tls() {
 	stop_pid etcd-tls "$SERVICES_DIR/etcd-tls/etcd.pid" "$SERVICES_DIR/etcd-tls"
@@ -257,14 +277,10 @@ up_postgres-tls() {
 		EOF
 	log "postgres-tls ready on 127.0.0.1:$PG_TLS_PORT in $(secs_since "$t") s"
 	local tls="sslmode=verify-full&ca=$PKI_DIR/ca.pem&cert=$PKI_DIR/client.pem&key=$PKI_DIR/client.key"
-	write_fragment "$dir" <<-EOF
-		$(pki_env)
-		LEASEHOLD_POSTGRES_TLS_URL=postgres://leasehold:$(url_escape "$pw")@127.0.0.1:$PG_TLS_PORT/leasehold?$tls
-		LEASEHOLD_POSTGRES_TLS_READONLY_URL=postgres://leasehold_ro:$(url_escape "$ro")@127.0.0.1:$PG_TLS_PORT/leasehold?$tls
-		LEASEHOLD_POSTGRES_TLS_PASSWORD=$pw
-		LEASEHOLD_POSTGRES_TLS_PID_FILE=$pidfile
-		LEASEHOLD_POSTGRES_TLS_LOG=$logfile
-	EOF
+	users_fragment "$dir" POSTGRES_TLS \
+		"postgres://leasehold:$(url_escape "$pw")@127.0.0.1:$PG_TLS_PORT/leasehold?$tls" \
+		"postgres://leasehold_ro:$(url_escape "$ro")@127.0.0.1:$PG_TLS_PORT/leasehold?$tls" \
+		"$pw" "$pidfile" "$logfile"
 }
 down_postgres-tls() {
 	local dir="$SERVICES_DIR/postgres-tls" bin
@@ -331,14 +347,10 @@ up_redis-tls() {
 	}
 	log "redis-tls ready on 127.0.0.1:$REDIS_TLS_PORT in $(secs_since "$t") s"
 	local tls="ca=$PKI_DIR/ca.pem&cert=$PKI_DIR/client.pem&key=$PKI_DIR/client.key"
-	write_fragment "$dir" <<-EOF
-		$(pki_env)
-		LEASEHOLD_REDIS_TLS_URL=rediss://leasehold:$(url_escape "$pw")@127.0.0.1:$REDIS_TLS_PORT?prefix=leasehold-tests:&$tls
-		LEASEHOLD_REDIS_TLS_READONLY_URL=rediss://leasehold-ro:$(url_escape "$ro")@127.0.0.1:$REDIS_TLS_PORT?prefix=leasehold-tests:&$tls
-		LEASEHOLD_REDIS_TLS_PASSWORD=$pw
-		LEASEHOLD_REDIS_TLS_PID_FILE=$pidfile
-		LEASEHOLD_REDIS_TLS_LOG=$logfile
-	EOF
+	users_fragment "$dir" REDIS_TLS \
+		"rediss://leasehold:$(url_escape "$pw")@127.0.0.1:$REDIS_TLS_PORT?prefix=leasehold-tests:&$tls" \
+		"rediss://leasehold-ro:$(url_escape "$ro")@127.0.0.1:$REDIS_TLS_PORT?prefix=leasehold-tests:&$tls" \
+		"$pw" "$pidfile" "$logfile"
 }
 down_redis-tls() {
 	stop_pid redis-tls "$SERVICES_DIR/redis-tls/redis.pid" "$SERVICES_DIR/redis-tls"
@@ -347,6 +359,129 @@ down_redis-tls() {
 status_redis-tls() {
 	status_line redis-tls "$SERVICES_DIR/redis-tls/redis.pid" "$SERVICES_DIR/redis-tls" \
 		"127.0.0.1:$REDIS_TLS_PORT" redis_tls_ping
+}
+
+# --- mariadb-tls -----------------------------------------------------------------------------
+# A second MariaDB server (Debian's 10.11, run as `mysql` like the plain one): TCP clients must
+# speak TLS (require_secure_transport), show a client certificate of our CA (REQUIRE X509) and
+# log in with a password. Root logs in over the unix socket only (unix_socket authentication),
+# for the set-up.
+
+mariadb_tls_sql() { # PASSWORD READONLY_PASSWORD: the database and the two users, idempotent
+	# The passwords come from secret_for: no quote or backslash to escape in SQL.
+	local pw=$1 ro=$2
+	cat <<-EOF
+		CREATE DATABASE IF NOT EXISTS leasehold;
+		CREATE USER IF NOT EXISTS 'leasehold'@'127.0.0.%';
+		ALTER USER 'leasehold'@'127.0.0.%' IDENTIFIED BY '$pw' REQUIRE X509;
+		GRANT SELECT, INSERT, UPDATE, DELETE, CREATE ON leasehold.* TO 'leasehold'@'127.0.0.%';
+		CREATE USER IF NOT EXISTS 'leasehold_ro'@'127.0.0.%';
+		ALTER USER 'leasehold_ro'@'127.0.0.%' IDENTIFIED BY '$ro' REQUIRE X509;
+		GRANT SELECT ON leasehold.* TO 'leasehold_ro'@'127.0.0.%';
+	EOF
+}
+
+up_mariadb-tls() {
+	local dir="$SERVICES_DIR/mariadb-tls" t pw ro
+	local pidfile="$dir/mariadb.pid" logfile="$dir/mariadb.log" sock="$dir/mariadb.sock"
+	mkdir -p "$dir"
+	[[ -s $PKI_DIR/expired.pem ]] || die "no certificates in $PKI_DIR (made by install_for)"
+	pw=$(secret_for "$dir" leasehold)
+	ro=$(secret_for "$dir" leasehold_ro)
+	touch "$logfile"
+	chown mysql:mysql "$dir" "$logfile"
+	t=$(now_ms)
+	if pid_alive "$pidfile" "$dir"; then
+		log "mariadb-tls already running (pid $(pid_of "$pidfile"))"
+	else
+		install -o mysql -g mysql -m 600 "$PKI_DIR/server.key" "$dir/server.key"
+		install -o mysql -g mysql -m 644 "$PKI_DIR/server.pem" "$dir/server.pem"
+		install -o mysql -g mysql -m 644 "$PKI_DIR/ca.pem" "$dir/ca.pem"
+		mariadb_launch mariadb-tls "$dir" "$MARIADB_TLS_PORT" 127.0.0.1,127.0.0.2 \
+			--ssl-cert="$dir/server.pem" --ssl-key="$dir/server.key" --ssl-ca="$dir/ca.pem" \
+			--require-secure-transport=ON --max-connections=400 --innodb-buffer-pool-size=32M
+	fi
+	wait_ready mariadb-tls "$logfile" "$pidfile" "$dir" mariadb_ping "$sock" || {
+		down_mariadb-tls
+		return 1
+	}
+	mariadb_tls_sql "$pw" "$ro" | mariadb --no-defaults --socket="$sock" -u root ||
+		die "mariadb-tls: setting up the database and users failed"
+	log "mariadb-tls ready on 127.0.0.1:$MARIADB_TLS_PORT in $(secs_since "$t") s"
+	local tls="ssl-mode=VERIFY_IDENTITY&ca=$PKI_DIR/ca.pem&cert=$PKI_DIR/client.pem&key=$PKI_DIR/client.key"
+	users_fragment "$dir" MYSQL_TLS \
+		"mysql://leasehold:$(url_escape "$pw")@127.0.0.1:$MARIADB_TLS_PORT/leasehold?$tls" \
+		"mysql://leasehold_ro:$(url_escape "$ro")@127.0.0.1:$MARIADB_TLS_PORT/leasehold?$tls" \
+		"$pw" "$pidfile" "$logfile"
+}
+down_mariadb-tls() {
+	stop_pid mariadb-tls "$SERVICES_DIR/mariadb-tls/mariadb.pid" "$SERVICES_DIR/mariadb-tls"
+	rm -f "$SERVICES_DIR/mariadb-tls/env"
+}
+status_mariadb-tls() {
+	status_line mariadb-tls "$SERVICES_DIR/mariadb-tls/mariadb.pid" "$SERVICES_DIR/mariadb-tls" \
+		"127.0.0.1:$MARIADB_TLS_PORT" mariadb_ping "$SERVICES_DIR/mariadb-tls/mariadb.sock"
+}
+
+# --- azurite-tls -----------------------------------------------------------------------------
+# Azurite's blob service with --cert/--key: HTTPS only, the server certificate of our CA. Like
+# the plain one in memory, with the emulator's published account key.
+
+https_answers() { # PORT: any HTTP status over TLS verified with our CA
+	local code
+	code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 --cacert "$PKI_DIR/ca.pem" "https://127.0.0.1:$1/") || true
+	[[ $code =~ ^[1-5][0-9][0-9]$ ]]
+}
+
+# An account SAS as crates/leasehold-azure/src/sas.rs signs one (version 2021-08-06), with the
+# permissions PERM, valid until 2099: string-to-sign = account, sp, ss, srt, st, se, sip, spr,
+# sv, ses, "" (newline-joined), HMAC-SHA256 with the base64-decoded account key.
+azure_account_sas() { # PERM: prints the SAS query
+	local perm=$1 expiry=2099-01-01T00:00:00Z hexkey sig
+	hexkey=$(printf %s "$AZURITE_KEY" | base64 -d | od -An -v -tx1 | tr -d ' \n')
+	sig=$(printf '%s\n%s\nb\nsco\n\n%s\n\nhttps,http\n2021-08-06\n\n' "$AZURITE_ACCOUNT" "$perm" "$expiry" |
+		openssl dgst -sha256 -mac HMAC -macopt "hexkey:$hexkey" -binary | openssl base64 -A)
+	sig=${sig//+/%2B}
+	sig=${sig//\//%2F}
+	sig=${sig//=/%3D}
+	echo "sv=2021-08-06&ss=b&srt=sco&sp=$perm&se=${expiry//:/%3A}&spr=https%2Chttp&sig=$sig"
+}
+
+up_azurite-tls() {
+	local dir="$SERVICES_DIR/azurite-tls" t
+	mkdir -p "$dir"
+	[[ -s $PKI_DIR/expired.pem ]] || die "no certificates in $PKI_DIR (made by install_for)"
+	t=$(now_ms)
+	if pid_alive "$dir/azurite.pid" "$dir"; then
+		log "azurite-tls already running (pid $(pid_of "$dir/azurite.pid"))"
+	else
+		require_free_port azurite-tls "$AZURITE_TLS_PORT"
+		launch "$dir" "$dir/azurite.pid" "$dir/azurite.log" \
+			env "NODE_OPTIONS=--require $ROOT/scripts/azurite-no-gc.js" "$NPM_DIR/node_modules/.bin/azurite-blob" \
+			--blobHost 127.0.0.1 --blobPort "$AZURITE_TLS_PORT" --inMemoryPersistence --disableTelemetry \
+			--skipApiVersionCheck --silent --cert "$PKI_DIR/server.pem" --key "$PKI_DIR/server.key"
+	fi
+	wait_ready azurite-tls "$dir/azurite.log" "$dir/azurite.pid" "$dir" https_answers "$AZURITE_TLS_PORT" || {
+		down_azurite-tls
+		return 1
+	}
+	log "azurite-tls ready on 127.0.0.1:$AZURITE_TLS_PORT in $(secs_since "$t") s"
+	local key=${AZURITE_KEY//+/%2B}
+	key=${key//\//%2F}
+	key=${key//=/%3D}
+	local base="https://127.0.0.1:$AZURITE_TLS_PORT/$AZURITE_ACCOUNT/leasehold-tests?ca=$PKI_DIR/ca.pem"
+	users_fragment "$dir" AZURE_TLS \
+		"$base&account_key=$key" \
+		"$base&$(azure_account_sas rl)" \
+		"$AZURITE_KEY" "$dir/azurite.pid" "$dir/azurite.log"
+}
+down_azurite-tls() {
+	stop_pid azurite-tls "$SERVICES_DIR/azurite-tls/azurite.pid" "$SERVICES_DIR/azurite-tls"
+	rm -f "$SERVICES_DIR/azurite-tls/env"
+}
+status_azurite-tls() {
+	status_line azurite-tls "$SERVICES_DIR/azurite-tls/azurite.pid" "$SERVICES_DIR/azurite-tls" \
+		"127.0.0.1:$AZURITE_TLS_PORT" https_answers "$AZURITE_TLS_PORT"
 }
 
 # --- zookeeper-auth --------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-//! The secured test servers (`scripts/services up etcd-tls postgres-tls redis-tls
-//! zookeeper-auth`, see `scripts/secured.bash`): what a backend's client must make of them.
+//! The secured test servers (`scripts/services up etcd-tls postgres-tls redis-tls mariadb-tls
+//! azurite-tls zookeeper-auth`, see `scripts/secured.bash`): what a backend's client must make of them.
 //!
 //! [`secured!`](crate::secured!) runs, per secured server, a small section of the suite:
 //! election, handover and failover over TLS with the least-privilege user; each wrong setting
@@ -11,9 +11,13 @@ use std::sync::Arc;
 
 use crate::backend::Backend;
 
+#[cfg(feature = "azure")]
+mod azure;
 pub mod capture;
 #[cfg(feature = "etcd")]
 mod etcd;
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "redis")]
@@ -21,8 +25,12 @@ mod redis;
 #[cfg(feature = "zookeeper")]
 mod zookeeper;
 
+#[cfg(feature = "azure")]
+pub use azure::azure_tls;
 #[cfg(feature = "etcd")]
 pub use etcd::etcd_tls;
+#[cfg(feature = "mysql")]
+pub use mysql::mysql_tls;
 #[cfg(feature = "postgres")]
 pub use postgres::postgres_tls;
 #[cfg(feature = "redis")]
@@ -72,13 +80,13 @@ pub struct Refusal {
 }
 
 /// The settings every TLS server shares: the good URL and the `LEASEHOLD_PKI_DIR`.
-#[cfg(any(feature = "etcd", feature = "postgres", feature = "redis"))]
+#[cfg(any(feature = "etcd", feature = "postgres", feature = "redis", feature = "mysql"))]
 pub(crate) struct Tls {
     pub(crate) url: String,
     pub(crate) pki: String,
 }
 
-#[cfg(any(feature = "etcd", feature = "postgres", feature = "redis"))]
+#[cfg(any(feature = "etcd", feature = "postgres", feature = "redis", feature = "mysql"))]
 impl Tls {
     pub(crate) fn from_env(service: &str, url_var: &str) -> Option<Tls> {
         let url = crate::backend::require_server(service, url_var)?;
@@ -126,16 +134,93 @@ impl Tls {
     }
 }
 
-/// The password's secrets: as written, and as the URL escapes it.
-pub(crate) fn password_secrets(password_var: &str) -> Option<Vec<String>> {
-    let password = crate::backend::configured_url(password_var)?;
-    let escaped = escape(&password);
-    Some(vec![password, escaped])
+/// A client backend of the secured section at `url`, its stores made by `connect`; it writes
+/// no garbage (`corrupt` is not part of the section).
+#[cfg(any(
+    feature = "etcd",
+    feature = "postgres",
+    feature = "redis",
+    feature = "mysql",
+    feature = "zookeeper",
+    feature = "azure"
+))]
+pub(crate) fn secured_backend(
+    name: &'static str,
+    url: &str,
+    connect: impl Fn(
+        String,
+    )
+        -> futures::future::BoxFuture<'static, leasehold_core::Result<Arc<dyn leasehold_core::LeaseStore>>>
+    + Send
+    + Sync
+    + 'static,
+) -> Option<Arc<dyn Backend>> {
+    let corrupt = move |_| -> futures::future::BoxFuture<'static, leasehold_core::Result<()>> {
+        Box::pin(async move {
+            Err(leasehold_core::Error::Unsupported {
+                store: name,
+                operation: "corrupt (not part of the secured section)",
+            })
+        })
+    };
+    let upstream = crate::backend::host_port(url)?;
+    Some(Arc::new(crate::server::ServerBackend::new(
+        name, url, upstream, connect, corrupt,
+    )))
 }
 
-/// `@` and `/` escaped as in scripts/secured.bash.
-pub(crate) fn escape(password: &str) -> String {
-    password.replace('@', "%40").replace('/', "%2F")
+/// The users of a TLS server with a password: the store's (whose password is in
+/// `password_var`) and a read-only one (its URL in `readonly_var`), and what their refusals say.
+#[cfg(any(feature = "etcd", feature = "postgres", feature = "redis", feature = "mysql"))]
+pub(crate) struct Users {
+    pub(crate) password_var: &'static str,
+    pub(crate) readonly_var: &'static str,
+    /// What a wrong password's error names.
+    pub(crate) wrong_password_says: &'static str,
+    /// The read-only user (`"read-only role"`, ...) and what its refusal names.
+    pub(crate) readonly: (&'static str, &'static str),
+}
+
+#[cfg(any(feature = "etcd", feature = "postgres", feature = "redis", feature = "mysql"))]
+impl Tls {
+    /// The secured section of `backend` (its clients use [`Tls::url`](Tls)): the TLS refusals,
+    /// a wrong password, the read-only user; the password and the client key as secrets.
+    pub(crate) fn with_users(self, backend: Arc<dyn Backend>, users: Users) -> Option<Secured> {
+        let mut secrets = password_secrets(users.password_var)?;
+        let readonly = crate::backend::configured_url(users.readonly_var)?;
+        let mut refusals = self.refusals();
+        refusals.push(Refusal {
+            what: "wrong password",
+            url: self.url.replacen(&secrets[1], "wrong-password", 1),
+            says: users.wrong_password_says,
+        });
+        refusals.push(Refusal {
+            what: users.readonly.0,
+            url: readonly,
+            says: users.readonly.1,
+        });
+        secrets.push(self.key_body());
+        Some(Secured {
+            backend,
+            secrets,
+            refusals,
+        })
+    }
+}
+
+/// The password's secrets: as written, and as the URL escapes it (`@` and `/`, as
+/// scripts/secured.bash does), in that order.
+#[cfg(any(
+    feature = "etcd",
+    feature = "postgres",
+    feature = "redis",
+    feature = "mysql",
+    feature = "zookeeper"
+))]
+pub(crate) fn password_secrets(password_var: &str) -> Option<Vec<String>> {
+    let password = crate::backend::configured_url(password_var)?;
+    let escaped = password.replace('@', "%40").replace('/', "%2F");
+    Some(vec![password, escaped])
 }
 
 /// Expands to a module `$name` with the secured section of the suite against

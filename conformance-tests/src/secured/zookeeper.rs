@@ -4,12 +4,11 @@
 
 use std::sync::Arc;
 
-use leasehold_core::{Error, LeaseStore};
+use leasehold_core::LeaseStore;
 use leasehold_zookeeper::ZookeeperStore;
 
-use super::{Refusal, Secured, escape, password_secrets};
-use crate::backend::{host_port, require_server};
-use crate::server::ServerBackend;
+use super::{Refusal, Secured, password_secrets, secured_backend};
+use crate::backend::require_server;
 
 /// The zookeeper-auth server (`LEASEHOLD_ZOOKEEPER_AUTH_URL`): digest user `leasehold`, owner of
 /// the chroot `/leasehold-tests`.
@@ -20,25 +19,14 @@ pub fn zookeeper_auth() -> Option<Secured> {
     // which the ACLs keep out at the first request.
     let refusals = vec![Refusal {
         what: "wrong password (another digest identity)",
-        url: url.replacen(&escape(&secrets[0]), "wrong-password", 1),
+        url: url.replacen(&secrets[1], "wrong-password", 1),
         says: "check the digest credentials",
     }];
-    let backend = ServerBackend::new(
-        "zookeeper",
-        url.clone(),
-        host_port(&url)?,
-        |url| Box::pin(async move { Ok(Arc::new(ZookeeperStore::connect(&url).await?) as Arc<dyn LeaseStore>) }),
-        |_| {
-            Box::pin(async {
-                Err(Error::Unsupported {
-                    store: "zookeeper",
-                    operation: "corrupt (not part of the secured section)",
-                })
-            })
-        },
-    );
+    let backend = secured_backend("zookeeper", &url, |url| {
+        Box::pin(async move { Ok(Arc::new(ZookeeperStore::connect(&url).await?) as Arc<dyn LeaseStore>) })
+    })?;
     Some(Secured {
-        backend: Arc::new(backend),
+        backend,
         secrets,
         refusals,
     })

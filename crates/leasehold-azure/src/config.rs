@@ -2,6 +2,7 @@
 //! `Debug` and `Display` never show them.
 
 use std::ops::RangeInclusive;
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,6 +60,7 @@ const OPTIONS: &[&str] = &[
     "max_requests",
     "max_renewals",
     "history_limit",
+    "ca",
 ];
 
 /// How requests are authorised.
@@ -102,6 +104,9 @@ pub enum Auth {
 /// - `max_requests`, `max_renewals`: operations in flight at once (1 to 4096, default 64 each):
 ///   `max_requests` of any kind, plus `max_renewals` slots kept for renewals and releases.
 /// - `history_limit`: how many terms keep their history blob (default 1000; `0` keeps all).
+/// - `ca`: a PEM file of the CA certificates to trust for an `https` endpoint *instead of* the
+///   system's (a private CA, e.g. in front of the emulator); the spelling every leasehold
+///   backend shares.
 ///
 /// A repeated or unknown option is an error naming it. `Debug`, `Display` and every error leave
 /// the key and the SAS out.
@@ -144,6 +149,9 @@ pub struct AzureConfig {
     /// How many terms of each lease keep their history blob (the most recent ones); `0` keeps
     /// all. Default [`DEFAULT_HISTORY_LIMIT`].
     pub history_limit: u32,
+    /// A PEM file of the CA certificates to trust instead of the system's (`https` only); read
+    /// when the store connects.
+    pub ca: Option<PathBuf>,
 }
 
 impl AzureConfig {
@@ -173,6 +181,7 @@ impl AzureConfig {
             max_requests: DEFAULT_MAX_REQUESTS,
             max_renewals: DEFAULT_MAX_RENEWALS,
             history_limit: DEFAULT_HISTORY_LIMIT,
+            ca: None,
         })
     }
 
@@ -253,6 +262,12 @@ impl AzureConfig {
             config.history_limit = limit;
         }
         config.auth = auth(&mut options, &config.endpoint)?;
+        if let Some(ca) = options.string("ca") {
+            if config.endpoint.scheme() != "https" {
+                return Err(options.invalid("ca", "a CA is for an https endpoint; this one is not"));
+            }
+            config.ca = Some(PathBuf::from(ca));
+        }
         options.finish()?;
         Ok(config)
     }
@@ -280,6 +295,21 @@ impl FromStr for AzureConfig {
 
     fn from_str(url: &str) -> Result<Self> {
         AzureConfig::from_url(url)
+    }
+}
+
+/// The certificates of the PEM file `ca=` names: the only roots the store trusts.
+pub(crate) fn private_ca(path: &std::path::Path) -> Result<Vec<reqwest::Certificate>> {
+    let invalid = |why: String| Error::InvalidConfig {
+        field: "ca",
+        value: path.display().to_string(),
+        allowed: format!("a PEM file of CA certificates ({why})"),
+    };
+    let pem = std::fs::read(path).map_err(|e| invalid(format!("cannot read it: {e}")))?;
+    match reqwest::Certificate::from_pem_bundle(&pem) {
+        Ok(certs) if !certs.is_empty() => Ok(certs),
+        Ok(_) => Err(invalid("it holds no certificate".into())),
+        Err(e) => Err(invalid(e.to_string())),
     }
 }
 
@@ -462,6 +492,22 @@ mod tests {
         assert!(container.query().unwrap().contains(SIG));
         let debug = format!("{config:?}");
         assert!(!debug.contains(SIG) && !debug.contains("c2VjcmV0"), "{debug}");
+    }
+
+    #[test]
+    fn a_private_ca_is_for_https_only() {
+        let config =
+            AzureConfig::from_url("https://127.0.0.1:1/devstoreaccount1/leases?ca=/pki/ca.pem&account_key=a2V5")
+                .unwrap();
+        assert_eq!(config.ca, Some(PathBuf::from("/pki/ca.pem")));
+        assert_eq!(config.endpoint.as_str(), "https://127.0.0.1:1/devstoreaccount1/");
+        let err = AzureConfig::from_url("http://127.0.0.1:1/devstoreaccount1/leases?ca=/pki/ca.pem&account_key=a2V5")
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("option ca=\"/pki/ca.pem\": a CA is for an https endpoint"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -89,6 +89,11 @@ pub(crate) enum Refusal {
 
 impl Refusal {
     pub(crate) fn from_sdk(operation: &'static str, error: &azure_core::Error, endpoint: &url::Url) -> Refusal {
+        // A TLS handshake that failed (the server's certificate, our trust in it) fails again.
+        if let Some(why) = leasehold_core::tls::refusal(error) {
+            let endpoint = without_urls(endpoint.as_str());
+            return Refusal::Failed(Error::refused(STORE, operation, format!("{why} (endpoint {endpoint})")));
+        }
         let detail = describe(operation, error, endpoint);
         match (error.kind(), detail.status) {
             (_, Some(404)) => Refusal::NotFound(detail),

@@ -121,11 +121,15 @@ impl AzureBlobStore {
         };
         // Idle connections are dropped after 2 s: servers close theirs (Node, so Azurite, after
         // 5 s), and a renewal every ttl/3 would otherwise race the close and fail for nothing.
-        let http = reqwest::Client::builder()
+        let mut http = reqwest::Client::builder()
             .connect_timeout(config.timeout)
             .timeout(config.timeout)
             .pool_idle_timeout(Duration::from_secs(2))
-            .redirect(reqwest::redirect::Policy::none())
+            .redirect(reqwest::redirect::Policy::none());
+        if let Some(ca) = &config.ca {
+            http = http.tls_certs_only(crate::config::private_ca(ca)?);
+        }
+        let http = http
             .build()
             .map_err(|e| Error::store(STORE, format!("cannot build the HTTP client: {e}")))?;
         let mut client_options = ClientOptions {

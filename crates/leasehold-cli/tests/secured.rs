@@ -99,8 +99,9 @@ fn a_read_only_role_can_look_but_not_break() {
 }
 
 /// The binary has TLS for every backend that has it as a feature: `status` reaches etcd, Postgres
-/// (`sslmode=verify-full`) and Redis (`rediss://`) with a private CA and a client certificate,
-/// and a wrong CA exits 6 with one line naming `ca=`.
+/// (`sslmode=verify-full`), Redis (`rediss://`) and MySQL with a private CA and a client
+/// certificate, and Azure (Azurite over HTTPS) with a private CA; a wrong CA exits 6 with one
+/// line naming `ca=`.
 #[test]
 fn tls_reaches_every_secured_store() {
     let mut tried = 0;
@@ -108,10 +109,16 @@ fn tls_reaches_every_secured_store() {
         "LEASEHOLD_ETCD_TLS_URL",
         "LEASEHOLD_POSTGRES_TLS_URL",
         "LEASEHOLD_REDIS_TLS_URL",
+        "LEASEHOLD_MYSQL_TLS_URL",
+        "LEASEHOLD_AZURE_TLS_URL",
     ] {
         let Some(url) = configured(var) else {
             eprintln!("SKIPPED: {var} is not set");
             continue;
+        };
+        let url = match var {
+            "LEASEHOLD_AZURE_TLS_URL" => azblob(&url),
+            _ => url,
         };
         tried += 1;
         let lease = fresh_lease("tls");
@@ -127,4 +134,14 @@ fn tls_reaches_every_secured_store() {
     if tried == 0 && std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
         panic!("no secured store is up under CI=true");
     }
+}
+
+/// `https://HOST:PORT/ACCOUNT/CONTAINER?OPTIONS` (path style, as the emulator serves) as the
+/// `azblob://ACCOUNT/CONTAINER?endpoint=...&OPTIONS` the CLI takes.
+fn azblob(url: &str) -> String {
+    let (base, options) = url.split_once('?').expect("a URL with options");
+    let (endpoint, container) = base.rsplit_once('/').expect("a container");
+    let account = endpoint.rsplit('/').next().expect("an account");
+    let endpoint = endpoint.replace(':', "%3A").replace('/', "%2F");
+    format!("azblob://{account}/{container}?endpoint={endpoint}&{options}")
 }

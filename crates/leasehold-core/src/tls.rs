@@ -34,14 +34,33 @@ pub fn refusal(error: &(dyn StdError + 'static)) -> Option<String> {
         if let Some(tls) = e.downcast_ref::<TlsError>() {
             return Some(describe(tls));
         }
-        if let Some(inner) = e.downcast_ref::<io::Error>().and_then(io::Error::get_ref)
-            && let Some(tls) = inner.downcast_ref::<TlsError>()
-        {
-            return Some(describe(tls));
+        // An `io::Error`'s `source()` skips the error it wraps: look inside, also through an
+        // `io::Error` that wraps another (reqwest's connector wraps tokio-rustls's).
+        let mut wrapped = e.downcast_ref::<io::Error>().and_then(io::Error::get_ref);
+        while let Some(inner) = wrapped {
+            if let Some(tls) = inner.downcast_ref::<TlsError>() {
+                return Some(describe(tls));
+            }
+            wrapped = inner.downcast_ref::<io::Error>().and_then(io::Error::get_ref);
         }
         next = e.source();
     }
     None
+}
+
+/// The one-line reason of an error that is known to be a failed TLS set-up or handshake:
+/// [`refusal`]'s when rustls says why, else the error's own text (a certificate file that
+/// cannot be read, ...) with the options to check.
+///
+/// ```
+/// let e = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file: /etc/ca.pem");
+/// assert_eq!(
+///     leasehold_core::tls::failure(&e),
+///     "TLS: no such file: /etc/ca.pem; check ca=, cert= and key="
+/// );
+/// ```
+pub fn failure(error: &(dyn StdError + 'static)) -> String {
+    refusal(error).unwrap_or_else(|| format!("TLS: {}; check ca=, cert= and key=", one_line(&error.to_string())))
 }
 
 fn describe(error: &TlsError) -> String {
@@ -111,6 +130,8 @@ mod tests {
             let wrapped = io::Error::new(io::ErrorKind::InvalidData, error);
             let text = refusal(&wrapped).expect("a TLS error");
             assert!(text.contains(says) && !text.contains('\n'), "{text}");
+            let twice = io::Error::other(wrapped);
+            assert_eq!(refusal(&twice).as_deref(), Some(text.as_str()));
         }
     }
 }

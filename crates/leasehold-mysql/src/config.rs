@@ -43,11 +43,18 @@ const DRIVER_OPTIONS: &[&str] = &[
     "socket",
 ];
 
+/// The spelling every leasehold backend shares for a private CA and a client certificate, and
+/// the driver's options they stand for.
+const SHARED_TLS_OPTIONS: [(&str, &str); 3] = [("ca", "ssl-ca"), ("cert", "ssl-cert"), ("key", "ssl-key")];
+
 /// Every option a URL may carry: leasehold's own, then the driver's.
 const ALL_OPTIONS: &[&str] = &[
     "pool_size",
     "connect_timeout",
     "history_limit",
+    "ca",
+    "cert",
+    "key",
     "ssl-mode",
     "sslmode",
     "ssl-ca",
@@ -73,12 +80,16 @@ const ALL_OPTIONS: &[&str] = &[
 /// | `pool_size` | `4` | pooled connections for reads, 1 to 64 |
 /// | `connect_timeout` | `5s` | bound on opening a connection, with its unit: `500ms`, `5s`, `1m`; at most 5 min |
 /// | `history_limit` | `1000` | terms kept per lease in the history table; `0` keeps all |
-/// | `ssl-mode` | `PREFERRED` | `DISABLED`, `PREFERRED`; `REQUIRED`, `VERIFY_CA`, `VERIFY_IDENTITY` need the `tls-rustls` feature |
-/// | `ssl-ca`, `ssl-cert`, `ssl-key` | | certificate files (PEM) |
+/// | `ssl-mode` | `PREFERRED` (`VERIFY_IDENTITY` with a CA) | `DISABLED`, `PREFERRED`; `REQUIRED`, `VERIFY_CA`, `VERIFY_IDENTITY` need the `tls-rustls` feature |
+/// | `ca`, `cert`, `key` | | certificate files (PEM): a private CA, a client certificate and its key, in the spelling every leasehold backend shares |
+/// | `ssl-ca`, `ssl-cert`, `ssl-key` | | the same, in the driver's spelling |
 /// | `statement-cache-capacity`, `socket` | | as sqlx |
 ///
 /// The database is required. Unknown and repeated options are rejected, naming them.
-/// `Debug` and `Display` show the URL with any password replaced by `***`.
+/// A CA is only ever given to be checked: with `ca=` (or `ssl-ca=`) and no `ssl-mode`, the
+/// mode is `VERIFY_IDENTITY`; a mode that would not check it (`DISABLED`, `PREFERRED`,
+/// `REQUIRED`) is rejected. `Debug` and `Display` show the URL with any password replaced by
+/// `***`.
 ///
 /// # Examples
 ///
@@ -170,13 +181,50 @@ impl MysqlConfig {
         }
         driver.push('/');
         driver.push_str(&percent_encode(&database));
-        let mut separator = '?';
+        let mut driver_options = Vec::new();
         for name in DRIVER_OPTIONS {
             let Some(value) = options.string(name) else { continue };
             check_driver_option(name, &value).map_err(|why| options.invalid(name, why))?;
+            driver_options.push((name.to_string(), value));
+        }
+        let given = |driver_options: &[(String, String)], names: &[&str]| {
+            driver_options
+                .iter()
+                .find(|(name, _)| names.contains(&name.as_str()))
+                .map(|(name, value)| (name.clone(), value.clone()))
+        };
+        for (alias, name) in SHARED_TLS_OPTIONS {
+            let Some(value) = options.string(alias) else { continue };
+            let spellings = [name, &name.replace('-', "")];
+            if let Some((other, _)) = given(&driver_options, &spellings) {
+                return Err(options.invalid(alias, format!("{alias}= and {other}= say the same: give one")));
+            }
+            driver_options.push((name.to_string(), value));
+        }
+        // A CA given is a CA to check the server with: never silently unused.
+        if given(&driver_options, &["ssl-ca", "sslca"]).is_some() {
+            match given(&driver_options, &["ssl-mode", "sslmode"]) {
+                None => {
+                    check_driver_option("ssl-mode", "VERIFY_IDENTITY").map_err(|why| options.invalid("ca", why))?;
+                    driver_options.push(("ssl-mode".to_string(), "VERIFY_IDENTITY".to_string()));
+                }
+                Some((name, mode)) if !mode.to_ascii_uppercase().starts_with("VERIFY_") => {
+                    return Err(options.invalid(
+                        &name,
+                        format!(
+                            "{name}={mode} does not check the server's certificate, so the CA (ca=) would be unused: \
+                             use VERIFY_IDENTITY (the default with a CA) or VERIFY_CA"
+                        ),
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        let mut separator = '?';
+        for (name, value) in driver_options {
             driver.push(separator);
             separator = '&';
-            driver.push_str(name);
+            driver.push_str(&name);
             driver.push('=');
             driver.push_str(&percent_encode(&value));
         }
@@ -375,6 +423,36 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(err.contains("tls-rustls"), "{err}");
+        }
+    }
+
+    #[cfg(feature = "tls-rustls")]
+    #[test]
+    fn the_shared_tls_spelling_and_a_ca_that_is_always_checked() {
+        let driver = |url: &str| MysqlConfig::from_url(url).unwrap().driver.expose().to_string();
+        assert_eq!(
+            driver("mysql://u:pw@h/db?ca=/a.pem&cert=/c.pem&key=/c.key"),
+            "mysql://u:pw@h/db?ssl-ca=%2Fa.pem&ssl-cert=%2Fc.pem&ssl-key=%2Fc.key&ssl-mode=VERIFY_IDENTITY"
+        );
+        let options = MysqlConfig::from_url("mysql://u@h/db?ssl-mode=VERIFY_CA&ca=/a.pem")
+            .unwrap()
+            .connect_options();
+        assert!(format!("{options:?}").contains("VerifyCa"), "{options:?}");
+        assert!(driver("mysql://u@h/db?ssl-ca=/a.pem").ends_with("ssl-mode=VERIFY_IDENTITY"));
+        for (url, why) in [
+            ("mysql://h/db?ca=/a.pem&ssl-ca=/b.pem", "ca= and ssl-ca= say the same"),
+            ("mysql://h/db?key=/a.key&sslkey=/b.key", "key= and sslkey= say the same"),
+            (
+                "mysql://h/db?ca=/a.pem&ssl-mode=REQUIRED",
+                "the CA (ca=) would be unused",
+            ),
+            (
+                "mysql://h/db?ssl-ca=/a.pem&sslmode=preferred",
+                "the CA (ca=) would be unused",
+            ),
+        ] {
+            let err = MysqlConfig::from_url(url).unwrap_err().to_string();
+            assert!(err.contains(why), "{url}: {err}");
         }
     }
 

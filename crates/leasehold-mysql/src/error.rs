@@ -87,6 +87,9 @@ pub(crate) fn map(error: &sqlx::Error, operation: &'static str, waited: Duration
 /// Maps an error of opening a connection to `endpoint`: like [`map`], but a server that answers
 /// in another protocol is [`Error::Refused`], and what cannot reach it names it.
 pub(crate) fn map_connect(error: &sqlx::Error, endpoint: &str, waited: Duration) -> Error {
+    if let Some(why) = tls_refusal(error) {
+        return Error::refused(STORE, "connect", format!("{why} (server {endpoint})"));
+    }
     match error {
         sqlx::Error::Protocol(_) => Error::refused(
             STORE,
@@ -107,6 +110,29 @@ pub(crate) fn map_connect(error: &sqlx::Error, endpoint: &str, waited: Duration)
         ),
         _ => map(error, "connect", waited),
     }
+}
+
+/// A failed TLS handshake: the client rejected the server's certificate (wrong CA, wrong host,
+/// expired), the server ended the handshake rejecting ours (an alert), the server offers no TLS
+/// at all, or a certificate file could not be used. Permanent: the same handshake fails again.
+#[cfg(feature = "tls-rustls")]
+fn tls_refusal(error: &sqlx::Error) -> Option<String> {
+    match error {
+        // sqlx's words when the server's greeting lacks the SSL capability.
+        sqlx::Error::Tls(e) if e.to_string().contains("does not support TLS") => Some(
+            "TLS: the server does not offer TLS, which the URL's ssl-mode (or ca=) requires; check the host and \
+             port, or the server's ssl-cert and ssl-key settings"
+                .to_string(),
+        ),
+        sqlx::Error::Tls(e) => Some(leasehold_core::tls::failure(e.as_ref())),
+        sqlx::Error::Io(e) => leasehold_core::tls::refusal(e),
+        _ => None,
+    }
+}
+
+#[cfg(not(feature = "tls-rustls"))]
+fn tls_refusal(_: &sqlx::Error) -> Option<String> {
+    None
 }
 
 /// Opening a connection to `endpoint` got no answer within `after`.

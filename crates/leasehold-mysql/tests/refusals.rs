@@ -145,3 +145,51 @@ async fn a_port_that_waits_for_the_client_times_out_naming_it() {
         )
     );
 }
+
+/// A MySQL greeting (protocol 10, `mysql_native_password`) whose capabilities lack SSL: a
+/// server without TLS.
+fn greeting_without_tls() -> Vec<u8> {
+    let mut payload = vec![10];
+    payload.extend_from_slice(b"5.5.5-10.11.0-MariaDB\0");
+    payload.extend_from_slice(&1u32.to_le_bytes()); // connection id
+    payload.extend_from_slice(b"abcdefgh\0"); // scramble, part 1, and a filler
+    // LONG_PASSWORD | PROTOCOL_41 | SECURE_CONNECTION; no SSL (0x0800)
+    payload.extend_from_slice(&0x8201u16.to_le_bytes());
+    payload.push(33); // utf8_general_ci
+    payload.extend_from_slice(&2u16.to_le_bytes()); // autocommit
+    payload.extend_from_slice(&0x0008u16.to_le_bytes()); // PLUGIN_AUTH
+    payload.push(21); // scramble length
+    payload.extend_from_slice(&[0; 10]); // reserved
+    payload.extend_from_slice(b"ijklmnopqrst\0"); // scramble, part 2
+    payload.extend_from_slice(b"mysql_native_password\0");
+    let mut packet = (payload.len() as u32).to_le_bytes()[..3].to_vec();
+    packet.push(0); // sequence
+    packet.extend_from_slice(&payload);
+    packet
+}
+
+#[tokio::test]
+async fn a_server_without_tls_is_refused_when_the_url_asks_for_it() {
+    let plain = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = plain.local_addr().unwrap().port();
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((mut socket, _)) = plain.accept().await {
+            let _ = socket.write_all(&greeting_without_tls()).await;
+            open.push(socket);
+        }
+    });
+    for options in ["ssl-mode=REQUIRED", "ca=/nonexistent/ca.pem"] {
+        let err = refusal(&format!("mysql://app:pw@127.0.0.1:{port}/db?{options}")).await;
+        assert!(err.is_permanent(), "{options}: {err:?}");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "mysql store refused connect: TLS: the server does not offer TLS, which the URL's ssl-mode (or ca=) \
+                 requires; check the host and port, or the server's ssl-cert and ssl-key settings (server 127.0.0.1:{port})"
+            ),
+            "{options}"
+        );
+    }
+    held.abort();
+}

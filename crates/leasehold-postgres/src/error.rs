@@ -107,10 +107,7 @@ pub(crate) fn map_connect(error: &sqlx::Error, endpoint: &str, waited: Duration)
 #[cfg(feature = "tls-rustls")]
 fn tls_refusal(error: &sqlx::Error) -> Option<String> {
     match error {
-        sqlx::Error::Tls(e) => Some(
-            leasehold_core::tls::refusal(e.as_ref())
-                .unwrap_or_else(|| format!("TLS: {}; check ca=, cert= and key=", one_line(&e.to_string()))),
-        ),
+        sqlx::Error::Tls(e) => Some(leasehold_core::tls::failure(e.as_ref())),
         sqlx::Error::Io(e) => leasehold_core::tls::refusal(e),
         _ => None,
     }
@@ -119,11 +116,6 @@ fn tls_refusal(error: &sqlx::Error) -> Option<String> {
 #[cfg(not(feature = "tls-rustls"))]
 fn tls_refusal(_: &sqlx::Error) -> Option<String> {
     None
-}
-
-#[cfg(feature = "tls-rustls")]
-fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// Opening a connection to `endpoint` got no answer within `after`.
