@@ -13,7 +13,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
 use crate::Stats;
-use crate::measures::{Outcome, Plan};
+use crate::plan::{Outcome, Plan};
 
 /// etcdctl 3.4's `elect` keeps its session lease for 60 s and has no flag to change it.
 pub(crate) const ETCDCTL_SESSION_TTL: Duration = Duration::from_secs(60);
@@ -376,7 +376,7 @@ async fn paired(etcd_url: &str, run: u64, reps: usize) -> Outcome<Paired> {
                     theirs.1.push(call);
                 }
                 1 => {
-                    let lease = crate::measures::lease(run, "paired", i)?;
+                    let lease = crate::plan::lease(run, "paired", i)?;
                     let (ret, call) = crate::measures::handover_once(&clients, &lease, ttl, SETTLE).await?;
                     ours.0.push(ret);
                     ours.1.push(call);
@@ -438,7 +438,7 @@ async fn protocol_once(a: &mut etcd_client::Client, b: &etcd_client::Client, nam
         waiting.abort();
         return Err(done.map_or_else(e("txn"), |_| "the release transaction's compare failed".into()));
     }
-    let at = crate::measures::within(limit, "the delete event", waiting)
+    let at = crate::plan::within(limit, "the delete event", waiting)
         .await?
         .map_err(|e| e.to_string())?
         .ok_or("the watch ended")?;
@@ -460,7 +460,7 @@ async fn election_once(
     let la = a.lease_grant(secs, None).await.map_err(e("lease grant"))?.id();
     let lb = b.lease_grant(secs, None).await.map_err(e("lease grant"))?.id();
     let mut ea = a.election_client();
-    let key = crate::measures::within(limit, "A's campaign", ea.campaign(name.as_str(), "A", la))
+    let key = crate::plan::within(limit, "A's campaign", ea.campaign(name.as_str(), "A", la))
         .await?
         .map_err(e("campaign"))?
         .take_leader()
@@ -479,7 +479,7 @@ async fn election_once(
         .await
         .map_err(e("resign"))?;
     let returned = Instant::now();
-    let (at, r) = crate::measures::within(limit, "B's campaign", waiting)
+    let (at, r) = crate::plan::within(limit, "B's campaign", waiting)
         .await?
         .map_err(|e| e.to_string())?;
     r.map_err(e("campaign"))?;
@@ -588,7 +588,7 @@ async fn command_costs() -> Outcome<(Duration, Duration)> {
     let up = c.elected("up C", Duration::from_secs(10)).await?;
     let signalled = Instant::now();
     c.signal(Signal::SIGTERM);
-    crate::measures::within(Duration::from_secs(10), "the command's exit", c.child.wait())
+    crate::plan::within(Duration::from_secs(10), "the command's exit", c.child.wait())
         .await?
         .map_err(|e| format!("sh: {e}"))?;
     Ok((signalled.elapsed(), up.saturating_duration_since(told)))

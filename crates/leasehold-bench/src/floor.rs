@@ -22,7 +22,7 @@ use zookeeper_client as zk;
 
 use crate::Stats;
 use crate::backends::Available;
-use crate::measures::{Outcome, within};
+use crate::plan::{Outcome, within};
 
 /// The TTL (session timeout) of the floor measures.
 pub(crate) const FLOOR_TTL: Duration = Duration::from_secs(2);

@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::backends::Available;
-use crate::measures::{Outcome, Plan, connect, within};
+use crate::plan::{Outcome, Plan, connect, within};
 
 /// Backends whose store answers `renew_many` in one request (one statement, script or
 /// transaction); elsewhere it is the trait's default, one `renew` per grant, all at once. Read

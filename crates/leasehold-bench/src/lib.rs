@@ -6,17 +6,21 @@
 #![forbid(unsafe_code)]
 
 mod backends;
+mod crash;
 mod etcdctl;
 mod floor;
 mod groups;
 mod measures;
+mod plan;
 mod report;
+mod scale;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+pub use crash::child_leader;
 pub use groups::child_member;
-pub use measures::{child_leader, child_scale};
+pub use scale::child_scale;
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -101,7 +105,7 @@ pub async fn run(options: &Options) -> Result<String, String> {
     };
     let env = backends::ServiceEnv::load();
     let scratch = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
-    let mut plan = measures::Plan::new(options.smoke, options.child_processes);
+    let mut plan = plan::Plan::new(options.smoke, options.child_processes);
     plan.only = options.only.clone();
     let etcd_refs = ["etcdctl", "election", "cli"].iter().any(|m| plan.wants(m));
     // Built before any measure, so that a build does not run beside one.

@@ -29,9 +29,9 @@
 //!    free (orphaned, or reserved by a handover): the engine takes it over by its version, on its
 //!    own timer.
 //!
-//! A release that gave its lock back says so in its notification ([`QUEUED`]); a store with a
+//! A release that gave its lock back says so in its notification ([`QUEUED`](crate::sql::QUEUED)); a store with a
 //! running watcher on the lease does not wake its candidates for it (the head wakes by the
-//! lock). A handover names its successor ([`HANDOVER`]): only the successor is woken (a head
+//! lock). A handover names its successor ([`HANDOVER`](crate::sql::HANDOVER)): only the successor is woken (a head
 //! whose store does not have it wakes nobody). Without a watcher (none could connect, or [`MAX_WATCHERS`] are running), every
 //! notification wakes every candidate, as before the queue. Followers also attempt on their own
 //! timer (the store notifies [`Release`](leasehold_core::Notifications::Release): at
@@ -61,25 +61,21 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures::StreamExt;
-use leasehold_core::{Acquired, Announcements, CandidateId, Changes, HolderFields, HolderInfo, LeaseName, Observation};
+use leasehold_core::{Acquired, Announcements, CandidateId, Changes, LeaseName, Observation};
+use sqlx::ConnectOptions;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
-use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgConnection, Row};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tracing::debug;
 
-use crate::error::STORE;
-use crate::record::{TTL_RANGE, lock_key};
 use crate::schema::quoted;
 use crate::sql::{CHANNEL, GRANTED_CHANNEL, RENEWED_CHANNEL};
 
-/// The line a release's notification payload ends with when its statement gave the lease's
-/// lock back (see [`Context::queued_payload`](crate::session::Context::queued_payload)).
-pub(crate) const QUEUED: &str = "queued";
+mod payload;
+mod queue;
 
-/// The start of the line a handover's notification payload ends with, followed by the
-/// successor (see [`Context::handover_payload`](crate::session::Context::handover_payload)).
-pub(crate) const HANDOVER: &str = "handover:";
+use payload::{Kind, granted, granted_lease, parse};
+use queue::watch_queue;
 
 /// Queue watchers one store runs at most (each is a connection). A lease waited on beyond that
 /// has none: its candidates wake on every notification, as without the queue.
@@ -226,11 +222,6 @@ impl std::fmt::Debug for Notifier {
             .field("prefix", &self.prefix)
             .finish_non_exhaustive()
     }
-}
-
-/// The key of `lease`'s queue: another advisory key than the lease's own.
-pub(crate) fn queue_key(schema: &str, lease: &str) -> i64 {
-    lock_key(schema, &format!("{lease}\u{0}queue"))
 }
 
 impl Notifier {
@@ -472,41 +463,6 @@ impl Drop for StopAnnouncing {
     }
 }
 
-/// A grant announcement of this store, `<schema>/<lease>\n<term>\n<ttl_ms>\n<version>\n<holder>`:
-/// the lease and the rest (see [`granted`]).
-fn granted_lease<'p>(payload: &'p str, prefix: &str) -> Option<(&'p str, &'p str)> {
-    payload.strip_prefix(prefix)?.split_once('\n')
-}
-
-/// The holder a grant announcement names (the part after the lease, see [`granted_lease`]), as
-/// `inspect` would show it right after the grant (the full TTL remaining).
-fn granted(lease: &LeaseName, fields: &str) -> leasehold_core::Result<Observation> {
-    let mut lines = fields.splitn(4, '\n');
-    let (Some(term), Some(ttl_ms), Some(version), Some(id)) = (lines.next(), lines.next(), lines.next(), lines.next())
-    else {
-        return Err(leasehold_core::Error::corrupt(
-            STORE,
-            lease,
-            format!("grant announcement: {} lines, expected 4", fields.split('\n').count()),
-        ));
-    };
-    let store_remaining = ttl_ms.parse::<u64>().ok().map(Duration::from_millis);
-    let fields = HolderFields {
-        id,
-        term: term.into(),
-        ttl_ms: ttl_ms.into(),
-        version,
-        store_remaining,
-    };
-    let info = HolderInfo::from_record(STORE, lease, fields, &TTL_RANGE)?;
-    Ok(Observation {
-        lease: lease.clone(),
-        last_term: info.term,
-        holder: Some(info),
-        previous_end: None,
-    })
-}
-
 /// Passes a grant announcement to the announcement streams of its lease. `false` once the
 /// store is gone.
 fn announce(state: &Weak<Mutex<State>>, payload: &str, prefix: &str) -> bool {
@@ -532,18 +488,6 @@ fn announce(state: &Weak<Mutex<State>>, payload: &str, prefix: &str) -> bool {
     true
 }
 
-/// What a notification says, beyond the lease and who made the change.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind<'p> {
-    /// A takeover, a break, an expiry, or a release that did not give a lock back: everyone
-    /// looks.
-    Any,
-    /// A release that gave its lock back: the head of the queue wakes by the lock.
-    Queued,
-    /// A handover to this successor: only it can take the lease now.
-    HandOver(&'p str),
-}
-
 /// Wakes the waiters of `lease` except the candidate `by` who made the change: for a release
 /// that gave its lock back, only where the store has no queue watcher on the lease waiting on
 /// its lock (none, or one whose candidate found the row orphaned or reserved); for a handover,
@@ -566,23 +510,6 @@ fn wake(state: &Weak<Mutex<State>>, lease: &str, by: &str, kind: Kind<'_>) -> bo
         }
     }
     true
-}
-
-/// A `<schema>/<lease>/<by>[\n<flag>]` payload of this store: the lease, who made the change, and
-/// what kind of change it is.
-fn parse<'p>(payload: &'p str, prefix: &str) -> Option<(&'p str, &'p str, Kind<'p>)> {
-    let (change, flag) = match payload.split_once('\n') {
-        Some((change, flag)) => (change, Some(flag)),
-        None => (payload, None),
-    };
-    // Lease names have no '/', candidate ids may.
-    let (lease, by) = change.strip_prefix(prefix)?.split_once('/')?;
-    let kind = match flag {
-        Some(QUEUED) => Kind::Queued,
-        Some(flag) => flag.strip_prefix(HANDOVER).map_or(Kind::Any, Kind::HandOver),
-        None => Kind::Any,
-    };
-    Some((lease, by, kind))
 }
 
 async fn listen(
@@ -670,284 +597,5 @@ async fn listen(
         state.announced.clear();
         state.renewals_wanted_now();
         state.listener = None;
-    }
-}
-
-/// What the watcher's task does next, decided under the state lock.
-enum Next {
-    /// Nobody of this store waits: stop (the watcher was removed from the state).
-    Stop,
-    /// Give the queue key back (a candidate of this store was granted).
-    LeaveQueue,
-    /// Wait for the lease's lock to be free (queueing first if not the head).
-    Wait,
-    /// Wait for news (an acquire's outcome, a subscription).
-    Idle,
-}
-
-fn decide(state: &Weak<Mutex<State>>, lease: &str, head: bool, armed: &mut bool) -> Next {
-    let Some(state) = state.upgrade() else {
-        return Next::Stop;
-    };
-    let mut state = state.lock().expect("notifier lock poisoned");
-    let Some(entry) = state.leases.get_mut(lease) else {
-        return Next::Stop;
-    };
-    if !entry.waiters.iter().any(Waiter::live) {
-        entry.watcher = None;
-        if entry.waiters.is_empty() {
-            state.leases.remove(lease);
-        }
-        return Next::Stop;
-    }
-    let Some(watcher) = &mut entry.watcher else {
-        return Next::Stop;
-    };
-    if std::mem::take(&mut watcher.granted) && head {
-        // Queue again behind the others for the candidates of this store that still wait.
-        *armed = true;
-        return Next::LeaveQueue;
-    }
-    if std::mem::take(&mut watcher.rearm) || !head {
-        *armed = true;
-    }
-    if *armed {
-        watcher.free = false;
-    }
-    if *armed { Next::Wait } else { Next::Idle }
-}
-
-/// Whether a candidate of this store still waits on `lease` (a waiting statement may go on).
-fn anyone_waits(state: &Weak<Mutex<State>>, lease: &str) -> bool {
-    let Some(state) = state.upgrade() else {
-        return false;
-    };
-    let state = state.lock().expect("notifier lock poisoned");
-    state
-        .leases
-        .get(lease)
-        .is_some_and(|entry| entry.waiters.iter().any(Waiter::live))
-}
-
-/// Wakes the first waiting candidate of `lease`, or, when the lease was handed over (`reserved`
-/// names the successor), the successor if it is one of this store's: another candidate would
-/// only find the reservation, and the successor of another store is woken by the handover's
-/// notification (which this store then passes on to its own candidates too, see
-/// [`Watcher::free`]).
-fn wake_head(state: &Weak<Mutex<State>>, lease: &str, reserved: Option<&str>) {
-    let Some(state) = state.upgrade() else { return };
-    let mut state = state.lock().expect("notifier lock poisoned");
-    let Some(entry) = state.leases.get_mut(lease) else {
-        return;
-    };
-    let next = match reserved {
-        Some(successor) => entry.waiters.iter().find(|w| w.candidate == successor && w.live()),
-        None => entry.waiters.iter().find(|w| w.live()),
-    };
-    match next {
-        Some(waiter) => waiter.wake(),
-        None => {
-            if let Some(watcher) = &mut entry.watcher {
-                watcher.free = true;
-            }
-        }
-    }
-}
-
-/// The watcher failed: forget it and wake every waiter of `lease` (a release it would have
-/// turned into a wake-up may have been missed; from now on every notification wakes them).
-fn give_up(state: &Weak<Mutex<State>>, lease: &str) {
-    let Some(state) = state.upgrade() else { return };
-    let mut state = state.lock().expect("notifier lock poisoned");
-    if let Some(entry) = state.leases.get_mut(lease) {
-        entry.watcher = None;
-        for waiter in entry.waiters.iter().filter(|w| w.live()) {
-            waiter.wake();
-        }
-        if entry.waiters.is_empty() {
-            state.leases.remove(lease);
-        }
-    }
-}
-
-/// Runs `statement` on `conn`, unless nobody of this store waits on `lease` any more before it
-/// answers: then `None`, and the connection is in an unknown state (the caller drops it).
-async fn wait_for(
-    state: &Weak<Mutex<State>>,
-    lease: &str,
-    poke: &Notify,
-    conn: &mut PgConnection,
-    statement: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
-) -> Option<Result<Vec<sqlx::postgres::PgRow>, sqlx::Error>> {
-    let running = statement.fetch_all(&mut *conn);
-    tokio::pin!(running);
-    loop {
-        tokio::select! {
-            done = &mut running => return Some(done),
-            () = poke.notified() => {
-                if !anyone_waits(state, lease) {
-                    return None;
-                }
-            }
-        }
-    }
-}
-
-/// The queue watcher of one lease (see the module docs).
-async fn watch_queue(state: Weak<Mutex<State>>, setup: Arc<QueueSetup>, lease: String, poke: Arc<Notify>) {
-    let key = lock_key(&setup.schema, &lease);
-    let queue = queue_key(&setup.schema, &lease);
-    let connected = tokio::time::timeout(setup.connect_timeout, PgConnection::connect_with(&setup.options)).await;
-    let mut conn = match connected {
-        Ok(Ok(conn)) => conn,
-        Ok(Err(e)) => {
-            debug!(%lease, error = %e, "queue watcher cannot connect; its candidates wake on every release");
-            return give_up(&state, &lease);
-        }
-        Err(_) => {
-            debug!(%lease, "queue watcher cannot connect in time; its candidates wake on every release");
-            return give_up(&state, &lease);
-        }
-    };
-    let me: Result<(i32, i64), sqlx::Error> = sqlx::query_as(
-        "SELECT pid, (extract(epoch FROM backend_start) * 1000000)::int8 FROM pg_stat_activity
-         WHERE pid = pg_backend_pid()",
-    )
-    .fetch_one(&mut conn)
-    .await;
-    let Ok(me) = me else {
-        return give_up(&state, &lease);
-    };
-    let mut head = false;
-    let mut armed = true;
-    loop {
-        let outcome = match decide(&state, &lease, head, &mut armed) {
-            Next::Stop => {
-                // Closing the session gives the queue key back (if held) and leaves the queue.
-                let _ = conn.close().await;
-                return;
-            }
-            Next::Idle => {
-                poke.notified().await;
-                continue;
-            }
-            Next::LeaveQueue => {
-                head = false;
-                sqlx::query("SELECT pg_advisory_unlock($1::int8)")
-                    .bind(queue)
-                    .execute(&mut conn)
-                    .await
-                    .map(|_| ())
-            }
-            Next::Wait => {
-                let mut waited = Ok(());
-                if !head {
-                    let enqueue = sqlx::query("SELECT pg_advisory_lock($1::int8)").bind(queue);
-                    match wait_for(&state, &lease, &poke, &mut conn, enqueue).await {
-                        None => return terminate(&setup, me, conn).await,
-                        Some(Ok(_)) => head = true,
-                        Some(Err(e)) => waited = Err(e),
-                    }
-                }
-                if waited.is_ok() {
-                    // The statement that freed the lock may not have committed yet (a release
-                    // gives the lock back first): it waits for that too.
-                    let free = sqlx::query(AssertSqlSafe(setup.free_wait.clone()))
-                        .bind(lease.as_str())
-                        .bind(key);
-                    let mut reserved = None;
-                    match wait_for(&state, &lease, &poke, &mut conn, free).await {
-                        None => return terminate(&setup, me, conn).await,
-                        Some(Ok(rows)) => {
-                            reserved = rows
-                                .first()
-                                .and_then(|row| row.try_get::<Option<String>, _>(1).ok().flatten());
-                        }
-                        Some(Err(e)) => waited = Err(e),
-                    }
-                    if waited.is_ok() {
-                        armed = false;
-                        wake_head(&state, &lease, reserved.as_deref());
-                    }
-                }
-                waited
-            }
-        };
-        if let Err(e) = outcome {
-            debug!(%lease, error = %e, "queue watcher stopped; its candidates wake on every release");
-            give_up(&state, &lease);
-            let _ = conn.close().await;
-            return;
-        }
-    }
-}
-
-/// Ends a watcher whose statement is still waiting: its session is terminated (from the pool),
-/// so that its place in the queue, or the queue key, goes at once rather than when the server
-/// next checks the closed connection.
-async fn terminate(setup: &QueueSetup, (pid, started): (i32, i64), conn: PgConnection) {
-    drop(conn);
-    let ended = sqlx::query(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-         WHERE pid = $1 AND (extract(epoch FROM backend_start) * 1000000)::int8 = $2",
-    )
-    .bind(pid)
-    .bind(started)
-    .execute(&setup.pool)
-    .await;
-    if let Err(e) = ended {
-        debug!(error = %e, "could not end a queue watcher's session; the server ends it within a second");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn payloads_name_the_lease_the_candidate_and_a_queued_release() {
-        assert_eq!(parse("s/a/c1", "s/"), Some(("a", "c1", Kind::Any)));
-        assert_eq!(parse("s/a/team/c1\nqueued", "s/"), Some(("a", "team/c1", Kind::Queued)));
-        assert_eq!(
-            parse("s/a/c1\nhandover:team/c2", "s/"),
-            Some(("a", "c1", Kind::HandOver("team/c2")))
-        );
-        assert_eq!(parse("s/a/c1\nsomething-else", "s/"), Some(("a", "c1", Kind::Any)));
-        assert_eq!(parse("other/a/c1\nqueued", "s/"), None);
-        assert_eq!(parse("s/a", "s/"), None);
-    }
-
-    #[test]
-    fn a_grant_announcement_reads_as_an_observation_and_is_no_change() {
-        let lease = LeaseName::new("a").unwrap();
-        let payload = "s/a\n17\n2000\n00112233aabbccdd\nteam/c 1";
-        // Not a change of this store, whichever schema (were it on the changes' channel).
-        assert_eq!(parse(payload, "s/"), None);
-        assert_eq!(parse(payload, "s/a\n17/"), None);
-        let (name, fields) = granted_lease(payload, "s/").unwrap();
-        assert_eq!(name, "a");
-        assert_eq!(granted_lease(payload, "t/"), None);
-        let seen = granted(&lease, fields).unwrap();
-        assert_eq!(seen.last_term, leasehold_core::Term(17));
-        let holder = seen.holder.unwrap();
-        assert_eq!(holder.id.as_str(), "team/c 1");
-        assert_eq!(holder.term, leasehold_core::Term(17));
-        assert_eq!(holder.ttl, Duration::from_millis(2000));
-        assert_eq!(holder.store_remaining, Some(Duration::from_millis(2000)));
-        assert!(!holder.orphaned && !holder.reserved);
-        for bad in [
-            "17\n2000\n00112233aabbccdd",
-            "x\n2000\n00112233aabbccdd\nc",
-            "17\n2000\nzz\nc",
-        ] {
-            assert!(granted(&lease, bad).is_err(), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn the_queue_key_is_not_the_lease_key() {
-        assert_ne!(queue_key("s", "a"), lock_key("s", "a"));
-        assert_ne!(queue_key("s", "a"), queue_key("s", "b"));
-        assert_ne!(queue_key("s", "a"), queue_key("t", "a"));
     }
 }

@@ -123,20 +123,20 @@ impl Context {
     }
 
     /// The payload of a release that gave back the lease's lock: [`Context::payload`] and
-    /// [`QUEUED`](crate::changes::QUEUED) on a line of its own (candidate ids have no control
+    /// [`QUEUED`](crate::sql::QUEUED) on a line of its own (candidate ids have no control
     /// characters). A store of this version with a queue watcher on the lease does not wake its
     /// candidates for it: the head of the queue wakes when the lock is given back. Older versions
     /// read the whole rest as the candidate and wake everyone, as before.
     pub(crate) fn queued_payload(&self, lease: &LeaseName, by: &str) -> String {
-        format!("{}\n{}", self.payload(lease, by), crate::changes::QUEUED)
+        format!("{}\n{}", self.payload(lease, by), crate::sql::QUEUED)
     }
 
     /// The payload of a handover by `by` to `to`: [`Context::payload`] and
-    /// [`HANDOVER`](crate::changes::HANDOVER) followed by the successor on a line of its own. A
+    /// [`HANDOVER`](crate::sql::HANDOVER) followed by the successor on a line of its own. A
     /// store of this version wakes only the successor for it (the others would only find the
     /// reservation); older versions wake everyone, as before.
     pub(crate) fn handover_payload(&self, lease: &LeaseName, by: &str, to: &str) -> String {
-        format!("{}\n{}{to}", self.payload(lease, by), crate::changes::HANDOVER)
+        format!("{}\n{}{to}", self.payload(lease, by), crate::sql::HANDOVER)
     }
 }
 

@@ -33,6 +33,14 @@ pub(crate) const GRANTED_CHANNEL: &str = "leasehold_granted";
 /// versions, which listen to grants only, receive none of them.
 pub(crate) const RENEWED_CHANNEL: &str = "leasehold_renewed";
 
+/// The line a release's notification payload ends with when its statement gave the lease's
+/// lock back (written by the session's `Context::queued_payload`).
+pub(crate) const QUEUED: &str = "queued";
+
+/// The start of the line a handover's notification payload ends with, followed by the
+/// successor (written by the session's `Context::handover_payload`).
+pub(crate) const HANDOVER: &str = "handover:";
+
 /// Bytes of announcement records per notification before another begins: a record is at most
 /// about 500 bytes (schema 63, lease 128, holder 256, term, TTL, version), so a notification
 /// stays under the server's 8000-byte payload limit.
