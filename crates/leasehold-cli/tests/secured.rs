@@ -1,7 +1,7 @@
 //! The operator surface against a secured store (`scripts/services up etcd-tls`): etcd over TLS
 //! with client certificates and RBAC. A read-only role (`leasehold-ro`, read on the prefix) can
-//! `status` and `watch`; `break` needs the write privilege and is refused with exit 6 and one
-//! line naming what to check; no password shows in any output.
+//! `status` and `watch`; `break` and `handover` need the write privilege and are refused with exit
+//! 6 and one line naming what to check; no password shows in any output.
 
 mod support;
 
@@ -42,7 +42,7 @@ fn etcd_tls() -> Option<(String, String, String)> {
 }
 
 #[test]
-fn a_read_only_role_can_look_but_not_break() {
+fn a_read_only_role_can_look_but_not_break_or_hand_over() {
     let Some((rw, ro, password)) = etcd_tls() else { return };
     let holder = Store::at(&rw);
     let lease = fresh_lease("secured");
@@ -90,7 +90,35 @@ fn a_read_only_role_can_look_but_not_break() {
     );
     let line = one_error_line(&output);
     assert!(line.contains("refused") && line.contains("role"), "{line}");
-    for text in [line, table, first] {
+
+    // A planned handover to a campaigning successor needs the write privilege too (the request
+    // is a lease of its own): refused with exit 6, the holder keeps the lease. (Exit 9 while the
+    // successor has not joined the queue yet.)
+    let _successor = holder.spawn_run(
+        "successor",
+        &[
+            "--lease",
+            &lease,
+            "--id",
+            "successor",
+            "--ttl",
+            "2s",
+            "--",
+            "sleep",
+            "60",
+        ],
+    );
+    let mut handover = None;
+    wait_for(Duration::from_secs(15), || {
+        let output = reader.leasehold(&["handover", &lease, "--to", "successor"]);
+        let refused = output.status.code() == Some(6);
+        handover = Some(output);
+        refused
+    })
+    .unwrap_or_else(|| panic!("handover with the read-only role: {handover:?}"));
+    let handover_line = one_error_line(handover.as_ref().expect("ran"));
+    assert!(handover_line.contains("refused"), "{handover_line}");
+    for text in [line, handover_line, table, first] {
         assert!(!text.contains(&password), "the password shows: {text}");
     }
     // The lease is untouched: still held by the holder.

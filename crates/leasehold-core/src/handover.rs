@@ -20,7 +20,7 @@ mod error;
 
 pub use error::HandOverError;
 
-use crate::elector::{Elector, Leader};
+use crate::elector::{Elector, Event, Leader};
 use crate::error::Error;
 use crate::store::LeaseStore;
 use crate::time::Human;
@@ -321,7 +321,16 @@ impl HandOverRequest {
             .build()
             .map_err(store_error(format!("invalid settings for {requests}")))?;
         let limit = ttl.max(CAMPAIGN_AT_LEAST);
-        match tokio::time::timeout(limit, elector.campaign()).await {
+        // The engine retries every store error; a refusal (no write privilege, bad credentials)
+        // will not go away by retrying, so it ends the request at once.
+        let refused = refusal(elector.events());
+        let campaign = async {
+            tokio::select! {
+                elected = elector.campaign() => elected,
+                refused = refused => Err(refused),
+            }
+        };
+        match tokio::time::timeout(limit, campaign).await {
             Ok(Ok(leader)) => Ok(leader),
             Ok(Err(e)) => Err(store_error(format!("campaigning for {requests}"))(e)),
             Err(_) => match self.store.inspect(requests).await {
@@ -337,6 +346,33 @@ impl HandOverRequest {
                     Human(limit)
                 ))(e)),
             },
+        }
+    }
+}
+
+/// The first refusal among an elector's store troubles (its one line; the client's error stays
+/// with the event). Never, when the elector ends without one.
+async fn refusal(mut events: tokio::sync::broadcast::Receiver<Event>) -> Error {
+    loop {
+        match events.recv().await {
+            Ok(Event::StoreTrouble { error }) => {
+                if let Error::Refused {
+                    store,
+                    operation,
+                    reason,
+                    ..
+                } = &*error
+                {
+                    return Error::Refused {
+                        store,
+                        operation,
+                        reason: reason.clone(),
+                        source: None,
+                    };
+                }
+            }
+            Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
         }
     }
 }
