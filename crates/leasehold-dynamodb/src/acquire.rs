@@ -10,7 +10,7 @@ use leasehold_core::{
 
 use crate::error::{self, STORE};
 use crate::record::{self, HANDED_OVER_AT, Item, KEY, LEASE_SK, RESERVED_TERM, Record, key, n, s};
-use crate::store::Table;
+use crate::table::Table;
 
 /// The answer to the one-request grant of an acquire.
 pub(crate) enum Taken {

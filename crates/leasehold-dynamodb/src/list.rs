@@ -5,7 +5,7 @@ use leasehold_core::{LeaseName, Observation, Result};
 
 use crate::error;
 use crate::record::{Item, KEY, LEASE_SK, Record, SORT, s};
-use crate::store::Table;
+use crate::table::Table;
 
 impl Table {
     /// Every lease item whose name begins with `prefix`, sorted by name, decoded as `read`

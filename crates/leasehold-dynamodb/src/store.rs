@@ -21,10 +21,7 @@ use crate::error::{self, STORE};
 use crate::record::{
     self, HANDED_OVER_AT, HISTORY_PREFIX, Item, KEY, LEASE_SK, RESERVED_TERM, Record, SORT, TTL_RANGE, key, n, s,
 };
-use crate::table;
-
-/// Where the wall-clock times of the audit trail come from.
-type AuditClock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
+use crate::table::{self, Table};
 
 /// A [`LeaseStore`] on one DynamoDB table, shared by every process that names it.
 ///
@@ -86,23 +83,6 @@ impl fmt::Debug for DynamoDbStore {
             .field("table", &table.table)
             .field("timeout", &table.timeout)
             .field("max_in_flight", &self.requests.max_in_flight())
-            .finish_non_exhaustive()
-    }
-}
-
-/// The requests on the table, behind the [`LimitStore`] of a [`DynamoDbStore`].
-#[derive(Clone)]
-pub(crate) struct Table {
-    pub(crate) client: Client,
-    pub(crate) table: Arc<str>,
-    pub(crate) timeout: Duration,
-    pub(crate) audit_clock: AuditClock,
-}
-
-impl fmt::Debug for Table {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Table")
-            .field("table", &self.table)
             .finish_non_exhaustive()
     }
 }

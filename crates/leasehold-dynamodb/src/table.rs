@@ -1,7 +1,9 @@
 //! The lease table: the SDK client, and checking or creating the table at connect.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::config::retry::RetryConfig;
@@ -15,10 +17,29 @@ use leasehold_core::{Error, Result};
 use crate::config::DynamoDbConfig;
 use crate::error::{self, STORE, TableError};
 use crate::record::{KEY, SORT};
-use crate::store::Table;
 
 /// How long [`DynamoDbStore::create_table_if_missing`](crate::DynamoDbStore::create_table_if_missing) waits for a new table to become active.
 const TABLE_WAIT: Duration = Duration::from_secs(120);
+
+/// Where the wall-clock times of the audit trail come from.
+type AuditClock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
+
+/// The requests on the table, behind the [`LimitStore`](leasehold_core::LimitStore) of a [`DynamoDbStore`](crate::DynamoDbStore).
+#[derive(Clone)]
+pub(crate) struct Table {
+    pub(crate) client: Client,
+    pub(crate) table: Arc<str>,
+    pub(crate) timeout: Duration,
+    pub(crate) audit_clock: AuditClock,
+}
+
+impl fmt::Debug for Table {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Table")
+            .field("table", &self.table)
+            .finish_non_exhaustive()
+    }
+}
 
 impl Table {
     /// Checks that the table exists, is active and has leasehold's key schema

@@ -5,7 +5,8 @@ use std::fmt;
 use leasehold_core::Result;
 use leasehold_core::config::{Secret, StoreUrl, percent_encode};
 
-use crate::error::STORE;
+/// The store's name in errors and metrics.
+pub(crate) const STORE: &str = "zookeeper";
 
 /// The URL schemes this backend handles: `zk://` and `zookeeper://`.
 pub const URL_SCHEMES: &[&str] = &["zk", "zookeeper"];

@@ -10,10 +10,8 @@ use leasehold_core::{BoxError, Error, Operation};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use zookeeper_client as zk;
 
+pub(crate) use crate::config::STORE;
 use crate::config::ZookeeperConfig;
-
-/// The store's name in errors and metrics.
-pub(crate) const STORE: &str = "zookeeper";
 
 /// A failure in one line, keeping the client's error (if any) as its source.
 #[derive(Debug)]
