@@ -8,14 +8,16 @@ use std::time::Duration;
 
 use leasehold_core::{AcquireRequest, Acquired, Error, Grant, LeaseName, Renewed, Result};
 use sqlx::mysql::MySqlConnectOptions;
-use sqlx::{Connection, Executor, MySqlConnection};
+use sqlx::{Connection, MySqlConnection};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::config::MysqlConfig;
 use crate::error::{self, STORE};
-use crate::statements::{Failure, Session, acquire_many, clone_error, query, release, renew, timed, unlock};
+use crate::statements::{
+    Failure, Session, acquire_many, clone_error, configure_lock_session, query, release, renew, timed, unlock,
+};
 
 /// Renewals per statement.
 const MAX_RENEWALS: usize = 200;
@@ -328,9 +330,7 @@ impl Actor {
         let endpoint = self.cx.config.endpoint();
         match tokio::time::timeout(limit, MySqlConnection::connect_with(&self.cx.options())).await {
             Ok(Ok(mut conn)) => {
-                // A statement of the lock session never waits long for a row another
-                // transaction holds (an operator's open transaction): one second.
-                timed(limit, conn.execute("SET SESSION innodb_lock_wait_timeout = 1"))
+                configure_lock_session(&mut conn, limit)
                     .await
                     .map_err(|f| f.into_error("connect"))?;
                 debug!("lock session connected");

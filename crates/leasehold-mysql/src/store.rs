@@ -16,6 +16,7 @@ use crate::error::{self, STORE};
 use crate::record::{self, Record, TTL_RANGE, record_columns, term_value, unix_millis};
 use crate::schema;
 use crate::session::{Context, LockSession};
+use crate::statements::configure_lock_session;
 
 /// A [`LeaseStore`] on a MySQL (5.7 or later) or MariaDB (10.0.2 or later) database, shared by
 /// every process that connects to it.
@@ -124,6 +125,9 @@ impl MysqlStore {
         let checked = async {
             schema::prepare(&mut setup, timeout).await?;
             let mut lock_conn = open().await?;
+            configure_lock_session(&mut lock_conn, timeout)
+                .await
+                .map_err(|f| f.into_error("connect"))?;
             match schema::check_named_locks(&mut lock_conn, &mut setup, timeout).await {
                 Ok(()) => Ok(lock_conn),
                 Err(e) => {
