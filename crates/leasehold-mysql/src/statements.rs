@@ -85,7 +85,6 @@ impl Failure {
     }
 }
 
-/// Runs one statement future with a client-side bound.
 /// What a lock session sets as it connects: no statement waits long for a row another
 /// transaction holds (an operator's open transaction): one second; and READ COMMITTED, so that
 /// the acquires of different leases take no gap locks on each other (at the default REPEATABLE
@@ -101,6 +100,7 @@ pub(crate) async fn configure_lock_session(conn: &mut MySqlConnection, limit: Du
     Ok(())
 }
 
+/// Runs one statement future with a client-side bound.
 pub(crate) async fn timed<T>(
     limit: Duration,
     statement: impl Future<Output = Result<T, sqlx::Error>>,
