@@ -55,11 +55,11 @@ pub async fn thousand_leases(backend: Arc<dyn Backend>) {
         .within("listing 1,000 leases", scene.ttl * 5, store.list(&under))
         .await
         .unwrap_or_else(|e| panic!("{p}: list: {e}"));
-    let mut names: Vec<String> = (0..LEASES).map(|i| scene.other_lease(&i.to_string())).collect();
-    names.sort();
+    let mut expected: Vec<String> = (0..LEASES).map(|i| scene.other_lease(&i.to_string())).collect();
+    expected.sort();
     let listed_names: Vec<&str> = listed.iter().map(|o| o.lease.as_str()).collect();
     assert!(
-        listed_names == names.iter().map(String::as_str).collect::<Vec<_>>(),
+        listed_names == expected,
         "{p}: list({under:?}) must give the {LEASES} leases in name order: {} listed, first {:?}",
         listed.len(),
         listed_names.first()

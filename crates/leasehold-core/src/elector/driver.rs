@@ -594,7 +594,6 @@ impl Driver {
                 None
             }
             Output::Elected { grant, valid_until } => {
-                let now = at;
                 info!(term = %grant.term, "elected");
                 // A leader learns of another holder from its renewals: it needs neither the
                 // store's change notifications nor its announcements (a watch, a listener's
@@ -612,7 +611,7 @@ impl Driver {
                     lease: self.inner.lease.clone(),
                     holder: self.inner.id.clone(),
                     term: grant.term,
-                    elected_at: now,
+                    elected_at: at,
                     status,
                     token: CancellationToken::new(),
                     heartbeat: AtomicU64::new(0),
@@ -629,7 +628,7 @@ impl Driver {
                 });
                 self.emit(Event::Elected {
                     term: grant.term,
-                    at: now,
+                    at,
                     valid_until,
                 });
                 if let Some(requests) = &self.inner.hand_over_requests {
