@@ -97,6 +97,15 @@ pub trait Backend: Send + Sync + 'static {
         false
     }
 
+    /// Whether the store grants by waiting: a candidate queued right behind the holder hears on
+    /// its change stream that its turn has come ([`Change::YourTurn`](leasehold_core::Change))
+    /// when the holder releases (etcd, ZooKeeper). `a_release_is_the_next_candidates_turn` then
+    /// demands the turn; other notifying stores may say only that something changed. Default
+    /// `false`.
+    fn grants_by_waiting(&self) -> bool {
+        false
+    }
+
     /// Store URLs that carry `secret` as a password, key or signature, for
     /// `secrets_stay_out_of_debug_and_errors`; `None` (the default) for a store without secrets.
     fn secret_urls(&self, secret: &str) -> Option<SecretUrls> {

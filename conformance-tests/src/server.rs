@@ -62,6 +62,7 @@ pub struct ServerBackend {
     many_leases_ttl: Option<Duration>,
     restart: Option<ServiceRestart>,
     acquire_reads_first: bool,
+    grants_by_waiting: bool,
     proxies: Mutex<Vec<FaultProxy>>,
 }
 
@@ -97,6 +98,7 @@ impl ServerBackend {
             many_leases_ttl: None,
             restart: None,
             acquire_reads_first: false,
+            grants_by_waiting: false,
             proxies: Mutex::new(Vec::new()),
         }
     }
@@ -105,6 +107,13 @@ impl ServerBackend {
     #[must_use]
     pub fn acquire_reads_first(mut self) -> Self {
         self.acquire_reads_first = true;
+        self
+    }
+
+    /// The store grants by waiting (see [`Backend::grants_by_waiting`]).
+    #[must_use]
+    pub fn grants_by_waiting(mut self) -> Self {
+        self.grants_by_waiting = true;
         self
     }
 
@@ -208,6 +217,10 @@ impl Backend for ServerBackend {
 
     fn acquire_reads_first(&self) -> bool {
         self.acquire_reads_first
+    }
+
+    fn grants_by_waiting(&self) -> bool {
+        self.grants_by_waiting
     }
 
     fn secret_urls(&self, secret: &str) -> Option<SecretUrls> {

@@ -70,6 +70,7 @@ pub fn etcd() -> Option<Arc<dyn Backend>> {
     // engine's request timeout at a quarter of the TTL, a burst of 1,000 first acquires needs a
     // few seconds of timeout to settle. Renewals are coalesced per session and cost little.
     .many_leases_ttl(Duration::from_secs(6))
+    .grants_by_waiting()
     // `scripts/services` serves it: the restart scenario stops and starts it.
     .restart_with("etcd", 22379)
     .secret_urls(move |secret| {

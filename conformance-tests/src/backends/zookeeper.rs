@@ -62,6 +62,7 @@ pub fn zookeeper() -> Option<Arc<dyn Backend>> {
     // second, more than one ZooKeeper server on a loaded 2-core machine reliably answers in time
     // (5 of 1,000 lost in one CI run); at 6 s, 500 a second.
     .many_leases_ttl(Duration::from_secs(6))
+    .grants_by_waiting()
     // `scripts/services` serves it: the restart scenario stops and starts it.
     .restart_with("zookeeper", 22181)
     .secret_urls(move |secret| {

@@ -1,8 +1,9 @@
 //! Who campaigns: the store's list of candidates (`LeaseStore::candidates`, where it keeps one),
-//! and a hand-over asked from another instance (`HandOverRequest`), which checks the successor
-//! against that list.
+//! a hand-over asked from another instance (`HandOverRequest`), which checks the successor
+//! against that list, and the turn a waiting candidate is told of when the holder releases.
 
-use leasehold_core::{Error, HandOverError, HandOverRequest, TargetCheck};
+use futures::StreamExt;
+use leasehold_core::{Change, Error, HandOverError, HandOverRequest, Notifications, Renewed, TargetCheck};
 
 use super::*;
 
@@ -138,4 +139,117 @@ async fn queue_behind(
         .expect("the elector lives");
     tokio::time::sleep(scene.ttl / 10).await;
     campaign
+}
+
+/// A holds the lease (raw store API); B, queued behind it, opens its change stream; A releases.
+/// A store that grants by waiting ([`Backend::grants_by_waiting`]) tells B on that stream that
+/// its turn has come ([`Change::YourTurn`]) within a TTL: B's grant, at a term above A's, for
+/// the TTL B asked, valid from no earlier than B's client was made and no later than the turn
+/// arrived; B's renewal confirms it and `inspect` shows B at that term. Any other notifying
+/// store says something changed within a TTL (a turn, if it sends one, is held to the same), and
+/// B's acquire is then granted.
+///
+/// # Panics
+///
+/// When no turn (or change) comes, or the turn is not a grant the store stands by.
+pub async fn a_release_is_the_next_candidates_turn(backend: Arc<dyn Backend>) {
+    let scene = Scene::new(backend, "a_release_is_the_next_candidates_turn").await;
+    let p = &scene.prefix;
+    if scene.caps.notifications == Notifications::None {
+        return scene.not_applicable("the store does not notify (notifications: None)");
+    }
+    let by_waiting = scene.backend.grants_by_waiting();
+    let lease = scene.lease_name();
+    let ttl = scene.ttl * 3;
+    let request = |who: &str| AcquireRequest {
+        lease: lease.clone(),
+        candidate: id(who),
+        ttl,
+        takeover: None,
+    };
+    let a = scene.connect().await;
+    let granted_a = scene.grant(a.as_ref(), &request("A")).await;
+    let b_made = Instant::now();
+    let b = scene.connect().await;
+    scene.held(b.as_ref(), &request("B")).await;
+    let mut changes = match b.changes(&lease, &id("B")).await {
+        Ok(Some(changes)) => changes,
+        Ok(None) => return scene.not_applicable("the store gives this candidate no change stream"),
+        Err(e) => panic!("{p}: changes: {e}"),
+    };
+    // The stream is polled all along, as the engine does, and given a moment to set its watches.
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let forward = tokio::spawn(async move {
+        while let Some(change) = changes.next().await {
+            if tx.send((change, Instant::now())).is_err() {
+                return;
+            }
+        }
+    });
+    tokio::time::sleep(scene.ttl / 2).await;
+    // What the stream had to say before the release is not what this scenario is about.
+    while rx.try_recv().is_ok() {}
+
+    a.release(&granted_a)
+        .await
+        .unwrap_or_else(|e| panic!("{p}: A's release: {e}"));
+    let released = Instant::now();
+    let turn = scene
+        .within("a change on B's stream after A released", scene.ttl * 2, async {
+            loop {
+                match rx.recv().await {
+                    Some((Change::YourTurn(turn), arrived)) => return Some((turn, arrived)),
+                    // Something changed (or a change this suite does not know of).
+                    Some(_) if !by_waiting => return None,
+                    Some(_) => {}
+                    None => panic!("{p}: B's change stream ended after A released"),
+                }
+            }
+        })
+        .await;
+    forward.abort();
+    let grant = match turn {
+        Some((turn, arrived)) => {
+            let g = &turn.grant;
+            assert_eq!(
+                (&g.lease, &g.holder, g.ttl),
+                (&lease, &id("B"), ttl),
+                "{p}: the turn's grant"
+            );
+            assert!(
+                g.term > granted_a.term,
+                "{p}: the turn's term {} is above A's {}",
+                g.term,
+                granted_a.term
+            );
+            assert!(
+                b_made <= turn.valid_from && turn.valid_from <= arrived,
+                "{p}: the turn is valid from an instant between B's client and its arrival"
+            );
+            scene.log(format_args!(
+                "B's turn {} after the release, valid from {} before it arrived",
+                secs(arrived - released),
+                secs(arrived - turn.valid_from)
+            ));
+            match b.renew(g).await {
+                Ok(Renewed::Renewed(_)) => {}
+                other => panic!("{p}: B's renewal of its turn: {other:?}"),
+            }
+            turn.grant
+        }
+        None => match b.acquire(&request("B")).await {
+            Ok(Acquired::Granted(grant)) => grant,
+            other => panic!("{p}: B's acquire after the change: {other:?}"),
+        },
+    };
+    let seen = a.inspect(&lease).await.unwrap_or_else(|e| panic!("{p}: inspect: {e}"));
+    assert_eq!(
+        seen.holder.map(|h| (h.id, h.term)),
+        Some((id("B"), grant.term)),
+        "{p}: the store shows B at its term"
+    );
+    b.release(&grant)
+        .await
+        .unwrap_or_else(|e| panic!("{p}: B's release: {e}"));
+    scene.finish().await;
 }

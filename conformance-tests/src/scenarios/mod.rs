@@ -62,7 +62,7 @@ pub use basics::{
     acquire_by_the_holder_keeps_the_lease, acquire_release_reacquire, corrupt_record_is_typed_error, invalid_inputs,
     renew_keeps_lease, renew_many_answers_as_renew_does,
 };
-pub use candidates::hand_over_request_checks_the_successor;
+pub use candidates::{a_release_is_the_next_candidates_turn, hand_over_request_checks_the_successor};
 pub use cost::{idle_follower_makes_no_requests, requests_per_transition_do_not_grow, thousand_leases};
 pub use faults::{
     lost_reply_resolved_by_read_back, partitioned_leader_steps_down, slow_store_no_double_leadership,
@@ -104,6 +104,7 @@ macro_rules! __every_scenario {
             hand_over_reserves_the_lease
             leader_hands_over_to_a_named_successor
             hand_over_request_checks_the_successor
+            a_release_is_the_next_candidates_turn
             partitioned_leader_steps_down
             store_outage_no_leader_then_one
             slow_store_no_double_leadership

@@ -1,14 +1,23 @@
 //! The change stream of one waiting candidate: it watches only the znode just ahead of the
 //! candidate's own (no herd), and yields when the candidate may have become first, or lost its
-//! place.
+//! place. When the one znode ahead of the candidate's is deleted, the candidate is first: the
+//! stream grants it in one transaction and says so ([`Change::YourTurn`]).
+//!
+//! No timer: a notification is not lost while the session lives (ZooKeeper delivers a
+//! session's watch events in order, and the client sets its watches again when it reconnects
+//! to the session); anything else is the engine's, whose safety poll backs every notifying
+//! store.
 
 use std::sync::Arc;
+use std::time::Instant;
 
-use leasehold_core::{CandidateId, Changes, LeaseName};
+use futures::StreamExt;
+use leasehold_core::{Acquired, CandidateId, Change, Changes, LeaseName, Turn};
 use tokio::sync::watch;
 use zookeeper_client as zk;
 
-use crate::store::{AbortOnDrop, Inner};
+use crate::queue::GrantOutcome;
+use crate::store::{AbortOnDrop, Inner, OwnNode};
 
 /// The change stream of `candidate` for `lease`.
 pub(crate) fn changes(inner: Arc<Inner>, lease: &LeaseName, candidate: &CandidateId) -> Changes {
@@ -20,9 +29,11 @@ pub(crate) fn changes(inner: Arc<Inner>, lease: &LeaseName, candidate: &Candidat
         announced: None,
         doorbell: None,
     };
-    leasehold_core::notifications(futures::stream::unfold(watching, |mut w| async move {
-        w.next().await.map(|()| ((), w))
-    }))
+    futures::stream::unfold(
+        watching,
+        |mut w| async move { w.next().await.map(|change| (change, w)) },
+    )
+    .boxed()
 }
 
 /// The state of one change stream: it watches only the znode just ahead of the candidate's own
@@ -46,7 +57,7 @@ struct Doorbell {
 }
 
 impl Watching {
-    async fn next(&mut self) -> Option<()> {
+    async fn next(&mut self) -> Option<Change> {
         loop {
             self.rx.borrow_and_update();
             let Some(own) = self.inner.own(&self.lease, &self.candidate) else {
@@ -61,7 +72,7 @@ impl Watching {
                 let granted = format!("granted:{}", own.name);
                 if self.announced.as_deref() != Some(granted.as_str()) {
                     self.announced = Some(granted);
-                    return Some(());
+                    return Some(Change::Changed);
                 }
                 self.rx.changed().await.ok()?;
                 continue;
@@ -71,7 +82,7 @@ impl Watching {
                 // The session is gone with our place in the queue: campaign again.
                 if self.announced.as_deref() != Some(lost.as_str()) {
                     self.announced = Some(lost);
-                    return Some(());
+                    return Some(Change::Changed);
                 }
                 self.rx.changed().await.ok()?;
                 continue;
@@ -89,14 +100,14 @@ impl Watching {
             let Some(position) = queue.iter().position(|c| c.name == own.name) else {
                 if self.announced.as_deref() != Some(lost.as_str()) {
                     self.announced = Some(lost);
-                    return Some(());
+                    return Some(Change::Changed);
                 }
                 self.rx.changed().await.ok()?;
                 continue;
             };
             if position == 0 && self.announced.as_deref() != Some(own.name.as_str()) {
                 self.announced = Some(own.name.clone());
-                return Some(());
+                return Some(Change::Changed);
             }
             // The doorbell, set once per session; the reservation is read after the watch is set
             // (a session's requests are served in order): a handover to us is seen by the one or
@@ -127,7 +138,7 @@ impl Watching {
                     let reserved = format!("reserved:{}", reservation.generation);
                     if reservation.to == self.candidate && self.announced.as_deref() != Some(reserved.as_str()) {
                         self.announced = Some(reserved);
-                        return Some(());
+                        return Some(Change::Changed);
                     }
                 }
             }
@@ -152,41 +163,70 @@ impl Watching {
             let Some(doorbell) = self.doorbell.as_mut() else {
                 continue;
             };
-            // A notification lost on the way (a middlebox that drops bytes but keeps the
-            // connection) would strand a follower: while waiting, it checks its predecessor once
-            // every half session timeout.
-            let recheck = bound;
-            loop {
-                tokio::select! {
-                    event = task.wait() => {
-                        if position == 1 && event == Some(zk::EventType::NodeDeleted) {
-                            // The only znode ahead of ours is gone: ours heads the queue (a znode
-                            // queued later sorts after it). Say so now, without listing the queue
-                            // again (a round trip on the way to a failover's grant); the grant
-                            // checks the queue in its own transaction.
-                            self.announced = Some(own.name.clone());
-                            return Some(());
-                        }
-                        break;
+            tokio::select! {
+                event = task.wait() => {
+                    if position == 1 && event == Some(zk::EventType::NodeDeleted) {
+                        // The only znode ahead of ours is gone: ours heads the queue (a znode
+                        // queued later sorts after it). Grant it now, without listing the queue
+                        // again (the grant checks in its own transaction that the znode is gone
+                        // and no reservation is there).
+                        self.announced = Some(own.name.clone());
+                        let ahead = vec![target.name.clone()];
+                        return Some(self.turn(&client, own, ahead, bound).await);
                     }
-                    // The lease was handed over to us: acquire it now.
-                    _ = doorbell.rung.wait() => {
-                        self.doorbell = None;
-                        return Some(());
-                    }
-                    changed = self.rx.changed() => {
-                        changed.ok()?;
-                        break;
-                    }
-                    () = tokio::time::sleep(recheck), if position > 0 => {
-                        let check = tokio::time::timeout(bound, client.check_stat(&path)).await;
-                        if !matches!(check, Ok(Ok(Some(_)))) {
-                            break;
-                        }
-                    }
+                }
+                // The lease was handed over to us: acquire it now.
+                _ = doorbell.rung.wait() => {
+                    self.doorbell = None;
+                    return Some(Change::Changed);
+                }
+                changed = self.rx.changed() => {
+                    changed.ok()?;
                 }
             }
         }
+    }
+
+    /// The candidate's turn, its one predecessor gone: the grant transaction an `acquire` would
+    /// send (it checks that the znodes in `ahead` are gone, ours unchanged and no reservation
+    /// there, and records the term), sent under the candidate's operation lock and only if the
+    /// store's cached znode is still `own`, waiting. Granted: [`Change::YourTurn`], valid from
+    /// the transaction's send (the server received it on the session, and keeps the session a
+    /// full session timeout, the TTL, from then). Anything else (another outcome, an error, no
+    /// answer within `bound`): [`Change::Changed`], and the engine asks, which is always safe
+    /// (a transaction applied whose reply was lost is found granted by that acquire).
+    async fn turn(
+        &mut self,
+        client: &zk::Client,
+        own: OwnNode,
+        ahead: Vec<String>,
+        bound: std::time::Duration,
+    ) -> Change {
+        let ops = self.inner.ops(&self.lease, &self.candidate);
+        let _serial = ops.lock().await;
+        let current = self.inner.own(&self.lease, &self.candidate);
+        if current.is_none_or(|c| c.name != own.name || c.session != own.session || c.granted) {
+            return Change::Changed;
+        }
+        let own = OwnNode { ahead, ..own };
+        let sent = Instant::now();
+        let grant = self.inner.grant(client, &self.lease, &own, &self.candidate, 0);
+        let Ok(Ok(GrantOutcome::Granted)) = tokio::time::timeout(bound, grant).await else {
+            return Change::Changed;
+        };
+        let ttl = client.session_timeout();
+        let Acquired::Granted(grant) = self
+            .inner
+            .granted(&self.lease, &self.candidate, own, ttl, client, false)
+            .await
+        else {
+            return Change::Changed;
+        };
+        self.announced = Some(format!("granted:{}", grant.token));
+        Change::YourTurn(Turn {
+            grant,
+            valid_from: sent,
+        })
     }
 
     /// After a request of the stream failed: waits until the session's state or this
