@@ -23,17 +23,7 @@ use tokio::sync::watch;
 
 use crate::error::STORE;
 use crate::record::Keys;
-use crate::store::Inner;
-
-/// The shared watch of one lease: subscribers take receivers of its sender.
-pub(crate) struct Announcer {
-    sender: watch::Sender<Option<Observation>>,
-    /// The term named by the latest release marker the watch saw (`record::released_value`):
-    /// that term's key was first in the queue, with no reservation, when its holder released it.
-    pub(crate) released: watch::Sender<Option<i64>>,
-    /// Which watch this is (a lease watched again after one ended has a new one).
-    id: u64,
-}
+use crate::state::{Announcer, Inner};
 
 /// The new holders of the lease of `keys` from now on, from this store's watch on its `granted`
 /// key (set up now unless the store watches it already).
@@ -195,58 +185,4 @@ async fn within<T>(limit: Duration, fut: impl std::future::Future<Output = Resul
 }
 
 #[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use leasehold_conformance::require_server;
-    use leasehold_core::{LeaseName, LeaseStore};
-
-    use crate::EtcdStore;
-
-    fn watched(store: &EtcdStore) -> Vec<String> {
-        let announcers = store.inner.announcers.lock().expect("announcers lock");
-        announcers.keys().map(|l| l.as_str().to_string()).collect()
-    }
-
-    /// Followers of a lease in one store share one watch, which goes with the last stream.
-    #[tokio::test]
-    async fn followers_share_one_watch_that_ends_with_the_last() {
-        let Some(url) = require_server("etcd", "LEASEHOLD_ETCD_URL") else {
-            return;
-        };
-        let prefix = format!("leasehold-announce-unit/{}", leasehold_core::random_u64());
-        let store = EtcdStore::connect(&format!("{}/{prefix}", url.trim_end_matches('/')))
-            .await
-            .expect("connects");
-        let lease = LeaseName::new("jobs").expect("lease name");
-        let first = store
-            .announcements(&lease)
-            .await
-            .expect("subscribes")
-            .expect("announces");
-        let second = store
-            .announcements(&lease)
-            .await
-            .expect("subscribes")
-            .expect("announces");
-        let sender = {
-            let announcers = store.inner.announcers.lock().expect("announcers lock");
-            announcers.get(&lease).expect("watched").sender.clone()
-        };
-        assert_eq!(watched(&store), ["jobs"]);
-        assert_eq!(sender.receiver_count(), 2, "both streams on the one watch");
-        drop(first);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert_eq!(watched(&store), ["jobs"], "one follower still follows");
-        drop(second);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-        // The watch's task removes its entry as it ends (dropping the etcd watch).
-        while !watched(&store).is_empty() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the watch outlived its last stream"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-}
+mod tests;

@@ -6,21 +6,20 @@ use etcd_client::{GetOptions, SortOrder, SortTarget};
 use leasehold_core::{CandidateId, LeaseName, Result};
 
 use crate::record::Keys;
-use crate::store::EtcdStore;
+use crate::state::Inner;
 
-impl EtcdStore {
+impl Inner {
     /// The candidates of `lease` in queue order, read in one range request. A key whose
     /// session ended is gone with it; a key this store is still deleting (a withdrawal or
     /// release sent again after a failure) is listed until the deletion lands.
     pub(crate) async fn queued_candidates(&self, lease: &LeaseName) -> Result<Vec<CandidateId>> {
-        let keys = Keys::new(&self.inner.config.prefix, lease);
+        let keys = Keys::new(&self.config.prefix, lease);
         let options = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend);
-        let mut client = self.inner.kv();
+        let mut client = self.kv();
         let prefix = keys.candidates();
         let page = self
-            .inner
             .call("candidates", async move { client.get(prefix, Some(options)).await })
             .await?;
         page.kvs()

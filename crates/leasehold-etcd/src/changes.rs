@@ -41,20 +41,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::record::Keys;
 use crate::session::third_of;
-use crate::store::Inner;
-
-/// Where a candidate's key stands, as its last `acquire` saw it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Position {
-    /// The key's create_revision.
-    pub(crate) rev: i64,
-    /// The session (etcd lease) the key is bound to.
-    pub(crate) lease: i64,
-    /// The session's TTL in seconds.
-    pub(crate) ttl_secs: i64,
-    /// Whether it was granted (first in the queue).
-    pub(crate) granted: bool,
-}
+use crate::state::{Inner, Position};
 
 struct Waiter {
     inner: Arc<Inner>,

@@ -53,7 +53,7 @@ enum Meaning {
 }
 
 /// Converts a client error of `operation` against `endpoints` (`h1:2379,h2:2379`).
-pub(crate) fn map_error(operation: &'static str, endpoints: &str, error: &ClientError) -> Error {
+pub(crate) fn map(error: &ClientError, operation: &'static str, endpoints: &str) -> Error {
     let (meaning, text) = describe(operation, endpoints, error);
     let source = RequestError { operation, text };
     match meaning {
@@ -67,7 +67,7 @@ pub(crate) fn map_error(operation: &'static str, endpoints: &str, error: &Client
 /// server ends right after the handshake (TLS 1.3 checks the client's certificate then: the
 /// client sees an alert in an I/O error, or just a closed connection) is the server rejecting
 /// that certificate, and permanent.
-pub(crate) fn map_connect_error(endpoints: &str, client_cert: bool, error: &ClientError) -> Error {
+pub(crate) fn map_connect(error: &ClientError, endpoints: &str, client_cert: bool) -> Error {
     // (Without a client certificate, a peer that hangs up at connect is no etcd: see `Cause`.)
     let ended = match error {
         ClientError::GRpcStatus(status) => matches!(status.code(), Code::Cancelled | Code::Unknown),
@@ -90,7 +90,7 @@ pub(crate) fn map_connect_error(endpoints: &str, client_cert: bool, error: &Clie
             ),
         );
     }
-    map_error(CONNECT, endpoints, error)
+    map(error, CONNECT, endpoints)
 }
 
 /// A failure that retrying will not mend.
@@ -324,31 +324,31 @@ mod tests {
 
     #[test]
     fn status_codes_decide_the_kind() {
-        let e = map_error(
+        let e = map(
+            &ClientError::GRpcStatus(tonic::Status::unavailable("no leader")),
             "txn",
             "h:2379",
-            &ClientError::GRpcStatus(tonic::Status::unavailable("no leader")),
         );
         assert!(e.is_transient(), "{e}");
-        let e = map_error(
+        let e = map(
+            &ClientError::GRpcStatus(tonic::Status::permission_denied("etcdserver: permission denied")),
             "txn",
             "h:2379",
-            &ClientError::GRpcStatus(tonic::Status::permission_denied("etcdserver: permission denied")),
         );
         assert!(e.is_permanent(), "{e}");
         assert!(e.to_string().contains("role"), "{e}");
-        let e = map_error(
-            CONNECT,
-            "h:2379",
+        let e = map(
             &ClientError::GRpcStatus(tonic::Status::invalid_argument(
                 "etcdserver: authentication failed, invalid user ID or password",
             )),
+            CONNECT,
+            "h:2379",
         );
         assert!(!e.is_transient() && e.to_string().contains("password"), "{e}");
-        let e = map_error(
+        let e = map(
+            &ClientError::GRpcStatus(tonic::Status::out_of_range("x")),
             "txn",
             "h:2379",
-            &ClientError::GRpcStatus(tonic::Status::out_of_range("x")),
         );
         assert!(!e.is_transient(), "{e}");
     }
@@ -366,10 +366,10 @@ mod tests {
 
     #[test]
     fn messages_are_one_line() {
-        let e = map_error(
+        let e = map(
+            &ClientError::GRpcStatus(tonic::Status::unavailable("line one\nline two")),
             "txn",
             "h:2379",
-            &ClientError::GRpcStatus(tonic::Status::unavailable("line one\nline two")),
         );
         assert!(!e.to_string().contains('\n'), "{e}");
         assert!(e.to_string().contains("txn"), "{e}");

@@ -2,14 +2,18 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
+mod acquire;
 mod announce;
 mod candidates;
 mod changes;
 mod config;
 mod error;
+mod left;
 mod list;
 mod record;
+mod release;
 mod session;
+mod state;
 mod store;
 
 #[doc = include_str!("../docs.md")]

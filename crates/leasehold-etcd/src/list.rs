@@ -8,17 +8,16 @@ use etcd_client::{GetOptions, KeyValue};
 use leasehold_core::{LeaseName, Observation, Result};
 
 use crate::record::{Keys, Snapshot};
-use crate::store::EtcdStore;
+use crate::state::Inner;
 
 /// Keys read per range request.
 const PAGE: i64 = 1024;
 
-impl EtcdStore {
+impl Inner {
     /// Every lease under `prefix` that was ever granted (it has a history key), in name order,
     /// as [`inspect`](leasehold_core::LeaseStore::inspect) shows it.
     pub(crate) async fn list_leases(&self, prefix: &str) -> Result<Vec<Observation>> {
-        let inner = &self.inner;
-        let root = format!("{}/", inner.config.prefix);
+        let root = format!("{}/", self.config.prefix);
         let start = format!("{root}{prefix}").into_bytes();
         let end = range_end(&start);
         let mut leases: BTreeMap<LeaseName, Vec<KeyValue>> = BTreeMap::new();
@@ -30,9 +29,9 @@ impl EtcdStore {
                 // One snapshot: every page at the first page's revision.
                 options = options.with_revision(revision);
             }
-            let mut client = inner.kv();
+            let mut client = self.kv();
             let key = from.clone();
-            let page = inner
+            let page = self
                 .call("list", async move { client.get(key, Some(options)).await })
                 .await?;
             if revision == 0 {
@@ -50,12 +49,12 @@ impl EtcdStore {
         }
         let mut listed = Vec::with_capacity(leases.len());
         for (lease, kvs) in leases {
-            let keys = Keys::new(&inner.config.prefix, &lease);
+            let keys = Keys::new(&self.config.prefix, &lease);
             // A lease never granted (only queued candidates) keeps no record: not listed.
             let Some(snapshot) = Snapshot::of_keys(&keys, &kvs)? else {
                 continue;
             };
-            listed.push(inner.unretired(&keys, &lease, snapshot)?.observation(&lease));
+            listed.push(self.unretired(&keys, &lease, snapshot)?.observation(&lease));
         }
         Ok(listed)
     }

@@ -14,19 +14,8 @@ use tokio::sync::Mutex as AsyncMutex;
 use tokio::time::Instant;
 
 use crate::config::EtcdConfig;
-use crate::error::{CONNECT, RequestError, STORE, lease_gone, map_connect_error, map_error};
-use crate::store::Inner;
-
-/// An etcd lease held by this store.
-#[derive(Clone, Debug)]
-pub(crate) struct Session {
-    pub(crate) id: i64,
-    /// When the last keepalive (or the grant) that etcd confirmed was *sent*: the lease lives at
-    /// least its TTL from a moment after this.
-    confirmed: Instant,
-    /// The keys bound to the lease, read after a keepalive sent at the given instant.
-    keys: Option<(Instant, Arc<HashSet<Vec<u8>>>)>,
-}
+use crate::error::{CONNECT, RequestError, STORE, lease_gone, map, map_connect};
+use crate::state::{Inner, Session};
 
 /// The keys bound to a live session, and its id.
 pub(crate) type SessionKeys = (i64, Arc<HashSet<Vec<u8>>>);
@@ -45,7 +34,7 @@ impl Inner {
         fut: impl Future<Output = std::result::Result<T, etcd_client::Error>> + 'a,
     ) -> impl Future<Output = Result<T>> + 'a {
         let fut = Box::pin(fut);
-        async move { fut.await.map_err(|e| map_error(operation, &self.endpoints, &e)) }
+        async move { fut.await.map_err(|e| map(&e, operation, &self.endpoints)) }
     }
 
     /// Runs one etcd request that names an etcd lease; `None` when etcd says that lease is gone.
@@ -59,7 +48,7 @@ impl Inner {
             match fut.await {
                 Ok(answer) => Ok(Some(answer)),
                 Err(e) if lease_gone(&e) => Ok(None),
-                Err(e) => Err(map_error(operation, &self.endpoints, &e)),
+                Err(e) => Err(map(&e, operation, &self.endpoints)),
             }
         }
     }
@@ -268,7 +257,7 @@ impl Inner {
         self.current.lock().expect("current lock").remove(&ttl_secs);
     }
 
-    /// Refreshes a lease of one grant (see `EtcdStore::grant_in_one_shot`); `false` when it is
+    /// Refreshes a lease of one grant (see `Inner::grant_in_one_shot`); `false` when it is
     /// gone. Its keepalive is sent after the caller began.
     pub(crate) async fn keep_private_alive(&self, id: i64) -> Result<bool> {
         let mut client = self.client();
@@ -317,7 +306,7 @@ pub(crate) async fn probe(config: &EtcdConfig, endpoint: &str, options: etcd_cli
         client.get(format!("{}/", config.prefix), Some(probe)).await.map(drop)
     };
     match tokio::time::timeout(config.timeout, asked).await {
-        Ok(answer) => answer.map_err(|e| map_connect_error(endpoint, config.cert.is_some(), &e)),
+        Ok(answer) => answer.map_err(|e| map_connect(&e, endpoint, config.cert.is_some())),
         Err(_) => Err(Error::Timeout {
             store: STORE,
             operation: CONNECT,
