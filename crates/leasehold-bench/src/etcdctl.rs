@@ -371,7 +371,8 @@ async fn paired(etcd_url: &str, run: u64, reps: usize) -> Outcome<Paired> {
         for turn in 0..3 {
             match (i + turn) % 3 {
                 0 => {
-                    let (ret, call) = election_once(&mut a, &mut b, format!("bench-election-{run}-{i}")).await?;
+                    let (ret, call) =
+                        election_once(&mut a, &mut b, format!("bench-election-{run}-{i}"), SETTLE).await?;
                     theirs.0.push(ret);
                     theirs.1.push(call);
                 }
@@ -449,10 +450,11 @@ async fn protocol_once(a: &mut etcd_client::Client, b: &etcd_client::Client, nam
 /// candidate with an etcd lease of its own on a client of its own): A campaigns and wins, B's
 /// campaign waits on the server; from A's `resign` returning, and from it being called, to B's
 /// `campaign` returning.
-async fn election_once(
+pub(crate) async fn election_once(
     a: &mut etcd_client::Client,
     b: &mut etcd_client::Client,
     name: String,
+    settle: Duration,
 ) -> Outcome<(Duration, Duration)> {
     let e = |what: &'static str| move |err: etcd_client::Error| format!("etcd {what}: {err}");
     let limit = Duration::from_secs(10);
@@ -470,7 +472,7 @@ async fn election_once(
         let r = eb.campaign(name, "B", lb).await;
         (Instant::now(), r)
     });
-    tokio::time::sleep(SETTLE).await;
+    tokio::time::sleep(settle).await;
     if waiting.is_finished() {
         return Err("B's campaign returned while A led".into());
     }

@@ -14,6 +14,7 @@ mod measures;
 mod plan;
 mod report;
 mod scale;
+mod settle;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -72,6 +73,7 @@ pub const MEASURES: &[&str] = &[
     "etcdctl",
     "election",
     "cli",
+    "settle",
 ];
 
 /// Runs every measure for every selected backend and returns the report as Markdown.
@@ -127,12 +129,31 @@ pub async fn run(options: &Options) -> Result<String, String> {
     } else {
         None
     };
+    let settled = if plan.wants("settle") {
+        let reps = if options.smoke { 2 } else { 100 };
+        Some(settle::measure(&env, &selected, reps, leasehold::random_u64() % 1_000_000).await)
+    } else {
+        None
+    };
     let elapsed = started.elapsed();
+    let settle_only = options.only.iter().all(|m| m == "settle") && !options.only.is_empty();
     let doc = report::render(&reports, etcdctl.as_ref(), options, elapsed);
-    println!("{doc}");
+    if !settle_only {
+        println!("{doc}");
+    }
+    if let Some(section) = &settled {
+        println!("{section}");
+    }
     if let Some(dir) = &options.docs_dir {
-        report::write_docs(dir, &doc, &reports).map_err(|e| format!("writing {}: {e}", dir.display()))?;
-        eprintln!("wrote {}/benchmarks.md and benchmarks-latency.svg", dir.display());
+        let writing = |e: std::io::Error| format!("writing {}: {e}", dir.display());
+        if !settle_only {
+            report::write_docs(dir, &doc, &reports).map_err(writing)?;
+            eprintln!("wrote {}/benchmarks.md and benchmarks-latency.svg", dir.display());
+        }
+        if let Some(section) = &settled {
+            report::write_section(dir, settle::HEADING, section).map_err(writing)?;
+            eprintln!("wrote {}/benchmarks.md ({})", dir.display(), settle::HEADING);
+        }
     }
     eprintln!("finished in {:.1} s", elapsed.as_secs_f64());
     Ok(doc)

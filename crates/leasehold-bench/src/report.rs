@@ -527,15 +527,22 @@ fn etcdctl_version() -> String {
 /// Replaces this runner's section of `benchmarks.md` (or appends it), keeping every other section,
 /// and writes the chart.
 pub(crate) fn write_docs(dir: &Path, section: &str, reports: &[BackendReport]) -> std::io::Result<()> {
+    write_section(dir, HEADING, section)?;
+    std::fs::write(dir.join(SVG), svg(reports))
+}
+
+/// Replaces the section of `benchmarks.md` under `heading` (a `## ` line, up to the next one) with
+/// `section`, or appends it, keeping every other section.
+pub(crate) fn write_section(dir: &Path, heading: &str, section: &str) -> std::io::Result<()> {
     let path = dir.join("benchmarks.md");
     let old = match std::fs::read_to_string(&path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => "# Benchmarks\n".to_string(),
         Err(e) => return Err(e),
     };
-    let new = match old.find(HEADING) {
+    let new = match old.find(heading) {
         Some(start) => {
-            let after = start + HEADING.len();
+            let after = start + heading.len();
             let end = old[after..].find("\n## ").map_or(old.len(), |i| after + i + 1);
             let tail = &old[end..];
             let gap = if tail.is_empty() { "" } else { "\n" };
@@ -543,6 +550,5 @@ pub(crate) fn write_docs(dir: &Path, section: &str, reports: &[BackendReport]) -
         }
         None => format!("{}\n\n{section}", old.trim_end()),
     };
-    std::fs::write(&path, new)?;
-    std::fs::write(dir.join(SVG), svg(reports))
+    std::fs::write(&path, new)
 }
