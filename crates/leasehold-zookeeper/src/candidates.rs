@@ -8,7 +8,7 @@ use zookeeper_client as zk;
 use crate::error::{STORE, zk_error};
 use crate::reads::{Got, READ_BYTES, Read, read_many};
 use crate::record::{CandidateRecord, parse_queue};
-use crate::store::Inner;
+use crate::state::Inner;
 
 impl Inner {
     /// The candidates of `lease` in queue order. A znode whose session ended is gone with it; one

@@ -14,7 +14,7 @@ use zookeeper_client as zk;
 use crate::error::{STORE, zk_error};
 use crate::reads::{Got, READ_BYTES, Read, read_many};
 use crate::record::{CandidateRecord, Child, ReservationRecord, history_name, holder_observation, parse_queue};
-use crate::store::Inner;
+use crate::state::Inner;
 
 /// How many leases `list` observes at once when they need a read of their own.
 const OWN_READS_IN_FLIGHT: usize = 16;

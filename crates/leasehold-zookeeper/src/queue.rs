@@ -10,8 +10,10 @@ use tracing::warn;
 use zookeeper_client as zk;
 
 use crate::error::{Failed, STORE, zk_error};
-use crate::record::{CandidateRecord, Child, HistoryRecord, ReservationRecord, history_name, holder_observation};
-use crate::store::{HISTORY_LIMIT, Inner, OwnNode, lock};
+use crate::record::{
+    CandidateRecord, Child, HISTORY_LIMIT, HistoryRecord, ReservationRecord, history_name, holder_observation,
+};
+use crate::state::{Inner, OwnNode, lock};
 
 impl Inner {
     /// Queues the candidate: its znode at the end of the lease's queue, or, for a lease that

@@ -8,7 +8,7 @@ use leasehold_core::{CandidateId, EndReason, Error, HolderInfo, LeaseName, Obser
 use zookeeper_client as zk;
 
 use crate::error::{STORE, zk_error};
-use crate::store::Inner;
+use crate::state::Inner;
 
 const CANDIDATE_FORMAT: &str = "leasehold-candidate/1";
 const HISTORY_FORMAT: &str = "leasehold-term/1";
@@ -17,6 +17,9 @@ const RESERVATION_FORMAT: &str = "leasehold-reserved/1";
 /// The prefix of the version a reserved lease shows ([`HolderInfo::version`]): the reservation's
 /// generation follows it. Candidate znode names, the versions of held leases, start with `c-`.
 const RESERVATION_VERSION: &str = "reserved-";
+
+/// How many terms of history are kept per lease; older `history/` znodes are deleted.
+pub const HISTORY_LIMIT: usize = 1000;
 
 /// The data of a candidate's ephemeral sequential znode.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -13,7 +13,7 @@ use zookeeper_client as zk;
 
 use crate::config::ZookeeperConfig;
 use crate::error::{STORE, connect_error};
-use crate::store::{Inner, lock};
+use crate::state::{Inner, lock};
 
 /// The session timeout asked for when probing the smallest one the server grants. The client
 /// must complete its handshake within the session timeout asked for: 1 s leaves a busy
