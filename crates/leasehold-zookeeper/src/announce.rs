@@ -12,7 +12,7 @@ use leasehold_core::{LeaseName, Observation, Operation, Result, watched_announce
 use tokio::sync::watch;
 use zookeeper_client as zk;
 
-use crate::error::{during, zk_error};
+use crate::error::{during, map};
 use crate::record::parse_announcement;
 use crate::state::{AbortOnDrop, Inner, LeaderWatch, lock};
 
@@ -111,7 +111,7 @@ impl Inner {
         let mut watcher = client
             .watch(&self.leader_dir(lease), zk::AddWatchMode::PersistentRecursive)
             .await
-            .map_err(zk_error)?;
+            .map_err(map)?;
         let (sender, announced) = watch::channel(None);
         let lease_name = lease.clone();
         // The client panics in a watcher whose session is dropped: keep that panic in a task

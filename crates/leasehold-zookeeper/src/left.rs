@@ -26,7 +26,7 @@ use tokio::sync::Notify;
 use tracing::debug;
 use zookeeper_client as zk;
 
-use crate::error::zk_error;
+use crate::error::map;
 use crate::state::{AbortOnDrop, Inner, LeftNode, Resender, lock};
 
 /// At most this many left znodes are remembered; the oldest is forgotten first.
@@ -119,7 +119,7 @@ impl Inner {
             return Ok(()); // cached again: a campaign uses it (not expected: it is never shown)
         }
         let path = self.candidate_path(&node.lease, &node.name);
-        let Some(stat) = client.check_stat(&path).await.map_err(zk_error)? else {
+        let Some(stat) = client.check_stat(&path).await.map_err(map)? else {
             return Ok(());
         };
         if stat.czxid != node.czxid || stat.ephemeral_owner != client.session_id().0 {

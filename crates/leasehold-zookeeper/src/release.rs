@@ -9,7 +9,7 @@ use std::sync::Arc;
 use leasehold_core::{CandidateId, EndReason, Error, Grant, LeaseName, Result};
 use zookeeper_client as zk;
 
-use crate::error::{Failed, STORE, zk_error};
+use crate::error::{Failed, STORE, map};
 use crate::queue::Ending;
 use crate::record::{HistoryRecord, ReservationRecord, history_name};
 use crate::state::{Inner, LeftNode, OwnNode};
@@ -32,7 +32,7 @@ impl Inner {
             client.get_data(&history_path),
             client.check_stat(&self.lease_dir(lease))
         );
-        let Some(stat) = stat.map_err(zk_error)? else {
+        let Some(stat) = stat.map_err(map)? else {
             self.set_own(lease, &grant.holder, None);
             return Ok(());
         };
@@ -42,9 +42,9 @@ impl Inner {
         let history = match history {
             Ok((data, stat)) => Some((HistoryRecord::decode(&data).ok(), stat.version)),
             Err(zk::Error::NoNode) => None,
-            Err(e) => return Err(zk_error(e)),
+            Err(e) => return Err(map(e)),
         };
-        let Some(dir) = dir.map_err(zk_error)? else {
+        let Some(dir) = dir.map_err(map)? else {
             return Ok(()); // the lease's znodes are gone, ours with them
         };
         let reservation = ReservationRecord {
@@ -63,7 +63,7 @@ impl Inner {
         // znode deleted, the reservation created, and the successor's doorbell rung (created
         // and deleted: its change stream watches for the creation).
         let mut writer = client.new_multi_writer();
-        let add = |r: std::result::Result<(), zk::Error>| r.map_err(zk_error);
+        let add = |r: std::result::Result<(), zk::Error>| r.map_err(map);
         add(writer.add_set_data(&self.lease_dir(lease), &[], Some(dir.version)))?;
         add(writer.add_delete(&path, Some(stat.version)))?;
         match &history {
@@ -95,7 +95,7 @@ impl Inner {
                     )),
                 ));
             }
-            Err(zk::MultiWriteError::RequestFailed { source }) => return Err(zk_error(source)),
+            Err(zk::MultiWriteError::RequestFailed { source }) => return Err(map(source)),
         }
         if self.own(lease, &grant.holder).is_none_or(|n| n.name == grant.token) {
             self.set_own(lease, &grant.holder, None);
@@ -109,7 +109,7 @@ impl Inner {
         };
         let own = self.own(&grant.lease, &grant.holder).filter(|n| n.name == grant.token);
         let path = self.candidate_path(&grant.lease, &grant.token);
-        let stat = match client.check_stat(&path).await.map_err(zk_error)? {
+        let stat = match client.check_stat(&path).await.map_err(map)? {
             Some(stat) => stat,
             None => {
                 if own.is_some() {
@@ -223,7 +223,7 @@ impl Inner {
             let Some(stat) = reader
                 .check_stat(&self.candidate_path(lease, &child.name))
                 .await
-                .map_err(zk_error)?
+                .map_err(map)?
             else {
                 continue;
             };

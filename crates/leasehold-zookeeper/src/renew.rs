@@ -16,7 +16,7 @@ use futures::future::join_all;
 use leasehold_core::{Error, Grant, Operation, Renewed, Result};
 use zookeeper_client as zk;
 
-use crate::error::{Failed, STORE, disconnected, during, zk_error};
+use crate::error::{Failed, STORE, disconnected, during, map};
 use crate::reads::{Got, READ_BYTES, Read, read_many};
 use crate::record::CandidateRecord;
 use crate::state::{Inner, OwnNode};
@@ -68,7 +68,7 @@ impl Inner {
             client.sync(&path),
             self.read_candidate(&client, &grant.lease, &grant.token)
         );
-        synced.map_err(zk_error)?;
+        synced.map_err(map)?;
         self.kick_left(client.session_id().0);
         let ours = read?.is_some_and(|(record, stat)| is_ours(grant, &record, &stat, client.session_id().0));
         self.verdict(grant, &client, ours).await
@@ -151,8 +151,8 @@ impl Inner {
             .zip(read)
             .map(|(&i, read)| {
                 let grant = &grants[i];
-                synced.clone().map_err(zk_error)?;
-                match read.map_err(zk_error)? {
+                synced.clone().map_err(map)?;
+                match read.map_err(map)? {
                     Got::Data(data, stat) => CandidateRecord::decode(&data)
                         .map(|record| is_ours(grant, &record, &stat, session))
                         .map_err(|detail| {

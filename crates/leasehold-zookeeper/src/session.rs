@@ -12,7 +12,7 @@ use tracing::{debug, warn};
 use zookeeper_client as zk;
 
 use crate::config::ZookeeperConfig;
-use crate::error::{STORE, connect_error};
+use crate::error::{STORE, map_connect};
 use crate::state::{Inner, lock};
 
 /// The session timeout asked for when probing the smallest one the server grants. The client
@@ -63,7 +63,7 @@ async fn open_session(config: &ZookeeperConfig, timeout: Duration) -> Result<zk:
     }
     match connector.connect(&config.connect_string()).await {
         Ok(client) => Ok(client),
-        Err(e) => Err(connect_error(config, e, timeout.min(PROBE_LOOK)).await),
+        Err(e) => Err(map_connect(e, config, timeout.min(PROBE_LOOK)).await),
     }
 }
 

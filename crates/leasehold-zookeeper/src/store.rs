@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use zookeeper_client as zk;
 
 use crate::config::ZookeeperConfig;
-use crate::error::{Failed, STORE, during, zk_error};
+use crate::error::{Failed, STORE, during, map};
 use crate::queue::Ending;
 use crate::state::Inner;
 
@@ -253,7 +253,7 @@ impl ZookeeperStore {
         if let Some(reservation) = inner.read_reservation(&client, lease).await? {
             // Break the reservation: the lease opens to the queue (the handed-over term ended).
             let mut writer = client.new_multi_writer();
-            let add = |r: std::result::Result<(), zk::Error>| r.map_err(zk_error);
+            let add = |r: std::result::Result<(), zk::Error>| r.map_err(map);
             add(writer.add_set_data(&inner.lease_dir(lease), &[], Some(reservation.generation)))?;
             add(writer.add_delete(&inner.reserved_path(lease), None))?;
             return match writer.commit().await {
@@ -265,7 +265,7 @@ impl ZookeeperStore {
                         reservation.term
                     )),
                 )),
-                Err(zk::MultiWriteError::RequestFailed { source }) => Err(zk_error(source)),
+                Err(zk::MultiWriteError::RequestFailed { source }) => Err(map(source)),
             };
         }
         let queue = inner.queue(&client, lease).await?.unwrap_or_default();
