@@ -12,18 +12,9 @@ use leasehold_core::{LeaseName, Observation, Operation, Result, watched_announce
 use tokio::sync::watch;
 use zookeeper_client as zk;
 
-use crate::error::{during, zk_error};
+use crate::error::{during, map};
 use crate::record::parse_announcement;
-use crate::store::{AbortOnDrop, Inner, ZookeeperStore, lock};
-
-/// One session's persistent recursive watch on one lease's `leader/` znode, shared by everyone
-/// of this store that follows the lease on that session; it lives as long as the session.
-pub(crate) struct LeaderWatch {
-    /// Never read from: subscribers clone it. Its sender is the watch's task's, so every
-    /// subscriber's stream ends when the task does (the session ended).
-    announced: watch::Receiver<Option<Observation>>,
-    _task: AbortOnDrop,
-}
+use crate::state::{AbortOnDrop, Inner, LeaderWatch, lock};
 
 /// A receiver of the announcements made from now on.
 fn from_now(announced: &watch::Receiver<Option<Observation>>) -> watch::Receiver<Option<Observation>> {
@@ -32,7 +23,7 @@ fn from_now(announced: &watch::Receiver<Option<Observation>>) -> watch::Receiver
     rx
 }
 
-impl ZookeeperStore {
+impl Inner {
     /// [`LeaseStore::announcements`](leasehold_core::LeaseStore::announcements): the holders of
     /// `lease` as its grants announce them, each as
     /// [`inspect`](leasehold_core::LeaseStore::inspect) would show it right after the grant,
@@ -51,11 +42,10 @@ impl ZookeeperStore {
     ///
     /// Those of opening a session; [`leasehold_core::Error::Store`] from a server before 3.6,
     /// which has no persistent watches.
-    pub(crate) async fn announced(&self, lease: &LeaseName) -> Result<BoxStream<'static, Observation>> {
-        let inner = &self.inner;
+    pub(crate) async fn announced(self: &Arc<Self>, lease: &LeaseName) -> Result<BoxStream<'static, Observation>> {
         let subscribed = async {
-            let client = inner.reader().await?;
-            inner.leader_watch(&client, lease).await
+            let client = self.reader().await?;
+            self.leader_watch(&client, lease).await
         };
         let (session, rx) = subscribed.await.map_err(|e| {
             during(
@@ -65,7 +55,7 @@ impl ZookeeperStore {
             )
         })?;
         let following = Following {
-            inner: inner.clone(),
+            inner: self.clone(),
             lease: lease.clone(),
             session,
             current: watched_announcements(rx),
@@ -121,7 +111,7 @@ impl Inner {
         let mut watcher = client
             .watch(&self.leader_dir(lease), zk::AddWatchMode::PersistentRecursive)
             .await
-            .map_err(zk_error)?;
+            .map_err(map)?;
         let (sender, announced) = watch::channel(None);
         let lease_name = lease.clone();
         // The client panics in a watcher whose session is dropped: keep that panic in a task

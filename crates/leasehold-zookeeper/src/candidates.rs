@@ -5,10 +5,10 @@
 use leasehold_core::{CandidateId, Error, LeaseName, Result};
 use zookeeper_client as zk;
 
-use crate::error::{STORE, zk_error};
+use crate::error::{STORE, map};
 use crate::reads::{Got, READ_BYTES, Read, read_many};
 use crate::record::{CandidateRecord, parse_queue};
-use crate::store::Inner;
+use crate::state::Inner;
 
 impl Inner {
     /// The candidates of `lease` in queue order. A znode whose session ended is gone with it; one
@@ -18,7 +18,7 @@ impl Inner {
         let children = match client.list_children(&self.candidates_dir(lease)).await {
             Ok(children) => children,
             Err(zk::Error::NoNode) => return Ok(Vec::new()),
-            Err(e) => return Err(zk_error(e)),
+            Err(e) => return Err(map(e)),
         };
         let queue = parse_queue(lease, children)?;
         let reads: Vec<Read> = queue
@@ -27,7 +27,7 @@ impl Inner {
             .collect();
         let mut listed = Vec::with_capacity(queue.len());
         for (child, got) in queue.iter().zip(read_many(&client, &reads, READ_BYTES).await) {
-            match got.map_err(zk_error)? {
+            match got.map_err(map)? {
                 Got::Data(data, _) => listed.push(
                     CandidateRecord::decode(&data)
                         .map_err(|detail| {

@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use zookeeper_client as zk;
 
 use crate::queue::GrantOutcome;
-use crate::store::{AbortOnDrop, Inner, OwnNode};
+use crate::state::{AbortOnDrop, Inner, OwnNode};
 
 /// The change stream of `candidate` for `lease`.
 pub(crate) fn changes(inner: Arc<Inner>, lease: &LeaseName, candidate: &CandidateId) -> Changes {

@@ -44,7 +44,7 @@ impl std::error::Error for Failed {
 /// Maps a client error: the server's definite answers are [`Error::Store`]; everything about the
 /// connection or session (the request may or may not have been applied) is transient. The text
 /// says what to check; [`during`] adds the operation and lease at the store's surface.
-pub(crate) fn zk_error(error: zk::Error) -> Error {
+pub(crate) fn map(error: zk::Error) -> Error {
     use zk::Error as E;
     let with = |hint: &str| Failed {
         text: format!("{error}{hint}"),
@@ -135,7 +135,7 @@ fn permanent(operation: &'static str, reason: String) -> Error {
 
 /// Why opening a session failed. The client says "no available hosts" for every kind of
 /// trouble; each host is then looked at once (`limit` bounds each look).
-pub(crate) async fn connect_error(config: &ZookeeperConfig, error: zk::Error, limit: Duration) -> Error {
+pub(crate) async fn map_connect(error: zk::Error, config: &ZookeeperConfig, limit: Duration) -> Error {
     match error {
         zk::Error::AuthFailed | zk::Error::NoAuth => {
             return permanent(
@@ -144,7 +144,7 @@ pub(crate) async fn connect_error(config: &ZookeeperConfig, error: zk::Error, li
             );
         }
         zk::Error::NoHosts | zk::Error::Timeout | zk::Error::ConnectionLoss => {}
-        other => return zk_error(other),
+        other => return map(other),
     }
     let looks = config.hosts().iter().map(|host| look(host, limit));
     let found = futures::future::join_all(looks).await;
@@ -254,7 +254,7 @@ mod tests {
     fn errors_name_the_operation_and_lease() {
         let lease = LeaseName::new("jobs").unwrap();
         let subject = format_args!("lease {lease}").to_string();
-        let lost = during(zk_error(zk::Error::ConnectionLoss), Operation::Acquire, &subject);
+        let lost = during(map(zk::Error::ConnectionLoss), Operation::Acquire, &subject);
         assert!(lost.is_transient());
         assert_eq!(
             lost.to_string(),
@@ -265,7 +265,7 @@ mod tests {
             std::iter::successors(lost.source(), |e| (*e).source()).find_map(|e| e.downcast_ref::<zk::Error>());
         assert_eq!(client, Some(&zk::Error::ConnectionLoss));
 
-        let definite = during(zk_error(zk::Error::NotEmpty), Operation::Release, &subject);
+        let definite = during(map(zk::Error::NotEmpty), Operation::Release, &subject);
         assert!(!definite.is_transient() && !definite.is_permanent());
         assert!(
             definite
@@ -274,7 +274,7 @@ mod tests {
             "{definite}"
         );
 
-        let refused = during(zk_error(zk::Error::NoAuth), Operation::Renew, &subject);
+        let refused = during(map(zk::Error::NoAuth), Operation::Renew, &subject);
         assert!(refused.is_permanent());
         assert!(
             refused

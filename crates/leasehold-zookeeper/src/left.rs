@@ -21,35 +21,16 @@
 
 use std::sync::{Arc, Weak};
 
-use leasehold_core::{CandidateId, LeaseName, Result};
+use leasehold_core::{LeaseName, Result};
 use tokio::sync::Notify;
 use tracing::debug;
 use zookeeper_client as zk;
 
-use crate::error::zk_error;
-use crate::store::{AbortOnDrop, Inner, lock};
+use crate::error::map;
+use crate::state::{AbortOnDrop, Inner, LeftNode, Resender, lock};
 
 /// At most this many left znodes are remembered; the oldest is forgotten first.
 const MAX_LEFT: usize = 1024;
-
-/// A znode whose deletion failed (see the module docs).
-#[derive(Clone, Debug)]
-pub(crate) struct LeftNode {
-    pub(crate) lease: LeaseName,
-    pub(crate) candidate: CandidateId,
-    pub(crate) name: String,
-    /// Its `czxid` (a grant's term): only this znode is deleted, never a later one.
-    pub(crate) czxid: i64,
-    /// The session that owns it: the one the deletion is sent again on.
-    pub(crate) session: i64,
-}
-
-/// The task of a session that sends its left znodes' deletions again (see the module docs),
-/// woken by [`Resender::kick`] and by the session's state changes; aborted when dropped.
-pub(crate) struct Resender {
-    kick: Arc<Notify>,
-    _task: AbortOnDrop,
-}
 
 impl Inner {
     /// A deletion of `node` (on `client`'s session) failed: retire it (uncached, never shown as
@@ -138,7 +119,7 @@ impl Inner {
             return Ok(()); // cached again: a campaign uses it (not expected: it is never shown)
         }
         let path = self.candidate_path(&node.lease, &node.name);
-        let Some(stat) = client.check_stat(&path).await.map_err(zk_error)? else {
+        let Some(stat) = client.check_stat(&path).await.map_err(map)? else {
             return Ok(());
         };
         if stat.czxid != node.czxid || stat.ephemeral_owner != client.session_id().0 {

@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
+mod acquire;
 mod announce;
 mod candidates;
 mod changes;
@@ -12,14 +13,15 @@ mod list;
 mod queue;
 mod reads;
 mod record;
+mod release;
 mod renew;
 mod session;
+mod state;
 mod store;
-#[cfg(test)]
-mod withdraw_tests;
 
 #[doc = include_str!("../docs.md")]
 pub mod docs {}
 
 pub use config::{DEFAULT_CHROOT, URL_SCHEMES, ZookeeperConfig};
-pub use store::{HISTORY_LIMIT, ZookeeperStore};
+pub use record::HISTORY_LIMIT;
+pub use store::ZookeeperStore;

@@ -11,10 +11,10 @@ use futures::StreamExt;
 use leasehold_core::{Error, LeaseName, Observation, Result, Term};
 use zookeeper_client as zk;
 
-use crate::error::{STORE, zk_error};
+use crate::error::{STORE, map};
 use crate::reads::{Got, READ_BYTES, Read, read_many};
 use crate::record::{CandidateRecord, Child, ReservationRecord, history_name, holder_observation, parse_queue};
-use crate::store::Inner;
+use crate::state::Inner;
 
 /// How many leases `list` observes at once when they need a read of their own.
 const OWN_READS_IN_FLIGHT: usize = 16;
@@ -40,7 +40,7 @@ impl Inner {
         let names = match client.list_children(self.config.chroot()).await {
             Ok(names) => names,
             Err(zk::Error::NoNode) => return Ok(Vec::new()),
-            Err(e) => return Err(zk_error(e)),
+            Err(e) => return Err(map(e)),
         };
         let mut leases: Vec<LeaseName> = names
             .into_iter()
@@ -66,11 +66,11 @@ impl Inner {
             let (Some(queue), Some(reservation)) = (got.next(), got.next()) else {
                 return Err(short());
             };
-            steps.push(match queue.map_err(zk_error)? {
+            steps.push(match queue.map_err(map)? {
                 Got::NoNode => Step::Done(None),
                 Got::Children(children) => {
                     let queue = parse_queue(lease, children)?;
-                    match reservation.map_err(zk_error)? {
+                    match reservation.map_err(map)? {
                         Got::Data(data, _) => Step::Done(Some(
                             ReservationRecord::decode(&data)
                                 .map_err(|detail| Error::corrupt(STORE, lease, detail))?
@@ -99,7 +99,7 @@ impl Inner {
             let lease = &leases[i];
             let Step::Queue(queue) = &steps[i] else { continue };
             let name = queue[0].name.clone();
-            steps[i] = match head.map_err(zk_error)? {
+            steps[i] = match head.map_err(map)? {
                 Got::Data(data, stat) => {
                     let record = CandidateRecord::decode(&data)
                         .map_err(|detail| Error::corrupt(STORE, lease, format!("candidate znode {name}: {detail}")))?;
@@ -133,7 +133,7 @@ impl Inner {
             let Step::Head(name, record, stat) = &steps[i] else {
                 continue;
             };
-            let taken = matches!(entry.map_err(zk_error)?, Got::Data(..));
+            let taken = matches!(entry.map_err(map)?, Got::Data(..));
             steps[i] = if taken {
                 self.may_be_adopted(lease, &record.candidate, name);
                 Step::Done(Some(holder_observation(lease, name, record, stat)))

@@ -9,9 +9,11 @@ use leasehold_core::{Acquired, CandidateId, EndReason, Error, Grant, LeaseName, 
 use tracing::warn;
 use zookeeper_client as zk;
 
-use crate::error::{Failed, STORE, zk_error};
-use crate::record::{CandidateRecord, Child, HistoryRecord, ReservationRecord, history_name, holder_observation};
-use crate::store::{HISTORY_LIMIT, Inner, OwnNode, lock};
+use crate::error::{Failed, STORE, map};
+use crate::record::{
+    CandidateRecord, Child, HISTORY_LIMIT, HistoryRecord, ReservationRecord, history_name, holder_observation,
+};
+use crate::state::{Inner, OwnNode, lock};
 
 impl Inner {
     /// Queues the candidate: its znode at the end of the lease's queue, or, for a lease that
@@ -67,7 +69,7 @@ impl Inner {
         .encode();
         let own_path = format!("{}/{prefix}", self.candidates_dir(lease));
         let mut writer = client.new_multi_writer();
-        let add = |r: std::result::Result<(), zk::Error>| r.map_err(zk_error);
+        let add = |r: std::result::Result<(), zk::Error>| r.map_err(map);
         add(writer.add_create(&dir, &[], &persistent))?;
         add(writer.add_create(&self.candidates_dir(lease), &[], &persistent))?;
         add(writer.add_create(&self.history_dir(lease), &[], &persistent))?;
@@ -84,8 +86,8 @@ impl Inner {
                 index: 0,
                 source: zk::Error::NoNode,
             }) => return Ok(None),
-            Err(zk::MultiWriteError::OperationFailed { source, .. }) => return Err(zk_error(source)),
-            Err(zk::MultiWriteError::RequestFailed { source }) => return Err(zk_error(source)),
+            Err(zk::MultiWriteError::OperationFailed { source, .. }) => return Err(map(source)),
+            Err(zk::MultiWriteError::RequestFailed { source }) => return Err(map(source)),
         };
         let Some(zk::MultiWriteResult::Create { path, stat }) = results.into_iter().nth(3) else {
             return Err(Error::store(
@@ -136,7 +138,7 @@ impl Inner {
         let (stat, seq) = match client.create(&path, &record.encode(), &options).await {
             Ok(created) => created,
             Err(zk::Error::NoNode) => return Ok(None),
-            Err(e) => return Err(zk_error(e)),
+            Err(e) => return Err(map(e)),
         };
         let node = OwnNode {
             name: format!("{prefix}{seq}"),
@@ -159,7 +161,7 @@ impl Inner {
         };
         let term = Term(stat.czxid as u64);
         let entry = format!("{}/{}", self.history_dir(lease), history_name(term));
-        if client.check_stat(&entry).await.map_err(zk_error)?.is_some() {
+        if client.check_stat(&entry).await.map_err(map)?.is_some() {
             let ending = Ending {
                 node: name,
                 version: stat.version,
@@ -181,20 +183,14 @@ impl Inner {
                 lease,
                 format!("candidate znode {name} was overwritten by someone else"),
             )),
-            Err(e) => Err(zk_error(e)),
+            Err(e) => Err(map(e)),
         }
     }
 
     pub(crate) async fn ensure_dirs(&self, client: &zk::Client, lease: &LeaseName) -> Result<()> {
         let options = zk::CreateMode::Persistent.with_acls(self.acls());
-        client
-            .mkdir(&self.candidates_dir(lease), &options)
-            .await
-            .map_err(zk_error)?;
-        client
-            .mkdir(&self.history_dir(lease), &options)
-            .await
-            .map_err(zk_error)?;
+        client.mkdir(&self.candidates_dir(lease), &options).await.map_err(map)?;
+        client.mkdir(&self.history_dir(lease), &options).await.map_err(map)?;
         self.ensure_leader_dir(client, lease).await
     }
 
@@ -253,7 +249,7 @@ impl Inner {
         }
         let term = Term(stat.czxid as u64);
         let entry = format!("{}/{}", self.history_dir(lease), history_name(term));
-        if client.check_stat(&entry).await.map_err(zk_error)?.is_none() {
+        if client.check_stat(&entry).await.map_err(map)?.is_none() {
             // Next in line, but its candidate has not taken the lease yet.
             return self.free(client, lease).await.map(Some);
         }
@@ -363,7 +359,7 @@ impl Inner {
         let options = zk::CreateMode::Persistent.with_acls(self.acls());
         match client.create(&self.leader_dir(lease), &[], &options).await {
             Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
-            Err(e) => Err(zk_error(e)),
+            Err(e) => Err(map(e)),
         }
     }
 
@@ -384,7 +380,7 @@ impl Inner {
         let record = HistoryRecord::new(candidate.clone()).encode();
         let options = zk::CreateMode::Persistent.with_acls(self.acls());
         let mut writer = client.new_multi_writer();
-        let add = |r: std::result::Result<(), zk::Error>| r.map_err(zk_error);
+        let add = |r: std::result::Result<(), zk::Error>| r.map_err(map);
         let reserved = self.reserved_path(lease);
         match consume {
             None => {
@@ -438,9 +434,9 @@ impl Inner {
                     format!("candidate znode {} was overwritten", own.name),
                 )),
                 zk::Error::NoNode => Ok(GrantOutcome::Gone),
-                other => Err(zk_error(other)),
+                other => Err(map(other)),
             },
-            Err(zk::MultiWriteError::RequestFailed { source }) => Err(zk_error(source)),
+            Err(zk::MultiWriteError::RequestFailed { source }) => Err(map(source)),
         }
     }
 
@@ -573,7 +569,7 @@ impl Inner {
         }
         if let Some((next, stat, candidate, next_ttl)) = &handover {
             let mut writer = client.new_multi_writer();
-            let add = |r: std::result::Result<(), zk::Error>| r.map_err(zk_error);
+            let add = |r: std::result::Result<(), zk::Error>| r.map_err(map);
             match &history {
                 Some(record) => add(writer.add_set_data(&history_path, &record.clone().ended(reason).encode(), None))?,
                 None => add(writer.add_create(
@@ -594,12 +590,12 @@ impl Inner {
             add(writer.add_delete(&announcement, None))?;
             match writer.commit().await {
                 Ok(_) => return Ok(true),
-                Err(zk::MultiWriteError::RequestFailed { source }) => return Err(zk_error(source)),
+                Err(zk::MultiWriteError::RequestFailed { source }) => return Err(map(source)),
                 Err(zk::MultiWriteError::OperationFailed { .. }) => {} // end the term without handing over
             }
         }
         let mut writer = client.new_multi_writer();
-        let add = |r: std::result::Result<(), zk::Error>| r.map_err(zk_error);
+        let add = |r: std::result::Result<(), zk::Error>| r.map_err(map);
         match &history {
             Some(record) => add(writer.add_set_data(&history_path, &record.clone().ended(reason).encode(), None))?,
             None => add(writer.add_create(
@@ -634,11 +630,11 @@ impl Inner {
                 {
                     Ok(()) => Ok(true),
                     Err(zk::Error::NoNode) => Ok(false),
-                    Err(e) => Err(zk_error(e)),
+                    Err(e) => Err(map(e)),
                 }
             }
-            Err(zk::MultiWriteError::OperationFailed { source, .. }) => Err(zk_error(source)),
-            Err(zk::MultiWriteError::RequestFailed { source }) => Err(zk_error(source)),
+            Err(zk::MultiWriteError::OperationFailed { source, .. }) => Err(map(source)),
+            Err(zk::MultiWriteError::RequestFailed { source }) => Err(map(source)),
         }
     }
 }

@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use leasehold_core::{CandidateId, EndReason, Error, HolderInfo, LeaseName, Observation, Result, Term, Transition};
 use zookeeper_client as zk;
 
-use crate::error::{STORE, zk_error};
-use crate::store::Inner;
+use crate::error::{STORE, map};
+use crate::state::Inner;
 
 const CANDIDATE_FORMAT: &str = "leasehold-candidate/1";
 const HISTORY_FORMAT: &str = "leasehold-term/1";
@@ -17,6 +17,9 @@ const RESERVATION_FORMAT: &str = "leasehold-reserved/1";
 /// The prefix of the version a reserved lease shows ([`HolderInfo::version`]): the reservation's
 /// generation follows it. Candidate znode names, the versions of held leases, start with `c-`.
 const RESERVATION_VERSION: &str = "reserved-";
+
+/// How many terms of history are kept per lease; older `history/` znodes are deleted.
+pub const HISTORY_LIMIT: usize = 1000;
 
 /// The data of a candidate's ephemeral sequential znode.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -443,7 +446,7 @@ impl Inner {
         let (children, stat) = match client.get_children(&self.candidates_dir(lease)).await {
             Ok(listed) => listed,
             Err(zk::Error::NoNode) => return Ok(None),
-            Err(e) => return Err(zk_error(e)),
+            Err(e) => return Err(map(e)),
         };
         Ok(Some((parse_queue(lease, children)?, stat.pzxid)))
     }
@@ -462,7 +465,7 @@ impl Inner {
                 Ok(Some((record, stat)))
             }
             Err(zk::Error::NoNode) => Ok(None),
-            Err(e) => Err(zk_error(e)),
+            Err(e) => Err(map(e)),
         }
     }
 
@@ -477,7 +480,7 @@ impl Inner {
                 .map(Some)
                 .map_err(|detail| Error::corrupt(STORE, lease, detail)),
             Err(zk::Error::NoNode) => Ok(None),
-            Err(e) => Err(zk_error(e)),
+            Err(e) => Err(map(e)),
         }
     }
 
@@ -499,7 +502,7 @@ impl Inner {
         let names = match client.list_children(&self.history_dir(lease)).await {
             Ok(names) => names,
             Err(zk::Error::NoNode) => return Ok(Vec::new()),
-            Err(e) => return Err(zk_error(e)),
+            Err(e) => return Err(map(e)),
         };
         let mut terms = names
             .iter()
@@ -524,7 +527,7 @@ impl Inner {
                 .map(Some)
                 .map_err(|detail| Error::corrupt(STORE, lease, format!("history of term {term}: {detail}"))),
             Err(zk::Error::NoNode) => Ok(None),
-            Err(e) => Err(zk_error(e)),
+            Err(e) => Err(map(e)),
         }
     }
 }

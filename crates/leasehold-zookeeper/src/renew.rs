@@ -16,10 +16,10 @@ use futures::future::join_all;
 use leasehold_core::{Error, Grant, Operation, Renewed, Result};
 use zookeeper_client as zk;
 
-use crate::error::{Failed, STORE, disconnected, during, zk_error};
+use crate::error::{Failed, STORE, disconnected, during, map};
 use crate::reads::{Got, READ_BYTES, Read, read_many};
 use crate::record::CandidateRecord;
-use crate::store::{Inner, OwnNode, ZookeeperStore};
+use crate::state::{Inner, OwnNode};
 
 /// Whether a read znode is the grant's, on `session`.
 fn is_ours(grant: &Grant, record: &CandidateRecord, stat: &zk::Stat, session: i64) -> bool {
@@ -59,29 +59,27 @@ async fn connected(inner: &Inner, ttl: Duration) -> std::result::Result<zk::Clie
     Ok(client)
 }
 
-impl ZookeeperStore {
+impl Inner {
     pub(crate) async fn try_renew(&self, grant: &Grant) -> Result<Renewed> {
-        let inner = &self.inner;
-        let client = connected(inner, grant.ttl).await.map_err(NotConnected::error)?;
-        let path = inner.candidate_path(&grant.lease, &grant.token);
+        let client = connected(self, grant.ttl).await.map_err(NotConnected::error)?;
+        let path = self.candidate_path(&grant.lease, &grant.token);
         // Both requests leave now, in order; the read is served after the sync.
         let (synced, read) = tokio::join!(
             client.sync(&path),
-            inner.read_candidate(&client, &grant.lease, &grant.token)
+            self.read_candidate(&client, &grant.lease, &grant.token)
         );
-        synced.map_err(zk_error)?;
-        inner.kick_left(client.session_id().0);
+        synced.map_err(map)?;
+        self.kick_left(client.session_id().0);
         let ours = read?.is_some_and(|(record, stat)| is_ours(grant, &record, &stat, client.session_id().0));
         self.verdict(grant, &client, ours).await
     }
 
     /// What `renew` answers once it knows whether the grant's znode is still ours.
     async fn verdict(&self, grant: &Grant, client: &zk::Client, ours: bool) -> Result<Renewed> {
-        let inner = &self.inner;
         if !ours {
-            return Ok(Renewed::Lost(inner.observe(client, &grant.lease).await?));
+            return Ok(Renewed::Lost(self.observe(client, &grant.lease).await?));
         }
-        if inner
+        if self
             .own(&grant.lease, &grant.holder)
             .is_none_or(|n| n.name != grant.token || !n.granted)
         {
@@ -93,7 +91,7 @@ impl ZookeeperStore {
                 ahead: Vec::new(),
                 granted: true,
             };
-            inner.set_own(&grant.lease, &grant.holder, Some(node));
+            self.set_own(&grant.lease, &grant.holder, Some(node));
         }
         Ok(Renewed::Renewed(grant.clone()))
     }
@@ -130,14 +128,13 @@ impl ZookeeperStore {
     /// The answers for `grants[i]` for each `i` of `indices`, all of one TTL (one session), in
     /// that order.
     async fn renew_on_session(&self, grants: &[Grant], ttl: Duration, indices: &[usize]) -> Vec<Result<Renewed>> {
-        let inner = &self.inner;
-        let client = match connected(inner, ttl).await {
+        let client = match connected(self, ttl).await {
             Ok(client) => client,
             Err(not) => return indices.iter().map(|_| Err(not.error())).collect(),
         };
         let reads: Vec<Read> = indices
             .iter()
-            .map(|&i| Read::Data(inner.candidate_path(&grants[i].lease, &grants[i].token)))
+            .map(|&i| Read::Data(self.candidate_path(&grants[i].lease, &grants[i].token)))
             .collect();
         let Some(Read::Data(first)) = reads.first() else {
             return Vec::new();
@@ -146,7 +143,7 @@ impl ZookeeperStore {
         let (synced, read) = tokio::join!(client.sync(first), read_many(&client, &reads, READ_BYTES));
         let session = client.session_id().0;
         if synced.is_ok() {
-            inner.kick_left(session);
+            self.kick_left(session);
         }
         // Whether each grant is still ours, or the error its renewal fails with.
         let found: Vec<Result<bool>> = indices
@@ -154,8 +151,8 @@ impl ZookeeperStore {
             .zip(read)
             .map(|(&i, read)| {
                 let grant = &grants[i];
-                synced.clone().map_err(zk_error)?;
-                match read.map_err(zk_error)? {
+                synced.clone().map_err(map)?;
+                match read.map_err(map)? {
                     Got::Data(data, stat) => CandidateRecord::decode(&data)
                         .map(|record| is_ours(grant, &record, &stat, session))
                         .map_err(|detail| {

@@ -12,8 +12,8 @@ use tracing::{debug, warn};
 use zookeeper_client as zk;
 
 use crate::config::ZookeeperConfig;
-use crate::error::{STORE, connect_error};
-use crate::store::{Inner, lock};
+use crate::error::{STORE, map_connect};
+use crate::state::{Inner, lock};
 
 /// The session timeout asked for when probing the smallest one the server grants. The client
 /// must complete its handshake within the session timeout asked for: 1 s leaves a busy
@@ -63,7 +63,7 @@ async fn open_session(config: &ZookeeperConfig, timeout: Duration) -> Result<zk:
     }
     match connector.connect(&config.connect_string()).await {
         Ok(client) => Ok(client),
-        Err(e) => Err(connect_error(config, e, timeout.min(PROBE_LOOK)).await),
+        Err(e) => Err(map_connect(e, config, timeout.min(PROBE_LOOK)).await),
     }
 }
 

@@ -150,5 +150,5 @@ async fn withdraw_keeps_a_grant_a_read_back_may_have_adopted() {
 async fn withdraw_without_a_session_opens_none() {
     let Some(s) = setup().await else { return };
     s.two.withdraw(&lease("jobs"), &candidate("b")).await.expect("withdraw");
-    assert!(crate::store::lock(&s.two.inner.sessions).is_empty());
+    assert!(crate::state::lock(&s.two.inner.sessions).is_empty());
 }
