@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::machine::{DeposedReason, Input, Machine, OpId, Output, Reply, Request};
 use crate::store::{Announcements, Changes, LeaseStore};
 use crate::telemetry::{self, PreviousHolder, RequestGuard};
+pub(crate) use crate::time::now;
 use crate::timing::{PerMille, Timing};
 mod builder;
 mod driver;
@@ -517,9 +518,4 @@ impl Drop for StopOnDrop<'_> {
             let _ = self.0.commands.send(Command::Shutdown);
         }
     }
-}
-
-/// The current instant on tokio's clock, so that the engine runs under `tokio::time::pause`.
-pub(crate) fn now() -> Instant {
-    tokio::time::Instant::now().into_std()
 }

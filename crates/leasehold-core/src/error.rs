@@ -3,8 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::ids::{LeaseName, Term};
 use crate::time::Human;
-use crate::types::{LeaseName, Term};
 
 /// A boxed error from a store's client library.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;

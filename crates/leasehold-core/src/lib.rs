@@ -7,6 +7,7 @@ mod elector;
 mod error;
 mod group;
 mod handover;
+mod ids;
 pub mod machine;
 mod memory;
 mod record;

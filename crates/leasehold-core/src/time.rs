@@ -1,5 +1,6 @@
 //! Wall-clock times as stores keep them: Unix milliseconds. For the audit trail only (history,
-//! `acquired_at`): no safety decision ever compares wall-clock times.
+//! `acquired_at`): no safety decision ever compares wall-clock times. The engine's own
+//! monotonic clock (tokio's, crate-private) is read here too.
 
 use std::time::{Duration, SystemTime};
 
@@ -124,4 +125,9 @@ fn trim(number: String) -> String {
     } else {
         number
     }
+}
+
+/// The current instant on tokio's clock, so that the engine runs under `tokio::time::pause`.
+pub(crate) fn now() -> std::time::Instant {
+    tokio::time::Instant::now().into_std()
 }

@@ -6,37 +6,13 @@ use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
 use crate::error::{Error, Result};
+pub use crate::ids::{CandidateId, LeaseName, Term};
 
 /// The longest lease name, in bytes. Every backend accepts names up to this length.
 pub const MAX_LEASE_NAME_LEN: usize = 128;
 
 /// The longest candidate id, in bytes.
 pub const MAX_CANDIDATE_ID_LEN: usize = 256;
-
-/// A validated lease name: 1 to 128 ASCII letters, digits, `-`, `_` or `.`, not starting with
-/// `.` or `-`.
-///
-/// The same rule holds on every backend, so a name that works on SQLite works on etcd, ZooKeeper,
-/// DynamoDB and Azure (where it becomes a key, a znode, a partition key or a blob name).
-///
-/// # Examples
-///
-/// ```
-/// use leasehold_core::LeaseName;
-///
-/// let name: LeaseName = "invoice-scheduler".parse()?;
-/// assert_eq!(name.as_str(), "invoice-scheduler");
-/// assert!("".parse::<LeaseName>().is_err());
-/// assert!("a/b".parse::<LeaseName>().is_err());
-/// # Ok::<(), leasehold_core::Error>(())
-/// ```
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[cfg_attr(
-    feature = "serde",
-    derive(serde::Serialize, serde::Deserialize),
-    serde(try_from = "String", into = "String")
-)]
-pub struct LeaseName(String);
 
 impl LeaseName {
     /// Validates `name`.
@@ -106,42 +82,12 @@ impl TryFrom<String> for LeaseName {
     }
 }
 
-impl From<LeaseName> for String {
-    fn from(name: LeaseName) -> String {
-        name.0
-    }
-}
-
 impl TryFrom<&str> for LeaseName {
     type Error = Error;
     fn try_from(s: &str) -> Result<Self> {
         LeaseName::new(s)
     }
 }
-
-impl fmt::Display for LeaseName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl fmt::Debug for LeaseName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&self.0, f)
-    }
-}
-
-/// Who is campaigning: a validated id of 1 to 256 bytes without control characters.
-///
-/// Every candidate of one lease must have its own id. [`CandidateId::generate`] makes one from
-/// the host name, the process id and a random suffix.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[cfg_attr(
-    feature = "serde",
-    derive(serde::Serialize, serde::Deserialize),
-    serde(try_from = "String", into = "String")
-)]
-pub struct CandidateId(String);
 
 impl CandidateId {
     /// Validates `id`.
@@ -214,43 +160,10 @@ impl TryFrom<String> for CandidateId {
     }
 }
 
-impl From<CandidateId> for String {
-    fn from(id: CandidateId) -> String {
-        id.0
-    }
-}
-
 impl FromStr for CandidateId {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
         CandidateId::new(s)
-    }
-}
-
-impl fmt::Display for CandidateId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl fmt::Debug for CandidateId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&self.0, f)
-    }
-}
-
-/// A fencing token: every grant of a lease has a term strictly greater than every earlier grant
-/// of the same lease, never reused, also across store restarts.
-///
-/// Pass it to downstream systems with every write so that they can reject a deposed leader's
-/// late writes (`reject if term < highest term seen`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(transparent))]
-pub struct Term(pub u64);
-
-impl fmt::Display for Term {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
     }
 }
 
@@ -521,7 +434,7 @@ pub struct Transition {
 /// The wall-clock time of an `Instant` of this process: the wall clock now, minus how long ago
 /// the instant was (plus, for an instant in the future). For logs only.
 pub(crate) fn wall_clock(instant: std::time::Instant) -> SystemTime {
-    let (now, wall) = (crate::elector::now(), SystemTime::now());
+    let (now, wall) = (crate::time::now(), SystemTime::now());
     match now.checked_duration_since(instant) {
         Some(ago) => wall.checked_sub(ago).unwrap_or(SystemTime::UNIX_EPOCH),
         None => wall + instant.duration_since(now),
@@ -564,7 +477,7 @@ pub(crate) mod serde_time {
 
         pub(crate) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Instant, D::Error> {
             let time = parse(deserializer)?;
-            let (now, wall) = (crate::elector::now(), SystemTime::now());
+            let (now, wall) = (crate::time::now(), SystemTime::now());
             Ok(match wall.duration_since(time) {
                 Ok(ago) => now.checked_sub(ago).unwrap_or(now),
                 Err(ahead) => now + ahead.duration(),

@@ -1,11 +1,17 @@
 //! The driver: runs one [`Machine`] for one campaign, carries out its outputs (store calls in
 //! their own tasks, events, the leader's status) and feeds it inputs.
+//! The store calls under way are in `call.rs`, the outputs carried out in `outputs.rs`.
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 
 use super::*;
+
+mod call;
+mod outputs;
+
+use call::{Call, call_bound, ended};
 
 /// A store call under way. The engine never drops a store future half-way (a store need not be
 /// cancel safe for the engine's sake): the driver polls it until it is done, and when the
@@ -21,82 +27,6 @@ struct PendingOp {
     task: Call,
     /// An acquire: a late reply may carry a grant.
     acquire: bool,
-}
-
-/// A store call, polled by the driver: answered at its first poll (a store that needs no
-/// request, such as etcd granting a queued candidate on its predecessor's release), running
-/// (its request sent, its reply awaited here), or handed to a task of its own once the machine
-/// stopped waiting for it. Polled in the driver rather than in a task from the start: a spawn
-/// (which may wake another worker thread) and a task hop back with the reply were on the way of
-/// every request (a release before the successor's grant, a renewal before the leader's
-/// extension).
-enum Call {
-    Answered(Option<std::result::Result<Reply, String>>),
-    Running(BoxFuture<'static, Reply>),
-    Detached(JoinHandle<Reply>),
-}
-
-impl Call {
-    /// Polls `call` once here.
-    fn start(call: impl Future<Output = Reply> + Send + 'static) -> Call {
-        let mut call = Call::Running(Box::pin(call));
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        match std::pin::Pin::new(&mut call).poll(&mut cx) {
-            std::task::Poll::Ready(reply) => Call::Answered(Some(reply)),
-            // Polled again with the driver's waker when the driver next waits (after the yield
-            // that follows a release): the store's waker for it is the no-op one until then.
-            std::task::Poll::Pending => call,
-        }
-    }
-
-    /// The call runs on in a task of its own: the driver no longer polls it.
-    fn detach(self) -> Call {
-        match self {
-            Call::Running(call) => Call::Detached(tokio::spawn(call)),
-            other => other,
-        }
-    }
-}
-
-impl Future for Call {
-    /// The reply, or why the call ended without one.
-    type Output = std::result::Result<Reply, String>;
-
-    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
-        let this = self.get_mut();
-        match this {
-            Call::Answered(reply) => std::task::Poll::Ready(reply.take().expect("a call's reply is taken once")),
-            Call::Running(call) => {
-                // A store that panics fails this call (the request may or may not have been
-                // applied), as a panic in its own task would; the driver goes on.
-                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| call.as_mut().poll(cx))) {
-                    Ok(std::task::Poll::Ready(reply)) => {
-                        *this = Call::Answered(None);
-                        std::task::Poll::Ready(Ok(reply))
-                    }
-                    Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
-                    Err(_) => {
-                        *this = Call::Answered(None);
-                        std::task::Poll::Ready(Err("it panicked".to_string()))
-                    }
-                }
-            }
-            Call::Detached(task) => std::pin::Pin::new(task).poll(cx).map(|r| r.map_err(|e| e.to_string())),
-        }
-    }
-}
-
-/// A call that panicked or was cancelled: the request may or may not have been applied, so the
-/// error is a transient one (the machine reads back, and remembers an unknown acquire).
-fn ended(store: &'static str, why: String) -> Error {
-    Error::unreachable(store, format!("the store call ended without a reply: {why}"))
-}
-
-/// How long a store call may run: past the lease's TTL its outcome can no longer change what
-/// the engine believes (every grant it might carry has expired by the machine's own count), and
-/// past `request_timeout` the machine stopped waiting for it.
-fn call_bound(timing: &Timing) -> Duration {
-    timing.ttl.max(timing.request_timeout)
 }
 
 /// Runs one [`Machine`] for one campaign and its leadership.
@@ -509,240 +439,6 @@ impl Driver {
             self.machine.handle(now(), Input::Heartbeat(at), out);
         }
     }
-
-    /// Carries out one output; returns a new leader handle on election. Its metrics are
-    /// recorded in one place, [`telemetry::record_output`].
-    fn apply(&mut self, output: Output) -> Option<Leader> {
-        let lease = self.inner.lease.as_str().to_string();
-        let at = now();
-        if matches!(output, Output::Elected { .. }) {
-            // What the store already announced counts too (a store may say how the last term
-            // ended as it grants: the announcements are dropped here). Before the election's own
-            // metrics: a scrape that shows this candidate leading shows the hand-over too.
-            while let Some(Some(observation)) = self.announcements.as_mut().and_then(|a| a.next().now_or_never()) {
-                self.previous.seen(at, at, &observation, &self.inner.id);
-            }
-            std::mem::take(&mut self.previous).record(&lease, at, self.won_at.take().unwrap_or(at));
-        }
-        telemetry::record_output(&lease, self.inner.store.name(), &output, at, self.campaign_started);
-        match output {
-            Output::Send(id, request) => {
-                let store = self.inner.store.clone();
-                let lease_name = self.inner.lease.clone();
-                let me = self.inner.id.clone();
-                let guard = RequestGuard {
-                    lease: lease.clone(),
-                    store: store.name(),
-                    operation: telemetry::operation(&request),
-                    done: false,
-                };
-                let failed: fn(Error) -> Reply = match &request {
-                    Request::Acquire(_) => |e| Reply::Acquire(Err(e)),
-                    Request::Renew(_) => |e| Reply::Renew(Err(e)),
-                    Request::Release(_) | Request::HandOver(..) => |e| Reply::Release(Err(e)),
-                    Request::Inspect => |e| Reply::Inspect(Err(e)),
-                    Request::Withdraw => |e| Reply::Withdraw(Err(e)),
-                };
-                let bound = call_bound(&self.inner.timing);
-                let operation = telemetry::operation(&request);
-                let acquire = matches!(request, Request::Acquire(_));
-                let call = async move {
-                    let started = now();
-                    let reply = match request {
-                        Request::Acquire(r) => Reply::Acquire(store.acquire(&r).await),
-                        Request::Renew(g) => {
-                            let reply = store.renew(&g).await;
-                            metrics::histogram!(telemetry::RENEW_SECONDS, "lease" => g.lease.as_str().to_string())
-                                .record((now() - started).as_secs_f64());
-                            Reply::Renew(reply)
-                        }
-                        Request::Release(g) => Reply::Release(store.release(&g).await),
-                        // Where the store cannot reserve the lease, it opens to everyone.
-                        Request::HandOver(g, to) => Reply::Release(match store.hand_over(&g, &to).await {
-                            Err(Error::Unsupported { .. }) => store.release(&g).await,
-                            other => other,
-                        }),
-                        Request::Inspect => Reply::Inspect(store.inspect(&lease_name).await),
-                        Request::Withdraw => Reply::Withdraw(store.withdraw(&lease_name, &me).await),
-                    };
-                    guard.finish(&reply);
-                    reply
-                };
-                let store_name = self.inner.store.name();
-                let task = Call::start(
-                    async move {
-                        tokio::time::timeout(bound, call).await.unwrap_or_else(|_| {
-                            failed(Error::Timeout {
-                                store: store_name,
-                                operation,
-                                after: bound,
-                            })
-                        })
-                    }
-                    .in_current_span(),
-                );
-                // The machine sends its next request in the same step as it gives up on the
-                // last one: that one's reply still comes, late.
-                self.abandon_op();
-                self.op = Some(PendingOp {
-                    id,
-                    failed,
-                    sent: now(),
-                    task,
-                    acquire,
-                });
-                None
-            }
-            Output::Elected { grant, valid_until } => {
-                info!(term = %grant.term, "elected");
-                // A leader learns of another holder from its renewals: it needs neither the
-                // store's change notifications nor its announcements (a watch, a listener's
-                // routing or a read per change on some stores). A new campaign asks again.
-                self.changes = None;
-                self.announcements = None;
-                self.announcements_asked = None;
-                *self.inner.leading.lock().expect("leading lock") = Some(valid_until);
-                let (status_tx, status) = watch::channel(Status {
-                    valid_until,
-                    deposed: None,
-                    stepped_down: false,
-                });
-                let shared = Arc::new(Shared {
-                    lease: self.inner.lease.clone(),
-                    holder: self.inner.id.clone(),
-                    term: grant.term,
-                    elected_at: at,
-                    status,
-                    token: CancellationToken::new(),
-                    heartbeat: AtomicU64::new(0),
-                    commands: Mailbox::default(),
-                    abort: Mutex::new(None),
-                    step_down_margin: self.inner.timing.step_down_margin,
-                    believed_ttl: self.inner.timing.believed_ttl(),
-                });
-                self.leader = Some(LeaderControl {
-                    shared: shared.clone(),
-                    status: status_tx,
-                    heartbeat_seen: 0,
-                    work_stopped: false,
-                });
-                self.emit(Event::Elected {
-                    term: grant.term,
-                    at,
-                    valid_until,
-                });
-                if let Some(requests) = &self.inner.hand_over_requests {
-                    tokio::spawn(watch_hand_over_requests(
-                        self.inner.clone(),
-                        requests.clone(),
-                        shared.clone(),
-                    ));
-                }
-                Some(Leader {
-                    _alive: Arc::new(Alive(shared.clone())),
-                    shared,
-                })
-            }
-            Output::Extended { valid_until } => {
-                if let Some(l) = &self.leader {
-                    l.status.send_modify(|s| s.valid_until = valid_until);
-                }
-                if let Some(leading) = self.inner.leading.lock().expect("leading lock").as_mut() {
-                    *leading = valid_until;
-                }
-                None
-            }
-            Output::Deposed {
-                term,
-                reason,
-                believed_until,
-            } => {
-                match reason {
-                    DeposedReason::Resigned | DeposedReason::WorkFinished | DeposedReason::HandedOver { .. } => {
-                        info!(%term, %reason, "stepped down");
-                    }
-                    _ => warn!(%term, %reason, "deposed"),
-                }
-                *self.inner.leading.lock().expect("leading lock") = None;
-                if let Some(l) = &self.leader {
-                    l.status.send_modify(|s| s.deposed = Some(reason.clone()));
-                    l.shared.token.cancel();
-                }
-                self.deposed = Some((term, reason, believed_until));
-                None
-            }
-            Output::AbortWork => {
-                if let Some(l) = &self.leader
-                    && let Some(handle) = l.shared.abort.lock().expect("abort lock").take()
-                {
-                    warn!("the leader's work did not stop by valid_until; aborting it");
-                    handle.abort();
-                }
-                None
-            }
-            Output::SteppedDown {
-                term,
-                work_stopped_after,
-                aborted,
-            } => {
-                *self.inner.not_before.lock().expect("not_before lock") =
-                    Some(at + self.inner.timing.step_down_backoff());
-                if let Some((_, reason, believed_until)) = self.deposed.take() {
-                    self.emit(Event::Deposed {
-                        term,
-                        reason,
-                        believed_until,
-                        work_stopped_after,
-                        aborted,
-                    });
-                }
-                if let Some(l) = &self.leader {
-                    l.status.send_modify(|s| s.stepped_down = true);
-                }
-                None
-            }
-            Output::LeaderChanged(leader) => {
-                if leader.as_ref().is_some_and(|(holder, _)| *holder != self.inner.id) {
-                    self.ask_for_announcements();
-                }
-                let reserved_term = self.reserved_term;
-                let info = leader.map(|(holder, term)| LeaderInfo {
-                    holder,
-                    reserved: reserved_term == Some(term),
-                    term,
-                    since: at,
-                    since_wall: SystemTime::now(),
-                });
-                {
-                    let mut seen = self.inner.leader.lock().expect("leader lock");
-                    if let Some(watch) = &seen.watch {
-                        watch.send_replace(info.clone());
-                    }
-                    seen.current = info.clone();
-                }
-                self.emit(Event::LeaderChanged(info));
-                None
-            }
-            Output::StoreTrouble(error) => {
-                if error.is_transient() {
-                    debug!(%error, "store trouble");
-                } else {
-                    // A definite failure (e.g. credentials or permissions) will not go away by
-                    // itself: say so at once; the engine keeps retrying at its pace.
-                    warn!(%error, "store trouble");
-                }
-                self.emit(Event::StoreTrouble { error: Arc::new(error) });
-                None
-            }
-            Output::Stopped => None,
-        }
-    }
-
-    fn emit(&self, event: Event) {
-        if let Some(events) = self.inner.events.get() {
-            let _ = events.send(event);
-        }
-    }
 }
 
 impl Drop for Driver {
@@ -767,36 +463,6 @@ impl std::fmt::Debug for Driver {
         f.debug_struct("Driver")
             .field("machine", &self.machine)
             .finish_non_exhaustive()
-    }
-}
-
-/// While this candidate leads (until the leadership's token is cancelled): reads the lease of
-/// hand-over requests once per `renew_every`, and when another candidate holds it, asks the
-/// driver to hand the lease over to that candidate.
-async fn watch_hand_over_requests(inner: Arc<Inner>, requests: LeaseName, shared: Arc<Shared>) {
-    let leading = &shared.token;
-    let every = inner.timing.renew_every;
-    loop {
-        tokio::select! {
-            () = leading.cancelled() => return,
-            () = tokio::time::sleep(every) => {}
-        }
-        let read = tokio::time::timeout(inner.timing.request_timeout, inner.store.inspect(&requests));
-        let to = match read.await {
-            Ok(Ok(observation)) => observation.holder.map(|h| h.id).filter(|to| *to != inner.id),
-            Ok(Err(e)) => {
-                debug!(error = %e, lease = %requests, "cannot read hand-over requests");
-                None
-            }
-            Err(_) => None,
-        };
-        if let Some(to) = to {
-            if !leading.is_cancelled() {
-                info!(%to, "handing the lease over, as asked through {requests}");
-                let _ = shared.commands.send(Command::HandOver { to, ack: None });
-            }
-            return;
-        }
     }
 }
 
