@@ -232,14 +232,18 @@ impl Drop for Relay {
     }
 }
 
-async fn zookeeper(url: &str, run: u64, reps: usize) -> Outcome<Floor> {
-    let hosts = url
-        .trim_start_matches("zk://")
+/// The `host:port,...` list of a `zk://` or `zookeeper://` URL.
+pub(crate) fn zk_hosts(url: &str) -> String {
+    url.trim_start_matches("zk://")
         .trim_start_matches("zookeeper://")
         .split(['/', '?'])
         .next()
         .unwrap_or_default()
-        .to_string();
+        .to_string()
+}
+
+async fn zookeeper(url: &str, run: u64, reps: usize) -> Outcome<Floor> {
+    let hosts = zk_hosts(url);
     let first = hosts.split(',').next().unwrap_or_default().to_string();
     let e = |what: &'static str| move |err: zk::Error| format!("zookeeper {what}: {err}");
     let watcher = within(

@@ -119,14 +119,14 @@ async fn samples(store: &str, url: &str, reps: usize, run: u64) -> Outcome<(Vec<
 }
 
 async fn zk_client(url: &str) -> Outcome<zk::Client> {
-    let hosts = url
-        .trim_start_matches("zookeeper://")
-        .split('/')
-        .next()
-        .unwrap_or_default();
-    within(Duration::from_secs(10), "zookeeper connect", zk::Client::connect(hosts))
-        .await?
-        .map_err(|e| format!("zookeeper connect: {e}"))
+    let hosts = crate::floor::zk_hosts(url);
+    within(
+        Duration::from_secs(10),
+        "zookeeper connect",
+        zk::Client::connect(&hosts),
+    )
+    .await?
+    .map_err(|e| format!("zookeeper connect: {e}"))
 }
 
 /// One handover of a client-side ZooKeeper lock recipe: A and B each create an ephemeral
@@ -182,8 +182,8 @@ fn render(rows: &[Row], reps: usize) -> String {
          is in its renew and poll cycles when the leader leaves. TTL {} s; {reps} samples per \
          row, the library's and the store's own recipe's interleaved on the same server (the \
          recipe's `Election` leases: 10 s, never kept alive here). From the leader's resign (or \
-         delete) called to the successor knowing it leads. Run: `cargo run --release -p \
-         leasehold-bench -- --only settle --backends postgres,redis,etcd,zookeeper --docs-dir \
+         delete) called to the successor knowing it leads. Run: `cargo run -p leasehold-bench \
+         -- --only settle --backends postgres,redis,etcd,zookeeper --docs-dir \
          docs`.\n\n| store | leasehold p50 (p99, max) | the store's own recipe p50 (p99, max) | \
          paired difference (leasehold minus recipe) |\n|---|---|---|---|\n",
         TTL.as_secs()
