@@ -1,4 +1,5 @@
-//! A broken network: a partitioned leader, a store outage, a slow store, lost replies.
+//! A broken network: a partitioned leader, a store outage, a slow store, lost replies, a release
+//! or withdrawal that fails.
 
 use leasehold_core::{Acquired, DeposedReason};
 
@@ -466,4 +467,142 @@ pub async fn lost_reply_resolved_by_read_back(backend: Arc<dyn Backend>) {
     campaign_d.abort();
     leader_c.resign().await;
     scene.finish().await;
+}
+
+/// Deletions that fail while the same store lives on: a leader's release, and a follower's
+/// withdrawal when it stops campaigning, whose requests never reach the store (its connections
+/// are reset), while the store keeps leading another lease all along (so a session it shares
+/// between its leases, where it has one, stays in use). The engine does not ask again once a
+/// candidate has stopped, so nothing of the stopped candidates may stay behind for longer than a
+/// TTL would keep it:
+///
+/// - A released, its release failed: B, campaigning on another store, takes the lease with a
+///   higher term.
+/// - E released, its release failed, nobody else campaigns: E, campaigning again on the same
+///   store, leads again with a higher term (the failed release's term is over).
+/// - C, queued behind H, stopped and its withdrawal failed: when H resigns, D, queued after C,
+///   leads; C does not.
+///
+/// # Panics
+///
+/// When the fault did not fail A's release, when a lease stays with a stopped candidate (or its
+/// queue place keeps the next waiting) for `4 * ttl`, or on double leadership.
+pub async fn a_failed_release_does_not_keep_the_lease(backend: Arc<dyn Backend>) {
+    let scene = Scene::new(backend, "a_failed_release_does_not_keep_the_lease").await;
+    let p = &scene.prefix;
+    let ttl = scene.ttl;
+    let bound = ttl * 4;
+    let (store, faults) = scene.connect_faulty().await;
+    let keep = scene.other_lease("keep");
+    let k = scene.watched(scene.builder(store.clone(), &keep, "K"));
+    let keeping = scene.campaign(&k, ttl * 3).await;
+
+    let released = scene.other_lease("released");
+    let a = scene.watched(scene.builder(store.clone(), &released, "A"));
+    let leader_a = scene.campaign(&a, ttl * 3).await;
+    let b = scene.watched(scene.builder(scene.connect().await, &released, "B"));
+    let (campaign_b, elected_b) = spawn_campaign(&b);
+    let again = scene.other_lease("again");
+    let e = scene.watched(scene.builder(store.clone(), &again, "E"));
+    let leader_e = scene.campaign(&e, ttl * 3).await;
+    let withdrawn = scene.other_lease("withdrawn");
+    let h = scene.watched(scene.builder(scene.connect().await, &withdrawn, "H"));
+    let leader_h = scene.campaign(&h, ttl * 3).await;
+    let c = scene.watched(scene.builder(store.clone(), &withdrawn, "C"));
+    let (campaign_c, _elected_c) = spawn_campaign(&c);
+    sees(&scene, &b, a.id()).await;
+    sees(&scene, &c, h.id()).await;
+    let d = scene.watched(scene.builder(scene.connect().await, &withdrawn, "D"));
+    let (campaign_d, elected_d) = spawn_campaign(&d);
+    sees(&scene, &d, h.id()).await;
+
+    let (mut troubles_a, mut troubles_c) = (a.events(), c.events());
+    let (term_a, term_e) = (leader_a.term(), leader_e.term());
+    // The deletions are sent into a delay, and their connections reset while they wait there:
+    // never forwarded, and not sent again by a client that reconnects (a request queued while
+    // the connection is down may be).
+    let before = faults.counts();
+    faults.set(Direction::Request, Fault::Delay(FAILED_DELAY));
+    let resigned = tokio::spawn(async move { tokio::join!(leader_a.resign(), leader_e.resign()) });
+    campaign_c.abort();
+    scene
+        .within("the releases and C's withdrawal being sent", ttl * 2, async {
+            loop {
+                let now = faults.counts();
+                if now.release >= before.release + 2 && now.withdraw > before.withdraw {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+    tokio::time::sleep(FAILED_DELAY / 2).await;
+    faults.set(Direction::Request, Fault::Reset);
+    scene
+        .within("A's and E's resignations", ttl * 2, resigned)
+        .await
+        .expect("the resignations' task");
+    // The withdrawal's failure (where the store sends one) reaches C's events: give it the
+    // request timeout to come.
+    let c_failed = tokio::time::timeout(scene.request_timeout() * 2, failure(&mut troubles_c))
+        .await
+        .is_ok();
+    faults.heal();
+    let healed = Instant::now();
+    let a_failed = tokio::time::timeout(Duration::from_millis(100), failure(&mut troubles_a))
+        .await
+        .is_ok();
+    assert!(a_failed, "{p}: the reset did not fail A's release: nothing was tested");
+    scene.log(format_args!(
+        "A's and E's releases failed; C's withdrawal {}",
+        if c_failed { "failed" } else { "needed no request, or got through" }
+    ));
+
+    let leader_b = scene
+        .within("B taking the lease A's failed release left", bound, elected_b)
+        .await
+        .expect("B campaigns");
+    assert!(leader_b.term() > term_a, "{p}: B leads at term {} <= A's {term_a}", leader_b.term());
+    scene.log(format_args!("B leads {} after the heal", secs(healed.elapsed())));
+    let leader_e = scene.campaign(&e, bound).await;
+    assert!(leader_e.term() > term_e, "{p}: E leads again at term {} <= {term_e}", leader_e.term());
+    leader_h.resign().await;
+    let leader_d = scene
+        .within("D leading after H, with C's withdrawal failed", bound, elected_d)
+        .await
+        .expect("D campaigns");
+    scene.log(format_args!("D leads {} after the heal", secs(healed.elapsed())));
+    assert!(!c.is_leader(), "{p}: C leads after it stopped");
+
+    for leader in [leader_b, leader_e, leader_d, keeping] {
+        leader.resign().await;
+    }
+    drop((campaign_b, campaign_d));
+    scene.finish().await;
+}
+
+/// How long the requests of `a_failed_release_does_not_keep_the_lease` wait in the fault proxy
+/// before its connections are reset.
+const FAILED_DELAY: Duration = Duration::from_millis(300);
+
+/// Waits until `elector` sees `holder` leading.
+async fn sees(scene: &Scene, elector: &Elector, holder: &CandidateId) {
+    let mut seen = elector.observe();
+    let what = format!("{} seeing {holder} lead", elector.id());
+    scene
+        .within(&what, scene.ttl * 3, async {
+            let _ = seen.wait_for(|l| l.as_ref().is_some_and(|l| &l.holder == holder)).await;
+        })
+        .await;
+}
+
+/// The next store failure among an elector's events.
+async fn failure(events: &mut tokio::sync::broadcast::Receiver<Event>) {
+    loop {
+        match events.recv().await {
+            Ok(Event::StoreTrouble { .. }) => return,
+            Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => std::future::pending().await,
+        }
+    }
 }

@@ -13,7 +13,7 @@
 //! | [`writes`] | writers racing one create, one replace and one takeover: one winner each (a check-then-write store fails) |
 //! | [`candidates`] | the store's list of candidates (or `Unsupported`); a hand-over asked from another instance, checked against it |
 //! | [`handover`] | graceful handover; FIFO order, followers learning of a new leader from announcements (gated), record-version takeover, `break_lease` (gated); planned handover to a named successor |
-//! | [`faults`] | partition, outage, slow store, lost replies |
+//! | [`faults`] | partition, outage, slow store, lost replies, a failed release or withdrawal |
 //! | [`history`] | terms increase; how each term ended |
 //! | [`listing`] | leases listed by name prefix |
 //! | [`groups`] | lease groups: balance, stability, a crashed member, a join |
@@ -65,7 +65,7 @@ pub use basics::{
 pub use candidates::{a_release_is_the_next_candidates_turn, hand_over_request_checks_the_successor};
 pub use cost::{idle_follower_makes_no_requests, requests_per_transition_do_not_grow, thousand_leases};
 pub use faults::{
-    lost_reply_resolved_by_read_back, partitioned_leader_steps_down, slow_store_no_double_leadership,
+    a_failed_release_does_not_keep_the_lease, lost_reply_resolved_by_read_back, partitioned_leader_steps_down, slow_store_no_double_leadership,
     store_outage_no_leader_then_one,
 };
 pub use groups::lease_group_balances_and_survives_a_crash;
@@ -109,6 +109,7 @@ macro_rules! __every_scenario {
             store_outage_no_leader_then_one
             slow_store_no_double_leadership
             lost_reply_resolved_by_read_back
+            a_failed_release_does_not_keep_the_lease
             terms_increase_and_history
             history_records_how_terms_end
             list_by_prefix
