@@ -555,17 +555,29 @@ pub async fn a_failed_release_does_not_keep_the_lease(backend: Arc<dyn Backend>)
     assert!(a_failed, "{p}: the reset did not fail A's release: nothing was tested");
     scene.log(format_args!(
         "A's and E's releases failed; C's withdrawal {}",
-        if c_failed { "failed" } else { "needed no request, or got through" }
+        if c_failed {
+            "failed"
+        } else {
+            "needed no request, or got through"
+        }
     ));
 
     let leader_b = scene
         .within("B taking the lease A's failed release left", bound, elected_b)
         .await
         .expect("B campaigns");
-    assert!(leader_b.term() > term_a, "{p}: B leads at term {} <= A's {term_a}", leader_b.term());
+    assert!(
+        leader_b.term() > term_a,
+        "{p}: B leads at term {} <= A's {term_a}",
+        leader_b.term()
+    );
     scene.log(format_args!("B leads {} after the heal", secs(healed.elapsed())));
     let leader_e = scene.campaign(&e, bound).await;
-    assert!(leader_e.term() > term_e, "{p}: E leads again at term {} <= {term_e}", leader_e.term());
+    assert!(
+        leader_e.term() > term_e,
+        "{p}: E leads again at term {} <= {term_e}",
+        leader_e.term()
+    );
     leader_h.resign().await;
     let leader_d = scene
         .within("D leading after H, with C's withdrawal failed", bound, elected_d)

@@ -65,8 +65,8 @@ pub use basics::{
 pub use candidates::{a_release_is_the_next_candidates_turn, hand_over_request_checks_the_successor};
 pub use cost::{idle_follower_makes_no_requests, requests_per_transition_do_not_grow, thousand_leases};
 pub use faults::{
-    a_failed_release_does_not_keep_the_lease, lost_reply_resolved_by_read_back, partitioned_leader_steps_down, slow_store_no_double_leadership,
-    store_outage_no_leader_then_one,
+    a_failed_release_does_not_keep_the_lease, lost_reply_resolved_by_read_back, partitioned_leader_steps_down,
+    slow_store_no_double_leadership, store_outage_no_leader_then_one,
 };
 pub use groups::lease_group_balances_and_survives_a_crash;
 pub use handover::{
