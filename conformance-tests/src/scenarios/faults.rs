@@ -481,7 +481,8 @@ pub async fn lost_reply_resolved_by_read_back(backend: Arc<dyn Backend>) {
 /// - E released, its release failed, nobody else campaigns: E, campaigning again on the same
 ///   store, leads again with a higher term (the failed release's term is over).
 /// - C, queued behind H, stopped and its withdrawal failed: when H resigns, D, queued after C,
-///   leads; C does not.
+///   leads; C does not. C, campaigning again on the same store, leads after D with a higher
+///   term.
 ///
 /// # Panics
 ///
@@ -585,11 +586,26 @@ pub async fn a_failed_release_does_not_keep_the_lease(backend: Arc<dyn Backend>)
         .expect("D campaigns");
     scene.log(format_args!("D leads {} after the heal", secs(healed.elapsed())));
     assert!(!c.is_leader(), "{p}: C leads after it stopped");
+    // C campaigns again: it waits behind D (whatever its failed withdrawal left), and leads
+    // after D with a higher term.
+    let (campaign_c, elected_c) = spawn_campaign(&c);
+    sees(&scene, &c, d.id()).await;
+    let term_d = leader_d.term();
+    leader_d.resign().await;
+    let leader_c = scene
+        .within("C leading after D, campaigning again", bound, elected_c)
+        .await
+        .expect("C campaigns");
+    assert!(
+        leader_c.term() > term_d,
+        "{p}: C leads at term {} <= D's {term_d}",
+        leader_c.term()
+    );
 
-    for leader in [leader_b, leader_e, leader_d, keeping] {
+    for leader in [leader_b, leader_e, leader_c, keeping] {
         leader.resign().await;
     }
-    drop((campaign_b, campaign_d));
+    drop((campaign_b, campaign_c, campaign_d));
     scene.finish().await;
 }
 
