@@ -220,7 +220,18 @@ impl LeaseStore for EtcdStore {
         {
             return Ok(Acquired::Granted(grant));
         }
-        let mut queued = inner.enqueue(&keys, &own, request).await?;
+        // Beside the queue transaction, a keepalive of the session sent after this request began:
+        // the place this acquire answers with (a grant, or a place in the queue) then lives a
+        // TTL from a moment after the request began. A waiting candidate's turn counts from its
+        // session's last confirmed keepalive (see `changes`); without this one, that could be a
+        // keepalive of an earlier election of the process, older than the TTL, and the engine
+        // then refuses the turn (benchmark samples of 0.1-0.9 s, issue 32). Its failure is left
+        // to the grant path below (which needs it) and to the change stream's keepalives.
+        let (queued, _) = futures::join!(
+            inner.enqueue(&keys, &own, request),
+            Box::pin(inner.refreshed_since(ttl_secs, started))
+        );
+        let mut queued = queued?;
         if !queued.retired && queued.rev <= inner.retired(&own) {
             // This store began to delete the key while this acquire read it: a withdrawal (as
             // the engine sends one while an acquire it gave up on runs on), or a release or
@@ -303,7 +314,8 @@ impl LeaseStore for EtcdStore {
             token: queued.rev.to_string(),
         };
         // The promise: the key lives a TTL from a moment after this request began, so a
-        // keepalive sent after `started` must be confirmed.
+        // keepalive sent after `started` must be confirmed (usually the one sent beside the
+        // queue transaction).
         let alive = if queued.private {
             inner.keep_private_alive(queued.lease).await?
         } else {
