@@ -42,6 +42,8 @@ pub struct Options {
     /// of the current executable, which must then be the `leasehold-bench` binary. Without it,
     /// everything runs in this process and crash failover blackholes the leader's store.
     pub child_processes: bool,
+    /// Samples per row of the `settle` measure (default 100; 2 in a smoke run).
+    pub settle_reps: Option<usize>,
 }
 
 /// Every backend the runner knows, in report order.
@@ -130,7 +132,7 @@ pub async fn run(options: &Options) -> Result<String, String> {
         None
     };
     let settled = if plan.wants("settle") {
-        let reps = if options.smoke { 2 } else { 100 };
+        let reps = options.settle_reps.unwrap_or(if options.smoke { 2 } else { 100 });
         Some(settle::measure(&env, &selected, reps, leasehold::random_u64() % 1_000_000).await)
     } else {
         None

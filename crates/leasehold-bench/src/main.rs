@@ -34,6 +34,9 @@ struct Args {
     /// writes no docs unless --docs-dir is given.
     #[arg(long, value_delimiter = ',', num_args = 1..)]
     only: Vec<String>,
+    /// Samples per row of the `settle` measure (default 100).
+    #[arg(long)]
+    settle_reps: Option<usize>,
     /// Internal: run as the leader process of the crash-failover measure.
     #[arg(long, hide = true, requires_all = ["lease", "ttl_ms"])]
     child_leader: Option<String>,
@@ -111,6 +114,7 @@ async fn main() -> ExitCode {
         docs_dir,
         command,
         child_processes: true,
+        settle_reps: args.settle_reps,
     };
     match leasehold_bench::run(&options).await {
         Ok(_) => ExitCode::SUCCESS,

@@ -16,6 +16,7 @@ async fn smoke_mode_runs_end_to_end_on_the_memory_store() {
         docs_dir: Some(docs.path().to_path_buf()),
         command: "cargo test -p leasehold-bench --test smoke".into(),
         child_processes: false,
+        settle_reps: None,
     };
     let started = Instant::now();
     let report = leasehold_bench::run(&options).await.expect("the smoke run completes");
