@@ -555,7 +555,16 @@ impl Inner {
             holder,
         } = *term;
         let history_path = format!("{}/{}", self.history_dir(lease), history_name(term));
-        let history = match self.read_history(client, lease, term).await {
+        let released = reason == EndReason::Released;
+        // The term's entry and, for a release, the queue: both read at once.
+        let (history, queue) = tokio::join!(self.read_history(client, lease, term), async {
+            if released {
+                self.queue(client, lease).await
+            } else {
+                Ok(None)
+            }
+        });
+        let history = match history {
             Ok(Some(record)) => Some(record),
             Ok(None) => None,
             Err(Error::CorruptRecord { .. }) => None,
@@ -565,8 +574,8 @@ impl Inner {
         // A release hands the lease to the next candidate in the same transaction when that
         // candidate is waiting for it (it campaigns with change notifications).
         let mut handover = None;
-        if reason == EndReason::Released {
-            let queue = self.queue(client, lease).await?.unwrap_or_default();
+        if released {
+            let queue = queue?.unwrap_or_default();
             if let Some(next) = queue.iter().skip_while(|c| c.name != node).nth(1)
                 && let Ok(Some((record, stat))) = self.read_candidate(client, lease, &next.name).await
                 && record.waiting
