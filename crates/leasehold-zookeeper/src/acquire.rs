@@ -221,6 +221,12 @@ impl Inner {
                     .as_ref()
                     .is_some_and(|h| h.version == own.name && !h.reserved)
                 {
+                    // Shown as holder without its history entry (first and waiting: see
+                    // `turn`), its records are due: `observe` marked them so.
+                    let records_due = self
+                        .own(lease, candidate)
+                        .is_some_and(|n| n.name == own.name && n.records_due);
+                    let own = OwnNode { records_due, ..own };
                     return Ok(self.granted(lease, candidate, own, request.ttl, client, false).await);
                 }
                 self.set_own(lease, candidate, Some(own));

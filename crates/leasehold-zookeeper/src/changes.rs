@@ -1,7 +1,8 @@
 //! The change stream of one waiting candidate: it watches only the znode just ahead of the
 //! candidate's own (no herd), and yields when the candidate may have become first, or lost its
 //! place. When the one znode ahead of the candidate's is deleted, the candidate is first: the
-//! stream grants it in one transaction and says so ([`Change::YourTurn`]).
+//! stream reads that it leads, with no write, and says so ([`Change::YourTurn`]; why a read is
+//! enough, and how the term's records are written later: the `turn` module).
 //!
 //! No timer: a notification is not lost while the session lives (ZooKeeper delivers a
 //! session's watch events in order, and the client sets its watches again when it reconnects
@@ -18,6 +19,7 @@ use zookeeper_client as zk;
 
 use crate::queue::GrantOutcome;
 use crate::state::{AbortOnDrop, Inner, OwnNode};
+use crate::turn::TurnRead;
 
 /// The change stream of `candidate` for `lease`.
 pub(crate) fn changes(inner: Arc<Inner>, lease: &LeaseName, candidate: &CandidateId) -> Changes {
@@ -167,8 +169,8 @@ impl Watching {
                 event = task.wait() => {
                     if position == 1 && event == Some(zk::EventType::NodeDeleted) {
                         // The only znode ahead of ours is gone: ours heads the queue (a znode
-                        // queued later sorts after it). Grant it now, without listing the queue
-                        // again (the grant checks in its own transaction that the znode is gone
+                        // queued later sorts after it). Lead now, without listing the queue
+                        // again (the turn's read checks that the znode is gone, ours unchanged
                         // and no reservation is there).
                         self.announced = Some(own.name.clone());
                         let ahead = vec![target.name.clone()];
@@ -187,14 +189,18 @@ impl Watching {
         }
     }
 
-    /// The candidate's turn, its one predecessor gone: the grant transaction an `acquire` would
-    /// send (it checks that the znodes in `ahead` are gone, ours unchanged and no reservation
-    /// there, and records the term), sent under the candidate's operation lock and only if the
-    /// store's cached znode is still `own`, waiting. Granted: [`Change::YourTurn`], valid from
-    /// the transaction's send (the server received it on the session, and keeps the session a
-    /// full session timeout, the TTL, from then). Anything else (another outcome, an error, no
+    /// The candidate's turn, its one predecessor gone: one read of what the grant transaction
+    /// of an `acquire` would check (the znodes in `ahead` gone, ours unchanged, no reservation;
+    /// see [`Inner::read_turn`]), sent under the candidate's operation lock and only if the
+    /// store's cached znode is still `own`, waiting. It leads: [`Change::YourTurn`], valid from
+    /// the read's send (the server received it on the session, and keeps the session a full
+    /// session timeout, the TTL, from then), its znode cached as granted, with the term's
+    /// records due when the release before did not write them (the engine's confirming renewal
+    /// writes them). A head whose candidate did not wait when it queued is granted by the grant
+    /// transaction, sent after the read ([`TurnRead::Unrecorded`]). Anything else (an error, no
     /// answer within `bound`): [`Change::Changed`], and the engine asks, which is always safe
-    /// (a transaction applied whose reply was lost is found granted by that acquire).
+    /// (a read changes nothing; a transaction applied whose reply was lost is found granted by
+    /// that acquire).
     async fn turn(
         &mut self,
         client: &zk::Client,
@@ -208,11 +214,24 @@ impl Watching {
         if current.is_none_or(|c| c.name != own.name || c.session != own.session || c.granted) {
             return Change::Changed;
         }
-        let own = OwnNode { ahead, ..own };
         let sent = Instant::now();
-        let grant = self.inner.grant(client, &self.lease, &own, &self.candidate, 0);
-        let Ok(Ok(GrantOutcome::Granted)) = tokio::time::timeout(bound, grant).await else {
-            return Change::Changed;
+        let read = self.inner.read_turn(client, &self.lease, &self.candidate, &own, &ahead);
+        let own = match tokio::time::timeout(bound, read).await {
+            Ok(Ok(TurnRead::Leads { records_due })) => OwnNode {
+                ahead,
+                records_due,
+                ..own
+            },
+            Ok(Ok(TurnRead::Unrecorded)) => {
+                // The grant transaction an acquire sends (it writes the records).
+                let own = OwnNode { ahead, ..own };
+                let grant = self.inner.grant(client, &self.lease, &own, &self.candidate, 0);
+                let Ok(Ok(GrantOutcome::Granted)) = tokio::time::timeout(bound, grant).await else {
+                    return Change::Changed;
+                };
+                own
+            }
+            _ => return Change::Changed,
         };
         let ttl = client.session_timeout();
         let Acquired::Granted(grant) = self

@@ -18,6 +18,7 @@ mod renew;
 mod session;
 mod state;
 mod store;
+mod turn;
 
 #[doc = include_str!("../docs.md")]
 pub mod docs {}

@@ -2,7 +2,8 @@
 //!
 //! A lease held in the usual way is read in three rounds, each one multi-read for all leases
 //! (more when a round would not fit in one request): its queue and reservation, then the head
-//! of its queue, then the head's history entry (which makes the head the holder). These are the
+//! of its queue, then the head's history entry (which makes a polling head the holder; a waiting
+//! head holds it as soon as it is first, see `turn`). These are the
 //! reads [`Inner::observe`] makes, in the same order. A lease that is anything else (free, a
 //! head that left meanwhile or has not taken the lease yet, this store's expired session) is
 //! then observed on its own, exactly as `inspect` does.
@@ -113,7 +114,8 @@ impl Inner {
             };
         }
 
-        // Round 3: whether each head has taken the lease (its term's history entry exists).
+        // Round 3: whether each head has taken the lease (its term's history entry exists, or it
+        // waits).
         let heads: Vec<usize> = (0..steps.len())
             .filter(|&i| matches!(steps[i], Step::Head(..)))
             .collect();
@@ -133,9 +135,10 @@ impl Inner {
             let Step::Head(name, record, stat) = &steps[i] else {
                 continue;
             };
-            let taken = matches!(entry.map_err(map)?, Got::Data(..));
-            steps[i] = if taken {
-                self.may_be_adopted(lease, &record.candidate, name);
+            let recorded = matches!(entry.map_err(map)?, Got::Data(..));
+            // As `observe`: a waiting head holds the lease before its entry is written.
+            steps[i] = if recorded || record.waiting {
+                self.may_be_adopted(lease, &record.candidate, name, recorded);
                 Step::Done(Some(holder_observation(lease, name, record, stat)))
             } else {
                 Step::Alone

@@ -112,6 +112,7 @@ impl Inner {
             client: client.clone(),
             ahead: Vec::new(),
             granted: false,
+            records_due: false,
         };
         self.set_own(lease, candidate, Some(node.clone()));
         Ok(Some(node))
@@ -147,6 +148,7 @@ impl Inner {
             client: client.clone(),
             ahead: Vec::new(),
             granted: false,
+            records_due: false,
         };
         self.set_own(lease, candidate, Some(node.clone()));
         Ok(Some(node))
@@ -195,8 +197,8 @@ impl Inner {
     }
 
     /// What anyone would observe: the first znode of the queue is the holder once its term has
-    /// a history entry. One listing; the head is the first listed znode that still exists
-    /// (see [`Inner::head`]).
+    /// a history entry, or as soon as it is first when its candidate waits (see `turn`). One
+    /// listing; the head is the first listed znode that still exists (see [`Inner::head`]).
     pub(crate) async fn observe(&self, client: &zk::Client, lease: &LeaseName) -> Result<Observation> {
         match self.observe_existing(client, lease).await? {
             Some(observation) => Ok(observation),
@@ -249,11 +251,14 @@ impl Inner {
         }
         let term = Term(stat.czxid as u64);
         let entry = format!("{}/{}", self.history_dir(lease), history_name(term));
-        if client.check_stat(&entry).await.map_err(map)?.is_none() {
-            // Next in line, but its candidate has not taken the lease yet.
+        let recorded = client.check_stat(&entry).await.map_err(map)?.is_some();
+        if !recorded && !record.waiting {
+            // Next in line, but its candidate polls and has not taken the lease yet.
             return self.free(client, lease).await.map(Some);
         }
-        self.may_be_adopted(lease, &record.candidate, name);
+        // Taken (its history entry exists), or first and waiting: its candidate takes it by its
+        // turn's read, and its entry is written by the confirmation (see `turn`).
+        self.may_be_adopted(lease, &record.candidate, name, recorded);
         Ok(Some(holder_observation(lease, name, &record, &stat)))
     }
 
@@ -287,12 +292,14 @@ impl Inner {
     /// znode of ours that a read shows first counts as granted: leadership on it may end without
     /// this store hearing of it, and the next acquire must then make a new term. One that is not
     /// cached (its acquire's reply was lost) is remembered, so that a withdrawal keeps it.
-    pub(crate) fn may_be_adopted(&self, lease: &LeaseName, candidate: &CandidateId, name: &str) {
+    /// `recorded`: its term's history entry exists (otherwise the next renewal writes it).
+    pub(crate) fn may_be_adopted(&self, lease: &LeaseName, candidate: &CandidateId, name: &str, recorded: bool) {
         let mut candidates = lock(&self.candidates);
         if let Some(c) = candidates.get_mut(&(lease.clone(), candidate.clone())) {
             let cached = c.node.as_ref().is_some_and(|n| n.name == name);
             if let Some(node) = c.node.as_mut().filter(|n| n.name == name && !n.granted) {
                 node.granted = true;
+                node.records_due = !recorded;
                 c.changed.send_modify(|n| *n += 1);
             } else if !cached && name.starts_with(&self.prefix(candidate)) {
                 c.shown = Some(name.to_string());
@@ -548,7 +555,16 @@ impl Inner {
             holder,
         } = *term;
         let history_path = format!("{}/{}", self.history_dir(lease), history_name(term));
-        let history = match self.read_history(client, lease, term).await {
+        let released = reason == EndReason::Released;
+        // The term's entry and, for a release, the queue: both read at once.
+        let (history, queue) = tokio::join!(self.read_history(client, lease, term), async {
+            if released {
+                self.queue(client, lease).await
+            } else {
+                Ok(None)
+            }
+        });
+        let history = match history {
             Ok(Some(record)) => Some(record),
             Ok(None) => None,
             Err(Error::CorruptRecord { .. }) => None,
@@ -558,8 +574,8 @@ impl Inner {
         // A release hands the lease to the next candidate in the same transaction when that
         // candidate is waiting for it (it campaigns with change notifications).
         let mut handover = None;
-        if reason == EndReason::Released {
-            let queue = self.queue(client, lease).await?.unwrap_or_default();
+        if released {
+            let queue = queue?.unwrap_or_default();
             if let Some(next) = queue.iter().skip_while(|c| c.name != node).nth(1)
                 && let Ok(Some((record, stat))) = self.read_candidate(client, lease, &next.name).await
                 && record.waiting

@@ -63,7 +63,10 @@ impl Inner {
     pub(crate) async fn try_renew(&self, grant: &Grant) -> Result<Renewed> {
         let client = connected(self, grant.ttl).await.map_err(NotConnected::error)?;
         let path = self.candidate_path(&grant.lease, &grant.token);
-        // Both requests leave now, in order; the read is served after the sync.
+        // A turn's confirmation writes the term's records first (see `turn`); then both
+        // requests leave, in order; the read is served after the sync.
+        self.write_records_due(&client, &grant.lease, &grant.holder, &grant.token, grant.term)
+            .await?;
         let (synced, read) = tokio::join!(
             client.sync(&path),
             self.read_candidate(&client, &grant.lease, &grant.token)
@@ -90,6 +93,9 @@ impl Inner {
                 client: client.clone(),
                 ahead: Vec::new(),
                 granted: true,
+                // Adopted by a read-back that showed it: its entry may not exist yet (a waiting
+                // head holds the lease before it), and writing it is a no-op when it does.
+                records_due: true,
             };
             self.set_own(&grant.lease, &grant.holder, Some(node));
         }
@@ -139,6 +145,13 @@ impl Inner {
         let Some(Read::Data(first)) = reads.first() else {
             return Vec::new();
         };
+        // Turns' confirmations write their terms' records first (see `turn`): a grant whose
+        // records could not be written answers that error.
+        let records = join_all(indices.iter().map(|&i| {
+            let grant = &grants[i];
+            self.write_records_due(&client, &grant.lease, &grant.holder, &grant.token, grant.term)
+        }))
+        .await;
         // The sync leaves first, then the reads: they are served after it.
         let (synced, read) = tokio::join!(client.sync(first), read_many(&client, &reads, READ_BYTES));
         let session = client.session_id().0;
@@ -149,8 +162,10 @@ impl Inner {
         let found: Vec<Result<bool>> = indices
             .iter()
             .zip(read)
-            .map(|(&i, read)| {
+            .zip(records)
+            .map(|((&i, read), records)| {
                 let grant = &grants[i];
+                records?;
                 synced.clone().map_err(map)?;
                 match read.map_err(map)? {
                     Got::Data(data, stat) => CandidateRecord::decode(&data)

@@ -78,6 +78,9 @@ pub(crate) struct OwnNode {
     /// Whether `acquire` has answered `Granted` on this znode: a later acquire means that
     /// leadership ended, and a new term needs a new znode.
     pub(crate) granted: bool,
+    /// Granted without its term's history entry and announcement (a turn taken by a read, or a
+    /// waiting head a read showed as holder): the next renewal writes them (see `turn`).
+    pub(crate) records_due: bool,
 }
 
 /// One session's persistent recursive watch on one lease's `leader/` znode, shared by everyone

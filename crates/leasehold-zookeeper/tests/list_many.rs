@@ -1,7 +1,8 @@
 //! `LeaseStore::list` of many leases on ZooKeeper: 200 held leases listed in a handful of
 //! requests (the chroot's listing and three multi-reads, counted by the server), and, once some
-//! are free, reserved, held by another store or headed by a candidate that has not taken the
-//! lease, each listed lease exactly as `inspect` shows it. Against the ZooKeeper test server
+//! are free, reserved, held by another store, headed by a polling candidate that has not taken
+//! the lease (free) or by a waiting one (held: its change stream takes the lease by a read, see
+//! `turn`), each listed lease exactly as `inspect` shows it. Against the ZooKeeper test server
 //! (`LEASEHOLD_ZOOKEEPER_URL`), under a chroot of its own.
 
 mod common;
@@ -94,7 +95,8 @@ async fn many_leases_are_listed_in_a_few_requests_each_as_inspect_shows_it() {
         vec!["held by holder".to_string(); LEASES]
     );
 
-    // Free, taken by another store, reserved, and headed by a candidate that has not taken it.
+    // Free, taken by another store, reserved, and headed by a candidate that has not taken it:
+    // one that polls (free) or one that waits (its holder, before its history entry).
     let raw = zk::Client::connector()
         .with_session_timeout(Duration::from_secs(10))
         .connect(&addr)
@@ -126,6 +128,18 @@ async fn many_leases_are_listed_in_a_few_requests_each_as_inspect_shows_it() {
         .await
         .expect("a queued candidate that has not taken the lease");
         expected[i] = "free, Some(Released)".into();
+    }
+    for i in 35..40 {
+        a.release(&grants[i]).await.expect("release");
+        let record = "leasehold-candidate/1\ncandidate e\nttl_ms 4000\nwaiting 1\n";
+        raw.create(
+            &format!("{chroot}/{}/candidates/c-0123456789abcdef-", lease(i)),
+            record.as_bytes(),
+            &zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all()),
+        )
+        .await
+        .expect("a queued waiting candidate");
+        expected[i] = "held by e".into();
     }
     assert_eq!(list_equals_inspect(&a).await, expected);
     assert_eq!(list_equals_inspect(&b).await, expected, "another store lists the same");
