@@ -145,6 +145,15 @@ struct Watcher {
     /// notification wakes this store's candidates (a release by a holder that took its lock
     /// back, which only the queue would otherwise announce).
     free: bool,
+    /// The watcher waits in the queue or on the lock (from its decision to wait until the lock
+    /// was free): it sees a release that gives the lock back by itself.
+    waiting: bool,
+    /// A release that gave its lock back was let go while the watcher was not waiting and not
+    /// `free`: after it woke the head, before the head's acquire told what it found. If that
+    /// acquire found the row orphaned (it read before the holder took its lock back and
+    /// released), the release came after what it read: the head is woken again (see
+    /// [`Notifier::acquired`]).
+    missed: bool,
 }
 
 #[derive(Debug, Default)]
@@ -372,6 +381,11 @@ impl Notifier {
                     Outcome::Free => {}
                 }
                 watcher.free = outcome == Outcome::Free;
+                if std::mem::take(&mut watcher.missed) && outcome == Outcome::Free {
+                    for waiter in entry.waiters.iter().filter(|w| w.live()) {
+                        waiter.wake();
+                    }
+                }
                 watcher.poke.notify_one();
             }
             None if room && outcome != Outcome::Granted => {
@@ -381,6 +395,8 @@ impl Notifier {
                     rearm: false,
                     granted: false,
                     free: false,
+                    waiting: false,
+                    missed: false,
                 });
                 tokio::spawn(watch_queue(
                     Arc::downgrade(&self.state),
@@ -496,11 +512,17 @@ fn wake(state: &Weak<Mutex<State>>, lease: &str, by: &str, kind: Kind<'_>) -> bo
     let Some(state) = state.upgrade() else {
         return false;
     };
-    let state = state.lock().expect("notifier lock poisoned");
-    let Some(entry) = state.leases.get(lease) else {
+    let mut state = state.lock().expect("notifier lock poisoned");
+    let Some(entry) = state.leases.get_mut(lease) else {
         return true;
     };
-    if kind == Kind::Queued && entry.watcher.as_ref().is_some_and(|w| !w.free) {
+    if kind == Kind::Queued
+        && let Some(watcher) = entry.watcher.as_mut()
+        && !watcher.free
+    {
+        // Waiting, the watcher sees the lock given back; otherwise the head's acquire is
+        // under way, and what it finds decides (see `Watcher::missed`).
+        watcher.missed |= !watcher.waiting;
         return true;
     }
     for waiter in entry.waiters.iter().filter(|w| w.candidate != by) {
