@@ -95,18 +95,20 @@ pub(crate) enum Outcome {
     Busy,
     /// Held by a row whose lock is free (orphaned, reserved): the engine's timer decides.
     Free,
+    /// The acquire failed: nothing learnt of the lease.
+    Unknown,
 }
 
 impl Outcome {
-    /// The outcome of an acquire's answer; `None` for an error (nothing learnt).
-    pub(crate) fn of(answer: &leasehold_core::Result<Acquired>) -> Option<Outcome> {
+    /// The outcome of an acquire's answer.
+    pub(crate) fn of(answer: &leasehold_core::Result<Acquired>) -> Outcome {
         match answer {
-            Ok(Acquired::Granted(_)) => Some(Outcome::Granted),
-            Ok(Acquired::Held(seen)) => Some(match &seen.holder {
+            Ok(Acquired::Granted(_)) => Outcome::Granted,
+            Ok(Acquired::Held(seen)) => match &seen.holder {
                 Some(holder) if holder.orphaned => Outcome::Free,
                 _ => Outcome::Busy,
-            }),
-            Err(_) => None,
+            },
+            Err(_) => Outcome::Unknown,
         }
     }
 }
@@ -367,10 +369,28 @@ impl Notifier {
         };
         let mut ours = false;
         for waiter in entry.waiters.iter_mut().filter(|w| w.candidate == candidate.as_str()) {
-            waiter.waiting = outcome != Outcome::Granted;
+            if outcome != Outcome::Unknown {
+                waiter.waiting = outcome != Outcome::Granted;
+            }
             ours = true;
         }
         if !ours {
+            return;
+        }
+        if outcome == Outcome::Unknown {
+            // The head's acquire failed: a watcher idle since it woke the head lets every
+            // notification through until it waits on the lock again (as for an orphaned row),
+            // and a release let go meanwhile wakes the head again.
+            if let Some(watcher) = entry.watcher.as_mut()
+                && !watcher.waiting
+            {
+                watcher.free = true;
+                if std::mem::take(&mut watcher.missed) {
+                    for waiter in entry.waiters.iter().filter(|w| w.live()) {
+                        waiter.wake();
+                    }
+                }
+            }
             return;
         }
         match &mut entry.watcher {
@@ -378,7 +398,7 @@ impl Notifier {
                 match outcome {
                     Outcome::Granted => watcher.granted = true,
                     Outcome::Busy => watcher.rearm = true,
-                    Outcome::Free => {}
+                    Outcome::Free | Outcome::Unknown => {}
                 }
                 watcher.free = outcome == Outcome::Free;
                 if std::mem::take(&mut watcher.missed) && outcome == Outcome::Free {

@@ -306,6 +306,21 @@ mod tests {
         assert!(rx.has_changed().unwrap());
     }
 
+    /// The head's acquire failed after a release was let go: the head is woken again, and
+    /// later releases wake it by their notifications until the watcher waits on the lock.
+    #[tokio::test]
+    async fn a_release_while_the_heads_acquire_fails_is_not_lost() {
+        let (notifier, mut rx) = woken_head();
+        let state = Arc::downgrade(&notifier.state);
+        assert!(wake(&state, "l", "holder", Kind::Queued));
+        let (lease, f) = (LeaseName::new("l").unwrap(), CandidateId::new("f").unwrap());
+        notifier.acquired(&lease, &f, Outcome::Unknown);
+        assert!(rx.has_changed().unwrap());
+        rx.mark_unchanged();
+        assert!(wake(&state, "l", "holder", Kind::Queued));
+        assert!(rx.has_changed().unwrap());
+    }
+
     /// Without a release meanwhile, the head's acquire that found the row orphaned wakes nobody
     /// (the engine takes the row over on its own timer), and a release while the watcher waits
     /// on the lock is left to the watcher.
