@@ -95,18 +95,20 @@ pub(crate) enum Outcome {
     Busy,
     /// Held by a row whose lock is free (orphaned, reserved): the engine's timer decides.
     Free,
+    /// The acquire failed: nothing learnt of the lease.
+    Unknown,
 }
 
 impl Outcome {
-    /// The outcome of an acquire's answer; `None` for an error (nothing learnt).
-    pub(crate) fn of(answer: &leasehold_core::Result<Acquired>) -> Option<Outcome> {
+    /// The outcome of an acquire's answer.
+    pub(crate) fn of(answer: &leasehold_core::Result<Acquired>) -> Outcome {
         match answer {
-            Ok(Acquired::Granted(_)) => Some(Outcome::Granted),
-            Ok(Acquired::Held(seen)) => Some(match &seen.holder {
+            Ok(Acquired::Granted(_)) => Outcome::Granted,
+            Ok(Acquired::Held(seen)) => match &seen.holder {
                 Some(holder) if holder.orphaned => Outcome::Free,
                 _ => Outcome::Busy,
-            }),
-            Err(_) => None,
+            },
+            Err(_) => Outcome::Unknown,
         }
     }
 }
@@ -145,6 +147,15 @@ struct Watcher {
     /// notification wakes this store's candidates (a release by a holder that took its lock
     /// back, which only the queue would otherwise announce).
     free: bool,
+    /// The watcher waits in the queue or on the lock (from its decision to wait until the lock
+    /// was free): it sees a release that gives the lock back by itself.
+    waiting: bool,
+    /// A release that gave its lock back was let go while the watcher was not waiting and not
+    /// `free`: after it woke the head, before the head's acquire told what it found. If that
+    /// acquire found the row orphaned (it read before the holder took its lock back and
+    /// released), the release came after what it read: the head is woken again (see
+    /// [`Notifier::acquired`]).
+    missed: bool,
 }
 
 #[derive(Debug, Default)]
@@ -358,10 +369,28 @@ impl Notifier {
         };
         let mut ours = false;
         for waiter in entry.waiters.iter_mut().filter(|w| w.candidate == candidate.as_str()) {
-            waiter.waiting = outcome != Outcome::Granted;
+            if outcome != Outcome::Unknown {
+                waiter.waiting = outcome != Outcome::Granted;
+            }
             ours = true;
         }
         if !ours {
+            return;
+        }
+        if outcome == Outcome::Unknown {
+            // The head's acquire failed: a watcher idle since it woke the head lets every
+            // notification through until it waits on the lock again (as for an orphaned row),
+            // and a release let go meanwhile wakes the head again.
+            if let Some(watcher) = entry.watcher.as_mut()
+                && !watcher.waiting
+            {
+                watcher.free = true;
+                if std::mem::take(&mut watcher.missed) {
+                    for waiter in entry.waiters.iter().filter(|w| w.live()) {
+                        waiter.wake();
+                    }
+                }
+            }
             return;
         }
         match &mut entry.watcher {
@@ -369,9 +398,14 @@ impl Notifier {
                 match outcome {
                     Outcome::Granted => watcher.granted = true,
                     Outcome::Busy => watcher.rearm = true,
-                    Outcome::Free => {}
+                    Outcome::Free | Outcome::Unknown => {}
                 }
                 watcher.free = outcome == Outcome::Free;
+                if std::mem::take(&mut watcher.missed) && outcome == Outcome::Free {
+                    for waiter in entry.waiters.iter().filter(|w| w.live()) {
+                        waiter.wake();
+                    }
+                }
                 watcher.poke.notify_one();
             }
             None if room && outcome != Outcome::Granted => {
@@ -381,6 +415,8 @@ impl Notifier {
                     rearm: false,
                     granted: false,
                     free: false,
+                    waiting: false,
+                    missed: false,
                 });
                 tokio::spawn(watch_queue(
                     Arc::downgrade(&self.state),
@@ -496,11 +532,17 @@ fn wake(state: &Weak<Mutex<State>>, lease: &str, by: &str, kind: Kind<'_>) -> bo
     let Some(state) = state.upgrade() else {
         return false;
     };
-    let state = state.lock().expect("notifier lock poisoned");
-    let Some(entry) = state.leases.get(lease) else {
+    let mut state = state.lock().expect("notifier lock poisoned");
+    let Some(entry) = state.leases.get_mut(lease) else {
         return true;
     };
-    if kind == Kind::Queued && entry.watcher.as_ref().is_some_and(|w| !w.free) {
+    if kind == Kind::Queued
+        && let Some(watcher) = entry.watcher.as_mut()
+        && !watcher.free
+    {
+        // Waiting, the watcher sees the lock given back; otherwise the head's acquire is
+        // under way, and what it finds decides (see `Watcher::missed`).
+        watcher.missed |= !watcher.waiting;
         return true;
     }
     for waiter in entry.waiters.iter().filter(|w| w.candidate != by) {

@@ -286,11 +286,9 @@ impl LeaseStore for PostgresStore {
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquired> {
         self.capabilities().check_ttl(STORE, request.ttl)?;
         let answer = self.inner.session.acquire(request.clone(), Instant::now()).await;
-        if let Some(outcome) = Outcome::of(&answer) {
-            self.inner
-                .notifier
-                .acquired(&request.lease, &request.candidate, outcome);
-        }
+        self.inner
+            .notifier
+            .acquired(&request.lease, &request.candidate, Outcome::of(&answer));
         answer
     }
 

@@ -27,24 +27,33 @@ fn elector(store: Arc<dyn LeaseStore>, lease: &LeaseName, id: &str) -> Elector {
         .expect("valid timing")
 }
 
-/// How many `leasehold-queue` sessions wait on the server.
-async fn queue_sessions(conn: &mut sqlx::PgConnection) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'leasehold-queue'")
-        .fetch_one(conn)
-        .await
-        .expect("pg_stat_activity is readable")
+/// How many sessions are in `lease`'s queue (hold its queue key or wait for it): this test's
+/// followers' watchers only. (Counting every `leasehold-queue` session of the server, as before,
+/// also counted the watchers of the other tests running beside this one, which come and go: the
+/// wait below then ended before this test's watcher had queued, or never.)
+async fn queued(conn: &mut sqlx::PgConnection, store: &PostgresStore, lease: &LeaseName) -> i64 {
+    // The queue key of a lease (the store's `queue_key`): another advisory key than the lease's.
+    let key = leasehold_postgres::lock_key(store.config().schema(), &format!("{lease}\u{0}queue"));
+    sqlx::query_scalar(
+        "SELECT count(DISTINCT pid) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1
+         AND classid = ((($1::int8) >> 32) & 4294967295)::oid AND objid = ($1::int8 & 4294967295)::oid",
+    )
+    .bind(key)
+    .fetch_one(conn)
+    .await
+    .expect("pg_locks is readable")
 }
 
-async fn wait_until_queued(conn: &mut sqlx::PgConnection, at_least: i64) {
+async fn wait_until_queued(conn: &mut sqlx::PgConnection, store: &PostgresStore, lease: &LeaseName, at_least: i64) {
     let started = Instant::now();
-    while queue_sessions(conn).await < at_least {
+    while queued(conn, store, lease).await < at_least {
         assert!(
             started.elapsed() < Duration::from_secs(5),
-            "the followers' queue watchers never connected"
+            "the followers' queue watchers never queued"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // Each then asks for the queue key; give it the instant it takes.
+    // The head then waits on the lease's lock; give it the instant it takes.
     tokio::time::sleep(Duration::from_millis(200)).await;
 }
 
@@ -57,9 +66,8 @@ async fn a_release_wakes_only_the_head_of_the_queue_in_order() {
     let Some(pg) = server() else { return };
     let lease = common::lease("queue");
     let mut raw = pg.raw().await;
-    let before = queue_sessions(&mut raw).await;
-    let leader_store: Arc<dyn LeaseStore> = Arc::new(PostgresStore::connect(&pg.url).await.unwrap());
-    let first = elector(leader_store, &lease, "leader")
+    let leader_store = Arc::new(PostgresStore::connect(&pg.url).await.unwrap());
+    let first = elector(leader_store.clone(), &lease, "leader")
         .campaign()
         .await
         .expect("the leader is elected");
@@ -78,7 +86,7 @@ async fn a_release_wakes_only_the_head_of_the_queue_in_order() {
             }
         }));
         // One at a time, so that the order of the queue is known.
-        wait_until_queued(&mut raw, before + i64::try_from(i).unwrap() + 1).await;
+        wait_until_queued(&mut raw, &leader_store, &lease, i64::try_from(i).unwrap() + 1).await;
     }
     let acquires = |counts: &[Arc<CountingStore<PostgresStore>>]| -> Vec<u64> {
         counts.iter().map(|c| c.counts().get(Operation::Acquire)).collect()
@@ -122,7 +130,6 @@ async fn the_end_of_the_holders_session_wakes_the_head() {
     let Some(pg) = server() else { return };
     let lease = common::lease("session-end");
     let mut raw = pg.raw().await;
-    let before = queue_sessions(&mut raw).await;
     let holder = Arc::new(PostgresStore::connect(&pg.url).await.unwrap());
     let key = holder.lock_key(&lease);
     let leader = elector(holder.clone(), &lease, "holder")
@@ -132,7 +139,7 @@ async fn the_end_of_the_holders_session_wakes_the_head() {
     let follower = Arc::new(CountingStore::new(PostgresStore::connect(&pg.url).await.unwrap()));
     let e = elector(follower.clone(), &lease, "follower");
     let campaign = tokio::spawn(async move { e.campaign().await });
-    wait_until_queued(&mut raw, before + 1).await;
+    wait_until_queued(&mut raw, &holder, &lease, 1).await;
     assert_eq!(follower.counts().get(Operation::Acquire), 1);
 
     let pid = lock_holder(&mut raw, key)

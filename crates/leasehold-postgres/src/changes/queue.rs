@@ -55,8 +55,12 @@ fn decide(state: &Weak<Mutex<State>>, lease: &str, head: bool, armed: &mut bool)
     }
     if *armed {
         watcher.free = false;
+        watcher.missed = false;
+        watcher.waiting = true;
+        Next::Wait
+    } else {
+        Next::Idle
     }
-    if *armed { Next::Wait } else { Next::Idle }
 }
 
 /// Whether a candidate of this store still waits on `lease` (a waiting statement may go on).
@@ -82,6 +86,9 @@ fn wake_head(state: &Weak<Mutex<State>>, lease: &str, reserved: Option<&str>) {
     let Some(entry) = state.leases.get_mut(lease) else {
         return;
     };
+    if let Some(watcher) = &mut entry.watcher {
+        watcher.waiting = false;
+    }
     let next = match reserved {
         Some(successor) => entry.waiters.iter().find(|w| w.candidate == successor && w.live()),
         None => entry.waiters.iter().find(|w| w.live()),
@@ -244,7 +251,105 @@ async fn terminate(setup: &QueueSetup, (pid, started): (i32, i64), conn: PgConne
 
 #[cfg(test)]
 mod tests {
+    use super::super::{Kind, Lease, Notifier, Outcome, Watcher, wake};
     use super::*;
+    use leasehold_core::{CandidateId, LeaseName};
+    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+    /// A notifier (never connected) whose lease `l` has one waiting candidate `f` and an idle
+    /// queue watcher: it woke `f` at the head, and `f`'s acquire is under way.
+    fn woken_head() -> (Notifier, tokio::sync::watch::Receiver<u64>) {
+        let options = PgConnectOptions::new();
+        let pool = PgPoolOptions::new().connect_lazy_with(options.clone());
+        let notifier = Notifier::new(options, std::time::Duration::from_secs(1), "s", pool);
+        let (tx, rx) = tokio::sync::watch::channel(0);
+        let mut lease = Lease::default();
+        lease.waiters.push(Waiter {
+            id: 0,
+            candidate: "f".to_string(),
+            tx,
+            waiting: true,
+        });
+        lease.watcher = Some(Watcher {
+            poke: Arc::new(Notify::new()),
+            rearm: false,
+            granted: false,
+            free: false,
+            waiting: false,
+            missed: false,
+        });
+        notifier.state.lock().unwrap().leases.insert("l".to_string(), lease);
+        (notifier, rx)
+    }
+
+    /// The holder took its lock back and released it (a notification marked queued) after the
+    /// head's acquire read the row orphaned, before that acquire's answer came: the release is
+    /// not lost, the head is woken again when its acquire tells it found the row orphaned.
+    #[tokio::test]
+    async fn a_release_while_the_heads_acquire_is_under_way_is_not_lost() {
+        let (notifier, mut rx) = woken_head();
+        let state = Arc::downgrade(&notifier.state);
+        assert!(wake(&state, "l", "holder", Kind::Queued));
+        assert!(
+            !rx.has_changed().unwrap(),
+            "the queue, not the notification, wakes the head"
+        );
+        let (lease, f) = (LeaseName::new("l").unwrap(), CandidateId::new("f").unwrap());
+        notifier.acquired(&lease, &f, Outcome::Free);
+        assert!(
+            rx.has_changed().unwrap(),
+            "the head's acquire read before the release: woken again"
+        );
+        rx.mark_unchanged();
+        // Then the watcher idles with `free` set: a later release wakes it by its notification.
+        assert!(wake(&state, "l", "holder", Kind::Queued));
+        assert!(rx.has_changed().unwrap());
+    }
+
+    /// The head's acquire failed after a release was let go: the head is woken again, and
+    /// later releases wake it by their notifications until the watcher waits on the lock.
+    #[tokio::test]
+    async fn a_release_while_the_heads_acquire_fails_is_not_lost() {
+        let (notifier, mut rx) = woken_head();
+        let state = Arc::downgrade(&notifier.state);
+        assert!(wake(&state, "l", "holder", Kind::Queued));
+        let (lease, f) = (LeaseName::new("l").unwrap(), CandidateId::new("f").unwrap());
+        notifier.acquired(&lease, &f, Outcome::Unknown);
+        assert!(rx.has_changed().unwrap());
+        rx.mark_unchanged();
+        assert!(wake(&state, "l", "holder", Kind::Queued));
+        assert!(rx.has_changed().unwrap());
+    }
+
+    /// Without a release meanwhile, the head's acquire that found the row orphaned wakes nobody
+    /// (the engine takes the row over on its own timer), and a release while the watcher waits
+    /// on the lock is left to the watcher.
+    #[tokio::test]
+    async fn an_orphaned_row_alone_wakes_nobody() {
+        let (notifier, rx) = woken_head();
+        let (lease, f) = (LeaseName::new("l").unwrap(), CandidateId::new("f").unwrap());
+        notifier.acquired(&lease, &f, Outcome::Free);
+        assert!(!rx.has_changed().unwrap());
+        let (notifier, rx) = woken_head();
+        let state = Arc::downgrade(&notifier.state);
+        notifier
+            .state
+            .lock()
+            .unwrap()
+            .leases
+            .get_mut("l")
+            .unwrap()
+            .watcher
+            .as_mut()
+            .unwrap()
+            .waiting = true;
+        assert!(wake(&state, "l", "holder", Kind::Queued));
+        notifier.acquired(&lease, &f, Outcome::Free);
+        assert!(
+            !rx.has_changed().unwrap(),
+            "the waiting watcher wakes the head by the lock"
+        );
+    }
 
     #[test]
     fn the_queue_key_is_not_the_lease_key() {
