@@ -306,7 +306,10 @@ pub fn require_server(name: &str, env_var: &str) -> Option<String> {
     None
 }
 
-pub(crate) fn configured_url(env_var: &str) -> Option<String> {
+/// The value of `env_var`, from the environment or else from the `target/services/env` file
+/// `scripts/services up` writes (looked for from the crate's directory and the working directory
+/// up); `None` when neither has it.
+pub fn configured_url(env_var: &str) -> Option<String> {
     if let Some(url) = std::env::var(env_var).ok().filter(|v| !v.trim().is_empty()) {
         return Some(url.trim().to_string());
     }
@@ -351,7 +354,7 @@ fn reachable(url: &str) -> std::result::Result<(), String> {
 }
 
 /// `host:port` of the first host of a URL such as `scheme://user:pass@host:port,host2/path`.
-pub(crate) fn host_port(url: &str) -> Option<String> {
+pub fn host_port(url: &str) -> Option<String> {
     let (scheme, rest) = url.split_once("://")?;
     let authority = rest.split(['/', '?', '#']).next()?;
     let authority = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
@@ -379,6 +382,17 @@ pub(crate) fn host_port(url: &str) -> Option<String> {
         _ => return None,
     };
     Some(format!("{first}:{port}"))
+}
+
+/// `url` with `option` (`key=value`) appended to its query.
+///
+/// ```
+/// assert_eq!(leasehold_conformance::with_option("redis://h/0", "a=1"), "redis://h/0?a=1");
+/// assert_eq!(leasehold_conformance::with_option("redis://h/0?a=1", "b=2"), "redis://h/0?a=1&b=2");
+/// ```
+pub fn with_option(url: &str, option: &str) -> String {
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}{option}")
 }
 
 #[cfg(test)]

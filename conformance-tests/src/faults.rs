@@ -87,6 +87,10 @@ pub struct RequestCounts {
     pub changes: u64,
     /// [`LeaseStore::break_lease`] calls.
     pub break_lease: u64,
+    /// [`LeaseStore::shard_records`] calls.
+    pub shard_records: u64,
+    /// [`LeaseStore::write_shard`] calls.
+    pub write_shard: u64,
     /// Calls (of any kind) that answered an error, injected faults included.
     pub failed: u64,
 }
@@ -114,6 +118,8 @@ impl RequestCounts {
             (Operation::Candidates, self.candidates),
             (Operation::Changes, self.changes),
             (Operation::BreakLease, self.break_lease),
+            (Operation::ShardRecords, self.shard_records),
+            (Operation::WriteShard, self.write_shard),
         ]
     }
 
@@ -152,6 +158,8 @@ impl RequestCounts {
             candidates: f(self.candidates, other.candidates),
             changes: f(self.changes, other.changes),
             break_lease: f(self.break_lease, other.break_lease),
+            shard_records: f(self.shard_records, other.shard_records),
+            write_shard: f(self.write_shard, other.write_shard),
             failed: f(self.failed, other.failed),
         }
     }
@@ -173,6 +181,8 @@ impl From<Counts> for RequestCounts {
             candidates: n(Operation::Candidates),
             changes: n(Operation::Changes),
             break_lease: n(Operation::BreakLease),
+            shard_records: n(Operation::ShardRecords),
+            write_shard: n(Operation::WriteShard),
             failed: counts.failed,
         }
     }

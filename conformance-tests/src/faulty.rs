@@ -8,7 +8,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use leasehold_core::{
     AcquireRequest, Acquired, Announcements, CandidateId, Capabilities, Changes, CountingStore, Error, Grant,
-    LeaseName, LeaseStore, Observation, Renewed, Result, Term, Transition,
+    LeaseName, LeaseStore, Observation, Renewed, Result, ShardRecord, ShardWrite, Term, Transition,
 };
 
 use crate::faults::{Direction, Fault, Faults, RequestCounts};
@@ -140,6 +140,14 @@ impl LeaseStore for FaultyStore {
 
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
         self.counted.break_lease(lease).await
+    }
+
+    async fn shard_records(&self, prefix: &str) -> Result<Vec<ShardRecord>> {
+        self.counted.shard_records(prefix).await
+    }
+
+    async fn write_shard(&self, name: &LeaseName, expected: Option<&str>, value: &str) -> Result<ShardWrite> {
+        self.counted.write_shard(name, expected, value).await
     }
 }
 
@@ -289,6 +297,14 @@ impl LeaseStore for Injected {
 
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
         self.call(|| self.inner.break_lease(lease)).await
+    }
+
+    async fn shard_records(&self, prefix: &str) -> Result<Vec<ShardRecord>> {
+        self.call(|| self.inner.shard_records(prefix)).await
+    }
+
+    async fn write_shard(&self, name: &LeaseName, expected: Option<&str>, value: &str) -> Result<ShardWrite> {
+        self.call(|| self.inner.write_shard(name, expected, value)).await
     }
 }
 

@@ -2,8 +2,8 @@
 //! safety checker, with faults injected in-process or through a TCP proxy.
 //!
 //! - [`suite!`]: one test per scenario, so a backend's `tests/conformance.rs` is one line:
-//!   `leasehold_conformance::suite!(postgres);` (the factory in [`backends`], behind the feature
-//!   of the same name), or `suite!(azure, concurrent)` to run every scenario at once.
+//!   `leasehold_conformance::suite!(postgres, postgres());` with the store's own factory of
+//!   [`Backend`]s beside it, or `suite!(azure, azure(), concurrent)` to run every scenario at once.
 //! - [`scenarios`]: one public async function per guarantee of the contract, grouped by theme;
 //!   scenarios of guarantees a store does not claim (its `Capabilities`) pass with a note.
 //! - [`Backend`]: independent clients, a faulty client, a way to corrupt a record;
@@ -34,7 +34,9 @@ pub mod scenarios;
 pub mod secured;
 mod server;
 
-pub use backend::{Backend, IntoBackend, MemoryBackend, SecretUrls, require_server};
+pub use backend::{
+    Backend, IntoBackend, MemoryBackend, SecretUrls, configured_url, host_port, require_server, with_option,
+};
 pub use checker::{Interval, Record, SafetyChecker};
 pub use faults::{Direction, Fault, FaultState, Faults, RequestCounts};
 pub use faulty::FaultyStore;

@@ -3,13 +3,13 @@
 /// Expands to a module `$name` with one `#[test]` per scenario of
 /// [`scenarios`](crate::scenarios), so a failure reads `etcd::partitioned_leader_steps_down`.
 ///
-/// - `suite!(postgres)` runs against [`backends::postgres()`](crate::backends) (each backend's
-///   factory is behind the feature of its name);
+/// - `suite!(memory)` runs against [`backends::memory()`](crate::backends) (the in-memory
+///   backends; a store's own factory is in its tests: `suite!(postgres, postgres())`);
 /// - `suite!(name, expr)` runs against `expr`: any [`Backend`](crate::Backend), an
 ///   `Arc<dyn Backend>`, or an `Option` of one where `None` means the server is not available
 ///   (each test then skips, after the loud message of [`require_server`](crate::require_server));
 ///   items of the enclosing module are in scope;
-/// - `suite!(azure, concurrent)` or `suite!(name, expr, concurrent)` runs every scenario at once
+/// - `suite!(name, expr, concurrent)` (or `suite!(memory, concurrent)`) runs every scenario at once
 ///   on one runtime, whatever `--test-threads` says (see [`Concurrent`](crate::Concurrent)): for
 ///   stores whose minimum TTL makes each scenario take minutes. Each test still reports its own
 ///   scenario, and test-name filters choose which scenarios run.

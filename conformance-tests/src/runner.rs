@@ -9,7 +9,7 @@ use tokio::runtime::Runtime;
 use crate::backend::Backend;
 use crate::scenarios;
 
-/// Runs every scenario of a backend at once, for `suite!(name, concurrent)`.
+/// Runs every scenario of a backend at once, for `suite!(name, expr, concurrent)`.
 ///
 /// The first test to ask starts, on a runtime of its own (four workers), every scenario that the
 /// test binary's name filters select (`cargo test -- renew` starts only those whose test name

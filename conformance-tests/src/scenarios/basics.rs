@@ -485,10 +485,11 @@ pub async fn invalid_inputs(backend: Arc<dyn Backend>) {
     scene.log("ok");
 }
 
-/// [`LeaseStore::renew_many`] answers each grant as [`LeaseStore::renew`] would: of six leases,
+/// [`LeaseStore::renew_many`] answers each grant as [`LeaseStore::renew`] would: of seven leases,
 /// held ones are renewed (a new grant of the same term), released-and-taken, broken (where the
 /// store can break), handed-over (where it can hand over) ones and an earlier term of the same
-/// candidate (released and acquired again) are `Lost`, naming what `renew` names.
+/// candidate (released and acquired again) are `Lost`, naming what `renew` names, and one whose
+/// record is garbage fails alone with [`Error::CorruptRecord`]. No grants, no answers.
 ///
 /// # Panics
 ///
@@ -528,6 +529,14 @@ pub async fn renew_many_answers_as_renew_does(backend: Arc<dyn Backend>) {
         .unwrap_or_else(|e| panic!("{p}: release: {e}"));
     let again = scene.grant(&*store_a, &request(&grants[5].lease, &a, scene.ttl)).await;
     grants.push(again);
+    // Held, then its record overwritten with garbage.
+    let garbled = scene.grant(&*store_a, &request(&lease("garbled"), &a, scene.ttl)).await;
+    scene
+        .backend
+        .corrupt(&garbled.lease)
+        .await
+        .unwrap_or_else(|e| panic!("{p}: cannot corrupt the record: {e}"));
+    grants.push(garbled);
 
     let many = store_a
         .renew_many(&grants)
@@ -579,5 +588,20 @@ pub async fn renew_many_answers_as_renew_does(backend: Arc<dyn Backend>) {
         "{p}: the candidate's current grant is renewed: {:?}",
         many[6]
     );
+    assert!(
+        matches!(&many[7], Err(Error::CorruptRecord { lease, .. }) if *lease == grants[7].lease.as_str()),
+        "{p}: a garbage record fails its own grant with CorruptRecord naming it: {:?}",
+        many[7]
+    );
+    let none = store_a
+        .renew_many(&[])
+        .await
+        .unwrap_or_else(|e| panic!("{p}: renew_many of no grants: {e}"));
+    assert!(none.is_empty(), "{p}: no grants, no answers: {none:?}");
+    scene
+        .backend
+        .remove(&grants[7].lease)
+        .await
+        .unwrap_or_else(|e| panic!("{p}: cannot remove the garbage: {e}"));
     scene.finish().await;
 }

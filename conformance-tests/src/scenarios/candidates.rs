@@ -126,17 +126,8 @@ async fn queue_behind(
     elector: &Elector,
     holder: &CandidateId,
 ) -> (JoinHandle<()>, oneshot::Receiver<Leader>) {
-    let mut sees = elector.observe();
     let campaign = spawn_campaign(elector);
-    let what = format!("{} queueing behind {holder}", elector.id());
-    scene
-        .within(
-            &what,
-            scene.ttl * 2,
-            sees.wait_for(|l| l.as_ref().is_some_and(|l| l.holder == *holder)),
-        )
-        .await
-        .expect("the elector lives");
+    scene.sees(elector, holder, scene.ttl * 2).await;
     tokio::time::sleep(scene.ttl / 10).await;
     campaign
 }

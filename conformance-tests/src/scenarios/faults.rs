@@ -372,17 +372,9 @@ pub async fn lost_reply_resolved_by_read_back(backend: Arc<dyn Backend>) {
     };
     let (store_c, faults_c) = scene.connect_faulty().await;
     let c = scene.watched(scene.builder(store_c, &lease, "C"));
-    let mut c_sees = c.observe();
     let (_campaign_c, elected_c) = spawn_campaign(&c);
     // Wait until C's first acquire was *answered* (C has seen the blocker), not merely sent.
-    let what = "C's first acquire (answered Held)";
-    scene
-        .within(what, ttl * 2, async {
-            let _ = c_sees
-                .wait_for(|leader| leader.as_ref().is_some_and(|l| l.holder == blocker))
-                .await;
-        })
-        .await;
+    scene.sees(&c, &blocker, ttl * 2).await;
     // A store whose acquire reads first would never send its write while every reply is lost:
     // its replies come half a TTL late instead, twice the request timeout (and before the
     // engine gives up polling the call, a TTL after it was sent).
@@ -511,11 +503,11 @@ pub async fn a_failed_release_does_not_keep_the_lease(backend: Arc<dyn Backend>)
     let leader_h = scene.campaign(&h, ttl * 3).await;
     let c = scene.watched(scene.builder(store.clone(), &withdrawn, "C"));
     let (campaign_c, _elected_c) = spawn_campaign(&c);
-    sees(&scene, &b, a.id()).await;
-    sees(&scene, &c, h.id()).await;
+    scene.sees(&b, a.id(), ttl * 3).await;
+    scene.sees(&c, h.id(), ttl * 3).await;
     let d = scene.watched(scene.builder(scene.connect().await, &withdrawn, "D"));
     let (campaign_d, elected_d) = spawn_campaign(&d);
-    sees(&scene, &d, h.id()).await;
+    scene.sees(&d, h.id(), ttl * 3).await;
 
     let (mut troubles_a, mut troubles_c) = (a.events(), c.events());
     let (term_a, term_e) = (leader_a.term(), leader_e.term());
@@ -589,7 +581,7 @@ pub async fn a_failed_release_does_not_keep_the_lease(backend: Arc<dyn Backend>)
     // C campaigns again: it waits behind D (whatever its failed withdrawal left), and leads
     // after D with a higher term.
     let (campaign_c, elected_c) = spawn_campaign(&c);
-    sees(&scene, &c, d.id()).await;
+    scene.sees(&c, d.id(), ttl * 3).await;
     let term_d = leader_d.term();
     leader_d.resign().await;
     let leader_c = scene
@@ -612,17 +604,6 @@ pub async fn a_failed_release_does_not_keep_the_lease(backend: Arc<dyn Backend>)
 /// How long the requests of `a_failed_release_does_not_keep_the_lease` wait in the fault proxy
 /// before its connections are reset.
 const FAILED_DELAY: Duration = Duration::from_millis(300);
-
-/// Waits until `elector` sees `holder` leading.
-async fn sees(scene: &Scene, elector: &Elector, holder: &CandidateId) {
-    let mut seen = elector.observe();
-    let what = format!("{} seeing {holder} lead", elector.id());
-    scene
-        .within(&what, scene.ttl * 3, async {
-            let _ = seen.wait_for(|l| l.as_ref().is_some_and(|l| &l.holder == holder)).await;
-        })
-        .await;
-}
 
 /// The next store failure among an elector's events.
 async fn failure(events: &mut tokio::sync::broadcast::Receiver<Event>) {

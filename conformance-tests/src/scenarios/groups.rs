@@ -14,6 +14,9 @@ use crate::faults::{Direction, Fault, Faults};
 
 const SHARDS: u32 = 64;
 
+/// Shards of the group at scale.
+const MANY_SHARDS: u32 = 10_000;
+
 /// Who runs each shard, every term, and any overlap, as the shard tasks report it.
 #[derive(Default)]
 struct Book {
@@ -80,9 +83,26 @@ struct Member {
 }
 
 fn join(scene: &Scene, store: Arc<dyn LeaseStore>, group: &str, id: &str, book: &Arc<Book>) -> Member {
+    join_group(scene, store, group, (SHARDS, None), id, book)
+}
+
+/// A member of a group of `shards`, with `max_moves_per_round` if given.
+fn join_group(
+    scene: &Scene,
+    store: Arc<dyn LeaseStore>,
+    group: &str,
+    (shards, max_moves): (u32, Option<usize>),
+    id: &str,
+    book: &Arc<Book>,
+) -> Member {
     let ttl = scene.ttl;
     let (retry, timeout) = (scene.retry_every(), scene.request_timeout());
-    let group = LeaseGroup::builder(store, group, SHARDS)
+    let builder = LeaseGroup::builder(store, group, shards);
+    let builder = match max_moves {
+        Some(moves) => builder.max_moves_per_round(moves),
+        None => builder,
+    };
+    let group = builder
         .member_id(id)
         .ttl(ttl)
         .electors(move |b| b.retry_every(retry).request_timeout(timeout))
@@ -138,8 +158,8 @@ async fn balanced(scene: &Scene, book: &Book, expected: &[usize], limit: Duratio
 /// On two tasks of one shard at once, a term that does not increase, balance not reached within
 /// its bound, or a move while membership is stable.
 pub async fn lease_group_balances_and_survives_a_crash(backend: Arc<dyn Backend>) {
-    // 64 held shards renewed three times a TTL: a store slow enough to need a long TTL for
-    // 1,000 leases needs a fifth of it here.
+    // A store slow enough to need a long TTL for 1,000 leases needs a fifth of it for the
+    // members' leases, their listings and the shard records written while the group changes.
     let ttl = backend
         .many_leases_ttl()
         .map_or(Duration::from_secs(1), |t| (t / 5).max(Duration::from_secs(1)));
@@ -210,6 +230,92 @@ pub async fn lease_group_balances_and_survives_a_crash(backend: Arc<dyn Backend>
     for m in members.into_iter().chain([d]) {
         let _ = m.stop.send(true);
         let _ = scene.within("a member leaving", ttl * 3, m.handle).await;
+    }
+    c.faults.as_ref().expect("c").heal();
+    let _ = c.stop.send(true);
+    c.handle.abort();
+    scene.finish().await;
+}
+
+/// Three members share 10,000 shards from cold (3,334/3,333/3,333); a member cut off by a
+/// blackhole loses its shards, which the other two take 5,000/5,000; a new member joins and
+/// takes at most ceil(10,000 / 3) = 3,334 (moves capped only by the shard count here); no shard
+/// moves over 3 stable TTLs; throughout, no shard runs twice at once and every shard's term
+/// increases with every owner. A member's lease is the only thing renewed, so this costs the
+/// store writes only while the group changes.
+///
+/// Not in [`suite!`](crate::suite): beside the suite's other scenarios on a loaded 2-core CI
+/// machine (eight at once, every backend's) its 40,000 record writes made members' renewals
+/// late there; call it from a test of your own that runs alone, or run the bench's
+/// `group-scale` measure (4 members x 10,000 shards, each in a process of its own).
+///
+/// # Panics
+///
+/// As [`lease_group_balances_and_survives_a_crash`].
+pub async fn lease_group_at_scale(backend: Arc<dyn Backend>) {
+    let ttl = backend
+        .many_leases_ttl()
+        .map_or(Duration::from_secs(2), |t| (t / 5).max(Duration::from_secs(2)));
+    let scene = Scene::with_ttl(backend, "lease_group_at_scale", ttl).await;
+    let p = &scene.prefix;
+    let ttl = scene.ttl;
+    let group = scene.lease.clone();
+    let book = Arc::new(Book::default());
+    let size = (MANY_SHARDS, Some(MANY_SHARDS as usize));
+    // Writing 10,000 records at once (64 at a time) takes a while on a local server.
+    let bound = ttl * 10 + Duration::from_secs(120);
+    let mut members = Vec::new();
+    for id in ["a", "b"] {
+        members.push(join_group(&scene, scene.connect().await, &group, size, id, &book));
+    }
+    let (store_c, faults_c) = scene.connect_faulty().await;
+    let mut c = join_group(&scene, store_c, &group, size, "c", &book);
+    c.faults = Some(faults_c);
+    let took = balanced(&scene, &book, &[3334, 3333, 3333], bound).await;
+    scene.log(format_args!(
+        "3 members, {MANY_SHARDS} shards: balanced from cold in {}",
+        secs(took)
+    ));
+
+    let cut = Instant::now();
+    let faults = c.faults.as_ref().expect("c is faulty");
+    faults.set(Direction::Request, Fault::Blackhole);
+    faults.set(Direction::Reply, Fault::Blackhole);
+    balanced(&scene, &book, &[5000, 5000], bound).await;
+    scene.log(format_args!(
+        "c cut off: its shards owned again after {}",
+        secs(cut.elapsed())
+    ));
+
+    let starts = book.starts();
+    let d = join_group(&scene, scene.connect().await, &group, size, "d", &book);
+    let took = balanced(&scene, &book, &[3334, 3333, 3333], bound).await;
+    let moves = book.starts() - starts;
+    scene.log(format_args!(
+        "d joined: balanced after {} with {moves} moves",
+        secs(took)
+    ));
+    assert!(moves <= 3334, "{p}: a join moved {moves} shards (at most 3,334)");
+    let starts = book.starts();
+    tokio::time::sleep(ttl * 3).await;
+    assert_eq!(
+        book.starts(),
+        starts,
+        "{p}: shards moved over 3 TTLs of stable membership"
+    );
+
+    let violations = book.violations.lock().unwrap().clone();
+    assert!(
+        violations.is_empty(),
+        "{p}: {} violations, e.g. {:#?}",
+        violations.len(),
+        violations.first()
+    );
+    for m in members.into_iter().chain([d]) {
+        let _ = m.stop.send(true);
+        let _ = scene
+            .within("a member leaving", ttl * 3 + Duration::from_secs(60), m.handle)
+            .await;
     }
     c.faults.as_ref().expect("c").heal();
     let _ = c.stop.send(true);

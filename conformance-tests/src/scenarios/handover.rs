@@ -63,18 +63,9 @@ pub async fn fifo_order(backend: Arc<dyn Backend>) {
     let mut queued = Vec::new();
     for who in ["B", "C", "D"] {
         let elector = scene.elector(scene.connect().await, who);
-        let mut sees = elector.observe();
         let campaign = spawn_campaign(&elector);
         // Queued once its first acquire was answered (it has seen the leader).
-        let what = format!("{who} queueing behind A");
-        scene
-            .within(
-                &what,
-                scene.ttl * 2,
-                sees.wait_for(|l| l.as_ref().is_some_and(|l| l.holder == a_id)),
-            )
-            .await
-            .expect("the elector lives");
+        scene.sees(&elector, &a_id, scene.ttl * 2).await;
         tokio::time::sleep(scene.ttl / 10).await;
         queued.push((who, elector, campaign));
     }
@@ -121,17 +112,8 @@ pub async fn followers_learn_of_a_new_leader(backend: Arc<dyn Backend>) {
     let mut followers = Vec::new();
     for who in ["B", "C"] {
         let elector = scene.elector(scene.connect().await, who);
-        let mut sees = elector.observe();
         let (_task, elected) = spawn_campaign(&elector);
-        let what = format!("{who} following A");
-        scene
-            .within(
-                &what,
-                scene.ttl * 2,
-                sees.wait_for(|l| l.as_ref().is_some_and(|l| l.holder == *a.id())),
-            )
-            .await
-            .expect("the elector lives");
+        scene.sees(&elector, a.id(), scene.ttl * 2).await;
         tokio::time::sleep(scene.ttl / 10).await;
         followers.push((elector, elected));
     }

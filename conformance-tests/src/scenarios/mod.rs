@@ -16,7 +16,8 @@
 //! | [`faults`] | partition, outage, slow store, lost replies, a failed release or withdrawal |
 //! | [`history`] | terms increase; how each term ended |
 //! | [`listing`] | leases listed by name prefix |
-//! | [`groups`] | lease groups: balance, stability, a crashed member, a join |
+//! | [`shards`] | shard records: compare-and-set, racing writers, listed apart from leases |
+//! | [`groups`] | lease groups: balance, stability, a crashed member, a join (the same at 10,000 shards: [`lease_group_at_scale`], not in [`suite!`](crate::suite), see its docs) |
 //! | [`cost`] | 1,000 leases; requests per transition, an idle follower's requests (gated) |
 //! | [`secrets`] | passwords of the store URL stay out of `Debug` and errors (gated) |
 //! | [`restart`] | the store's server restarts, then the leader crashes (gated on [`Backend::can_restart`]) |
@@ -56,6 +57,7 @@ pub mod restart;
 pub mod safety;
 pub mod secrets;
 pub mod secured;
+pub mod shards;
 pub mod writes;
 
 pub use basics::{
@@ -68,7 +70,7 @@ pub use faults::{
     a_failed_release_does_not_keep_the_lease, lost_reply_resolved_by_read_back, partitioned_leader_steps_down,
     slow_store_no_double_leadership, store_outage_no_leader_then_one,
 };
-pub use groups::lease_group_balances_and_survives_a_crash;
+pub use groups::{lease_group_at_scale, lease_group_balances_and_survives_a_crash};
 pub use handover::{
     break_lease_ends_the_term, fifo_order, followers_learn_of_a_new_leader, graceful_release_fast_handover,
     hand_over_reserves_the_lease, leader_hands_over_to_a_named_successor, version_takeover,
@@ -78,6 +80,7 @@ pub use listing::list_by_prefix;
 pub use restart::store_restart_then_leader_crash;
 pub use safety::{crash_successor_after_valid_until, race_has_one_winner, stalled_task_steps_down};
 pub use secrets::secrets_stay_out_of_debug_and_errors;
+pub use shards::shard_records_compare_and_set;
 pub use writes::racing_writes_have_one_winner;
 
 /// Calls `$crate::$callback! { $($args)* ; scenario scenario ... }` with every scenario of the
@@ -113,6 +116,7 @@ macro_rules! __every_scenario {
             terms_increase_and_history
             history_records_how_terms_end
             list_by_prefix
+            shard_records_compare_and_set
             lease_group_balances_and_survives_a_crash
             corrupt_record_is_typed_error
             invalid_inputs
@@ -347,6 +351,20 @@ impl Scene {
             Ok(output) => output,
             Err(_) => panic!("{}: {what} did not happen within {limit:?}", self.prefix),
         }
+    }
+
+    /// Waits (up to `limit`) until `elector` sees `holder` lead: its first acquire has been
+    /// answered, so it follows (or is queued behind) `holder`.
+    async fn sees(&self, elector: &Elector, holder: &CandidateId, limit: Duration) {
+        let mut seen = elector.observe();
+        let what = format!("{} seeing {holder} lead", elector.id());
+        self.within(
+            &what,
+            limit,
+            seen.wait_for(|l| l.as_ref().is_some_and(|l| &l.holder == holder)),
+        )
+        .await
+        .expect("the elector lives");
     }
 
     async fn campaign(&self, elector: &Elector, limit: Duration) -> Leader {

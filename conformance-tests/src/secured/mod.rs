@@ -11,32 +11,7 @@ use std::sync::Arc;
 
 use crate::backend::Backend;
 
-#[cfg(feature = "azure")]
-mod azure;
 pub mod capture;
-#[cfg(feature = "etcd")]
-mod etcd;
-#[cfg(feature = "mysql")]
-mod mysql;
-#[cfg(feature = "postgres")]
-mod postgres;
-#[cfg(feature = "redis")]
-mod redis;
-#[cfg(feature = "zookeeper")]
-mod zookeeper;
-
-#[cfg(feature = "azure")]
-pub use azure::azure_tls;
-#[cfg(feature = "etcd")]
-pub use etcd::etcd_tls;
-#[cfg(feature = "mysql")]
-pub use mysql::mysql_tls;
-#[cfg(feature = "postgres")]
-pub use postgres::postgres_tls;
-#[cfg(feature = "redis")]
-pub use redis::redis_tls;
-#[cfg(feature = "zookeeper")]
-pub use zookeeper::zookeeper_auth;
 
 /// A secured server and what must be refused there.
 pub struct Secured {
@@ -80,24 +55,27 @@ pub struct Refusal {
 }
 
 /// The settings every TLS server shares: the good URL and the `LEASEHOLD_PKI_DIR`.
-#[cfg(any(feature = "etcd", feature = "postgres", feature = "redis", feature = "mysql"))]
-pub(crate) struct Tls {
-    pub(crate) url: String,
-    pub(crate) pki: String,
+#[derive(Debug)]
+pub struct Tls {
+    /// The good URL (it holds the password).
+    pub url: String,
+    /// The directory of the private CA and the certificates (`scripts/secured.bash`).
+    pub pki: String,
 }
 
-#[cfg(any(feature = "etcd", feature = "postgres", feature = "redis", feature = "mysql"))]
 impl Tls {
-    pub(crate) fn from_env(service: &str, url_var: &str) -> Option<Tls> {
+    /// The URL in `url_var` and the `LEASEHOLD_PKI_DIR`; `None` (after the loud message of
+    /// [`require_server`](crate::require_server)) when `service` is not running.
+    pub fn from_env(service: &str, url_var: &str) -> Option<Tls> {
         let url = crate::backend::require_server(service, url_var)?;
-        let pki = crate::backend::configured_url("LEASEHOLD_PKI_DIR")?;
+        let pki = crate::configured_url("LEASEHOLD_PKI_DIR")?;
         Some(Tls { url, pki })
     }
 
     /// The refusals of TLS itself: a CA that signed nothing here, a host the server's
     /// certificate does not name (it names 127.0.0.1; the server also listens on 127.0.0.2),
     /// a client certificate that has expired.
-    pub(crate) fn refusals(&self) -> Vec<Refusal> {
+    pub fn refusals(&self) -> Vec<Refusal> {
         let pki = &self.pki;
         vec![
             Refusal {
@@ -124,7 +102,7 @@ impl Tls {
     }
 
     /// The body of the client's private key (its first base64 line): it must show nowhere.
-    pub(crate) fn key_body(&self) -> String {
+    pub fn key_body(&self) -> String {
         let path = format!("{}/client.key", self.pki);
         let pem = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
         pem.lines()
@@ -136,15 +114,7 @@ impl Tls {
 
 /// A client backend of the secured section at `url`, its stores made by `connect`; it writes
 /// no garbage (`corrupt` is not part of the section).
-#[cfg(any(
-    feature = "etcd",
-    feature = "postgres",
-    feature = "redis",
-    feature = "mysql",
-    feature = "zookeeper",
-    feature = "azure"
-))]
-pub(crate) fn secured_backend(
+pub fn secured_backend(
     name: &'static str,
     url: &str,
     connect: impl Fn(
@@ -163,7 +133,7 @@ pub(crate) fn secured_backend(
             })
         })
     };
-    let upstream = crate::backend::host_port(url)?;
+    let upstream = crate::host_port(url)?;
     Some(Arc::new(crate::server::ServerBackend::new(
         name, url, upstream, connect, corrupt,
     )))
@@ -171,23 +141,24 @@ pub(crate) fn secured_backend(
 
 /// The users of a TLS server with a password: the store's (whose password is in
 /// `password_var`) and a read-only one (its URL in `readonly_var`), and what their refusals say.
-#[cfg(any(feature = "etcd", feature = "postgres", feature = "redis", feature = "mysql"))]
-pub(crate) struct Users {
-    pub(crate) password_var: &'static str,
-    pub(crate) readonly_var: &'static str,
+#[derive(Debug)]
+pub struct Users {
+    /// The variable holding the store's user's password.
+    pub password_var: &'static str,
+    /// The variable holding the read-only user's URL.
+    pub readonly_var: &'static str,
     /// What a wrong password's error names.
-    pub(crate) wrong_password_says: &'static str,
+    pub wrong_password_says: &'static str,
     /// The read-only user (`"read-only role"`, ...) and what its refusal names.
-    pub(crate) readonly: (&'static str, &'static str),
+    pub readonly: (&'static str, &'static str),
 }
 
-#[cfg(any(feature = "etcd", feature = "postgres", feature = "redis", feature = "mysql"))]
 impl Tls {
     /// The secured section of `backend` (its clients use [`Tls::url`](Tls)): the TLS refusals,
     /// a wrong password, the read-only user; the password and the client key as secrets.
-    pub(crate) fn with_users(self, backend: Arc<dyn Backend>, users: Users) -> Option<Secured> {
+    pub fn with_users(self, backend: Arc<dyn Backend>, users: Users) -> Option<Secured> {
         let mut secrets = password_secrets(users.password_var)?;
-        let readonly = crate::backend::configured_url(users.readonly_var)?;
+        let readonly = crate::configured_url(users.readonly_var)?;
         let mut refusals = self.refusals();
         refusals.push(Refusal {
             what: "wrong password",
@@ -210,31 +181,28 @@ impl Tls {
 
 /// The password's secrets: as written, and as the URL escapes it (`@` and `/`, as
 /// scripts/secured.bash does), in that order.
-#[cfg(any(
-    feature = "etcd",
-    feature = "postgres",
-    feature = "redis",
-    feature = "mysql",
-    feature = "zookeeper"
-))]
-pub(crate) fn password_secrets(password_var: &str) -> Option<Vec<String>> {
-    let password = crate::backend::configured_url(password_var)?;
+pub fn password_secrets(password_var: &str) -> Option<Vec<String>> {
+    let password = crate::configured_url(password_var)?;
     let escaped = password.replace('@', "%40").replace('/', "%2F");
     Some(vec![password, escaped])
 }
 
-/// Expands to a module `$name` with the secured section of the suite against
-/// `secured::$name()` (see [`secured`](mod@crate::secured); e.g. `secured!(etcd_tls)`): a handful of tests, short
-/// TTLs. Without the server each test skips (fails under `CI=true`).
+/// Expands to a module `$name` with the secured section of the suite against `$secured`, an
+/// `Option<`[`Secured`]`>` (see [`secured`](mod@crate::secured); e.g.
+/// `secured!(etcd_tls, etcd_tls())` with the store's own factory beside it; items of the
+/// enclosing module are in scope): a handful of tests, short TTLs. With `None` each test skips
+/// (fails under `CI=true`).
 #[macro_export]
 macro_rules! secured {
-    ($name:ident $(,)?) => {
+    ($name:ident, $secured:expr $(,)?) => {
         mod $name {
+            #[allow(unused_imports)]
+            use super::*;
             #[allow(unused_imports)]
             use $crate::__private::tokio;
 
             fn secured() -> ::std::option::Option<$crate::secured::Secured> {
-                $crate::secured::$name()
+                $secured
             }
 
             $crate::__secured_tests! {

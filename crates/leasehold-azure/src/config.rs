@@ -250,10 +250,8 @@ impl AzureConfig {
             let path = format!("{}/", config.endpoint.path());
             config.endpoint.set_path(&path);
         }
-        if let Some(timeout) = options.duration("timeout")? {
-            if !(Duration::from_millis(1)..=Duration::from_secs(600)).contains(&timeout) {
-                return Err(options.invalid("timeout", "expected 1ms to 10m"));
-            }
+        let timeouts = Duration::from_millis(1)..=Duration::from_secs(600);
+        if let Some(timeout) = options.duration_in("timeout", timeouts, "expected 1ms to 10m")? {
             config.timeout = timeout;
         }
         config.max_requests = turns(&mut options, "max_requests")?.unwrap_or(DEFAULT_MAX_REQUESTS);

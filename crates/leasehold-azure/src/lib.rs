@@ -9,6 +9,7 @@ mod history;
 mod list;
 mod record;
 mod sas;
+mod shards;
 mod store;
 
 #[doc = include_str!("../docs.md")]

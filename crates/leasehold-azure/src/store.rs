@@ -15,7 +15,8 @@ use azure_storage_blob::models::{
 use azure_storage_blob::{BlobClient, BlobContainerClient, BlobContainerClientOptions};
 use leasehold_core::{
     AcquireRequest, Acquired, Admitted, CandidateId, Capabilities, EndReason, Error, Expiry, Grant, LeaseName,
-    LeaseStore, Notifications, Observation, Operation, Renewed, RequestLimit, Result, Term, Transition,
+    LeaseStore, Notifications, Observation, Operation, Renewed, RequestLimit, Result, ShardRecord, ShardWrite, Term,
+    Transition,
 };
 
 use crate::config::{Auth, AzureConfig, TTL_RANGE};
@@ -31,7 +32,8 @@ const REQUEST_ID: azure_core::http::headers::HeaderName =
 /// Each lease is a blob `{prefix}{lease}` in one container; its metadata holds the holder and
 /// the fencing term, and a blob lease (15 to 60 s, enforced by the service's clock) keeps
 /// everyone else out. History is kept in small blobs `{prefix}{lease}.history/{term:020}`, for
-/// the most recent [`history_limit`](AzureConfig::history_limit) terms.
+/// the most recent [`history_limit`](AzureConfig::history_limit) terms. Shard records are empty
+/// blobs `{prefix}.leasehold-shards/{name}`, their value in metadata (see the design notes).
 ///
 /// Clones share the HTTP connections and the cache of record versions.
 ///
@@ -668,6 +670,21 @@ impl LeaseStore for AzureBlobStore {
     async fn list(&self, prefix: &str) -> Result<Vec<Observation>> {
         let _turn = self.turn(Operation::List).await;
         self.list_leases(prefix).await
+    }
+
+    /// `List Blobs` with metadata under `{prefix}.leasehold-shards/{prefix}`, every page (5,000
+    /// records each: 2 requests for 10,000 records).
+    async fn shard_records(&self, prefix: &str) -> Result<Vec<ShardRecord>> {
+        let _turn = self.turn(Operation::ShardRecords).await;
+        self.list_shards(prefix).await
+    }
+
+    /// One conditional request: `Put Blob` of the record's empty blob (the value in its
+    /// metadata) on `If-None-Match: *`, or `Set Blob Metadata` on `If-Match` of the expected
+    /// ETag; refused, one `Get Blob Properties` of the record.
+    async fn write_shard(&self, name: &LeaseName, expected: Option<&str>, value: &str) -> Result<ShardWrite> {
+        let _turn = self.turn(Operation::WriteShard).await;
+        self.put_shard(name, expected, value).await
     }
 
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {

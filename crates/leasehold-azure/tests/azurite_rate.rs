@@ -1,13 +1,13 @@
 //! How many renewals a second the Azurite emulator serves on this machine, and how long they take,
 //! by how many are in flight at once. A measurement, not a test:
-//! `cargo test -p leasehold-azure --test azurite_rate -- --ignored --nocapture`.
+//! `cargo test -p leasehold-azure --test integration -- azurite_rate:: --ignored --nocapture`.
 //!
 //! Each phase runs `concurrency` loops of back-to-back renewals for 5 s on one store. A phase that
 //! starts with more loops than the store has open connections opens the rest at once (the store
 //! drops connections idle for 2 s, so the phase after the pause starts cold): its first requests
 //! show what a burst of new connections costs on a busy emulator.
 
-mod common;
+use crate::common;
 // One copy of the measurement for every backend's tests.
 #[path = "../../leasehold-dynamodb/tests/common/holding.rs"]
 mod holding;
@@ -97,7 +97,7 @@ async fn azurite_request_rate() {
 
 /// Requests a second one store makes while 1,000 Electors on it each try to hold a lease (TTL 15
 /// s, the least Azure allows), by operation, with the leases held and lost: `cargo test -p
-/// leasehold-azure --test azurite_rate -- --ignored --nocapture holding_1000_leases`
+/// leasehold-azure --test integration -- --ignored --nocapture holding_1000_leases`
 /// (`RATE_TTL_MS`, `RATE_LEASES`, `RATE_WINDOW_SECS` as in `holding.rs`). Prints; asserts
 /// nothing timed. A run writes thousands of extents (one per Put Blob, refused ones included),
 /// and deleting its container sets up a long freeze of the emulator's extent GC at its next

@@ -1,7 +1,7 @@
 //! Whether a store's renewals stall together when it renews many leases at the same instant, as
 //! the members of a lease group do (the conformance scenario
 //! `lease_group_balances_and_survives_a_crash`). A measurement, not a test: `cargo test -p
-//! leasehold-azure --test renewal_stall -- --ignored --nocapture`.
+//! leasehold-azure --test integration -- renewal_stall:: --ignored --nocapture`.
 //!
 //! `STALL_STORES` (3) stores, each holding `STALL_LEASES` (22) leases of TTL 15 s, renew all of
 //! them at once every `STALL_RENEW_MS` (5,000) ms, each renewal cut off after 3.75 s as the
@@ -15,7 +15,7 @@
 //! each, with its event loop blocked throughout; every client then waits, for seconds (2,500
 //! blobs deleted: 7.7 s) to minutes (8,600 extents: 8.6 minutes). See the crate's docs.md.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! The Azure store beyond the shared suite: breaking a blob lease by hand, repeated grants to one
 //! candidate, and secrets kept out of everything printed. Needs Azurite (`scripts/services up azurite`).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

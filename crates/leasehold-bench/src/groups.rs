@@ -1,16 +1,13 @@
 //! Lease groups on one backend: 3 members x 64 shards from cold, a member cut off, a fourth
-//! joining, 10 TTLs of stable membership; and what one member holding 1,000 shards asks of the
-//! store per second.
+//! joining, 10 TTLs of stable membership; and what one member alone asks of the store per second
+//! at 100, 1,000 and 10,000 shards.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use leasehold::{
-    AcquireRequest, Acquired, CandidateId, Capabilities, Changes, CountingStore, Elector, Grant, LeaseGroup, LeaseName,
-    LeaseStore, Observation, Operation, Renewed, RequestCounts, ShardLeader, Term, Transition, async_trait,
-};
+use leasehold::{CountingStore, Elector, LeaseGroup, LeaseStore, Operation, RequestCounts, ShardLeader, Term};
 use leasehold_conformance::{Direction, Fault, Faults, FaultyStore};
 use std::process::Stdio;
 
@@ -20,11 +17,6 @@ use tokio::task::JoinHandle;
 
 use crate::backends::Available;
 use crate::plan::{Outcome, Plan, connect, within};
-
-/// Backends whose store answers `renew_many` in one request (one statement, script or
-/// transaction); elsewhere it is the trait's default, one `renew` per grant, all at once. Read
-/// from the backends' sources at the time of the run (`grep -l "fn renew_many" crates/*/src`).
-pub(crate) const NATIVE_RENEW_MANY: &[&str] = &["sqlite", "postgres", "redis", "zookeeper"];
 
 /// The group measure of one backend.
 #[derive(Debug)]
@@ -75,14 +67,10 @@ pub(crate) struct Stable {
 pub(crate) struct Cost {
     pub(crate) shards: u32,
     pub(crate) ttl: Duration,
-    /// From the member starting to it leading every shard.
+    /// From the member starting to it running every shard.
     pub(crate) all_owned_after: Duration,
     pub(crate) window: Duration,
     pub(crate) calls: RequestCounts,
-    /// Grants renewed through `renew_many` in the window.
-    pub(crate) grants: u64,
-    /// Whether the backend's `renew_many` is one request ([`NATIVE_RENEW_MANY`]).
-    pub(crate) native_renew_many: bool,
 }
 
 impl Cost {
@@ -90,27 +78,16 @@ impl Cost {
         n as f64 / self.window.as_secs_f64().max(1e-9)
     }
 
-    /// Store calls at the `LeaseStore` API, every operation.
+    /// Store calls at the `LeaseStore` API, every operation (each one request but a listing of
+    /// many pages).
     pub(crate) fn calls_per_second(&self) -> f64 {
         self.per_second(self.calls.total())
     }
-
-    /// Requests on the wire: a `renew_many` call is one request where the backend has it,
-    /// else one per grant.
-    pub(crate) fn requests_per_second(&self) -> f64 {
-        let batches = self.calls.get(Operation::RenewMany);
-        let renew_many = if self.native_renew_many { batches } else { self.grants };
-        self.per_second(self.calls.total() - batches + renew_many)
-    }
 }
 
-/// Runs the group measures of one backend: `(the 3-member group, the 1,000-shard cost)`.
-pub(crate) async fn measure(
-    name: &str,
-    av: &Available,
-    run: u64,
-    plan: &Plan,
-) -> (Outcome<GroupReport>, Outcome<Cost>) {
+/// Runs the group measures of one backend: `(the 3-member group, the cost of one member at each
+/// shard count)`.
+pub(crate) async fn measure(av: &Available, run: u64, plan: &Plan) -> (Outcome<GroupReport>, Vec<Outcome<Cost>>) {
     let long_ttl = av.ttl > Duration::from_secs(5);
     let group = if plan.smoke && long_ttl {
         Err(format!("skipped in smoke mode (TTL {:?})", av.ttl))
@@ -124,20 +101,18 @@ pub(crate) async fn measure(
         eprintln!("      {:.1} s", t.elapsed().as_secs_f64());
         g
     };
-    let cost = if plan.smoke && name != "memory" {
-        Err("skipped in smoke mode".to_string())
-    } else {
-        let shards = if plan.smoke { 16 } else { 1_000 };
+    let mut costs = Vec::new();
+    for &shards in &plan.group_cost_shards {
         eprintln!("   group: one member, {shards} shards, store calls");
         let t = Instant::now();
-        let c = cost(name, av, run, shards).await;
+        let c = cost(av, run, shards).await;
         if let Err(e) = &c {
             eprintln!("      {e}");
         }
         eprintln!("      {:.1} s", t.elapsed().as_secs_f64());
-        c
-    };
-    (group, cost)
+        costs.push(c);
+    }
+    (group, costs)
 }
 
 /// What the shard tasks of every member record.
@@ -187,7 +162,7 @@ impl Drop for Running {
 
 /// A member running in a task of its own, or in a child process (`--child-member`) that prints
 /// the shards it leads whenever they change.
-enum Member {
+pub(crate) enum Member {
     Local {
         group: LeaseGroup,
         stop: Option<oneshot::Sender<()>>,
@@ -239,7 +214,7 @@ impl Member {
     }
 
     /// A member in a child process of this executable, so that it can be killed with SIGKILL.
-    fn spawn(url: &str, name: &str, shards: u32, id: &str, ttl: Duration) -> Outcome<Member> {
+    pub(crate) fn spawn(url: &str, name: &str, shards: u32, id: &str, ttl: Duration) -> Outcome<Member> {
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let mut child = tokio::process::Command::new(exe)
             .args(["--child-member", url, "--group", name, "--id", id])
@@ -270,7 +245,15 @@ impl Member {
         Ok(Member::Process { child, owned })
     }
 
-    fn owned(&self) -> Vec<u32> {
+    /// The process id of a member in a process of its own.
+    pub(crate) fn pid(&self) -> Option<u32> {
+        match self {
+            Member::Local { .. } => None,
+            Member::Process { child, .. } => child.id(),
+        }
+    }
+
+    pub(crate) fn owned(&self) -> Vec<u32> {
         match self {
             Member::Local { group, .. } => group.owned(),
             Member::Process { owned, .. } => owned.lock().expect("owned lock").clone(),
@@ -279,7 +262,7 @@ impl Member {
 
     /// Ends it at once: SIGKILL for a process; for a local member (whose store the caller has
     /// cut off), its run future is dropped.
-    async fn kill(self) {
+    pub(crate) async fn kill(self) {
         match self {
             Member::Local { handle, .. } => handle.abort(),
             Member::Process { mut child, .. } => {
@@ -290,7 +273,7 @@ impl Member {
     }
 
     /// Stops it gracefully (its shards released), within `limit`.
-    async fn leave(self, limit: Duration) {
+    pub(crate) async fn leave(self, limit: Duration) {
         match self {
             Member::Local { stop, mut handle, .. } => {
                 if let Some(stop) = stop {
@@ -359,7 +342,7 @@ pub async fn child_member(url: &str, group: &str, shards: u32, id: &str, ttl: Du
 }
 
 /// floor / ceil of `shards / members`, largest first.
-fn quotas(shards: u32, members: usize) -> Vec<usize> {
+pub(crate) fn quotas(shards: u32, members: usize) -> Vec<usize> {
     let (q, r) = (shards as usize / members, shards as usize % members);
     (0..members).map(|i| if i < r { q + 1 } else { q }).collect()
 }
@@ -381,7 +364,7 @@ fn owners(members: &[&Member], shards: u32) -> (Vec<usize>, bool) {
 }
 
 /// Polls every 10 ms until `done(counts, all owned once)`; how long it took and the counts then.
-async fn until(
+pub(crate) async fn until(
     members: &[&Member],
     shards: u32,
     limit: Duration,
@@ -497,97 +480,24 @@ async fn group(av: &Available, run: u64, plan: &Plan) -> Outcome<GroupReport> {
     Ok(report)
 }
 
-/// Counts the grants renewed through `renew_many` (core's `CountingStore` counts calls).
-#[derive(Debug)]
-struct GrantTally {
-    inner: Arc<dyn LeaseStore>,
-    grants: Arc<AtomicU64>,
-}
-
-#[async_trait]
-impl LeaseStore for GrantTally {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    async fn acquire(&self, request: &AcquireRequest) -> leasehold::Result<Acquired> {
-        self.inner.acquire(request).await
-    }
-
-    async fn renew(&self, grant: &Grant) -> leasehold::Result<Renewed> {
-        self.inner.renew(grant).await
-    }
-
-    async fn renew_many(&self, grants: &[Grant]) -> leasehold::Result<Vec<leasehold::Result<Renewed>>> {
-        self.grants.fetch_add(grants.len() as u64, Ordering::Relaxed);
-        self.inner.renew_many(grants).await
-    }
-
-    async fn release(&self, grant: &Grant) -> leasehold::Result<()> {
-        self.inner.release(grant).await
-    }
-
-    async fn hand_over(&self, grant: &Grant, to: &CandidateId) -> leasehold::Result<()> {
-        self.inner.hand_over(grant, to).await
-    }
-
-    async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> leasehold::Result<()> {
-        self.inner.withdraw(lease, candidate).await
-    }
-
-    async fn inspect(&self, lease: &LeaseName) -> leasehold::Result<Observation> {
-        self.inner.inspect(lease).await
-    }
-
-    async fn history(&self, lease: &LeaseName, limit: usize) -> leasehold::Result<Vec<Transition>> {
-        self.inner.history(lease, limit).await
-    }
-
-    async fn list(&self, prefix: &str) -> leasehold::Result<Vec<Observation>> {
-        self.inner.list(prefix).await
-    }
-
-    async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> leasehold::Result<Option<Changes>> {
-        self.inner.changes(lease, candidate).await
-    }
-
-    fn can_break(&self) -> bool {
-        self.inner.can_break()
-    }
-
-    async fn break_lease(&self, lease: &LeaseName) -> leasehold::Result<Option<Term>> {
-        self.inner.break_lease(lease).await
-    }
-}
-
-/// One member alone with `shards` shards (TTL: the scale measures'): once it leads them all and
-/// one renewal round has passed, its store calls over three renewal rounds.
-async fn cost(name: &str, av: &Available, run: u64, shards: u32) -> Outcome<Cost> {
+async fn cost(av: &Available, run: u64, shards: u32) -> Outcome<Cost> {
     let ttl = av.scale_ttl;
-    let grants = Arc::new(AtomicU64::new(0));
-    let counted = Arc::new(CountingStore::new(GrantTally {
-        inner: connect(av).await?,
-        grants: grants.clone(),
-    }));
+    let counted = Arc::new(CountingStore::new(connect(av).await?));
     let book = Arc::new(Book::default());
     let group_name = format!("bench-{run}-cost{shards}");
     let started = Instant::now();
     let member = Member::join(counted.clone(), &group_name, shards, "solo", ttl, &book)?;
-    let limit = Duration::from_secs(120) + ttl * 3;
-    let owned = until(&[&member], shards, limit, "every shard led", |_, all| all).await;
+    let limit = Duration::from_secs(300) + ttl * 3;
+    let owned = until(&[&member], shards, limit, "every shard owned", |_, all| all).await;
     let all_owned_after = started.elapsed();
     let result = match owned {
         Err(e) => {
             let c = counted.counts();
             Err(format!(
-                "{e}; its store calls meanwhile: {} acquire, {} list, {} inspect, {} failed",
-                c.get(Operation::Acquire),
+                "{e}; its store calls meanwhile: {} write_shard, {} shard_records, {} list, {} failed",
+                c.get(Operation::WriteShard),
+                c.get(Operation::ShardRecords),
                 c.get(Operation::List),
-                c.get(Operation::Inspect),
                 c.failed
             ))
         }
@@ -596,8 +506,9 @@ async fn cost(name: &str, av: &Available, run: u64, shards: u32) -> Outcome<Cost
                 .ttl(ttl)
                 .timing()
                 .renew_every;
-            tokio::time::sleep(renew_every).await;
-            let (calls, granted, t) = (counted.counts(), grants.load(Ordering::Relaxed), Instant::now());
+            // The reads that confirm the claims settle first (two agreeing reads).
+            tokio::time::sleep(renew_every * 2).await;
+            let (calls, t) = (counted.counts(), Instant::now());
             let rounds = 3;
             tokio::time::sleep(renew_every * rounds).await;
             let window = t.elapsed();
@@ -611,12 +522,10 @@ async fn cost(name: &str, av: &Available, run: u64, shards: u32) -> Outcome<Cost
                     all_owned_after,
                     window,
                     calls: counted.counts().since(&calls),
-                    grants: grants.load(Ordering::Relaxed) - granted,
-                    native_renew_many: NATIVE_RENEW_MANY.contains(&name),
                 })
             }
         }
     };
-    let _ = within(ttl * 3 + Duration::from_secs(30), "leaving", member.leave(ttl * 3)).await;
+    let _ = within(ttl * 3 + Duration::from_secs(60), "leaving", member.leave(ttl * 3)).await;
     result
 }

@@ -9,6 +9,7 @@ mod backends;
 mod crash;
 mod etcdctl;
 mod floor;
+mod group_scale;
 mod groups;
 mod measures;
 mod plan;
@@ -72,6 +73,7 @@ pub const MEASURES: &[&str] = &[
     "idle",
     "scale",
     "groups",
+    "group-scale",
     "etcdctl",
     "election",
     "cli",

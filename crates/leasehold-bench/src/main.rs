@@ -30,7 +30,7 @@ struct Args {
     #[arg(long)]
     no_write: bool,
     /// Run only these measures (any of: latency handover planned failover observe expiry-floor
-    /// transitions idle scale groups etcdctl election cli), e.g. `--only observe --backends etcd`;
+    /// transitions idle scale groups group-scale etcdctl election cli), e.g. `--only observe --backends etcd`;
     /// writes no docs unless --docs-dir is given.
     #[arg(long, value_delimiter = ',', num_args = 1..)]
     only: Vec<String>,

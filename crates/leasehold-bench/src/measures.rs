@@ -54,7 +54,8 @@ pub(crate) struct BackendReport {
     pub(crate) scale_ttl: Duration,
     pub(crate) scale: Vec<(usize, Outcome<Scale>)>,
     pub(crate) group: Outcome<crate::groups::GroupReport>,
-    pub(crate) group_cost: Outcome<crate::groups::Cost>,
+    pub(crate) group_cost: Vec<Outcome<crate::groups::Cost>>,
+    pub(crate) group_scale: Outcome<crate::group_scale::ScaleReport>,
 }
 
 /// On a store that does not notify, what a shorter `retry_every` buys and costs.
@@ -137,7 +138,8 @@ pub(crate) async fn measure_backend(backend: &Backend, plan: &Plan) -> BackendRe
         scale_ttl: Duration::ZERO,
         scale: Vec::new(),
         group: Err("n/a".into()),
-        group_cost: Err("n/a".into()),
+        group_cost: Vec::new(),
+        group_scale: Err("n/a".into()),
     };
     let av = match &backend.available {
         Ok(av) => av,
@@ -283,9 +285,12 @@ pub(crate) async fn measure_backend(backend: &Backend, plan: &Plan) -> BackendRe
         report.scale.push((n, s));
     }
     if plan.wants("groups") {
-        let (group, cost) = crate::groups::measure(backend.name, av, run, plan).await;
+        let (group, cost) = crate::groups::measure(av, run, plan).await;
         report.group = group;
         report.group_cost = cost;
+    }
+    if plan.wants("group-scale") {
+        report.group_scale = crate::group_scale::measure(av, run, plan).await;
     }
     report
 }

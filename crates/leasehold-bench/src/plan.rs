@@ -27,6 +27,10 @@ pub(crate) struct Plan {
     pub(crate) scale_sizes: Vec<usize>,
     /// Shards of the 3-member group.
     pub(crate) group_shards: u32,
+    /// Shard counts of the one-member cost measure.
+    pub(crate) group_cost_shards: Vec<u32>,
+    /// Members and shards of the group at scale (members in processes of their own).
+    pub(crate) group_scale: (usize, u32),
     /// Measures to run (`--only`); empty: all.
     pub(crate) only: Vec<String>,
 }
@@ -45,6 +49,8 @@ impl Plan {
                 idle_followers: 2,
                 scale_sizes: vec![10],
                 group_shards: 16,
+                group_cost_shards: vec![16],
+                group_scale: (4, 200),
                 only: Vec::new(),
             }
         } else {
@@ -59,6 +65,8 @@ impl Plan {
                 idle_followers: 3,
                 scale_sizes: vec![1_000, 10_000],
                 group_shards: 64,
+                group_cost_shards: vec![100, 1_000, 10_000],
+                group_scale: (4, 10_000),
                 only: Vec::new(),
             }
         }

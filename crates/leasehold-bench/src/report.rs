@@ -17,7 +17,7 @@ mod svg;
 
 use cells::{cell, floor_cell, secs, short, verdict};
 use issue17::issue17;
-use sections::{expiry_floor, fast_poll, group_cost, groups, observe_after_crash, planned_handover};
+use sections::{expiry_floor, fast_poll, group_cost, group_scale, groups, observe_after_crash, planned_handover};
 use svg::svg;
 
 /// The heading of this runner's section; everything up to the next `## ` heading is ours.
@@ -354,6 +354,7 @@ pub(crate) fn render(
 
     groups(w, reports, smoke);
     group_cost(w, reports, smoke);
+    group_scale(w, reports);
 
     if let Some(e) = etcdctl {
         let ours = reports.iter().find(|r| r.name == "etcd" && r.unavailable.is_none());

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
-use leasehold::{CandidateId, Elector, GroupStatus, Leader, LeaseGroup, LeaseName, ShardLeader};
+use leasehold::{CandidateId, Elector, GroupStatus, Leader, LeaseGroup, LeaseName, ShardLeader, ShardStatus};
 use nix::sys::prctl::set_child_subreaper;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -20,7 +20,7 @@ use crate::ShardsRunArgs;
 use crate::child::{CommandGroup, STUCK_AFTER, check_program, describe};
 use crate::contain::{Containment, KillTiming};
 use crate::exit::Failure;
-use crate::inspect::{connect, lease_name, status_json, status_row};
+use crate::inspect::{connect, lease_name};
 use crate::output::{line, millis, short, table};
 use crate::run::Shutdown;
 use crate::tree::list;
@@ -59,20 +59,35 @@ pub(crate) async fn status(url: &str, group: &str, json: bool) -> Result<i32, Fa
         .shards
         .iter()
         .map(|s| {
-            let mut row = status_row(&s.lease);
-            row[0] = s.shard.to_string();
-            row
+            let (state, owner, member_term) = shard_state(s);
+            vec![
+                s.shard.to_string(),
+                state.into(),
+                owner,
+                s.term.to_string(),
+                member_term,
+            ]
         })
         .collect();
-    line(&table(
-        &["SHARD", "STATE", "OWNER", "TERM", "TTL", "TIME LEFT"],
-        &shards,
-    ));
+    line(&table(&["SHARD", "STATE", "OWNER", "TERM", "MEMBER TERM"], &shards));
     Ok(0)
 }
 
-/// The shards whose lease `member` holds, in order (not those reserved for it during a
-/// hand-over: it has not taken them yet, see `ShardStatus::owner`).
+/// A shard's state (`owned`: its owner leads the member lease its record names; `claimable`:
+/// it does not; `free`), its owner and the owner's member term as the record names them.
+fn shard_state(shard: &ShardStatus) -> (&'static str, String, String) {
+    match &shard.owner {
+        Some((owner, member_term)) => (
+            if shard.live { "owned" } else { "claimable" },
+            owner.to_string(),
+            member_term.to_string(),
+        ),
+        None => ("free", "-".into(), "-".into()),
+    }
+}
+
+/// The shards that `member` owns, in order (not those whose record names it under an earlier
+/// member term, see `ShardStatus::owner`).
 fn owned_by(status: &GroupStatus, member: &CandidateId) -> Vec<u32> {
     status
         .shards
@@ -120,9 +135,15 @@ fn status_json_of(status: &GroupStatus) -> Value {
         .shards
         .iter()
         .map(|s| {
-            let mut shard = status_json(&s.lease);
-            shard["shard"] = s.shard.into();
-            shard
+            let (state, _, _) = shard_state(s);
+            json!({
+                "shard": s.shard,
+                "record": s.record.name.as_str(),
+                "state": state,
+                "owner": s.owner.as_ref().map(|(id, _)| id.as_str()),
+                "member_term": s.owner.as_ref().map(|(_, t)| t.0),
+                "term": s.term.0,
+            })
         })
         .collect();
     json!({"group": status.group.as_str(), "members": members, "shards": shards})

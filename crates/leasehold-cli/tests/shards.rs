@@ -42,9 +42,9 @@ fn owners(store: &Store, group: &str) -> BTreeMap<u64, (String, u64)> {
         .as_array()
         .unwrap()
         .iter()
-        .filter(|s| s["state"] == "held")
+        .filter(|s| s["state"] == "owned")
         .map(|s| {
-            let owner = s["holder"].as_str().unwrap().to_string();
+            let owner = s["owner"].as_str().unwrap().to_string();
             (s["shard"].as_u64().unwrap(), (owner, s["term"].as_u64().unwrap()))
         })
         .collect()
@@ -175,7 +175,6 @@ fn two_members_split_four_shards_and_a_sigkilled_members_shards_move_to_the_othe
     let status: Value = serde_json::from_slice(&output.stdout).unwrap();
     for shard in status["shards"].as_array().unwrap() {
         assert_eq!(shard["state"], "free", "{status}");
-        assert_eq!(shard["previous_end"], "released", "{status}");
     }
     // member-b's own member lease is released too unless it lapsed meanwhile (on a loaded
     // machine it can miss its step-down point while the shards stop; it then expires), and

@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
+use crate::shard_record::{ShardRecord, ShardWrite};
 use crate::store::{Announcements, Changes, LeaseStore};
 use crate::types::{
     AcquireRequest, Acquired, CandidateId, Capabilities, Grant, LeaseName, Observation, Renewed, Term, Transition,
@@ -187,6 +188,14 @@ impl<S: LeaseStore> LeaseStore for RenewBatcher<S> {
 
     async fn list(&self, prefix: &str) -> Result<Vec<Observation>> {
         self.inner.list(prefix).await
+    }
+
+    async fn shard_records(&self, prefix: &str) -> Result<Vec<ShardRecord>> {
+        self.inner.shard_records(prefix).await
+    }
+
+    async fn write_shard(&self, name: &LeaseName, expected: Option<&str>, value: &str) -> Result<ShardWrite> {
+        self.inner.write_shard(name, expected, value).await
     }
 
     async fn candidates(&self, lease: &LeaseName) -> Result<Vec<CandidateId>> {

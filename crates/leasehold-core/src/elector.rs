@@ -1,7 +1,7 @@
 //! The tokio driver: [`Elector`], [`Leader`] and the events everyone can observe.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -22,11 +22,13 @@ mod driver;
 mod health;
 mod leader;
 mod refusals;
+mod scope;
 
 pub use builder::ElectorBuilder;
 pub use health::Health;
 pub use leader::Leader;
 use leader::{Alive, Command, Mailbox, Shared, Status};
+pub(crate) use scope::{Asked, Scope};
 
 use crate::types::{Acquired, Announces, CandidateId, Capabilities, LeaseName, Renewed, Term, random_u64};
 
@@ -170,6 +172,11 @@ struct Inner {
     /// Held by the running driver: a new campaign starts only once the previous one has finished
     /// stepping down or withdrawing, so a store never sees two campaigns of one candidate.
     one_driver: Arc<tokio::sync::Mutex<()>>,
+    /// Campaigns waiting for `one_driver`, and their wake-up of the driver holding it: a driver
+    /// that only sends deletions again then hands them to the next campaign's machine
+    /// ([`Machine::continue_from`]) instead of making it wait for the store.
+    campaigns_waiting: AtomicUsize,
+    campaign_wanted: tokio::sync::Notify,
     /// The lease whose holder names a successor to hand over to, if the leader watches it.
     hand_over_requests: Option<LeaseName>,
     /// A campaign ends with the store's refusal once it has lasted this long.
@@ -329,22 +336,27 @@ impl Elector {
         self.campaign_with(&mut None).await
     }
 
-    /// [`Elector::campaign`], leaving the election's driver task in `driver` once it started.
-    async fn campaign_with(&self, driver: &mut Option<tokio::task::JoinHandle<()>>) -> Result<Leader> {
+    /// [`Elector::campaign`], leaving in `driver` what says when the election's driver has
+    /// settled, once it started.
+    async fn campaign_with(&self, driver: &mut Option<Settled>) -> Result<Leader> {
         let (elected_tx, elected_rx) = oneshot::channel();
+        let (settled_tx, settled_rx) = oneshot::channel();
         let inner = self.inner.clone();
         let span = info_span!("election", lease = %self.inner.lease, candidate = %self.inner.id);
         // An earlier campaign's driver may still be settling calls it gave up on: this one starts
         // once it is done (taken here, not in the task, so that campaigns start in call order and
         // a campaign dropped while it waits starts nothing).
+        let waiting = CampaignWaiting::new(&inner);
         let running = inner.one_driver.clone().lock_owned().await;
-        *driver = Some(tokio::spawn(
+        drop(waiting);
+        tokio::spawn(
             async move {
                 let _running = running;
-                driver::campaign(inner, elected_tx).await;
+                driver::campaign(inner, elected_tx, settled_tx).await;
             }
             .instrument(span),
-        ));
+        );
+        *driver = Some(Settled(settled_rx));
         let elected = async {
             elected_rx.await.map_err(|_| Error::Store {
                 store: self.inner.store.name(),
@@ -448,10 +460,12 @@ impl Elector {
         let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
         // The previous leadership's driver, which may still be settling the acquires it gave up
         // on when the next campaign begins (that campaign's driver starts once it is done).
-        let mut previous: Option<tokio::task::JoinHandle<()>> = None;
+        let mut previous: Option<Settled> = None;
         loop {
-            // The election's driver: `run_until` returns once it is done, so that nothing of this
-            // election (a call it gave up on, granted late and released by it) lands afterwards.
+            // The election's driver: `run_until` returns once it has settled, so that nothing of
+            // this election (a call it gave up on, granted late and released by it) lands
+            // afterwards but a deletion sent again (conditional on its term, or a withdrawal of
+            // a candidate whose next campaign waits for it).
             let mut driver = None;
             let leader = tokio::select! {
                 leader = self.campaign_with(&mut driver) => leader?,
@@ -460,7 +474,7 @@ impl Elector {
                     // up on, each within its bound; or, if it had not started yet, the previous
                     // leadership's driver settles its own.
                     if let Some(driver) = driver.or(previous) {
-                        let _ = driver.await;
+                        driver.settled().await;
                     }
                     return Ok(());
                 }
@@ -487,7 +501,7 @@ impl Elector {
                     let _ = handle.await;
                     control.stepped_down().await;
                     if let Some(driver) = driver {
-                        let _ = driver.await;
+                        driver.settled().await;
                     }
                     return Ok(());
                 }
@@ -495,7 +509,7 @@ impl Elector {
             let reason = control.stepped_down().await;
             if reason == Some(DeposedReason::WorkFinished) {
                 if let Some(driver) = driver {
-                    let _ = driver.await;
+                    driver.settled().await;
                 }
                 return match outcome {
                     Ok(result) => result.map_err(RunError::Task),
@@ -505,6 +519,40 @@ impl Elector {
             debug!(?reason, "leadership ended; campaigning again");
             previous = driver;
         }
+    }
+}
+
+/// Counts a campaign waiting for the previous one's driver while it exists (also when the
+/// campaign is dropped while it waits), and wakes that driver.
+struct CampaignWaiting<'a>(&'a Inner);
+
+impl<'a> CampaignWaiting<'a> {
+    fn new(inner: &'a Inner) -> Self {
+        inner.campaigns_waiting.fetch_add(1, Ordering::SeqCst);
+        inner.campaign_wanted.notify_waiters();
+        CampaignWaiting(inner)
+    }
+}
+
+impl Drop for CampaignWaiting<'_> {
+    fn drop(&mut self) {
+        self.0.campaigns_waiting.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Inner {
+    /// Whether a new campaign waits for the running driver.
+    fn campaign_waiting(&self) -> bool {
+        self.campaigns_waiting.load(Ordering::SeqCst) > 0
+    }
+}
+
+/// Resolves once a campaign's driver has settled (see `driver::campaign`), or ended.
+struct Settled(oneshot::Receiver<()>);
+
+impl Settled {
+    async fn settled(self) {
+        let _ = self.0.await;
     }
 }
 

@@ -388,6 +388,36 @@ impl fmt::Display for Quoted<'_> {
     }
 }
 
+/// The most specific message in an error's chain, for a client library whose outer errors say
+/// little (`dispatch failure`): its last two links joined (`tcp connect error: Connection
+/// refused (os error 111)`), the first line only, at most 300 characters.
+///
+/// ```
+/// use leasehold_core::innermost_message;
+///
+/// let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused\nmore");
+/// assert_eq!(innermost_message(&io), "connection refused");
+/// ```
+pub fn innermost_message(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut texts = vec![error.to_string()];
+    let mut source = error.source();
+    while let Some(inner) = source {
+        texts.push(inner.to_string());
+        source = inner.source();
+    }
+    let mut specific: Vec<&str> = texts.iter().rev().take(2).map(String::as_str).collect();
+    specific.reverse();
+    specific.dedup();
+    specific
+        .join(": ")
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .chars()
+        .take(300)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,6 +11,7 @@ mod ids;
 pub mod machine;
 mod memory;
 mod record;
+mod shard_record;
 mod store;
 mod telemetry;
 pub mod time;
@@ -22,12 +23,15 @@ mod wrap;
 
 pub use batch::RenewBatcher;
 pub use elector::{Elector, ElectorBuilder, Event, Health, Leader, LeaderInfo, RunError};
-pub use error::{BoxError, Error, Result};
+pub use error::{BoxError, Error, Result, innermost_message};
 pub use group::{GroupMember, GroupStatus, LeaseGroup, LeaseGroupBuilder, MAX_SHARDS, ShardLeader, ShardStatus};
 pub use handover::{Asked, HandOverError, HandOverRequest, HandedOver, PendingHandOver, TargetCheck};
 pub use machine::DeposedReason;
 pub use memory::MemoryStore;
-pub use record::{HolderFields, RecordNumber, RecordVersion};
+pub use record::{HolderFields, RecordNumber, RecordVersion, TransitionFields};
+pub use shard_record::{
+    MAX_SHARD_VALUE_LEN, ShardColumn, ShardRecord, ShardWrite, check_shard_value, like_prefix, prefix_end,
+};
 pub use store::{Announcements, Change, Changes, LeaseStore, Operation, Turn, notifications, watched_announcements};
 pub use timing::{PerMille, Timing};
 pub use wrap::{Admitted, CountingStore, LimitStore, RequestCounts, RequestLimit};

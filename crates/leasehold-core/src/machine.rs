@@ -43,6 +43,9 @@
 //!   candidate, ended cleanly: it is taken at once.
 //! - A leader whose work stops calling heartbeat for `stall_timeout` steps down; the lease is
 //!   released only once the work has stopped.
+//! - A release, hand-over or withdrawal whose outcome is unknown is sent again after a retry
+//!   delay, while the machine is idle and not leading, until the store answers it (see
+//!   `Machine::leave`): on a store whose sessions the process keeps alive, nothing else ends it.
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -270,7 +273,11 @@ pub enum Output {
 enum Purpose {
     Acquire,
     Renew,
-    Release,
+    /// A release or hand-over, or a withdrawal sent again: the request, kept to be sent again
+    /// should its outcome be unknown (see [`Machine::leave`]). Boxed: a pending request is part
+    /// of every machine, thousands of them in a process that leads many leases.
+    Delete(Box<Request>),
+    /// The withdrawal of a stopping machine.
     Withdraw,
     /// Reading back after an acquire whose outcome is unknown: `sent` is the send time of the
     /// oldest acquire whose outcome is still unknown (any of them may be the one applied).
@@ -290,7 +297,11 @@ impl Purpose {
         match self {
             Purpose::Acquire => "acquire",
             Purpose::Renew => "renew",
-            Purpose::Release => "release",
+            Purpose::Delete(request) => match **request {
+                Request::HandOver(..) => "hand_over",
+                Request::Withdraw => "withdraw",
+                _ => "release",
+            },
             Purpose::Withdraw => "withdraw",
             Purpose::AcquireReadBack { .. } | Purpose::RenewReadBack | Purpose::LockDelayCheck => "inspect",
         }
@@ -434,7 +445,34 @@ pub struct Machine {
     withdraw_again: bool,
     /// [`Input::RenewalsAnnounced`]: followers see every new version without reading.
     renewals_announced: bool,
+    /// Deletions of ours whose outcome is unknown, oldest first: sent again (see
+    /// [`Machine::leave`]).
+    left: Vec<Left>,
 }
+
+/// A release, hand-over or withdrawal of ours that failed with a transient error or went
+/// unanswered: it may not have been applied, and on a store whose sessions the process keeps
+/// alive for its other leases (etcd, ZooKeeper) what it was to delete would then stay (a lease
+/// held by nobody's engine, a candidate queued for nobody). Sent again from `due`, on the retry
+/// timing, until the store answers it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Left {
+    request: Request,
+    due: Instant,
+}
+
+impl Left {
+    /// The term a release or hand-over names.
+    fn term(&self) -> Option<Term> {
+        match &self.request {
+            Request::Release(g) | Request::HandOver(g, _) => Some(g.term),
+            _ => None,
+        }
+    }
+}
+
+/// At most this many deletions are kept to be sent again; the oldest is forgotten first.
+const MAX_LEFT: usize = 4;
 
 /// A follower's next attempt after it saw `seen` (its latest view of the holder), with `retry`
 /// the next poll and `safety_poll` the long backstop of a store that notifies every end.
@@ -522,6 +560,7 @@ impl Machine {
             stray: None,
             withdraw_again: false,
             renewals_announced: false,
+            left: Vec::new(),
         })
     }
 
@@ -535,9 +574,17 @@ impl Machine {
 
     /// Carries over what an earlier machine of the same candidate and lease knew that still
     /// matters for safety: the send time of its oldest acquire whose outcome is unknown (the
-    /// store may apply it at any later moment) and the highest term it saw. The driver calls this
-    /// for every new campaign of one [`Elector`](crate::Elector).
+    /// store may apply it at any later moment) and the highest term it saw; and what it still
+    /// had to give back: a stray grant, and the releases and hand-overs whose outcome is unknown
+    /// (sent again by this machine; a withdrawal is not, since this campaign queues the
+    /// candidate again). The driver calls this for every new campaign of one
+    /// [`Elector`](crate::Elector).
     pub fn continue_from(&mut self, earlier: &Machine) {
+        for left in earlier.left.iter().filter(|l| l.term().is_some()) {
+            if !self.left.contains(left) && self.left.len() < MAX_LEFT {
+                self.left.push(left.clone());
+            }
+        }
         self.unsettled_since = match (self.unsettled_since, earlier.unsettled_since) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -601,10 +648,18 @@ impl Machine {
             State::SteppingDown(s) if s.work_stopped.is_none() && !s.aborted => Some(s.valid_until),
             _ => None,
         };
-        match (op, state) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let left = match self.state {
+            State::Following(_) | State::Stopped if self.pending.is_none() => self.left.iter().map(|l| l.due).min(),
+            _ => None,
+        };
+        [op, state, left].into_iter().flatten().min()
+    }
+
+    /// Whether deletions of ours whose outcome is unknown (a release, hand-over or withdrawal
+    /// that failed with a transient error or went unanswered) are still to be sent again: the
+    /// driver keeps a stopped machine until none is.
+    pub fn has_deletions_left(&self) -> bool {
+        !self.left.is_empty()
     }
 
     /// Feeds one input at `now` and appends what to do to `out`.
@@ -746,8 +801,8 @@ impl Machine {
             let reply = match pending.purpose {
                 Purpose::Acquire => Reply::Acquire(Err(timeout())),
                 Purpose::Renew => Reply::Renew(Err(timeout())),
-                Purpose::Release => Reply::Release(Err(timeout())),
-                Purpose::Withdraw => Reply::Withdraw(Err(timeout())),
+                Purpose::Delete(ref request) if **request != Request::Withdraw => Reply::Release(Err(timeout())),
+                Purpose::Delete(_) | Purpose::Withdraw => Reply::Withdraw(Err(timeout())),
                 _ => Reply::Inspect(Err(timeout())),
             };
             self.on_reply(now, pending, reply, out);
@@ -756,7 +811,15 @@ impl Machine {
             && matches!(self.state, State::Following(_) | State::Stopping | State::Stopped)
             && let Some(grant) = self.stray.take()
         {
-            self.send(now, Purpose::Release, Request::Release(grant), out);
+            self.delete(now, Request::Release(grant), out);
+            return;
+        }
+        if self.pending.is_none()
+            && matches!(self.state, State::Following(_) | State::Stopping | State::Stopped)
+            && let Some(at) = self.left.iter().position(|l| now >= l.due)
+        {
+            let left = self.left.remove(at);
+            self.delete(now, left.request, out);
             return;
         }
         match &mut self.state {
@@ -846,7 +909,7 @@ impl Machine {
                 Some(to) => Request::HandOver(grant, to),
                 None => Request::Release(grant),
             };
-            self.send(now, Purpose::Release, request, out);
+            self.delete(now, request, out);
             return;
         }
         if self.pending.is_some() {
@@ -856,7 +919,7 @@ impl Machine {
         // applied late): believed by nobody, and holding the lease from everyone until it
         // expires. Given back (conditionally on its term) before the step-down is complete.
         if let Some(stray) = self.stray.take() {
-            self.send(now, Purpose::Release, Request::Release(stray), out);
+            self.delete(now, Request::Release(stray), out);
             return;
         }
         out.push(Output::SteppedDown {
@@ -880,6 +943,33 @@ impl Machine {
                 cleared: None,
             });
         }
+    }
+
+    /// Sends a release, hand-over or withdrawal, to be sent again should its outcome be unknown.
+    fn delete(&mut self, now: Instant, request: Request, out: &mut Vec<Output>) {
+        self.send(now, Purpose::Delete(Box::new(request.clone())), request, out);
+    }
+
+    /// A release, hand-over or withdrawal of ours failed with a transient error, or went
+    /// unanswered: the store may not have applied it. Where the process keeps the store's
+    /// session alive for its other leases (etcd, ZooKeeper), what it was to delete would stay
+    /// for as long: a released lease held by nobody's engine, a withdrawn candidate queued ahead
+    /// of everyone behind it. So it is sent again after a retry delay, while the machine is idle
+    /// and not leading, until the store answers it (the driver runs on until then, or hands
+    /// them to the next campaign's machine: [`Machine::continue_from`]). Always safe: a release
+    /// or hand-over names its grant's term and the store applies it to that term's record only;
+    /// a withdrawal is left only by a stopped machine, and is not carried into a next campaign
+    /// (which queues the candidate again). A grant of that same term (a FIFO store handing the
+    /// candidate its place again) takes it back (see [`Machine::granted`]).
+    fn leave(&mut self, now: Instant, request: Request) {
+        if self.left.iter().any(|l| l.request == request) {
+            return;
+        }
+        if self.left.len() >= MAX_LEFT {
+            self.left.remove(0);
+        }
+        let due = now + self.retry_delay();
+        self.left.push(Left { request, due });
     }
 
     fn send(&mut self, now: Instant, purpose: Purpose, request: Request, out: &mut Vec<Output>) {
@@ -916,7 +1006,7 @@ impl Machine {
                     Some(h) if h.id == self.me && self.state == State::Stopping => {
                         self.raise_term_floor(h.term);
                         let grant = self.our_grant(h);
-                        self.send(now, Purpose::Release, Request::Release(grant), out);
+                        self.delete(now, Request::Release(grant), out);
                     }
                     // Above the floor when the acquire was sent, and above anything learnt since
                     // (a stray grant of ours that came back late is never adopted).
@@ -1053,13 +1143,19 @@ impl Machine {
                     }
                 }
             }
-            (Purpose::Release, Reply::Release(result)) => {
+            (Purpose::Delete(request), Reply::Release(result) | Reply::Withdraw(result)) => {
                 if let Err(e) = result {
+                    if e.is_transient() {
+                        self.leave(now, *request);
+                    }
                     out.push(Output::StoreTrouble(e));
                 }
             }
             (Purpose::Withdraw, Reply::Withdraw(result)) => {
                 if let Err(e) = result {
+                    if e.is_transient() {
+                        self.leave(now, Request::Withdraw);
+                    }
                     out.push(Output::StoreTrouble(e));
                 }
                 // Otherwise still stopping: the withdraw is sent again.
@@ -1077,7 +1173,7 @@ impl Machine {
     fn granted(&mut self, now: Instant, sent: Instant, grant: Grant, out: &mut Vec<Output>) {
         let valid_until = sent + self.timing.believed_ttl();
         if self.state == State::Stopping {
-            self.send(now, Purpose::Release, Request::Release(grant), out);
+            self.delete(now, Request::Release(grant), out);
             return;
         }
         if !matches!(self.state, State::Following(_)) {
@@ -1092,7 +1188,7 @@ impl Machine {
                 grant.term,
                 now - sent
             ))));
-            self.send(now, Purpose::Release, Request::Release(grant), out);
+            self.delete(now, Request::Release(grant), out);
             let next = now + self.timing.retry_floor();
             if let Some(f) = self.following_mut() {
                 f.next_attempt = next;
@@ -1103,6 +1199,7 @@ impl Machine {
         // A store that hands a candidate its existing place again (a FIFO queue) may grant the
         // term of a stray: it is in use now, not to be released.
         self.stray.take_if(|stray| stray.term == grant.term);
+        self.left.retain(|l| l.term() != Some(grant.term));
         self.raise_term_floor(grant.term);
         self.set_leader_seen(Some((grant.holder.clone(), grant.term)), out);
         // A leader's driver drops its announcements; a follower again counts on them only once

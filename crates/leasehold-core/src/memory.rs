@@ -1,6 +1,6 @@
 //! An in-memory [`LeaseStore`] with the whole contract, for tests and simulation.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::record::RecordVersion;
+use crate::shard_record::{ShardRecord, ShardWrite};
 use crate::store::{Announcements, Changes, LeaseStore};
 use crate::types::{
     AcquireRequest, Acquired, Announces, CandidateId, Capabilities, EndReason, Expiry, Grant, HolderInfo, LeaseName,
@@ -51,6 +52,8 @@ const STORE: &str = "memory";
 pub struct MemoryStore {
     expiry: Expiry,
     leases: Arc<Mutex<HashMap<LeaseName, Entry>>>,
+    /// Shard records by name: (version number, value).
+    shards: Arc<Mutex<BTreeMap<LeaseName, (u64, String)>>>,
 }
 
 #[derive(Debug)]
@@ -90,6 +93,7 @@ impl MemoryStore {
         MemoryStore {
             expiry: Expiry::ServerClock,
             leases: Arc::default(),
+            shards: Arc::default(),
         }
     }
 
@@ -402,6 +406,28 @@ impl LeaseStore for MemoryStore {
         Ok(Some(Box::pin(stream)))
     }
 
+    async fn shard_records(&self, prefix: &str) -> Result<Vec<ShardRecord>> {
+        let shards = self.shards.lock().expect("memory store lock poisoned");
+        Ok(shards
+            .iter()
+            .filter(|(name, _)| name.as_str().starts_with(prefix))
+            .map(|(name, (version, value))| shard_record(name, *version, value))
+            .collect())
+    }
+
+    async fn write_shard(&self, name: &LeaseName, expected: Option<&str>, value: &str) -> Result<ShardWrite> {
+        let mut shards = self.shards.lock().expect("memory store lock poisoned");
+        let current = shards
+            .get(name)
+            .map(|(version, value)| shard_record(name, *version, value));
+        if current.as_ref().map(|r| r.version.as_str()) != expected {
+            return Ok(ShardWrite::Conflict(current));
+        }
+        let version = shards.get(name).map_or(1, |(v, _)| v + 1);
+        shards.insert(name.clone(), (version, value.to_string()));
+        Ok(ShardWrite::Written(shard_record(name, version, value)))
+    }
+
     fn can_break(&self) -> bool {
         true
     }
@@ -415,5 +441,13 @@ impl LeaseStore for MemoryStore {
             entry.wake_all();
             term
         })
+    }
+}
+
+fn shard_record(name: &LeaseName, version: u64, value: &str) -> ShardRecord {
+    ShardRecord {
+        name: name.clone(),
+        version: version.to_string(),
+        value: value.to_string(),
     }
 }

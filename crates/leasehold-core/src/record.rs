@@ -1,5 +1,5 @@
-//! What every backend's records share: the record version, and the checks of a holder read back
-//! from a store (garbage becomes [`Error::CorruptRecord`] naming the field).
+//! What every backend's records share: the record version, and the checks of a holder or a
+//! history row read back from a store (garbage becomes [`Error::CorruptRecord`] naming the field).
 
 use std::fmt;
 use std::ops::RangeInclusive;
@@ -7,7 +7,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::types::{CandidateId, HolderInfo, LeaseName, Term, random_u64};
+use crate::types::{CandidateId, EndReason, HolderInfo, LeaseName, Term, Transition, random_u64};
 
 /// A record version: 16 hex digits, new with every acquire and renew. A contender that sees the
 /// same version for a full TTL knows the holder stopped renewing
@@ -211,6 +211,92 @@ fn quoted(text: &str) -> String {
         format!("{shown:?}...")
     } else {
         format!("{shown:?}")
+    }
+}
+
+/// The columns of one history row (a term) as read from a store, before any check: see
+/// [`Transition::from_record`]. Times are Unix milliseconds; `None` is a NULL.
+#[derive(Clone, Debug, Default)]
+pub struct TransitionFields {
+    /// `term`: 1 or more.
+    pub term: Option<i64>,
+    /// `holder`: a candidate id.
+    pub holder: Option<String>,
+    /// `acquired_at`, required.
+    pub acquired_at_ms: Option<i64>,
+    /// `ended_at`: set together with `end_reason`, or both NULL (the term has not ended).
+    pub ended_at_ms: Option<i64>,
+    /// `end_reason`: an [`EndReason`] as it displays.
+    pub end_reason: Option<String>,
+}
+
+impl Transition {
+    /// Checks the columns of a history row a store returned, the same way on every backend.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CorruptRecord`] naming the store, the lease and the column (`history: term 7:
+    /// holder is NULL`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use leasehold_core::{EndReason, LeaseName, Term, Transition, TransitionFields};
+    ///
+    /// let lease: LeaseName = "jobs".parse()?;
+    /// let fields = TransitionFields {
+    ///     term: Some(7),
+    ///     holder: Some("worker-1".into()),
+    ///     acquired_at_ms: Some(1_700_000_000_000),
+    ///     ended_at_ms: Some(1_700_000_002_000),
+    ///     end_reason: Some("released".into()),
+    /// };
+    /// let transition = Transition::from_record("postgres", &lease, fields.clone())?;
+    /// assert_eq!((transition.term, transition.ended.map(|e| e.1)), (Term(7), Some(EndReason::Released)));
+    ///
+    /// let err = Transition::from_record("postgres", &lease, TransitionFields { end_reason: None, ..fields });
+    /// assert!(err.unwrap_err().to_string().ends_with("history: term 7: ended_at and end_reason must be both set or both NULL"));
+    /// # Ok::<(), leasehold_core::Error>(())
+    /// ```
+    pub fn from_record(store: &'static str, lease: &LeaseName, fields: TransitionFields) -> Result<Transition> {
+        let corrupt = |detail: String| Error::corrupt(store, lease, format!("history: {detail}"));
+        let time = |millis: i64| u64::try_from(millis).ok().map(crate::time::from_unix_millis);
+        let term = fields.term.ok_or_else(|| corrupt("term is NULL".into()))?;
+        let term = u64::try_from(term)
+            .ok()
+            .filter(|&t| t > 0)
+            .map(Term)
+            .ok_or_else(|| corrupt(format!("term {term} is not a term")))?;
+        let holder = fields
+            .holder
+            .ok_or_else(|| corrupt(format!("term {term}: holder is NULL")))?;
+        let holder = CandidateId::new(holder).map_err(|e| corrupt(format!("term {term}: holder: {e}")))?;
+        let acquired_at = fields
+            .acquired_at_ms
+            .ok_or_else(|| corrupt("acquired_at is NULL".into()))?;
+        let acquired_at =
+            time(acquired_at).ok_or_else(|| corrupt(format!("term {term}: acquired_at is before 1970")))?;
+        let ended = match (fields.ended_at_ms, fields.end_reason) {
+            (None, None) => None,
+            (Some(at), Some(reason)) => {
+                let at = time(at).ok_or_else(|| corrupt(format!("term {term}: ended_at is before 1970")))?;
+                let reason = reason
+                    .parse::<EndReason>()
+                    .map_err(|e| corrupt(format!("term {term}: end_reason: {e}")))?;
+                Some((at, reason))
+            }
+            _ => {
+                return Err(corrupt(format!(
+                    "term {term}: ended_at and end_reason must be both set or both NULL"
+                )));
+            }
+        };
+        Ok(Transition {
+            term,
+            holder,
+            acquired_at,
+            ended,
+        })
     }
 }
 

@@ -6,6 +6,7 @@ use async_trait::async_trait;
 use futures::stream::BoxStream;
 
 use crate::error::{Error, Result};
+use crate::shard_record::{ShardRecord, ShardWrite};
 use crate::types::{
     AcquireRequest, Acquired, CandidateId, Capabilities, Grant, LeaseName, Observation, Renewed, Term, Transition,
 };
@@ -398,6 +399,54 @@ pub trait LeaseStore: Debug + Send + Sync + 'static {
         Ok(None)
     }
 
+    /// The shard records whose name starts with `prefix`, in name order (see [`ShardRecord`]: a
+    /// lease group's members own shards through them). An empty prefix lists every one.
+    ///
+    /// The listing is not one snapshot on every store: each record is as current as a read of
+    /// it made during the call.
+    ///
+    /// # Errors
+    ///
+    /// A transient error; [`Error::CorruptRecord`] for a record the store cannot read;
+    /// [`Error::Unsupported`] where the store keeps no shard records (the default).
+    ///
+    /// # Cancel safety
+    ///
+    /// A read: dropping it changes nothing.
+    async fn shard_records(&self, _prefix: &str) -> Result<Vec<ShardRecord>> {
+        Err(Error::Unsupported {
+            store: self.name(),
+            operation: "shard_records",
+        })
+    }
+
+    /// Writes `value` to the shard record `name` in one conditional write, if the store's
+    /// record of `name` has version `expected` (`None`: if the store has no record of `name`).
+    /// Otherwise it writes nothing and answers [`ShardWrite::Conflict`] with what it holds.
+    ///
+    /// Of writes racing with the same `expected`, at most one is answered
+    /// [`ShardWrite::Written`]; a written record has a version it never had before. The value is
+    /// kept as it is (a store that cannot keep some character as it is encodes it): the engine
+    /// writes only values [`check_shard_value`](crate::check_shard_value) accepts. Shard records
+    /// have no TTL and are never deleted by the store: a lease group's engine decides from the
+    /// member leases they name when one may be replaced.
+    ///
+    /// # Errors
+    ///
+    /// A transient error when the outcome is unknown (the engine reads the record back);
+    /// [`Error::CorruptRecord`] for a record the store cannot read; [`Error::Unsupported`] where
+    /// the store keeps no shard records (the default).
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped write may or may not have been applied: the engine reads the record back.
+    async fn write_shard(&self, _name: &LeaseName, _expected: Option<&str>, _value: &str) -> Result<ShardWrite> {
+        Err(Error::Unsupported {
+            store: self.name(),
+            operation: "write_shard",
+        })
+    }
+
     /// Whether [`break_lease`](LeaseStore::break_lease) works. The default is `false`, like the
     /// default `break_lease`: a store that implements one implements both, and a wrapper forwards
     /// both or neither.
@@ -498,6 +547,14 @@ impl<T: LeaseStore + ?Sized> LeaseStore for std::sync::Arc<T> {
         (**self).announcements(lease).await
     }
 
+    async fn shard_records(&self, prefix: &str) -> Result<Vec<ShardRecord>> {
+        (**self).shard_records(prefix).await
+    }
+
+    async fn write_shard(&self, name: &LeaseName, expected: Option<&str>, value: &str) -> Result<ShardWrite> {
+        (**self).write_shard(name, expected, value).await
+    }
+
     fn can_break(&self) -> bool {
         (**self).can_break()
     }
@@ -536,11 +593,15 @@ pub enum Operation {
     Changes,
     /// [`LeaseStore::break_lease`].
     BreakLease,
+    /// [`LeaseStore::shard_records`].
+    ShardRecords,
+    /// [`LeaseStore::write_shard`].
+    WriteShard,
 }
 
 impl Operation {
     /// Every operation, in declaration order.
-    pub const ALL: [Operation; 12] = [
+    pub const ALL: [Operation; 14] = [
         Operation::Acquire,
         Operation::Renew,
         Operation::RenewMany,
@@ -553,6 +614,8 @@ impl Operation {
         Operation::Candidates,
         Operation::Changes,
         Operation::BreakLease,
+        Operation::ShardRecords,
+        Operation::WriteShard,
     ];
 
     /// The method's name, e.g. `"break_lease"`.
@@ -578,6 +641,8 @@ impl Operation {
             Operation::Candidates => "candidates",
             Operation::Changes => "changes",
             Operation::BreakLease => "break_lease",
+            Operation::ShardRecords => "shard_records",
+            Operation::WriteShard => "write_shard",
         }
     }
 

@@ -13,6 +13,7 @@ use async_trait::async_trait;
 use tokio::sync::oneshot;
 
 use crate::error::Result;
+use crate::shard_record::{ShardRecord, ShardWrite};
 use crate::store::{Announcements, Changes, LeaseStore, Operation};
 use crate::types::{
     AcquireRequest, Acquired, CandidateId, Capabilities, Grant, LeaseName, Observation, Renewed, Term, Transition,
@@ -462,6 +463,16 @@ impl<S: LeaseStore> LeaseStore for LimitStore<S> {
         let _slot = self.limit.admit(Operation::BreakLease).await;
         self.inner.break_lease(lease).await
     }
+
+    async fn shard_records(&self, prefix: &str) -> Result<Vec<ShardRecord>> {
+        let _slot = self.limit.admit(Operation::ShardRecords).await;
+        self.inner.shard_records(prefix).await
+    }
+
+    async fn write_shard(&self, name: &LeaseName, expected: Option<&str>, value: &str) -> Result<ShardWrite> {
+        let _slot = self.limit.admit(Operation::WriteShard).await;
+        self.inner.write_shard(name, expected, value).await
+    }
 }
 
 /// A store that counts the requests made to the inner store, by operation, and how many failed:
@@ -654,5 +665,15 @@ impl<S: LeaseStore> LeaseStore for CountingStore<S> {
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
         self.start(Operation::BreakLease);
         self.finish(self.inner.break_lease(lease).await)
+    }
+
+    async fn shard_records(&self, prefix: &str) -> Result<Vec<ShardRecord>> {
+        self.start(Operation::ShardRecords);
+        self.finish(self.inner.shard_records(prefix).await)
+    }
+
+    async fn write_shard(&self, name: &LeaseName, expected: Option<&str>, value: &str) -> Result<ShardWrite> {
+        self.start(Operation::WriteShard);
+        self.finish(self.inner.write_shard(name, expected, value).await)
     }
 }

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold_core::{
-    AcquireRequest, Acquired, CandidateId, Capabilities, Changes, EndReason, Error, Grant, LeaseGroup, LeaseName,
-    LeaseStore, MemoryStore, Observation, Renewed, Result, ShardLeader, Term, Transition, async_trait,
+    AcquireRequest, Acquired, CandidateId, Capabilities, Changes, CountingStore, Error, Grant, LeaseGroup, LeaseName,
+    LeaseStore, MemoryStore, Observation, Operation, Renewed, Result, ShardLeader, Term, Transition, async_trait,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -107,6 +107,19 @@ impl LeaseStore for Link {
     async fn list(&self, prefix: &str) -> Result<Vec<Observation>> {
         self.check()?;
         self.store.list(prefix).await
+    }
+    async fn shard_records(&self, prefix: &str) -> Result<Vec<leasehold_core::ShardRecord>> {
+        self.check()?;
+        self.store.shard_records(prefix).await
+    }
+    async fn write_shard(
+        &self,
+        name: &LeaseName,
+        expected: Option<&str>,
+        value: &str,
+    ) -> Result<leasehold_core::ShardWrite> {
+        self.check()?;
+        self.store.write_shard(name, expected, value).await
     }
     async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {
         self.check()?;
@@ -384,196 +397,6 @@ async fn a_dead_members_shards_are_taken_over_no_sooner_than_the_electors_lock_d
     b.stop.cancel();
 }
 
-/// A member that stops while its takeover of a stranded shard record (store without a clock) is
-/// between the acquire and the release still releases the record: otherwise the record, now the
-/// stopped member's with a fresh version, would be timed for another TTL by whoever is left.
-#[tokio::test(start_paused = true)]
-async fn a_takeover_cut_short_by_the_member_stopping_still_releases_the_record() {
-    let store = MemoryStore::observed_expiry();
-    let book = Arc::new(Book::default());
-    let a = join(&store, &book, "a");
-    let b = join(&store, &book, "b");
-    balanced(&book, &[32, 32], TTL * 10).await;
-    // a's takeovers are applied at once and answered a quarter TTL later.
-    *a.link.takeover_reply_delay.lock().unwrap() = Some(TTL / 4);
-    b.link.dead.store(true, Ordering::SeqCst);
-    let applied = tokio::time::timeout(TTL * 6, async {
-        while a.link.shard_takeovers.load(Ordering::SeqCst) == 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
-    assert!(applied.is_ok(), "a never took a shard record of b's over");
-    // a stops while that takeover's reply is on its way.
-    a.stop.cancel();
-    a.handle.await.unwrap().unwrap();
-    let taken = a.link.shard_takeovers.load(Ordering::SeqCst);
-    let status = LeaseGroup::status(&store, "orders").await.unwrap();
-    let held_by_a: Vec<u32> = status
-        .shards
-        .iter()
-        .filter(|s| s.owner().is_some_and(|(id, _)| id.as_str() == "a"))
-        .map(|s| s.shard)
-        .collect();
-    assert!(
-        held_by_a.is_empty(),
-        "after a stopped, {} of its {taken} takeovers still hold shard records: {held_by_a:?}",
-        held_by_a.len()
-    );
-    b.stop.cancel();
-}
-
-/// A takeover by version still on its way when its shard's campaign stops (here the member's
-/// `run_until` is dropped, then run again) must not overlap the next campaign of that shard
-/// under the same id: a late takeover ends the term the new campaign leads (the store gives a
-/// candidate's acquire a new term over its own record) and then releases its own, so the lease
-/// is free while the new campaign's task runs on (or a read-back of an ambiguous acquire adopts
-/// the takeover's term, which the takeover then releases). The new campaign waits for the
-/// takeover to end.
-#[tokio::test(start_paused = true)]
-async fn a_new_campaign_of_a_shard_waits_for_a_takeover_of_it_still_under_way() {
-    let store = MemoryStore::observed_expiry();
-    let book = Arc::new(Book::default());
-    // Shard 0 of a one-shard group is held by "gone", no member: stranded. Its TTL is shorter
-    // than the group's, so a campaign's takeover is due before an earlier one times out.
-    let lease = LeaseGroup::shard_lease(&LeaseName::new("orders").unwrap(), 0, 1).unwrap();
-    let request = AcquireRequest {
-        lease: lease.clone(),
-        candidate: CandidateId::new("gone").unwrap(),
-        ttl: TTL / 10,
-        takeover: None,
-    };
-    assert!(matches!(store.acquire(&request).await.unwrap(), Acquired::Granted(_)));
-    let link = link(&store);
-    let (open, gate) = tokio::sync::oneshot::channel();
-    *link.takeover_gate.lock().unwrap() = Some(gate);
-    let group = LeaseGroup::builder(link.clone(), "orders", 1)
-        .member_id("a")
-        .ttl(TTL)
-        .build()
-        .unwrap();
-    let run = |group: &LeaseGroup| {
-        let group = group.clone();
-        let book = book.clone();
-        tokio::spawn(async move {
-            group
-                .run(move |shard: ShardLeader| {
-                    let book = book.clone();
-                    async move {
-                        book.start(&shard);
-                        shard.cancelled().await;
-                        book.stop(&shard);
-                        Ok::<(), Error>(())
-                    }
-                })
-                .await
-        })
-    };
-    let first = run(&group);
-    // a takes the record over by its version: the request is on its way to the store.
-    let held = tokio::time::timeout(TTL * 4, async {
-        while !link.takeover_held.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
-    assert!(held.is_ok(), "a never took the stranded record over");
-    first.abort();
-    let _ = first.await;
-    let second = run(&group);
-    // The new campaign, if it does not wait, takes the record over itself and leads within
-    // this time (its takeover is due a quarter TTL after its first round); the first takeover
-    // is still under way (it gives up after a TTL).
-    let _ = tokio::time::timeout(TTL * 9 / 10, async {
-        while !book.running.lock().unwrap().contains_key(&0) {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
-    // The first takeover reaches the store, is answered, and releases what it was granted.
-    open.send(()).unwrap();
-    // Whenever a's task runs shard 0 at a term from now on, the store shows a holding that term.
-    for _ in 0..600 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        let running = book.running.lock().unwrap().get(&0).cloned();
-        if let Some((_, term)) = running {
-            let holder = store.inspect(&lease).await.unwrap().holder;
-            assert!(
-                holder.as_ref().is_some_and(|h| h.id.as_str() == "a" && h.term == term),
-                "a's task runs shard 0 at term {term:?} while the store shows {holder:?}"
-            );
-        }
-    }
-    assert!(book.running.lock().unwrap().contains_key(&0), "a does not lead shard 0");
-    let violations = book.violations.lock().unwrap().clone();
-    assert!(violations.is_empty(), "{violations:#?}");
-    second.abort();
-}
-
-/// A takeover by version applied by the store but answered only after the member gave up on
-/// it (a TTL) is read back and released, as the engine does with a grant of its own it reads
-/// back while stopping: the record the member took over ends released, not superseded later by
-/// the shard's own campaign (nor, on a store where only the member's next acquire ends it,
-/// timed by contenders for another TTL).
-#[tokio::test(start_paused = true)]
-async fn a_takeover_answered_too_late_is_read_back_and_released() {
-    let store = MemoryStore::observed_expiry();
-    let book = Arc::new(Book::default());
-    let lease = LeaseGroup::shard_lease(&LeaseName::new("orders").unwrap(), 0, 1).unwrap();
-    let request = AcquireRequest {
-        lease: lease.clone(),
-        candidate: CandidateId::new("gone").unwrap(),
-        ttl: TTL / 10,
-        takeover: None,
-    };
-    let Acquired::Granted(gone) = store.acquire(&request).await.unwrap() else {
-        panic!("the record of \"gone\" was not granted");
-    };
-    let link = link(&store);
-    *link.takeover_reply_delay.lock().unwrap() = Some(TTL * 2);
-    let group = LeaseGroup::builder(link.clone(), "orders", 1)
-        .member_id("a")
-        .ttl(TTL)
-        .build()
-        .unwrap();
-    let handle = {
-        let group = group.clone();
-        let book = book.clone();
-        tokio::spawn(async move {
-            group
-                .run(move |shard: ShardLeader| {
-                    let book = book.clone();
-                    async move {
-                        book.start(&shard);
-                        shard.cancelled().await;
-                        book.stop(&shard);
-                        Ok::<(), Error>(())
-                    }
-                })
-                .await
-        })
-    };
-    balanced(&book, &[1], TTL * 5).await;
-    let history = store.history(&lease, 10).await.unwrap();
-    let taken = history
-        .iter()
-        .find(|t| t.term > gone.term && t.holder.as_str() == "a")
-        .expect("a's takeover in the history");
-    let first_of_a = history
-        .iter()
-        .filter(|t| t.holder.as_str() == "a")
-        .map(|t| t.term)
-        .min();
-    assert_eq!(Some(taken.term), first_of_a);
-    assert!(
-        matches!(taken.ended, Some((_, EndReason::Released))),
-        "the record a took over (term {}) ended {:?}: {history:#?}",
-        taken.term,
-        taken.ended
-    );
-    handle.abort();
-}
-
 /// A member whose `run_until` future is dropped (its task aborted) leaves the group: its shard
 /// campaigns stop and release their shards, which the other member takes over, instead of
 /// running on, renewed, without a member.
@@ -640,37 +463,100 @@ async fn a_member_whose_run_is_dropped_owns_no_shard() {
     assert!(book.running.lock().unwrap().is_empty(), "shard tasks still run");
 }
 
-/// A member renews its shards together (one `renew_many` per renewal round, not one `renew`
-/// per shard): with 64 shards over 10 TTLs (30 rounds at renew_every = TTL / 3), a few dozen
-/// requests instead of about 1,900.
+/// Every metric series registered (name and labels), whatever its kind.
+#[derive(Default)]
+struct SeriesSeen(Mutex<std::collections::BTreeSet<String>>);
+
+impl SeriesSeen {
+    fn note(&self, key: &metrics::Key) {
+        let mut labels: Vec<String> = key.labels().map(|l| format!("{}={}", l.key(), l.value())).collect();
+        labels.sort();
+        self.0
+            .lock()
+            .unwrap()
+            .insert(format!("{}{{{}}}", key.name(), labels.join(",")));
+    }
+}
+
+impl metrics::Recorder for SeriesSeen {
+    fn describe_counter(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn describe_gauge(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn describe_histogram(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        self.note(key);
+        metrics::Counter::noop()
+    }
+    fn register_gauge(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        self.note(key);
+        metrics::Gauge::noop()
+    }
+    fn register_histogram(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Histogram {
+        self.note(key);
+        metrics::Histogram::noop()
+    }
+}
+
+/// A member's requests and metric series do not grow with its shards: alone with 8 shards and
+/// with 2,048, once it owns them all it makes the same requests over 10 TTLs (its member lease's
+/// renewals and one listing of the members per round; no shard record is read or written while
+/// nothing changes), and registers the same series (the group's and its member lease's).
 #[tokio::test(start_paused = true)]
-async fn a_member_renews_its_shards_together() {
-    let store = MemoryStore::new();
-    let book = Arc::new(Book::default());
-    let alone = join(&store, &book, "alone");
-    balanced(&book, &[SHARDS as usize], TTL * 5).await;
-    let (renews, batches, batched) = (
-        alone.link.renews.load(Ordering::SeqCst),
-        alone.link.batches.load(Ordering::SeqCst),
-        alone.link.batched.load(Ordering::SeqCst),
-    );
-    tokio::time::sleep(TTL * 10).await;
-    let renews = alone.link.renews.load(Ordering::SeqCst) - renews;
-    let batches = alone.link.batches.load(Ordering::SeqCst) - batches;
-    let batched = alone.link.batched.load(Ordering::SeqCst) - batched;
-    let rounds = 30;
-    println!("{renews} renew calls, {batches} renew_many calls renewing {batched} grants over 10 TTLs");
-    // Shard renewals only come in batches; the member lease (one elector of its own) renews
-    // through `renew`.
-    assert!(renews <= rounds + 1, "{renews} single renewals in {rounds} rounds");
+async fn a_members_requests_do_not_grow_with_its_shards() {
+    let mut per_ttl = Vec::new();
+    let mut series = Vec::new();
+    for shards in [8, 2048] {
+        let seen = SeriesSeen::default();
+        let _local = metrics::set_default_local_recorder(&seen);
+        let store = Arc::new(CountingStore::new(MemoryStore::new()));
+        let group = LeaseGroup::builder(store.clone(), "cost", shards)
+            .member_id("alone")
+            .ttl(TTL)
+            .build()
+            .unwrap();
+        let stop = CancellationToken::new();
+        let shutdown = stop.clone().cancelled_owned();
+        let member = group.clone();
+        let handle = tokio::spawn(async move {
+            member
+                .run_until(
+                    |shard: ShardLeader| async move {
+                        shard.cancelled().await;
+                        Ok::<(), Error>(())
+                    },
+                    shutdown,
+                )
+                .await
+        });
+        let started = tokio::time::Instant::now();
+        while group.owned().len() < shards as usize {
+            assert!(started.elapsed() < TTL * 10, "{shards} shards not all owned");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(TTL).await;
+        let before = store.counts();
+        tokio::time::sleep(TTL * 10).await;
+        let counts = store.counts();
+        let requests: u64 = Operation::ALL.iter().map(|op| counts.get(*op) - before.get(*op)).sum();
+        let records = counts.get(Operation::ShardRecords) - before.get(Operation::ShardRecords)
+            + counts.get(Operation::WriteShard)
+            - before.get(Operation::WriteShard);
+        println!("{shards} shards: {requests} requests over 10 TTLs ({records} on shard records)");
+        assert_eq!(
+            records, 0,
+            "{shards} shards: shard records read or written while nothing changed"
+        );
+        per_ttl.push(requests);
+        stop.cancel();
+        handle.await.unwrap().unwrap();
+        let names = seen.0.lock().unwrap().len();
+        println!("{shards} shards: {names} metric series");
+        series.push(names);
+    }
+    assert_eq!(series[0], series[1], "metric series grew with the shards: {series:?}");
     assert!(
-        batched >= SHARDS as usize * (rounds - 1),
-        "only {batched} shard renewals in {rounds} rounds"
+        per_ttl[1] <= per_ttl[0] + 2,
+        "requests grew with the shards: {per_ttl:?} over 10 TTLs at 8 and 2,048 shards"
     );
-    assert!(
-        batches <= 2 * rounds,
-        "{batches} renew_many calls for {batched} renewals in {rounds} rounds"
-    );
-    alone.stop.cancel();
-    alone.handle.await.unwrap().unwrap();
+    // 10 TTLs: renewals every TTL / 3 and a listing every TTL / 4, about 70.
+    assert!(per_ttl[1] <= 80, "{per_ttl:?}");
 }

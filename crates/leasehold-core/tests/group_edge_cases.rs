@@ -480,6 +480,22 @@ impl LeaseStore for Cuttable {
         }
         self.store.list(prefix).await
     }
+    async fn shard_records(&self, prefix: &str) -> leasehold_core::Result<Vec<leasehold_core::ShardRecord>> {
+        self.check()?;
+        if self.no_list.load(Ordering::SeqCst) {
+            return Err(Error::unreachable("memory", "listing throttled"));
+        }
+        self.store.shard_records(prefix).await
+    }
+    async fn write_shard(
+        &self,
+        name: &leasehold_core::LeaseName,
+        expected: Option<&str>,
+        value: &str,
+    ) -> leasehold_core::Result<leasehold_core::ShardWrite> {
+        self.check()?;
+        self.store.write_shard(name, expected, value).await
+    }
     async fn changes(
         &self,
         lease: &leasehold_core::LeaseName,

@@ -196,6 +196,19 @@ impl LeaseStore for Link {
         self.fate().await?;
         self.store.list(prefix).await
     }
+    async fn shard_records(&self, prefix: &str) -> Result<Vec<leasehold_core::ShardRecord>> {
+        self.fate().await?;
+        self.store.shard_records(prefix).await
+    }
+    async fn write_shard(
+        &self,
+        name: &LeaseName,
+        expected: Option<&str>,
+        value: &str,
+    ) -> Result<leasehold_core::ShardWrite> {
+        self.fate().await?;
+        self.store.write_shard(name, expected, value).await
+    }
     async fn changes(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<Option<Changes>> {
         self.store.changes(lease, candidate).await
     }
@@ -331,6 +344,22 @@ fn simulate(seed: u64) -> Book {
         }
         let unowned: Vec<u32> = (0..SHARDS).filter(|s| !book.running.contains_key(s)).collect();
         if !unowned.is_empty() {
+            if let Ok(status) = LeaseGroup::status(&store, "orders").await {
+                for m in &status.members {
+                    book.trace.push(format!(
+                        "end: member {} w{} {:?}",
+                        m.id,
+                        m.weight,
+                        m.lease.holder.as_ref().map(|h| h.term)
+                    ));
+                }
+                for s in status.shards.iter().filter(|s| unowned.contains(&s.shard)) {
+                    book.trace.push(format!(
+                        "end: shard {} record {:?} live {}",
+                        s.shard, s.record.value, s.live
+                    ));
+                }
+            }
             book.violations
                 .push(format!("unowned: at the end no member runs shards {unowned:?}"));
         }

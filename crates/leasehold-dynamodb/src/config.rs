@@ -157,10 +157,7 @@ impl DynamoDbConfig {
         let table = percent_decode(table).map_err(|why| url.invalid(format!("the table name: {why}")))?;
         let mut config = DynamoDbConfig::new(table);
         let mut options = url.options();
-        if let Some(endpoint) = options.string("endpoint") {
-            if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) || endpoint.len() <= 8 {
-                return Err(options.invalid("endpoint", "expected an http:// or https:// URL"));
-            }
+        if let Some(endpoint) = options.http_url("endpoint")? {
             config.endpoint = Some(endpoint);
         }
         if let Some(region) = options.string("region") {
@@ -169,36 +166,20 @@ impl DynamoDbConfig {
             }
             config.region = Some(region);
         }
-        let key_id = options.secret("access_key_id").filter(|s| !s.is_empty());
-        let secret = options.secret("secret_access_key").filter(|s| !s.is_empty());
-        let token = options.secret("session_token").filter(|s| !s.is_empty());
-        config.credentials = match (key_id, secret) {
-            (Some(access_key_id), Some(secret_access_key)) => Some(StaticCredentials {
+        config.credentials = options
+            .key_pair("access_key_id", "secret_access_key", "session_token")?
+            .map(|(access_key_id, secret_access_key, session_token)| StaticCredentials {
                 access_key_id,
                 secret_access_key,
-                session_token: token,
-            }),
-            (None, None) if token.is_none() => None,
-            _ => {
-                return Err(options.invalid(
-                    "access_key_id",
-                    "access_key_id and secret_access_key go together (session_token needs both)",
-                ));
-            }
-        };
+                session_token,
+            });
         if let Some(create) = options.bool("create_table")? {
             config.create_table = create;
         }
-        if let Some(timeout) = options.duration("timeout")? {
-            if !(MIN_TIMEOUT..=MAX_TIMEOUT).contains(&timeout) {
-                return Err(options.invalid("timeout", "expected 10ms to 10m"));
-            }
+        if let Some(timeout) = options.duration_in("timeout", MIN_TIMEOUT..=MAX_TIMEOUT, "expected 10ms to 10m")? {
             config.timeout = timeout;
         }
-        if let Some(max) = options.parse::<usize>("max_in_flight")? {
-            if !(1..=MAX_IN_FLIGHT).contains(&max) {
-                return Err(options.invalid("max_in_flight", "expected 1 to 10000"));
-            }
+        if let Some(max) = options.parse_in("max_in_flight", 1..=MAX_IN_FLIGHT, "expected 1 to 10000")? {
             config.max_in_flight = max;
         }
         options.finish()?;

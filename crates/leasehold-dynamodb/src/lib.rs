@@ -7,6 +7,7 @@ mod config;
 mod error;
 mod list;
 mod record;
+mod shards;
 mod store;
 mod table;
 

@@ -7,6 +7,7 @@
 //! |---|---|---|---|
 //! | the lease | name | `lease` | `term` N, `last_holder` S, `acquired_at` N; while held `holder` S, `ttl_ms` N, `version` S; once ended `previous_end` S, `ended_at` N; while reserved for `holder` by a handover `reserved_term` N (= `term`), `handed_over_at` N; the term before: `prev_term` N, `prev_holder` S, `prev_acquired_at` N, `prev_ended_at` N, `prev_end` S |
 //! | a finished term | name | `history#{term:020}` | `term` N, `holder` S, `acquired_at` N, `ended_at` N, `end_reason` S |
+//! | a shard record (`shards`) | `#shards` | its name | `value` S, `version` S |
 
 use std::collections::HashMap;
 use std::ops::RangeInclusive;

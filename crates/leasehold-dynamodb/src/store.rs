@@ -12,7 +12,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use leasehold_core::time::unix_millis;
 use leasehold_core::{
     AcquireRequest, Acquired, CandidateId, Capabilities, EndReason, Error, Expiry, Grant, LeaseName, LeaseStore,
-    LimitStore, Notifications, Observation, RecordVersion, Renewed, Result, Term, Transition,
+    LimitStore, Notifications, Observation, RecordVersion, Renewed, Result, ShardRecord, ShardWrite, Term, Transition,
 };
 
 use crate::acquire::Taken;
@@ -275,6 +275,14 @@ impl LeaseStore for DynamoDbStore {
 
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
         self.requests.break_lease(lease).await
+    }
+
+    async fn shard_records(&self, prefix: &str) -> Result<Vec<ShardRecord>> {
+        self.requests.shard_records(prefix).await
+    }
+
+    async fn write_shard(&self, name: &LeaseName, expected: Option<&str>, value: &str) -> Result<ShardWrite> {
+        self.requests.write_shard(name, expected, value).await
     }
 }
 
@@ -629,6 +637,19 @@ impl LeaseStore for Table {
     /// `prefix`, every page; history items are never returned.
     async fn list(&self, prefix: &str) -> Result<Vec<Observation>> {
         self.list_leases(prefix).await
+    }
+
+    /// A consistent `Query` of the `#shards` partition, `begins_with(sk, prefix)`, every page:
+    /// one request per 1 MB of the records listed.
+    async fn shard_records(&self, prefix: &str) -> Result<Vec<ShardRecord>> {
+        self.list_shards(prefix).await
+    }
+
+    /// One conditional `PutItem` (`attribute_not_exists(lease)` or `version = :expected`),
+    /// answering a conflict with the item DynamoDB returns (`ALL_OLD`), or else one consistent
+    /// `GetItem`.
+    async fn write_shard(&self, name: &LeaseName, expected: Option<&str>, value: &str) -> Result<ShardWrite> {
+        self.put_shard(name, expected, value).await
     }
 
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {

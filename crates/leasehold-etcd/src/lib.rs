@@ -8,11 +8,11 @@ mod candidates;
 mod changes;
 mod config;
 mod error;
-mod left;
 mod list;
 mod record;
 mod release;
 mod session;
+mod shards;
 mod state;
 mod store;
 

@@ -1,6 +1,6 @@
 //! `list(prefix)`: every lease whose name starts with a prefix, read with range requests over
 //! the lease keys (one per [`PAGE`] keys, all at the revision of the first) and decoded as
-//! `inspect` decodes one lease.
+//! `inspect` decodes one lease. The shard records' folder (`shards.rs`) is not read.
 
 use std::collections::BTreeMap;
 
@@ -10,8 +10,10 @@ use leasehold_core::{LeaseName, Observation, Result};
 use crate::record::{Keys, Snapshot};
 use crate::state::Inner;
 
-/// Keys read per range request.
-const PAGE: i64 = 1024;
+/// Keys read per range request. A key is at most some 900 bytes on the wire (a shard record's:
+/// a 128-byte name, a 512-byte value, the prefix and the key's metadata), so a page stays well
+/// under the 4 MiB a gRPC client accepts in one message.
+pub(crate) const PAGE: i64 = 2500;
 
 impl Inner {
     /// Every lease under `prefix` that was ever granted (it has a history key), in name order,
@@ -20,33 +22,21 @@ impl Inner {
         let root = format!("{}/", self.config.prefix);
         let start = format!("{root}{prefix}").into_bytes();
         let end = range_end(&start);
+        // Every lease name starts with a letter, a digit or `_`: with no prefix, the range
+        // begins at `0`, after the shard records' folder (`.shards`, see `shards.rs`).
+        let start = if prefix.is_empty() {
+            format!("{root}0").into_bytes()
+        } else {
+            start
+        };
         let mut leases: BTreeMap<LeaseName, Vec<KeyValue>> = BTreeMap::new();
-        let mut from = start;
-        let mut revision = 0;
-        loop {
-            let mut options = GetOptions::new().with_range(end.clone()).with_limit(PAGE);
-            if revision > 0 {
-                // One snapshot: every page at the first page's revision.
-                options = options.with_revision(revision);
+        self.read_range("list", start, end, |kv| {
+            if let Some(lease) = lease_of(&root, kv.key()).filter(|l| l.as_str().starts_with(prefix)) {
+                leases.entry(lease).or_default().push(kv.clone());
             }
-            let mut client = self.kv();
-            let key = from.clone();
-            let page = self
-                .call("list", async move { client.get(key, Some(options)).await })
-                .await?;
-            if revision == 0 {
-                revision = page.header().map_or(0, etcd_client::ResponseHeader::revision);
-            }
-            for kv in page.kvs() {
-                if let Some(lease) = lease_of(&root, kv.key()).filter(|l| l.as_str().starts_with(prefix)) {
-                    leases.entry(lease).or_default().push(kv.clone());
-                }
-            }
-            match page.kvs().last() {
-                Some(last) if page.more() => from = [last.key(), &[0]].concat(),
-                _ => break,
-            }
-        }
+            Ok(())
+        })
+        .await?;
         let mut listed = Vec::with_capacity(leases.len());
         for (lease, kvs) in leases {
             let keys = Keys::new(&self.config.prefix, &lease);
@@ -57,6 +47,40 @@ impl Inner {
             listed.push(self.unretired(&keys, &lease, snapshot)?.observation(&lease));
         }
         Ok(listed)
+    }
+
+    /// Reads the keys from `start` up to `end` in pages of [`PAGE`], every page at the revision
+    /// of the first (one snapshot), and hands each to `each` in key order.
+    pub(crate) async fn read_range(
+        &self,
+        operation: &'static str,
+        start: Vec<u8>,
+        end: Vec<u8>,
+        mut each: impl FnMut(&KeyValue) -> Result<()>,
+    ) -> Result<()> {
+        let mut from = start;
+        let mut revision = 0;
+        loop {
+            let mut options = GetOptions::new().with_range(end.clone()).with_limit(PAGE);
+            if revision > 0 {
+                options = options.with_revision(revision);
+            }
+            let mut client = self.kv();
+            let key = from.clone();
+            let page = self
+                .call(operation, async move { client.get(key, Some(options)).await })
+                .await?;
+            if revision == 0 {
+                revision = page.header().map_or(0, etcd_client::ResponseHeader::revision);
+            }
+            for kv in page.kvs() {
+                each(kv)?;
+            }
+            match page.kvs().last() {
+                Some(last) if page.more() => from = [last.key(), &[0]].concat(),
+                _ => return Ok(()),
+            }
+        }
     }
 }
 
@@ -74,7 +98,7 @@ fn lease_of(root: &str, key: &[u8]) -> Option<LeaseName> {
 
 /// The end of the range of keys starting with `start` (etcd's prefix range end: the prefix with
 /// its last byte below 0xff incremented; `\0` for all keys).
-fn range_end(start: &[u8]) -> Vec<u8> {
+pub(crate) fn range_end(start: &[u8]) -> Vec<u8> {
     let mut end = start.to_vec();
     while let Some(last) = end.pop() {
         if last < 0xff {

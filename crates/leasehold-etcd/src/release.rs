@@ -1,21 +1,18 @@
 //! The paths that end a candidate key of this store: a hand-over (also of a term to its own
 //! candidate, by an acquire), a withdrawal, and the transaction that closes a key (a
-//! withdrawal's, and what is sent again for a deletion that failed, see `left`).
+//! withdrawal's).
 
 use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp};
 use leasehold_core::{CandidateId, EndReason, Grant, Result};
 
 use crate::record::{Keys, ended_value, reserved_value, session_ttl_secs};
-use crate::state::{Inner, Left};
+use crate::state::Inner;
 
 impl Inner {
     /// One transaction, if the grant's key is still there: delete it, end its term as handed
     /// over, and put the reservation naming `to`, bound to an etcd lease granted just before
     /// with the grant's TTL and never kept alive (etcd deletes an untaken reservation after it).
-    /// Also how an acquire that finds its own key granted before hands the term to itself: a
-    /// failure there is not sent again (see [`Inner::leave`]), since the engine may lead on that
-    /// key (adopted by a read-back while that acquire ran late), and only the reservation for
-    /// itself keeps others out when the key goes.
+    /// Also how an acquire that finds its own key granted before hands the term to itself.
     pub(crate) async fn hand_over_key(&self, grant: &Grant, to: &CandidateId) -> Result<()> {
         let keys = Keys::new(&self.config.prefix, &grant.lease);
         let own = keys.candidate(&grant.holder);
@@ -59,37 +56,20 @@ impl Inner {
     }
 
     /// Withdraws the candidate key `key`: reads it, retires it and closes it (see [`close_key`]).
-    /// When a request fails the withdrawal is left to be made again (see [`Inner::leave`]): a
-    /// withdrawal that did not delete the key would leave it queued on a session the store's
-    /// other elections keep alive. `acquires`: the candidate's acquires begun before it.
-    pub(crate) async fn withdraw_key(&self, keys: &Keys, key: String, acquires: u64) -> Result<()> {
-        let own = match self.get("withdraw", key.clone(), None).await {
-            Ok(own) => own,
-            Err(e) => {
-                self.leave(Left::Withdraw {
-                    keys: keys.clone(),
-                    key,
-                    acquires,
-                });
-                return Err(e);
-            }
-        };
+    /// On an error the engine sends the withdrawal again.
+    pub(crate) async fn withdraw_key(&self, keys: &Keys, key: String) -> Result<()> {
+        let own = self.get("withdraw", key.clone(), None).await?;
         let Some(rev) = own.kvs().first().map(KeyValue::create_revision) else {
             return Ok(());
         };
         self.retire(&key, rev);
-        let txn = close_key(keys, key, rev);
-        if let Err(e) = self.txn("withdraw", txn.clone()).await {
-            self.leave(Left::Close(txn));
-            return Err(e);
-        }
+        self.txn("withdraw", close_key(keys, key, rev)).await?;
         Ok(())
     }
 }
 
 /// Deletes the candidate key `key` if it is still the one created at `rev`, and ends a term
-/// granted to it (if any, and not ended yet) as expired: a withdrawal, and what is sent again
-/// for a deletion that failed (see [`Inner::leave`]). A term granted to this key whose answer
+/// granted to it (if any, and not ended yet) as expired: a withdrawal. A term granted to this key whose answer
 /// never reached the engine ends here too.
 pub(crate) fn close_key(keys: &Keys, key: String, rev: i64) -> Txn {
     let close = Txn::new()

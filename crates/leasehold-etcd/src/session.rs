@@ -200,8 +200,6 @@ impl Inner {
             confirmed: sent,
             keys: current.keys,
         });
-        // The session lives on: so may a key whose deletion failed.
-        self.delete_left(limit);
         Ok(Some(current.id))
     }
 

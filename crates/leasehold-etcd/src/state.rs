@@ -1,6 +1,6 @@
 //! The state a store's parts share, at the bottom of the crate: [`Inner`] (what every clone of
 //! an `EtcdStore` holds: the connection, the sessions, where each candidate key of this process
-//! stands, the one-shot grants, the watched leases and the failed deletions left to send again)
+//! stands, the one-shot grants and the watched leases)
 //! and the types it owns, with the bookkeeping of the places (published to change streams,
 //! retired as deleted, taken as a turn). It imports none of the modules that use it; their
 //! operations on it are `impl Inner` blocks of their own.
@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{Client, Txn};
+use etcd_client::Client;
 use leasehold_core::{CandidateId, Error, Grant, LeaseName, Observation, Result, Term};
 use tokio::sync::{Mutex as AsyncMutex, watch};
 use tokio::time::Instant;
@@ -60,9 +60,6 @@ pub(crate) struct Place {
     /// hand-over, withdrawal or a requeue's clear): a place at or below it is never published
     /// again (see [`Inner::retire`]).
     pub(crate) retired: i64,
-    /// How many acquires of the key's candidate this store has begun: a withdrawal sent again
-    /// later is dropped once the candidate campaigns again (see [`Left::Withdraw`]).
-    pub(crate) acquires: u64,
     /// The TTL its candidate's latest acquire asked for (a turn grants it).
     pub(crate) asked: Duration,
     /// A turn its change stream gave (see `changes`) whose records (the term's history entry and
@@ -77,16 +74,6 @@ pub(crate) struct RecordsDue {
     pub(crate) rev: i64,
     pub(crate) ttl: Duration,
     pub(crate) holder: CandidateId,
-}
-
-/// A deletion of this store that failed, to be sent again (see [`Inner::leave`]).
-pub(crate) enum Left {
-    /// A `release::close_key` transaction.
-    Close(Txn),
-    /// A withdrawal whose first request (the read of the key) failed, so that the key's
-    /// revision is not known: the withdrawal is made again, as long as the candidate has not
-    /// begun another acquire since (`acquires` as it was).
-    Withdraw { keys: Keys, key: String, acquires: u64 },
 }
 
 /// What every clone of an `EtcdStore` shares, and its change streams and announcement watches
@@ -110,13 +97,6 @@ pub(crate) struct Inner {
     pub(crate) one_shots: Mutex<HashMap<String, (Position, Instant)>>,
     /// One watch per followed lease, shared by its followers in this store (see `announce`).
     pub(crate) announcers: Mutex<HashMap<LeaseName, Announcer>>,
-    /// Deletions of candidate keys of this store that failed (a release, hand-over or
-    /// withdrawal answered an error), sent again after the next keepalive of any session of
-    /// this store (see [`Inner::leave`]).
-    pub(crate) left: Mutex<Vec<Left>>,
-    /// Held by the task sending `left` again: at most one at a time (released with the task,
-    /// also should it panic).
-    pub(crate) resending: Arc<AsyncMutex<()>>,
 }
 
 impl Inner {
@@ -129,7 +109,6 @@ impl Inner {
         let place = positions.entry(own.to_string()).or_insert_with(|| Place {
             position: watch::channel(None).0,
             retired: 0,
-            acquires: 0,
             asked: Duration::ZERO,
             records_due: None,
         });
@@ -205,7 +184,7 @@ impl Inner {
 
     /// `snapshot` as this store may show it: an error (transient) when its holder is a key this
     /// store has begun to delete (see [`Inner::retire`]). A deletion that failed leaves such a
-    /// key in place until it is sent again (see [`Inner::leave`]); shown as holder, the engine's
+    /// key in place until the engine sends it again; shown as holder, the engine's
     /// read-back could adopt its term (an acquire of the same candidate whose answer was lost)
     /// and lead on a key that the resent deletion then deletes under it (review finding).
     pub(crate) fn unretired(&self, keys: &Keys, lease: &LeaseName, snapshot: Snapshot) -> Result<Snapshot> {

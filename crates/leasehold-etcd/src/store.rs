@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
 use leasehold_core::{
     AcquireRequest, Acquired, Announcements, CandidateId, Capabilities, Changes, EndReason, Error, Expiry, Grant,
-    LeaseName, LeaseStore, Notifications, Observation, Renewed, Result, Term, Transition,
+    LeaseName, LeaseStore, Notifications, Observation, Renewed, Result, ShardRecord, ShardWrite, Term, Transition,
 };
 use tokio::time::Instant;
 
@@ -18,9 +18,8 @@ use crate::record::{
     Keys, Snapshot, TTL_RANGE, end_term, ended_value, first_of, granted_value, last_of, released_value,
     session_ttl_secs, started_value,
 };
-use crate::release::close_key;
 use crate::session;
-use crate::state::{Inner, Left, Position};
+use crate::state::{Inner, Position};
 
 /// A lease store on an etcd cluster.
 ///
@@ -131,8 +130,6 @@ impl EtcdStore {
                 private: Mutex::default(),
                 one_shots: Mutex::default(),
                 announcers: Mutex::default(),
-                left: Mutex::default(),
-                resending: Arc::default(),
             }),
         })
     }
@@ -210,10 +207,7 @@ impl LeaseStore for EtcdStore {
         let keys = self.keys(&request.lease);
         let own = keys.candidate(&request.candidate);
         let ttl_secs = session_ttl_secs(request.ttl);
-        inner.place(&own, |p| {
-            p.acquires += 1;
-            p.asked = request.ttl;
-        });
+        inner.place(&own, |p| p.asked = request.ttl);
         let queued = (*inner.position(&own).borrow()).filter(|p| !p.granted && p.ttl_secs == ttl_secs);
         if let Some(position) = queued
             && let Some(grant) = inner.grant_in_one_shot(&keys, &own, request, position).await?
@@ -481,13 +475,8 @@ impl LeaseStore for EtcdStore {
                     .when([Compare::create_revision(own.clone(), CompareOp::Equal, term)])
                     .and_then(end),
             )]);
-        let resp = match self.inner.txn("release", txn).await {
-            Ok(resp) => resp,
-            Err(e) => {
-                self.inner.leave(Left::Close(close_key(&keys, own, term)));
-                return Err(e);
-            }
-        };
+        // On an error the engine sends the release again (the key stays retired meanwhile).
+        let resp = self.inner.txn("release", txn).await?;
         let ended_without_marker = || {
             resp.op_responses()
                 .into_iter()
@@ -499,18 +488,9 @@ impl LeaseStore for EtcdStore {
         Ok(())
     }
 
-    // `Inner::hand_over_key`; when it fails, the key is ended later (see `Inner::leave`).
+    // `Inner::hand_over_key`; on an error the engine sends the hand-over again.
     async fn hand_over(&self, grant: &Grant, to: &CandidateId) -> Result<()> {
-        let handed = self.inner.hand_over_key(grant, to).await;
-        if handed.is_err()
-            && let Ok(term) = i64::try_from(grant.term.0)
-        {
-            let keys = self.keys(&grant.lease);
-            let own = keys.candidate(&grant.holder);
-            self.inner.retire(&own, term);
-            self.inner.leave(Left::Close(close_key(&keys, own, term)));
-        }
-        handed
+        self.inner.hand_over_key(grant, to).await
     }
 
     async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
@@ -518,8 +498,7 @@ impl LeaseStore for EtcdStore {
         let key = keys.candidate(candidate);
         self.inner.place(&key, |p| p.records_due = None);
         self.inner.publish(&key, None);
-        let acquires = self.inner.place(&key, |p| p.acquires);
-        self.inner.withdraw_key(&keys, key, acquires).await
+        self.inner.withdraw_key(&keys, key).await
     }
 
     async fn inspect(&self, lease: &LeaseName) -> Result<Observation> {
@@ -534,6 +513,20 @@ impl LeaseStore for EtcdStore {
 
     async fn candidates(&self, lease: &LeaseName) -> Result<Vec<CandidateId>> {
         self.inner.queued_candidates(lease).await
+    }
+
+    /// One range read per 2,500 records under `{prefix}/.shards/` (4 for 10,000), every page at
+    /// the revision of the first; each record's version is its key's `mod_revision`.
+    async fn shard_records(&self, prefix: &str) -> Result<Vec<ShardRecord>> {
+        self.inner.shard_records(prefix).await
+    }
+
+    /// One transaction: the key `{prefix}/.shards/{name}` is put (and read back for its new
+    /// `mod_revision`) if its `mod_revision` is `expected` (`create_revision` 0 for `None`),
+    /// else read, which answers the conflict. No retry: an error leaves the outcome to the
+    /// engine's read-back.
+    async fn write_shard(&self, name: &LeaseName, expected: Option<&str>, value: &str) -> Result<ShardWrite> {
+        self.inner.write_shard(name, expected, value).await
     }
 
     async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {

@@ -6,7 +6,7 @@
 //! otherwise idle etcd (the idle rate before the elections is printed too).
 //!
 //! ```text
-//! cargo test -p leasehold-etcd --test rate -- --ignored --nocapture
+//! cargo test -p leasehold-etcd --test integration -- rate:: --ignored --nocapture
 //! ```
 
 use std::collections::BTreeMap;

@@ -16,7 +16,7 @@ use leasehold_conformance::{Direction, Fault};
 use leasehold_core::{Acquired, CandidateId, LeaseStore};
 use leasehold_etcd::EtcdStore;
 
-mod common;
+use crate::common;
 
 const TTL: Duration = Duration::from_secs(10);
 const DELAY: Duration = Duration::from_millis(300);

@@ -17,7 +17,7 @@ use leasehold_core::{
 };
 use leasehold_etcd::EtcdStore;
 
-mod common;
+use crate::common;
 
 const DELAY: Duration = Duration::from_millis(300);
 const TTL: Duration = Duration::from_secs(10);

@@ -14,7 +14,7 @@ use leasehold_conformance::{Direction, Fault};
 use leasehold_core::{AcquireRequest, Acquired, CandidateId, Change, LeaseName, LeaseStore};
 use leasehold_etcd::EtcdStore;
 
-mod common;
+use crate::common;
 
 const DELAY: Duration = Duration::from_millis(1000);
 const TTL: Duration = Duration::from_secs(10);

@@ -2,7 +2,7 @@
 //! or `target/services/env`; skipped loudly when it is not reachable, a failure under
 //! `CI=true`). Each test works in its own schema `fence_test_<random>`, dropped at the end.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

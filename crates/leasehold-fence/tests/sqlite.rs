@@ -1,7 +1,7 @@
 //! `leasehold_fence::sqlite` against a SQLite file in a temporary directory, with fenced
 //! transactions begun by `BEGIN IMMEDIATE`.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -7,6 +7,7 @@ mod error;
 mod record;
 mod schema;
 mod session;
+mod shards;
 mod statements;
 mod store;
 

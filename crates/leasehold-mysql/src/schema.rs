@@ -72,6 +72,19 @@ const TABLES: &[Table] = &[
             ("end_reason", "varchar"),
         ],
     },
+    // Shard records (`LeaseStore::write_shard`), apart from the leases: no named lock, no
+    // history. `version` is 16 random hex digits, new on every write; `value` the engine's, kept
+    // as written (at most 512 bytes, so at most 512 characters). Added without a schema version
+    // change (older builds ignore it).
+    Table {
+        name: "leasehold_shards",
+        create: "CREATE TABLE IF NOT EXISTS leasehold_shards (
+            name    VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY,
+            version VARCHAR(16)  CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+            value   VARCHAR(512) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL
+        ) ENGINE = InnoDB",
+        columns: &[("name", "varchar"), ("version", "varchar"), ("value", "varchar")],
+    },
 ];
 
 /// Refuses a Galera node: `wsrep_on` (as `SHOW VARIABLES` reports it, `None` when the server has
@@ -184,6 +197,11 @@ async fn check_privileges(conn: &mut MySqlConnection, waited: Duration) -> Resul
         ),
         format!("UPDATE leasehold_history SET ended_at = 0 WHERE name = {probe}"),
         format!("DELETE FROM leasehold_history WHERE name = {probe}"),
+        format!(
+            "INSERT INTO leasehold_shards (name, version, value) VALUES ({probe}, '', '')
+             ON DUPLICATE KEY UPDATE value = ''"
+        ),
+        format!("UPDATE leasehold_shards SET value = '' WHERE name = {probe}"),
     ];
     conn.execute("START TRANSACTION")
         .await

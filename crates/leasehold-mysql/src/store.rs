@@ -6,7 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use leasehold_core::{
     AcquireRequest, Acquired, Announces, Capabilities, Error, Expiry, Grant, LeaseName, LeaseStore, Notifications,
-    Observation, Renewed, Result, Term, Transition,
+    Observation, Renewed, Result, ShardRecord, ShardWrite, Term, Transition,
 };
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, MySqlConnection, Row};
@@ -16,6 +16,7 @@ use crate::error::{self, STORE};
 use crate::record::{self, Record, TTL_RANGE, record_columns, term_value, unix_millis};
 use crate::schema;
 use crate::session::{Context, LockSession};
+use crate::shards;
 use crate::statements::configure_lock_session;
 
 /// A [`LeaseStore`] on a MySQL (5.7 or later) or MariaDB (10.0.2 or later) database, shared by
@@ -173,19 +174,6 @@ impl MysqlStore {
     }
 }
 
-/// `prefix` as a `LIKE` pattern escaped with `!` (the `ESCAPE` of the list statement).
-fn like_prefix(prefix: &str) -> String {
-    let mut pattern = String::with_capacity(prefix.len() + 1);
-    for c in prefix.chars() {
-        if matches!(c, '%' | '_' | '!') {
-            pattern.push('!');
-        }
-        pattern.push(c);
-    }
-    pattern.push('%');
-    pattern
-}
-
 #[async_trait]
 impl LeaseStore for MysqlStore {
     fn name(&self) -> &'static str {
@@ -255,7 +243,7 @@ impl LeaseStore for MysqlStore {
             record_columns("l.name")
         );
         let rows = sqlx::query(AssertSqlSafe(sql))
-            .bind(like_prefix(prefix))
+            .bind(leasehold_core::like_prefix(prefix))
             .fetch_all(&self.inner.pool)
             .await
             .map_err(|e| error::map(&e, "list", timeout))?;
@@ -291,6 +279,28 @@ impl LeaseStore for MysqlStore {
             .collect::<Result<Vec<_>>>()?;
         transitions.reverse();
         Ok(transitions)
+    }
+
+    /// One statement on the pool over a range of `leasehold_shards`' primary key (the names from
+    /// `prefix` up to the least string above every name with it), the prefix also matched by an
+    /// escaped `LIKE`: one snapshot and one statement for 10,000 records as for 10. Leases are in
+    /// another table and never listed.
+    async fn shard_records(&self, prefix: &str) -> Result<Vec<ShardRecord>> {
+        shards::list(&self.inner.pool, prefix, self.inner.cx.config.connect_timeout()).await
+    }
+
+    /// One conditional statement on the pool: `INSERT` when no record is expected (a duplicate
+    /// key is the refusal), `UPDATE ... WHERE name = ? AND version = ?` otherwise, with a new
+    /// random version. A refused write is followed by one read of the record, which the
+    /// [`Conflict`](ShardWrite::Conflict) answers. No named lock, no history.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] for a value [`check_shard_value`](leasehold_core::check_shard_value)
+    /// refuses (nothing is sent); otherwise as the trait says.
+    async fn write_shard(&self, name: &LeaseName, expected: Option<&str>, value: &str) -> Result<ShardWrite> {
+        let timeout = self.inner.cx.config.connect_timeout();
+        shards::write(&self.inner.pool, name, expected, value, timeout).await
     }
 
     /// `true`: [`break_lease`](LeaseStore::break_lease) works.

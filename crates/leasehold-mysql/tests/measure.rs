@@ -1,7 +1,7 @@
 //! Handover, crash failover and an idle follower's requests on the MySQL store, measured in one
 //! process (the benchmark, `leasehold-bench --backends mysql`, measures the same across
 //! processes). Ignored by default; run with
-//! `cargo test --release -p leasehold-mysql --test measure -- --ignored --nocapture`.
+//! `cargo test --release -p leasehold-mysql --test integration -- measure:: --ignored --nocapture`.
 
 use std::net::ToSocketAddrs;
 use std::sync::Arc;

@@ -8,6 +8,7 @@ mod error;
 mod record;
 mod schema;
 mod session;
+mod shards;
 mod sql;
 mod store;
 

@@ -3,10 +3,11 @@
 //! Also the lock key of a lease.
 
 use std::ops::RangeInclusive;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use leasehold_core::{
-    CandidateId, EndReason, Error, HolderFields, HolderInfo, LeaseName, Observation, Result, Term, Transition, time,
+    EndReason, Error, HolderFields, HolderInfo, LeaseName, Observation, Result, Term, Transition, TransitionFields,
+    time,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{Row, TypeInfo, ValueRef};
@@ -138,44 +139,18 @@ impl Record {
 /// Decodes `(term, holder, acquired_at_ms, ended_at_ms, end_reason)` of the history table.
 pub(crate) fn decode_transition(lease: &LeaseName, row: &PgRow) -> Result<Transition> {
     let corrupt = |detail: String| Error::corrupt(STORE, lease, format!("history: {detail}"));
-    let required = |index, field| get::<i64>(row, index, field)?.ok_or_else(|| format!("{field} is NULL"));
-    let term = required(0, "term").map_err(corrupt)?;
-    let term = term_from(term)
-        .filter(|t| t.0 > 0)
-        .ok_or_else(|| corrupt(format!("term {term} is not a term")))?;
-    let holder = get::<String>(row, 1, "holder")
-        .map_err(corrupt)?
-        .ok_or_else(|| corrupt(format!("term {term}: holder is NULL")))?;
-    let holder = CandidateId::new(holder).map_err(|e| corrupt(format!("term {term}: holder: {e}")))?;
-    let acquired_at = system_time(required(2, "acquired_at").map_err(corrupt)?)
-        .ok_or_else(|| corrupt(format!("term {term}: acquired_at is before 1970")))?;
-    let ended_at = get::<i64>(row, 3, "ended_at").map_err(corrupt)?;
-    let end_reason = get::<String>(row, 4, "end_reason").map_err(corrupt)?;
-    let ended = match (ended_at, end_reason) {
-        (None, None) => None,
-        (Some(at), Some(reason)) => {
-            let at = system_time(at).ok_or_else(|| corrupt(format!("term {term}: ended_at is before 1970")))?;
-            let reason = reason
-                .parse::<EndReason>()
-                .map_err(|e| corrupt(format!("term {term}: end_reason: {e}")))?;
-            Some((at, reason))
-        }
-        _ => {
-            return Err(corrupt(format!(
-                "term {term}: ended_at and end_reason must be both set or both NULL"
-            )));
-        }
+    let fields = TransitionFields {
+        term: get::<i64>(row, 0, "term").map_err(corrupt)?,
+        holder: get::<String>(row, 1, "holder").map_err(corrupt)?,
+        acquired_at_ms: get::<i64>(row, 2, "acquired_at").map_err(corrupt)?,
+        ended_at_ms: get::<i64>(row, 3, "ended_at").map_err(corrupt)?,
+        end_reason: get::<String>(row, 4, "end_reason").map_err(corrupt)?,
     };
-    Ok(Transition {
-        term,
-        holder,
-        acquired_at,
-        ended,
-    })
+    Transition::from_record(STORE, lease, fields)
 }
 
 /// A nullable column of type `T`, or a description of what is there instead.
-fn get<'r, T>(row: &'r PgRow, index: usize, field: &str) -> Result<Option<T>, String>
+pub(crate) fn get<'r, T>(row: &'r PgRow, index: usize, field: &str) -> Result<Option<T>, String>
 where
     T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
 {
@@ -200,11 +175,6 @@ pub(crate) fn term_value(term: Term) -> i64 {
 /// A duration in milliseconds as Postgres stores it (a `bigint`).
 pub(crate) fn millis(duration: Duration) -> i64 {
     i64::try_from(time::duration_millis(duration)).unwrap_or(i64::MAX)
-}
-
-/// A `bigint` of Unix milliseconds; `None` before 1970.
-fn system_time(millis: i64) -> Option<SystemTime> {
-    u64::try_from(millis).ok().map(time::from_unix_millis)
 }
 
 /// The advisory lock key of `lease` in `schema`: the 64-bit FNV-1a hash of

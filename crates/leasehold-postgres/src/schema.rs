@@ -78,6 +78,23 @@ const TABLES: &[Table] = &[
             ("end_reason", "text", false),
         ],
     },
+    // Shard records (`LeaseStore::write_shard`), apart from the leases: no lock, no history.
+    // `name` sorts in byte order ("C"), so a prefix is a range of the primary key whatever the
+    // database's collation. `version` is 16 random hex digits, new on every write. Added without
+    // a schema version change (older builds ignore it).
+    Table {
+        name: "shards",
+        create: r#"CREATE TABLE {schema}.shards (
+            name    text COLLATE "C" PRIMARY KEY,
+            version text NOT NULL,
+            value   text NOT NULL
+        )"#,
+        columns: &[
+            ("name", "text", true),
+            ("version", "text", true),
+            ("value", "text", true),
+        ],
+    },
 ];
 
 /// `"schema"`, quoted for SQL (the name was validated: letters, digits, `_`).

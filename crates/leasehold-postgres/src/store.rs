@@ -6,7 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use leasehold_core::{
     AcquireRequest, Acquired, Announcements, CandidateId, Capabilities, Changes, Error, Expiry, Grant, LeaseName,
-    LeaseStore, Notifications, Observation, Renewed, Result, Term, Transition,
+    LeaseStore, Notifications, Observation, Renewed, Result, ShardRecord, ShardWrite, Term, Transition,
 };
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, Row};
@@ -18,6 +18,7 @@ use crate::error::{self, STORE};
 use crate::record::{self, RECORD_WIDTH, Record, TTL_RANGE, term_value};
 use crate::schema;
 use crate::session::{self, Context, LockSession, Renewal};
+use crate::shards::{self, ShardSql};
 use crate::sql;
 
 /// A [`LeaseStore`] on a Postgres database (14 or later), shared by every process that connects
@@ -84,6 +85,8 @@ struct Inner {
     pool: PgPool,
     session: LockSession,
     notifier: Notifier,
+    /// The statements of shard records (on the pool; they have no lock).
+    shards: ShardSql,
 }
 
 impl PostgresStore {
@@ -135,12 +138,14 @@ impl PostgresStore {
             }));
         let notifier = Notifier::new(options, timeout, cx.config.schema(), pool.clone());
         let session = LockSession::spawn(cx.clone(), conn);
+        let shards = ShardSql::new(cx.config.schema());
         Ok(PostgresStore {
             inner: Arc::new(Inner {
                 cx,
                 pool,
                 session,
                 notifier,
+                shards,
             }),
         })
     }
@@ -240,20 +245,6 @@ impl PostgresStore {
             })
             .collect()
     }
-}
-
-/// `prefix` as a `LIKE` pattern escaped with `!` (the `ESCAPE` of the list statement): every
-/// lease name that starts with it, and nothing else.
-fn like_prefix(prefix: &str) -> String {
-    let mut pattern = String::with_capacity(prefix.len() + 1);
-    for c in prefix.chars() {
-        if matches!(c, '%' | '_' | '!') {
-            pattern.push('!');
-        }
-        pattern.push(c);
-    }
-    pattern.push('%');
-    pattern
 }
 
 /// A server setting on the connections of a [`PostgresStore`] that write lease records (see
@@ -370,7 +361,7 @@ impl LeaseStore for PostgresStore {
     async fn list(&self, prefix: &str) -> Result<Vec<Observation>> {
         let timeout = self.inner.cx.config.connect_timeout();
         let rows = sql::query(&self.inner.cx.sql.list)
-            .bind(like_prefix(prefix))
+            .bind(leasehold_core::like_prefix(prefix))
             .fetch_all(&self.inner.pool)
             .await
             .map_err(|e| error::map(&e, "list", timeout))?;
@@ -419,6 +410,29 @@ impl LeaseStore for PostgresStore {
     /// of `lease` on (see [`docs`](crate::docs)).
     async fn announcements(&self, lease: &LeaseName) -> Result<Option<Announcements>> {
         Ok(Some(self.inner.notifier.announcements(lease)))
+    }
+
+    /// One statement on the pool over a range of `<schema>.shards`' primary key (the names from
+    /// `prefix` up to the least string above every name with it, in byte order): one snapshot
+    /// and one round trip for 10,000 records as for 10. Leases are in another table and never
+    /// listed.
+    async fn shard_records(&self, prefix: &str) -> Result<Vec<ShardRecord>> {
+        let timeout = self.inner.cx.config.connect_timeout();
+        shards::list(&self.inner.pool, &self.inner.shards, prefix, timeout).await
+    }
+
+    /// One conditional statement on the pool: `INSERT ... ON CONFLICT (name) DO NOTHING` when
+    /// no record is expected, `UPDATE ... WHERE name = $1 AND version = $2` otherwise, with a
+    /// new random version. A refused write is followed by one read of the record, which the
+    /// [`Conflict`](ShardWrite::Conflict) answers. No lock, no notification, no history.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] for a value [`check_shard_value`](leasehold_core::check_shard_value)
+    /// refuses (nothing is sent); otherwise as the trait says.
+    async fn write_shard(&self, name: &LeaseName, expected: Option<&str>, value: &str) -> Result<ShardWrite> {
+        let timeout = self.inner.cx.config.connect_timeout();
+        shards::write(&self.inner.pool, &self.inner.shards, name, expected, value, timeout).await
     }
 
     /// `true`: [`break_lease`](LeaseStore::break_lease) works.

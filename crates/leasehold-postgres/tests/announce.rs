@@ -2,7 +2,7 @@
 //! needs them, and a grant taken again on a new lock session (a relock) is announced like a
 //! renewal.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

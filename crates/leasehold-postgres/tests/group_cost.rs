@@ -3,9 +3,9 @@
 //! session, the pool, the listener) and store calls per second by operation (core's
 //! `CountingStore`, under the group's `RenewBatcher`), over a minute once every shard is owned.
 //! A measurement, not a check:
-//! `cargo test -p leasehold-postgres --test group_cost -- --ignored --nocapture`.
+//! `cargo test -p leasehold-postgres --test integration -- group_cost:: --ignored --nocapture`.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! killed): the server frees its locks at once, its rows stay behind orphaned, and the other
 //! members must lead its shards again within about a TTL and a round, each shard once.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -13,7 +13,7 @@
 //! queue place of a candidate is its store's queue watcher (a lock wait on another key), not a
 //! lock held for the candidate, and the store has no `withdraw` request that could fail.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

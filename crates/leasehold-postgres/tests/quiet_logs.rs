@@ -4,7 +4,7 @@
 //! run of a three-replica service. The queue connection now logs its slow statements at DEBUG;
 //! the application's own connections keep sqlx's default. Skips (loudly) when the server is down.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,7 +1,7 @@
 //! A renewal of a grant the store no longer holds is a relock (take the lock again if the row
 //! still names the grant); it must not wait for a lock that the lease's next holder has.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -1,8 +1,8 @@
 //! What a renewal statement costs with 1 and with 1,000 leases per store while other stores
 //! listen to announcements (a measurement, not a check: `cargo test --release -p
-//! leasehold-postgres --test renew_cost -- --ignored --nocapture`).
+//! leasehold-postgres --test integration -- renew_cost:: --ignored --nocapture`).
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! them, one read finds what the store holds for every lost grant; each answer is what `renew`
 //! of that grant answers.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -21,28 +21,10 @@ async fn grant(store: &PostgresStore, lease: &LeaseName, who: &str) -> Grant {
     leasehold_conformance::must_grant(store, lease.as_str(), who, TTL).await
 }
 
-/// What an answer says, without the times that pass between two answers.
-fn settled(answer: &Result<Renewed, Error>) -> String {
-    match answer {
-        Ok(Renewed::Renewed(grant)) => format!(
-            "renewed {} {} {} {:?}",
-            grant.lease, grant.holder, grant.term, grant.ttl
-        ),
-        Ok(Renewed::Lost(observation)) => {
-            let mut observation = observation.clone();
-            if let Some(holder) = &mut observation.holder {
-                holder.store_remaining = None;
-            }
-            format!("lost {observation:?}")
-        }
-        Err(e) => format!("error {e}"),
-    }
-}
-
 /// 50 grants, 26 of them no longer held (released, taken over by another candidate, handed
-/// over, broken, replaced by a newer term of the same holder) or unreadable (a garbled row of a broken one):
-/// each answer of one `renew_many` is what `renew` of that grant answers afterwards, the renewed
-/// ones with the version written in the row. The call runs 4 statements (counted by a proxy):
+/// over, broken, replaced by a newer term of the same holder) or unreadable (a garbled row of a
+/// broken one; each answer is what `renew` answers: the shared scenario
+/// `renew_many_answers_as_renew_does`). The call runs 4 statements (counted by a proxy):
 /// the renewal, one relock attempt for the 10 grants this session gave up itself (released,
 /// handed over), the give-back of the broken leases' locks, one read for all the lost grants.
 /// Before, it ran 37 (a relock per given-up grant, a read per lost one).
@@ -85,14 +67,7 @@ async fn fifty_grants_answer_as_renew_does_in_few_statements() {
     let statements = counter.statements() - before;
     assert_eq!(statements, 4, "renew_many of 50 grants, 26 of them lost");
     assert_eq!(answers.len(), grants.len());
-    for (i, (held, answer)) in grants.iter().zip(&answers).enumerate() {
-        if let Ok(Renewed::Renewed(renewed)) = answer {
-            assert_ne!(renewed.token, held.token, "{i}: a new record version");
-            let seen = store.inspect(&held.lease).await.unwrap();
-            assert_eq!(seen.holder.unwrap().version, renewed.token, "{i}: the version written");
-        }
-        let alone = store.renew(held).await;
-        assert_eq!(settled(answer), settled(&alone), "grant {i}");
+    for (i, answer) in answers.iter().enumerate() {
         match i {
             47 => assert!(
                 matches!(answer, Err(Error::CorruptRecord { lease, .. }) if lease == name(run, 47).as_str()),
@@ -102,7 +77,6 @@ async fn fifty_grants_answer_as_renew_does_in_few_statements() {
             i => assert!(matches!(answer, Ok(Renewed::Lost(_))), "{i}: {answer:?}"),
         }
     }
-    assert!(store.renew_many(&[]).await.unwrap().is_empty());
 }
 
 /// After the lock session is lost (its backend terminated), the next `renew_many` of 50 grants

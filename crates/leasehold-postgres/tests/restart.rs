@@ -3,7 +3,7 @@
 //! Its own test binary: the restart ends every session of the server, so nothing else may run
 //! against it meanwhile (cargo runs test binaries one after another).
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

@@ -2,9 +2,9 @@
 //! electors: store calls per second by operation (core's `CountingStore`), and the statements
 //! the server ran for them (the lock session sends queued renewals in one statement), from the
 //! transactions `pg_stat_database` counts in a database of its own. A measurement, not a check:
-//! `cargo test -p leasehold-postgres --test thousand -- --ignored --nocapture`.
+//! `cargo test -p leasehold-postgres --test integration -- thousand:: --ignored --nocapture`.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -289,10 +289,8 @@ impl RedisConfig {
         if let Some(prefix) = options.string("prefix") {
             config.prefix = prefix;
         }
-        if let Some(timeout) = options.duration("timeout")? {
-            if !(MIN_TIMEOUT..=MAX_TIMEOUT).contains(&timeout) {
-                return Err(options.invalid("timeout", "expected a duration from 10ms to 10m"));
-            }
+        let expected = "expected a duration from 10ms to 10m";
+        if let Some(timeout) = options.duration_in("timeout", MIN_TIMEOUT..=MAX_TIMEOUT, expected)? {
             config.timeout = timeout;
         }
         if let Some(limit) = options.string("history_limit") {

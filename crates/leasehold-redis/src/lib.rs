@@ -10,6 +10,7 @@ mod error;
 mod expiry;
 mod record;
 mod scripts;
+mod shards;
 mod store;
 
 #[doc = include_str!("../docs.md")]

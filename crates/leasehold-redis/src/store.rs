@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use futures::{StreamExt, TryStreamExt};
 use leasehold_core::{
     AcquireRequest, Acquired, Announcements, CandidateId, Capabilities, Changes, Error, Expiry, Grant, LeaseName,
-    LeaseStore, Notifications, Observation, RecordVersion, Renewed, Result, Term, Transition,
+    LeaseStore, Notifications, Observation, RecordVersion, Renewed, Result, ShardWrite, Term, Transition,
 };
 
 use redis::Value;
@@ -563,6 +563,16 @@ impl LeaseStore for RedisStore {
         Ok(observations
             .filter(|o| o.holder.is_some() || o.last_term > Term(0))
             .collect())
+    }
+
+    /// One script per 2,500 records of the sorted set of names (4 for 10,000), see `shards.rs`.
+    async fn shard_records(&self, prefix: &str) -> Result<Vec<leasehold_core::ShardRecord>> {
+        crate::shards::records(&self.inner.commands, &self.inner.config, prefix).await
+    }
+
+    /// One script: the version compared, the record and its name written (`shards.rs`).
+    async fn write_shard(&self, name: &LeaseName, expected: Option<&str>, value: &str) -> Result<ShardWrite> {
+        crate::shards::write(&self.inner.commands, &self.inner.config, name, expected, value).await
     }
 
     async fn history(&self, lease: &LeaseName, limit: usize) -> Result<Vec<Transition>> {

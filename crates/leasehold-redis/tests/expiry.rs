@@ -7,7 +7,7 @@
 //! the test server, which adds `Ex` to its `notify-keyspace-events`); none turns them off again,
 //! so tests running at the same time never see them vanish.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -4,9 +4,9 @@
 //! (plus 50 ms), the requests of idle followers while the leader renews, and the graceful
 //! handover (from `resign()`'s return to the follower's election), and what a crashed leader's
 //! expiry costs 100 followers. A measurement, not a check:
-//! `cargo test -p leasehold-redis --release --test herd -- --ignored --nocapture`.
+//! `cargo test -p leasehold-redis --release --test integration -- herd:: --ignored --nocapture`.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,16 +1,17 @@
 //! A release or withdrawal of this store that failed (its request never reached Redis), while
-//! the same store goes on leading another lease of the same TTL. The engine does not ask again
-//! once it stopped campaigning, so what the failed request would have deleted must go by itself:
-//! `LeaseStore::release` leaves an unreleased lease to expire after its TTL, and a withdrawn
-//! candidate must not stay queued forever. (etcd and ZooKeeper kept such state on a session the
-//! store's other leases keep alive; see crates/leasehold-etcd/tests/left_key.rs.)
+//! the same store goes on leading another lease of the same TTL, and nobody sends it again (the
+//! engine does, while its driver runs; not once the process is gone): what the failed request
+//! would have deleted must go by itself. `LeaseStore::release` leaves an unreleased lease to
+//! expire after its TTL, and a withdrawn candidate must not stay queued forever. (etcd and
+//! ZooKeeper keep such state on a session the store's other leases keep alive, which only the
+//! engine's resend ends.)
 //!
 //! Here nothing of `jobs` is shared with `other`: the lease hash has its own `PEXPIRE`, which
 //! only a renewal of that grant extends, and a queue place counts only while the candidate's own
 //! channel has a listener (a release skips and drops a waiter whose channel has none, and a
 //! woken key left untaken expires after the TTL).
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

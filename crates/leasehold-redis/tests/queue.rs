@@ -3,24 +3,16 @@
 //! take the lease passes the wake-up on (withdrawal) or lets its expiry wake everyone, and the
 //! queue stays bounded.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
-use common::{RedisBackend, grant, id, raw_cmd, request};
+use common::{RedisBackend, grant, id, raw_cmd, request, unguarded as backend};
 use futures::StreamExt;
-use leasehold_conformance::require_server;
 use leasehold_core::{Acquired, Changes, LeaseName, LeaseStore, random_u64};
 use leasehold_redis::RedisStore;
 
 const TTL: Duration = Duration::from_secs(1);
-
-fn backend() -> Option<RedisBackend> {
-    let url = require_server("redis", "LEASEHOLD_REDIS_URL")?;
-    let mut config = common::config(&url);
-    config.restart_guard = false;
-    Some(RedisBackend::with_config(config))
-}
 
 fn lease(tag: &str) -> LeaseName {
     LeaseName::new(format!("queue-{tag}-{:x}", random_u64())).unwrap()

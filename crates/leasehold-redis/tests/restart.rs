@@ -7,7 +7,7 @@
 //! It restarts the shared test server, so it only runs against the server that
 //! `scripts/services` manages, and it is the only test in this binary.
 
-mod common;
+use crate::common;
 
 use common::{TTL, elector, request};
 

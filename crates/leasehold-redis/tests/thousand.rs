@@ -2,9 +2,9 @@
 //! electors: store calls per second by operation (core's `CountingStore`), and the commands the
 //! server ran (`INFO commandstats`: every store call is one `EVALSHA`; the delta also counts
 //! anything else the server ran meanwhile, so run it alone). A measurement, not a check:
-//! `cargo test -p leasehold-redis --test thousand -- --ignored --nocapture`.
+//! `cargo test -p leasehold-redis --test integration -- thousand:: --ignored --nocapture`.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

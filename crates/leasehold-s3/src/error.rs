@@ -197,9 +197,12 @@ impl Described {
                 }
             }
             SdkError::DispatchFailure(failure) if failure.is_io() => {
-                format!("{} (check the endpoint and that the service is up)", innermost(error))
+                format!(
+                    "{} (check the endpoint and that the service is up)",
+                    leasehold_core::innermost_message(error)
+                )
             }
-            _ => innermost(error),
+            _ => leasehold_core::innermost_message(error),
         };
         if let Some(id) = error.as_service_error().and_then(|e| e.meta().request_id()) {
             reason.push_str(&format!(" (request id {id})"));
@@ -218,19 +221,4 @@ impl StdError for Described {}
 
 fn first_line(text: &str) -> String {
     text.lines().next().unwrap_or_default().chars().take(300).collect()
-}
-
-/// The most specific message in an error's chain (`tcp connect error: Connection refused (os
-/// error 111)`) rather than `dispatch failure`.
-fn innermost(error: &(dyn StdError + 'static)) -> String {
-    let mut texts = vec![error.to_string()];
-    let mut source = error.source();
-    while let Some(inner) = source {
-        texts.push(inner.to_string());
-        source = inner.source();
-    }
-    let mut specific: Vec<&str> = texts.iter().rev().take(2).map(String::as_str).collect();
-    specific.reverse();
-    specific.dedup();
-    first_line(&specific.join(": "))
 }

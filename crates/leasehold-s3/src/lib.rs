@@ -6,6 +6,7 @@ mod config;
 mod error;
 mod objects;
 mod record;
+mod shards;
 mod store;
 
 #[doc = include_str!("../docs.md")]

@@ -34,6 +34,10 @@ pub(crate) struct Objects {
     /// The object of each lease this store holds, as its last write left it: a renewal then
     /// replaces it on that ETag in one request, without reading it first.
     held: Arc<Mutex<HashMap<LeaseName, Read>>>,
+    /// The shard records this store last read or wrote, by name: (ETag without quotes, value).
+    /// A listing that shows a record with the same ETag (the MD5 of its body, which holds a
+    /// random nonce) takes the value from here instead of reading the object again.
+    pub(crate) shard_values: Arc<Mutex<HashMap<LeaseName, (String, String)>>>,
 }
 
 impl std::fmt::Debug for Objects {
@@ -76,6 +80,7 @@ impl Objects {
             key_prefix: key_prefix.into(),
             timeout: config.timeout,
             held: Arc::default(),
+            shard_values: Arc::default(),
         }
     }
 
@@ -101,11 +106,26 @@ impl Objects {
 
     /// Reads a lease object: `None` when there is none.
     pub(crate) async fn get(&self, lease: &LeaseName, operation: &'static str) -> Result<Option<Read>> {
+        let Some((etag, bytes)) = self.get_bytes(lease, &self.key(lease), operation).await? else {
+            return Ok(None);
+        };
+        let record = Record::decode(lease, &bytes)?;
+        Ok(Some(Read { record, etag }))
+    }
+
+    /// Reads the object at `key` (of the lease or shard record `name`): its ETag and body, `None`
+    /// when there is none.
+    pub(crate) async fn get_bytes(
+        &self,
+        name: &LeaseName,
+        key: &str,
+        operation: &'static str,
+    ) -> Result<Option<(String, Vec<u8>)>> {
         let got = self
             .client
             .get_object()
             .bucket(self.bucket.as_ref())
-            .key(self.key(lease))
+            .key(key)
             .send()
             .await;
         let out = match got {
@@ -114,10 +134,7 @@ impl Objects {
             Err(e) => return Err(error::map(e, operation, self.timeout)),
         };
         let etag = out.e_tag().map(str::to_string).ok_or_else(|| {
-            leasehold_core::Error::store(
-                STORE,
-                format!("{operation}: the object of lease {lease} came without an ETag"),
-            )
+            leasehold_core::Error::store(STORE, format!("{operation}: the object of {name} came without an ETag"))
         })?;
         let bytes = out
             .body
@@ -125,8 +142,7 @@ impl Objects {
             .await
             .map_err(|e| leasehold_core::Error::unreachable(STORE, format!("{operation}: reading the object: {e}")))?
             .into_bytes();
-        let record = Record::decode(lease, &bytes)?;
-        Ok(Some(Read { record, etag }))
+        Ok(Some((etag, bytes.to_vec())))
     }
 
     /// Writes `record` as the lease's object if `condition` holds: the new ETag, or `None` when
@@ -142,7 +158,9 @@ impl Objects {
             .await
     }
 
-    async fn put_bytes(
+    /// Writes `body` at `key` if `condition` holds: the new ETag (empty if the store sent
+    /// none), or `None` when it did not (412, or 404 on `If-Match`).
+    pub(crate) async fn put_bytes(
         &self,
         key: &str,
         body: Vec<u8>,
@@ -168,36 +186,51 @@ impl Objects {
     }
 
     /// The names of the leases whose objects are directly under the prefix and start with
-    /// `prefix`, every page; keys that are no lease name (the probe's, deeper prefixes) are
-    /// skipped.
+    /// `prefix`, every page; keys that are no lease name (the probe's, deeper prefixes such as
+    /// the shard records') are skipped.
     pub(crate) async fn list_names(&self, prefix: &str) -> Result<Vec<LeaseName>> {
-        let mut names = Vec::new();
+        let listed = self.list_objects(&self.key_prefix, prefix, "list").await?;
+        Ok(listed.into_iter().map(|(name, _)| name).collect())
+    }
+
+    /// The objects directly under `folder` (a key prefix ending in `/`, or empty) whose name
+    /// there starts with `prefix` and is a lease name, with their ETags, sorted by name: one
+    /// `ListObjectsV2` per 1,000 keys (`delimiter=/`, so deeper prefixes are not listed).
+    pub(crate) async fn list_objects(
+        &self,
+        folder: &str,
+        prefix: &str,
+        operation: &'static str,
+    ) -> Result<Vec<(LeaseName, String)>> {
+        let mut found = Vec::new();
         let mut token: Option<String> = None;
         loop {
             let out = self
                 .client
                 .list_objects_v2()
                 .bucket(self.bucket.as_ref())
-                .prefix(format!("{}{prefix}", self.key_prefix))
+                .prefix(format!("{folder}{prefix}"))
                 .delimiter("/")
                 .set_continuation_token(token.take())
                 .send()
                 .await
-                .map_err(|e| error::map(e, "list", self.timeout))?;
+                .map_err(|e| error::map(e, operation, self.timeout))?;
             for object in out.contents() {
                 let name = object
                     .key()
-                    .and_then(|key| key.strip_prefix(self.key_prefix.as_ref()))
+                    .and_then(|key| key.strip_prefix(folder))
                     .and_then(|name| LeaseName::new(name).ok());
-                names.extend(name);
+                if let Some(name) = name {
+                    found.push((name, object.e_tag().unwrap_or_default().to_string()));
+                }
             }
             match out.next_continuation_token() {
                 Some(next) if out.is_truncated() == Some(true) => token = Some(next.to_string()),
                 _ => break,
             }
         }
-        names.sort();
-        Ok(names)
+        found.sort();
+        Ok(found)
     }
 
     /// Creates the bucket when it is missing (an existing one is left as it is).

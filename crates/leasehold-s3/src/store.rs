@@ -10,7 +10,7 @@ use aws_sdk_s3::Client;
 use futures::StreamExt;
 use leasehold_core::{
     AcquireRequest, Acquired, Announces, CandidateId, Capabilities, EndReason, Error, Expiry, Grant, LeaseName,
-    LeaseStore, LimitStore, Notifications, Observation, Renewed, Result, Term, Transition,
+    LeaseStore, LimitStore, Notifications, Observation, Renewed, Result, ShardRecord, ShardWrite, Term, Transition,
 };
 
 use crate::config::{DEFAULT_MAX_IN_FLIGHT, S3Config};
@@ -26,7 +26,7 @@ const LIST_READS: usize = 16;
 ///
 /// Each lease is one JSON object, `PREFIX/LEASE`, holding its holder, term, TTL, a random record
 /// version that changes with every write, and its recent terms (see [`docs`](crate::docs) for
-/// the layout). Every write is a `PutObject` on a condition: `If-None-Match: *` to create the
+/// the layout). Shard records are objects of their own, `PREFIX/.leasehold-shards/NAME`. Every write is a `PutObject` on a condition: `If-None-Match: *` to create the
 /// object, `If-Match: <ETag>` of the object as read to replace it. A release writes a tombstone
 /// that keeps the term; the object is never deleted, so terms never go back.
 ///
@@ -172,6 +172,11 @@ impl S3Store {
     pub fn key(&self, lease: &LeaseName) -> String {
         self.requests.inner().key(lease)
     }
+
+    /// The key of a shard record's object: `PREFIX/.leasehold-shards/NAME`.
+    pub fn shard_key(&self, name: &LeaseName) -> String {
+        self.requests.inner().shard_key(name)
+    }
 }
 
 #[async_trait]
@@ -218,6 +223,14 @@ impl LeaseStore for S3Store {
 
     async fn list(&self, prefix: &str) -> Result<Vec<Observation>> {
         self.requests.list(prefix).await
+    }
+
+    async fn shard_records(&self, prefix: &str) -> Result<Vec<ShardRecord>> {
+        self.requests.shard_records(prefix).await
+    }
+
+    async fn write_shard(&self, name: &LeaseName, expected: Option<&str>, value: &str) -> Result<ShardWrite> {
+        self.requests.write_shard(name, expected, value).await
     }
 
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {
@@ -445,6 +458,18 @@ impl LeaseStore for Objects {
             found.extend(read?);
         }
         Ok(found)
+    }
+
+    /// `ListObjectsV2` per 1,000 records under `PREFIX/.leasehold-shards/`, then a `GetObject` of
+    /// each record not already known at the ETag listed, 32 at a time.
+    async fn shard_records(&self, prefix: &str) -> Result<Vec<ShardRecord>> {
+        self.list_shards(prefix).await
+    }
+
+    /// One `PutObject` (value and a fresh nonce) on `If-None-Match: *` or `If-Match`; refused,
+    /// one `GetObject` of the record.
+    async fn write_shard(&self, name: &LeaseName, expected: Option<&str>, value: &str) -> Result<ShardWrite> {
+        self.put_shard(name, expected, value).await
     }
 
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {

@@ -7,6 +7,7 @@ mod config;
 mod error;
 mod record;
 mod schema;
+mod shards;
 mod store;
 mod writer;
 

@@ -5,8 +5,8 @@ use std::ops::RangeInclusive;
 use std::time::{Duration, SystemTime};
 
 use leasehold_core::{
-    CandidateId, EndReason, Error, Grant, HolderFields, HolderInfo, LeaseName, Observation, Result, Term, Transition,
-    time,
+    EndReason, Error, Grant, HolderFields, HolderInfo, LeaseName, Observation, Result, Term, Transition,
+    TransitionFields, time,
 };
 use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, SqliteConnection, TypeInfo, ValueRef};
@@ -204,40 +204,14 @@ impl Record {
 /// Decodes `(term, holder, acquired_at, ended_at, end_reason)` of `leasehold_terms`.
 pub(crate) fn decode_transition(lease: &LeaseName, row: &SqliteRow) -> Result<Transition> {
     let corrupt = |detail: String| Error::corrupt(STORE, lease, format!("history: {detail}"));
-    let required = |index, field| integer(row, index, field)?.ok_or_else(|| format!("{field} is NULL"));
-    let term = required(0, "term").map_err(corrupt)?;
-    let term = term_from(term)
-        .filter(|t| t.0 > 0)
-        .ok_or_else(|| corrupt(format!("term {term} is not a term")))?;
-    let holder = text(row, 1, "holder")
-        .map_err(corrupt)?
-        .ok_or_else(|| corrupt(format!("term {term}: holder is NULL")))?;
-    let holder = CandidateId::new(holder).map_err(|e| corrupt(format!("term {term}: holder: {e}")))?;
-    let acquired_at = system_time(required(2, "acquired_at").map_err(corrupt)?)
-        .ok_or_else(|| corrupt(format!("term {term}: acquired_at is negative")))?;
-    let ended_at = integer(row, 3, "ended_at").map_err(corrupt)?;
-    let end_reason = text(row, 4, "end_reason").map_err(corrupt)?;
-    let ended = match (ended_at, end_reason) {
-        (None, None) => None,
-        (Some(at), Some(reason)) => {
-            let at = system_time(at).ok_or_else(|| corrupt(format!("term {term}: ended_at is negative")))?;
-            let reason = reason
-                .parse::<EndReason>()
-                .map_err(|e| corrupt(format!("term {term}: end_reason: {e}")))?;
-            Some((at, reason))
-        }
-        _ => {
-            return Err(corrupt(format!(
-                "term {term}: ended_at and end_reason must be both set or both NULL"
-            )));
-        }
+    let fields = TransitionFields {
+        term: integer(row, 0, "term").map_err(corrupt)?,
+        holder: text(row, 1, "holder").map_err(corrupt)?,
+        acquired_at_ms: integer(row, 2, "acquired_at").map_err(corrupt)?,
+        ended_at_ms: integer(row, 3, "ended_at").map_err(corrupt)?,
+        end_reason: text(row, 4, "end_reason").map_err(corrupt)?,
     };
-    Ok(Transition {
-        term,
-        holder,
-        acquired_at,
-        ended,
-    })
+    Transition::from_record(STORE, lease, fields)
 }
 
 /// An INTEGER column, or a description of what is there instead.
@@ -247,7 +221,7 @@ fn integer(row: &SqliteRow, index: usize, field: &str) -> Result<Option<i64>, St
 }
 
 /// A TEXT column, or a description of what is there instead.
-fn text(row: &SqliteRow, index: usize, field: &str) -> Result<Option<String>, String> {
+pub(crate) fn text(row: &SqliteRow, index: usize, field: &str) -> Result<Option<String>, String> {
     row.try_get::<Option<String>, _>(index)
         .map_err(|_| format!("{field} is {}, expected text", found(row, index)))
 }
@@ -284,9 +258,4 @@ pub(crate) fn ttl_value(ttl: Duration) -> i64 {
 /// Unix milliseconds by this process's wall clock, for the audit trail only.
 pub(crate) fn unix_millis(at: SystemTime) -> i64 {
     i64::try_from(time::unix_millis(at)).unwrap_or(i64::MAX)
-}
-
-/// An `INTEGER` of Unix milliseconds; `None` if negative.
-fn system_time(millis: i64) -> Option<SystemTime> {
-    u64::try_from(millis).ok().map(time::from_unix_millis)
 }

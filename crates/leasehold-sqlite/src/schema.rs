@@ -88,6 +88,22 @@ const TABLES: &[Table] = &[
             ("since", "INTEGER", true, 0),
         ],
     },
+    // Shard records (`LeaseStore::write_shard`): kept apart from the leases, so that no lease
+    // operation reads one. `version` is 16 random hex digits, new on every write. Added without
+    // a schema version change (older builds ignore it).
+    Table {
+        name: "leasehold_shards",
+        create: "CREATE TABLE leasehold_shards (
+            name    TEXT NOT NULL PRIMARY KEY,
+            version TEXT NOT NULL,
+            value   TEXT NOT NULL
+        ) WITHOUT ROWID",
+        columns: &[
+            ("name", "TEXT", true, 1),
+            ("version", "TEXT", true, 0),
+            ("value", "TEXT", true, 0),
+        ],
+    },
 ];
 
 /// Switches the file to write-ahead logging, then creates the missing tables and checks the

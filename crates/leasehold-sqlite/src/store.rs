@@ -8,7 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_core::{
     AcquireRequest, Acquired, Announcements, CandidateId, Capabilities, Changes, Error, Expiry, Grant, LeaseName,
-    LeaseStore, Notifications, Observation, Renewed, Result, Term, Transition,
+    LeaseStore, Notifications, Observation, Renewed, Result, ShardRecord, ShardWrite, Term, Transition,
+    check_shard_value,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection};
@@ -18,6 +19,7 @@ use crate::config::{SqliteConfig, Synchronous};
 use crate::error::{self, STORE};
 use crate::record::{self, Failure, TTL_RANGE};
 use crate::schema;
+use crate::shards;
 use crate::writer::{Op, Outcome, Writer};
 
 /// A [`LeaseStore`] on one SQLite file, shared by every process on the machine that opens it.
@@ -42,8 +44,9 @@ use crate::writer::{Op, Outcome, Writer};
 /// holder renews.
 ///
 /// The file uses write-ahead logging, a busy timeout and a small connection pool; the tables are
-/// `leasehold_leases`, `leasehold_terms` (history) and `leasehold_meta` (schema version), created
-/// when absent and never altered when present. See [`docs`](crate::docs) for the whole story.
+/// `leasehold_leases`, `leasehold_terms` (history), `leasehold_waiters`, `leasehold_shards`
+/// (shard records, apart from the leases) and `leasehold_meta` (schema version), created when
+/// absent and never altered when present. See [`docs`](crate::docs) for the whole story.
 ///
 /// # Cancel safety
 ///
@@ -329,6 +332,34 @@ impl LeaseStore for SqliteStore {
             .announcements(lease)
             .await
             .map_err(|e| error::map(&e, "announcements", self.config.busy_timeout))
+    }
+
+    /// One statement on a pooled connection, a range of `leasehold_shards`' primary key (the
+    /// names from `prefix` up to the least string above every name with it): one snapshot, one
+    /// statement for 10,000 records as for 10. Leases are in another table and never listed.
+    async fn shard_records(&self, prefix: &str) -> Result<Vec<ShardRecord>> {
+        let map = self.map_read("shard_records");
+        let mut conn = self.pool.acquire().await.map_err(|e| map(e.into()))?;
+        shards::list(&mut conn, prefix).await.map_err(map)
+    }
+
+    /// One conditional statement in the writer's `BEGIN IMMEDIATE` transaction (shared with
+    /// other writes queued meanwhile, like every write): `INSERT ... ON CONFLICT (name) DO
+    /// NOTHING` when no record is expected, `UPDATE ... WHERE name = ? AND version = ?`
+    /// otherwise, with a new random version. A refused write reads the row in the same
+    /// transaction and answers it. Nothing wakes followers: shard records are not leases.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] for a value [`check_shard_value`] refuses (nothing is written);
+    /// otherwise as the trait says.
+    async fn write_shard(&self, name: &LeaseName, expected: Option<&str>, value: &str) -> Result<ShardWrite> {
+        check_shard_value(value)?;
+        let op = Op::WriteShard(name.clone(), expected.map(str::to_string), value.to_string());
+        match self.writer.write(op).await? {
+            Outcome::ShardWritten(written) => Ok(written),
+            other => Err(mismatch(other)),
+        }
     }
 
     /// `true`: [`break_lease`](LeaseStore::break_lease) works.

@@ -1,6 +1,6 @@
-//! Writes: every acquire, renew, release, hand over and break runs inside a `BEGIN IMMEDIATE`
-//! transaction, and the requests that queue up while one transaction commits share the next one
-//! (a renewal of many grants counts as one request per grant).
+//! Writes: every acquire, renew, release, hand over, break and shard record write runs inside a
+//! `BEGIN IMMEDIATE` transaction, and the requests that queue up while one transaction commits
+//! share the next one (a renewal of many grants counts as one request per grant).
 //!
 //! `BEGIN IMMEDIATE` takes SQLite's write lock at once, so writers in all processes take turns
 //! and the row a request reads is the row it replaces: that is the compare-and-set. Sharing a
@@ -11,7 +11,8 @@
 use std::time::SystemTime;
 
 use leasehold_core::{
-    AcquireRequest, Acquired, CandidateId, EndReason, Error, Grant, LeaseName, RecordVersion, Renewed, Result, Term,
+    AcquireRequest, Acquired, CandidateId, EndReason, Error, Grant, LeaseName, RecordVersion, Renewed, Result,
+    ShardWrite, Term,
 };
 use sqlx::SqliteConnection;
 use sqlx::sqlite::SqlitePool;
@@ -21,6 +22,7 @@ use crate::changes::Signal;
 use crate::config::SqliteConfig;
 use crate::error::{self, STORE};
 use crate::record::{self, Failure, Record, term_value, ttl_value, unix_millis};
+use crate::shards;
 
 /// At most this many requests (or grants of a renewal of many) share a transaction, so that
 /// other processes' writes are not held up for long.
@@ -37,6 +39,8 @@ pub(crate) enum Op {
     Release(Grant),
     HandOver(Grant, CandidateId),
     Break(LeaseName),
+    /// A shard record's conditional write: name, expected version, value.
+    WriteShard(LeaseName, Option<String>, String),
 }
 
 /// The answer to an [`Op`] of the same kind.
@@ -49,6 +53,7 @@ pub(crate) enum Outcome {
     Released,
     HandedOver,
     Broken(Option<Term>),
+    ShardWritten(ShardWrite),
 }
 
 impl Op {
@@ -60,6 +65,7 @@ impl Op {
             Op::Release(_) => "release",
             Op::HandOver(..) => "hand_over",
             Op::Break(_) => "break_lease",
+            Op::WriteShard(..) => "write_shard",
         }
     }
 }
@@ -229,6 +235,11 @@ async fn transaction(
                 Outcome::HandedOver
             }),
             Step::Whole(Op::Break(lease)) => break_lease(&mut tx, lease).await.map(Outcome::Broken),
+            Step::Whole(Op::WriteShard(name, expected, value)) => {
+                shards::write(&mut tx, name, expected.as_deref(), value)
+                    .await
+                    .map(Outcome::ShardWritten)
+            }
             // `Step::of` splits a renewal of many into its grants.
             Step::Whole(Op::RenewMany(_)) => Err(Failure::Record(lost_step())),
         };

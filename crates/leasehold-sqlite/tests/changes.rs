@@ -366,7 +366,7 @@ async fn follower_in_another_process_takes_over() {
         .build()
         .unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["worker", "--exact", "--nocapture", "--test-threads=1"])
+        .args(["changes::worker", "--exact", "--nocapture", "--test-threads=1"])
         .env(WORKER_ENV, &path)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -2,7 +2,7 @@
 //! calls per second by operation (core's `CountingStore`, under the group's `RenewBatcher`; a
 //! `renew_many` of up to 256 grants is one write transaction), over a minute once every shard is
 //! owned. A measurement, not a check:
-//! `cargo test -p leasehold-sqlite --test group_cost -- --ignored --nocapture`.
+//! `cargo test -p leasehold-sqlite --test integration -- group_cost:: --ignored --nocapture`.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -135,7 +135,7 @@ fn three_processes_fail_over() {
     let spawn = |i: usize| {
         let spec = format!("worker-{i}\n{}\n{}", db.display(), dir.path().display());
         Command::new(&exe)
-            .args(["worker", "--exact", "--nocapture", "--test-threads=1"])
+            .args(["multiprocess::worker", "--exact", "--nocapture", "--test-threads=1"])
             .env(WORKER_ENV, spec)
             .stdout(Stdio::null())
             .spawn()

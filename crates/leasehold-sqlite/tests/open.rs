@@ -58,6 +58,7 @@ async fn creates_the_file_and_tables_in_wal_mode() {
         [
             "leasehold_leases",
             "leasehold_meta",
+            "leasehold_shards",
             "leasehold_terms",
             "leasehold_waiters"
         ]
@@ -269,6 +270,7 @@ async fn many_stores_open_a_new_file_at_once() {
         [
             "leasehold_leases",
             "leasehold_meta",
+            "leasehold_shards",
             "leasehold_terms",
             "leasehold_waiters"
         ]

@@ -104,7 +104,7 @@ impl Inner {
                 Got::Data(data, stat) => {
                     let record = CandidateRecord::decode(&data)
                         .map_err(|detail| Error::corrupt(STORE, lease, format!("candidate znode {name}: {detail}")))?;
-                    if self.is_dead(lease, &name) || self.is_left(lease, &name) {
+                    if self.is_dead(lease, &name) {
                         Step::Alone
                     } else {
                         Step::Head(name, record, stat)

@@ -239,16 +239,6 @@ impl Inner {
                 )),
             ));
         }
-        if self.is_left(lease, name) {
-            // A znode of this store whose release or withdrawal failed: nobody may adopt it, and
-            // the store sends its deletion again on its session (crate::left).
-            return Err(Error::unreachable(
-                STORE,
-                Failed::new(format!(
-                    "the holder of {lease} is a znode of this store whose deletion failed; its deletion is sent again on its session: look again"
-                )),
-            ));
-        }
         let term = Term(stat.czxid as u64);
         let entry = format!("{}/{}", self.history_dir(lease), history_name(term));
         let recorded = client.check_stat(&entry).await.map_err(map)?.is_some();

@@ -1,8 +1,7 @@
 //! The paths that end a candidate's znode: a hand-over (also of a term to its own candidate,
 //! by an acquire), a release, and a withdrawal (of a cached znode, or of the znodes an acquire
-//! left queued when its reply was lost); and, when one of them fails, the znode left to be
-//! deleted again (see `left`). Each is one pass of requests, never a retry (the engine
-//! retries, reading back first).
+//! left queued when its reply was lost). Each is one pass of requests, never a retry (the
+//! engine retries, reading back first, and sends a deletion whose outcome is unknown again).
 
 use std::sync::Arc;
 
@@ -12,7 +11,7 @@ use zookeeper_client as zk;
 use crate::error::{Failed, STORE, map};
 use crate::queue::Ending;
 use crate::record::{HistoryRecord, ReservationRecord, history_name};
-use crate::state::{Inner, LeftNode, OwnNode};
+use crate::state::Inner;
 
 // Needs the store's internals: a reply lost on the way is simulated by forgetting the znode an
 // acquire cached (`Inner::set_own`), and "no session opened" is read from `Inner::sessions`.
@@ -146,30 +145,8 @@ impl Inner {
         else {
             return self.withdraw_uncached(lease, candidate).await;
         };
-        let withdrawn = self.withdraw_cached(lease, candidate, &client).await;
-        if withdrawn.is_err() {
-            // The cached znode may be left queued on a session the store keeps: retired, and
-            // withdrawn again on that session (crate::left). A granted one is
-            // kept by the withdrawal (a campaign's; only its release ends it), and so is one a
-            // read showed holding the lease meanwhile (a read-back may have adopted it).
-            let still = |n: &OwnNode| {
-                self.own(lease, candidate)
-                    .is_some_and(|c| c.name == n.name && !c.granted)
-            };
-            if let Some(node) = own.filter(|n| !n.granted && still(n)) {
-                self.leave(
-                    LeftNode {
-                        lease: lease.clone(),
-                        candidate: candidate.clone(),
-                        name: node.name,
-                        czxid: node.czxid,
-                        session: node.session,
-                    },
-                    &node.client,
-                );
-            }
-        }
-        withdrawn
+        // On an error the engine sends the withdrawal again.
+        self.withdraw_cached(lease, candidate, &client).await
     }
 
     /// The withdrawal of a candidate with a znode cached on a live session, `client`.
@@ -236,24 +213,5 @@ impl Inner {
             self.set_own(lease, candidate, None);
         }
         Ok(())
-    }
-
-    /// A release or hand-over of `grant` answered an error: its znode may be left on the
-    /// grant's session, which the store keeps; it is retired and deleted again on that
-    /// session (see the `left` module). The engine has stopped leading on it.
-    pub(crate) async fn leave_grant(self: &Arc<Self>, grant: &Grant) {
-        let Some(client) = self.existing_session(grant.ttl).await else {
-            return; // the session is gone, and the znode with it
-        };
-        self.leave(
-            LeftNode {
-                lease: grant.lease.clone(),
-                candidate: grant.holder.clone(),
-                name: grant.token.clone(),
-                czxid: grant.term.0 as i64,
-                session: client.session_id().0,
-            },
-            &client,
-        );
     }
 }

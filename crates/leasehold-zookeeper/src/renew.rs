@@ -72,7 +72,6 @@ impl Inner {
             self.read_candidate(&client, &grant.lease, &grant.token)
         );
         synced.map_err(map)?;
-        self.kick_left(client.session_id().0);
         let ours = read?.is_some_and(|(record, stat)| is_ours(grant, &record, &stat, client.session_id().0));
         self.verdict(grant, &client, ours).await
     }
@@ -155,9 +154,6 @@ impl Inner {
         // The sync leaves first, then the reads: they are served after it.
         let (synced, read) = tokio::join!(client.sync(first), read_many(&client, &reads, READ_BYTES));
         let session = client.session_id().0;
-        if synced.is_ok() {
-            self.kick_left(session);
-        }
         // Whether each grant is still ours, or the error its renewal fails with.
         let found: Vec<Result<bool>> = indices
             .iter()

@@ -161,7 +161,6 @@ impl Inner {
             }
         }
         lock(&self.leader_watches).retain(|(session, _), _| *session != id);
-        self.forget_left(id);
         warn!(session = %client.session_id(), nodes = dead.len(), "ZooKeeper session expired; opening a new one");
         lock(&self.dead).extend(dead);
     }

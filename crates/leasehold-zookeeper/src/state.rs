@@ -1,7 +1,6 @@
 //! The state a store's parts share, at the bottom of the crate: [`Inner`] (what every clone of
 //! a `ZookeeperStore` holds: the configuration, one session per TTL, what this store knows
-//! about each candidate's znode, the expired sessions' znodes, the announcement watches and the
-//! znodes left by failed deletions) and the types it owns, with the bookkeeping of the
+//! about each candidate's znode, the expired sessions' znodes and the announcement watches) and the types it owns, with the bookkeeping of the
 //! candidates' znodes. It imports none of the modules that use it; their operations on it are
 //! `impl Inner` blocks of their own.
 
@@ -11,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold_core::{CandidateId, LeaseName, Observation};
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 use zookeeper_client as zk;
 
 use crate::config::ZookeeperConfig;
@@ -33,10 +32,6 @@ pub(crate) struct Inner {
     /// Per session and lease: the persistent watch on the lease's `leader/` announcements, kept
     /// for as long as the session lives once someone asked for the lease's announcements.
     pub(crate) leader_watches: Mutex<HashMap<(i64, LeaseName), LeaderWatch>>,
-    /// Znodes left by a deletion that failed, sent again on their session (see the `left` module).
-    pub(crate) left: Mutex<Vec<LeftNode>>,
-    /// Per session that left a znode: the task that sends its deletions again.
-    pub(crate) resenders: Mutex<HashMap<i64, Resender>>,
 }
 
 /// What this store knows about one candidate's place in one lease's queue.
@@ -89,25 +84,6 @@ pub(crate) struct LeaderWatch {
     /// Never read from: subscribers clone it. Its sender is the watch's task's, so every
     /// subscriber's stream ends when the task does (the session ended).
     pub(crate) announced: watch::Receiver<Option<Observation>>,
-    pub(crate) _task: AbortOnDrop,
-}
-
-/// A znode whose deletion failed (see the `left` module).
-#[derive(Clone, Debug)]
-pub(crate) struct LeftNode {
-    pub(crate) lease: LeaseName,
-    pub(crate) candidate: CandidateId,
-    pub(crate) name: String,
-    /// Its `czxid` (a grant's term): only this znode is deleted, never a later one.
-    pub(crate) czxid: i64,
-    /// The session that owns it: the one the deletion is sent again on.
-    pub(crate) session: i64,
-}
-
-/// The task of a session that sends its left znodes' deletions again (see the `left` module),
-/// woken by [`Resender::kick`] and by the session's state changes; aborted when dropped.
-pub(crate) struct Resender {
-    pub(crate) kick: Arc<Notify>,
     pub(crate) _task: AbortOnDrop,
 }
 

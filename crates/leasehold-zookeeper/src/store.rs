@@ -9,7 +9,8 @@ use async_trait::async_trait;
 use futures::future::join_all;
 use leasehold_core::{
     AcquireRequest, Acquired, Announcements, CandidateId, Capabilities, Changes, EndReason, Error, Expiry, Grant,
-    LeaseName, LeaseStore, Notifications, Observation, Operation, Renewed, Result, Term, Transition, random_u64,
+    LeaseName, LeaseStore, Notifications, Observation, Operation, Renewed, Result, ShardRecord, ShardWrite, Term,
+    Transition, random_u64,
 };
 use tokio::sync::watch;
 use zookeeper_client as zk;
@@ -24,7 +25,8 @@ use crate::state::Inner;
 /// Each lease is a znode `{chroot}/{lease}` with two children: `candidates/`, where every
 /// campaigning candidate holds an ephemeral sequential znode (the lowest sequence leads, as in
 /// Curator's `LeaderLatch`), and `history/`, one persistent znode per term. The term of a grant is
-/// the leader znode's `czxid`, which only grows, also across restarts of the ensemble.
+/// the leader znode's `czxid`, which only grows, also across restarts of the ensemble. Shard
+/// records are persistent znodes apart from the leases, `{chroot}/.shards/{name}`.
 ///
 /// A store keeps one ZooKeeper session per distinct TTL (the session timeout *is* the TTL: the
 /// server deletes a silent holder's znode when its session expires). Sessions are opened on first
@@ -100,8 +102,6 @@ impl ZookeeperStore {
                 candidates: Mutex::default(),
                 dead: Mutex::default(),
                 leader_watches: Mutex::default(),
-                left: Mutex::default(),
-                resenders: Mutex::default(),
             }),
         })
     }
@@ -162,21 +162,18 @@ impl LeaseStore for ZookeeperStore {
     }
 
     async fn release(&self, grant: &Grant) -> Result<()> {
-        let released = self.inner.try_release(grant).await;
-        if released.is_err() {
-            self.inner.leave_grant(grant).await;
-        }
-        released.map_err(|e| during(e, Operation::Release, &format_args!("lease {}", grant.lease)))
+        // On an error the engine sends the release again.
+        self.inner
+            .try_release(grant)
+            .await
+            .map_err(|e| during(e, Operation::Release, &format_args!("lease {}", grant.lease)))
     }
 
     async fn hand_over(&self, grant: &Grant, to: &CandidateId) -> Result<()> {
-        // Not from the acquire's own hand-over to its candidate (`retire_granted`): the engine
-        // may lead on that znode; its next acquire retires it again.
-        let handed = self.inner.try_hand_over(grant, to).await;
-        if handed.is_err() {
-            self.inner.leave_grant(grant).await;
-        }
-        handed.map_err(|e| during(e, Operation::HandOver, &format_args!("lease {}", grant.lease)))
+        self.inner
+            .try_hand_over(grant, to)
+            .await
+            .map_err(|e| during(e, Operation::HandOver, &format_args!("lease {}", grant.lease)))
     }
 
     async fn withdraw(&self, lease: &LeaseName, candidate: &CandidateId) -> Result<()> {
@@ -222,6 +219,28 @@ impl LeaseStore for ZookeeperStore {
 
     async fn announcements(&self, lease: &LeaseName) -> Result<Option<Announcements>> {
         self.inner.announced(lease).await.map(Some)
+    }
+
+    /// `getChildren` of `{chroot}/.shards`, then `getData` of every record whose name starts
+    /// with `prefix`, in multi-reads sent together (see the [crate docs](crate::docs), "Shard
+    /// records").
+    async fn shard_records(&self, prefix: &str) -> Result<Vec<ShardRecord>> {
+        self.inner.shard_records(prefix).await.map_err(|e| {
+            during(
+                e,
+                Operation::ShardRecords,
+                &format_args!("the shard records starting with {prefix:?}"),
+            )
+        })
+    }
+
+    /// One `create` (no record expected) or one `setData` at the expected data version; a
+    /// refused one is answered with one `getData`.
+    async fn write_shard(&self, name: &LeaseName, expected: Option<&str>, value: &str) -> Result<ShardWrite> {
+        self.inner
+            .write_shard(name, expected, value)
+            .await
+            .map_err(|e| during(e, Operation::WriteShard, &format_args!("shard record {name}")))
     }
 
     async fn break_lease(&self, lease: &LeaseName) -> Result<Option<Term>> {

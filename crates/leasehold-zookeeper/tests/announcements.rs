@@ -6,7 +6,7 @@
 //! resigns: C takes over, announced likewise. Against the ZooKeeper test server
 //! (`LEASEHOLD_ZOOKEEPER_URL`), under a chroot of its own.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

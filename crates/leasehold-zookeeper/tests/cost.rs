@@ -2,7 +2,7 @@
 //! electors, each leading its own lease. Prints store requests per second by operation, and
 //! the ZooKeeper packets the server received meanwhile (`mntr`, server-wide: other clients of
 //! the same server count too). A measurement, not a timed assertion: run it with
-//! `cargo test -p leasehold-zookeeper --test cost -- --ignored --nocapture`.
+//! `cargo test -p leasehold-zookeeper --test integration -- cost:: --ignored --nocapture`.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

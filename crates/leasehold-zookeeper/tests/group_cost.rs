@@ -2,10 +2,10 @@
 //! server received on this process's connections (the `stat` four-letter word, per connection:
 //! pings included, other clients excluded), and store calls per second by operation (core's
 //! `CountingStore`, under the group's `RenewBatcher`), once every shard is owned. A measurement,
-//! not a check: `cargo test -p leasehold-zookeeper --test group_cost -- --ignored --nocapture`
+//! not a check: `cargo test -p leasehold-zookeeper --test integration -- group_cost:: --ignored --nocapture`
 //! (TTL 2 s, or `LEASEHOLD_COST_TTL_MS`; window 30 s, or `LEASEHOLD_COST_WINDOW_S`).
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -8,30 +8,12 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use leasehold_conformance::require_server;
-use leasehold_core::{
-    AcquireRequest, Acquired, CandidateId, EndReason, Error, Grant, LeaseName, LeaseStore, Observation, random_u64,
-};
+use leasehold_core::{AcquireRequest, Acquired, EndReason, Error, Grant, LeaseStore, Observation, random_u64};
 use leasehold_zookeeper::ZookeeperStore;
 use zookeeper_client as zk;
 
-const TTL: Duration = Duration::from_secs(4);
-
-fn id(name: &str) -> CandidateId {
-    CandidateId::new(name).expect("valid candidate id")
-}
-
-fn lease() -> LeaseName {
-    LeaseName::new("jobs").expect("valid lease name")
-}
-
-fn request(candidate: &str) -> AcquireRequest {
-    AcquireRequest {
-        lease: lease(),
-        candidate: id(candidate),
-        ttl: TTL,
-        takeover: None,
-    }
-}
+use crate::common;
+use common::{TTL, id, lease, request};
 
 fn takeover(candidate: &str, version: &str) -> AcquireRequest {
     AcquireRequest {

@@ -5,7 +5,7 @@
 //! `turn`), each listed lease exactly as `inspect` shows it. Against the ZooKeeper test server
 //! (`LEASEHOLD_ZOOKEEPER_URL`), under a chroot of its own.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

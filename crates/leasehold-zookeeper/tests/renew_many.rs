@@ -5,7 +5,7 @@
 //! answer equal to what `renew` of that grant answers. Against the ZooKeeper test server
 //! (`LEASEHOLD_ZOOKEEPER_URL`), under a chroot of its own.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,13 +2,39 @@
 //! zookeeper-auth`): digest authentication, znodes with `creator_all` ACLs; and another
 //! identity cannot delete the store's znodes.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::LeaseStore;
 use leasehold_zookeeper::ZookeeperStore;
 use zookeeper_client as zk;
 
-leasehold_conformance::secured!(zookeeper_auth);
+use leasehold_conformance::require_server;
+use leasehold_conformance::secured::{Refusal, Secured, password_secrets, secured_backend};
+
+/// The zookeeper-auth server (`LEASEHOLD_ZOOKEEPER_AUTH_URL`): digest user `leasehold`, owner of
+/// the chroot `/leasehold-tests`.
+fn zookeeper_auth() -> Option<Secured> {
+    let url = require_server("zookeeper-auth", "LEASEHOLD_ZOOKEEPER_AUTH_URL")?;
+    let secrets = password_secrets("LEASEHOLD_ZOOKEEPER_AUTH_PASSWORD")?;
+    // A digest credential is never refused by itself: a wrong password is another identity,
+    // which the ACLs keep out at the first request.
+    let refusals = vec![Refusal {
+        what: "wrong password (another digest identity)",
+        url: url.replacen(&secrets[1], "wrong-password", 1),
+        says: "check the digest credentials",
+    }];
+    let backend = secured_backend("zookeeper", &url, |url| {
+        Box::pin(async move { Ok(Arc::new(ZookeeperStore::connect(&url).await?) as Arc<dyn LeaseStore>) })
+    })?;
+    Some(Secured {
+        backend,
+        secrets,
+        refusals,
+    })
+}
+
+leasehold_conformance::secured!(zookeeper_auth, zookeeper_auth());
 
 fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())

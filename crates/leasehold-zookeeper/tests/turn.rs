@@ -5,35 +5,14 @@
 //! entry and announcement; a break between the turn and its records ends the term once.
 //! Against the ZooKeeper test server (`LEASEHOLD_ZOOKEEPER_URL`), under a chroot of its own.
 
-use std::time::Duration;
-
 use futures::StreamExt;
 use leasehold_conformance::require_server;
-use leasehold_core::{
-    AcquireRequest, Acquired, CandidateId, Change, EndReason, Grant, LeaseName, LeaseStore, Renewed, Transition,
-    random_u64,
-};
+use leasehold_core::{Acquired, Change, EndReason, Grant, LeaseStore, Renewed, Transition, random_u64};
 use leasehold_zookeeper::ZookeeperStore;
 use tokio::sync::mpsc;
 
-const TTL: Duration = Duration::from_secs(4);
-
-fn id(name: &str) -> CandidateId {
-    CandidateId::new(name).expect("valid candidate id")
-}
-
-fn lease() -> LeaseName {
-    LeaseName::new("jobs").expect("valid lease name")
-}
-
-fn request(candidate: &str) -> AcquireRequest {
-    AcquireRequest {
-        lease: lease(),
-        candidate: id(candidate),
-        ttl: TTL,
-        takeover: None,
-    }
-}
+use crate::common;
+use common::{TTL, id, lease, request};
 
 /// A holds the lease; B waits behind it as the engine does (its change stream asked for before
 /// it queued), the stream polled all along; and an operator's store.

@@ -28,7 +28,7 @@ use std::time::{Duration, SystemTime};
 
 use leasehold_core::{
     AcquireRequest, Acquired, Capabilities, EndReason, Error, Expiry, Grant, HolderInfo, LeaseName, LeaseStore,
-    Notifications, Observation, RecordVersion, Renewed, Result, Term, Transition, async_trait,
+    Notifications, Observation, RecordVersion, Renewed, Result, ShardRecord, ShardWrite, Term, Transition, async_trait,
 };
 use serde::{Deserialize, Serialize};
 
@@ -92,6 +92,13 @@ struct Record {
     history: Vec<Transition>,
 }
 
+/// A shard record's file.
+#[derive(Serialize, Deserialize)]
+struct ShardFile {
+    version: String,
+    value: String,
+}
+
 impl DirStore {
     /// Opens the store in `dir`, creating the directory if needed.
     ///
@@ -135,11 +142,16 @@ impl DirStore {
         lease: &LeaseName,
         change: impl FnOnce(&mut Record) -> (T, bool) + Send + 'static,
     ) -> Result<T> {
-        let (answer, answered) = tokio::sync::oneshot::channel();
         let lease = lease.clone();
+        self.locked(move |store| store.update(&lease, change)).await
+    }
+
+    /// Runs `op` on the writer thread, under the directory's `flock` (see [`DirStore::write`]).
+    async fn locked<T: Send + 'static>(&self, op: impl FnOnce(&DirStore) -> Result<T> + Send + 'static) -> Result<T> {
+        let (answer, answered) = tokio::sync::oneshot::channel();
         let job: Job = Box::new(move |locked| {
             let _ = answer.send(match locked {
-                Ok(store) => store.update(&lease, change),
+                Ok(store) => op(store),
                 Err(why) => Err(Error::store(STORE, why.to_string())),
             });
         });
@@ -155,6 +167,28 @@ impl DirStore {
         answered
             .await
             .map_err(|_| Error::store(STORE, "the writer thread ended without an answer"))?
+    }
+
+    /// The file of shard record `name`: in `.shards/`, apart from the leases' files.
+    fn shard_path(&self, name: &LeaseName) -> PathBuf {
+        self.dir.join(".shards").join(format!("{name}.json"))
+    }
+
+    /// Reads shard record `name` (`None`: there is none).
+    fn read_shard(&self, name: &LeaseName) -> Result<Option<ShardRecord>> {
+        let path = self.shard_path(name);
+        let text = match fs::read(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io(&path, e)),
+        };
+        let file: ShardFile = serde_json::from_slice(&text)
+            .map_err(|e| Error::corrupt(STORE, name, format!("not a leasehold shard record: {e}")))?;
+        Ok(Some(ShardRecord {
+            name: name.clone(),
+            version: file.version,
+            value: file.value,
+        }))
     }
 
     /// The writer thread: takes the queued jobs and runs them under one `flock`, until none are
@@ -384,6 +418,59 @@ impl LeaseStore for DirStore {
                 .iter()
                 .map(|lease| Ok(store.read(lease)?.observation(lease)))
                 .collect()
+        })
+        .await
+    }
+
+    async fn shard_records(&self, prefix: &str) -> Result<Vec<ShardRecord>> {
+        let prefix = prefix.to_string();
+        self.blocking(move |store| {
+            let dir = store.dir.join(".shards");
+            let entries = match fs::read_dir(&dir) {
+                Ok(entries) => entries,
+                Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+                Err(e) => return Err(io(&dir, e)),
+            };
+            let mut records = Vec::new();
+            for entry in entries {
+                let entry = entry.map_err(|e| io(&dir, e))?;
+                let file = entry.file_name();
+                let Some(name) = file.to_str().and_then(|f| f.strip_suffix(".json")) else {
+                    continue;
+                };
+                let Ok(name) = LeaseName::new(name) else { continue };
+                if name.as_str().starts_with(&prefix)
+                    && let Some(record) = store.read_shard(&name)?
+                {
+                    records.push(record);
+                }
+            }
+            records.sort_by(|a, b| a.name.cmp(&b.name));
+            Ok(records)
+        })
+        .await
+    }
+
+    async fn write_shard(&self, name: &LeaseName, expected: Option<&str>, value: &str) -> Result<ShardWrite> {
+        let (name, expected, value) = (name.clone(), expected.map(str::to_string), value.to_string());
+        self.locked(move |store| {
+            let current = store.read_shard(&name)?;
+            if current.as_ref().map(|r| r.version.as_str()) != expected.as_deref() {
+                return Ok(ShardWrite::Conflict(current));
+            }
+            let version = format!("{:016x}", leasehold_core::random_u64());
+            let file = ShardFile {
+                version: version.clone(),
+                value: value.clone(),
+            };
+            let path = store.shard_path(&name);
+            let folder = store.dir.join(".shards");
+            fs::create_dir_all(&folder).map_err(|e| io(&folder, e))?;
+            let temporary = folder.join(format!(".tmp-{name}"));
+            let text = serde_json::to_vec(&file).map_err(|e| Error::store(STORE, e))?;
+            fs::write(&temporary, text).map_err(|e| io(&temporary, e))?;
+            fs::rename(&temporary, &path).map_err(|e| io(&path, e))?;
+            Ok(ShardWrite::Written(ShardRecord { name, version, value }))
         })
         .await
     }

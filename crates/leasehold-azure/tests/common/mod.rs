@@ -1,5 +1,5 @@
 //! What the Azure tests share: an account SAS signed for the Azurite emulator and raw access to
-//! lease blobs for vandalism (the conformance suite's backend is `leasehold_conformance::backends::azure`).
+//! lease blobs for vandalism (the conformance suite's backend is in `tests/conformance.rs`).
 
 #![allow(dead_code, unreachable_pub)]
 

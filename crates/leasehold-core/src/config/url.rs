@@ -1,6 +1,7 @@
 //! [`StoreUrl`] and its [`Options`]: one URL grammar for every backend.
 
 use std::fmt;
+use std::ops::RangeInclusive;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -495,6 +496,114 @@ impl Options<'_> {
         T::Err: fmt::Display,
     {
         self.typed(name, |value| value.parse::<T>().map_err(|err| err.to_string()))
+    }
+
+    /// The value of option `name` parsed with [`FromStr`], within `range`; `expected` says the
+    /// range in the error (`expected 1 to 64`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUrl`] naming the option.
+    ///
+    /// ```
+    /// use leasehold_core::config::StoreUrl;
+    ///
+    /// let url = StoreUrl::parse("sqlite:x.db?pool_size=99", "sqlite")?;
+    /// let err = url.options().parse_in("pool_size", 1u32..=64, "expected 1 to 64").unwrap_err();
+    /// assert!(err.to_string().ends_with(r#"option pool_size="99": expected 1 to 64"#), "{err}");
+    /// # Ok::<(), leasehold_core::Error>(())
+    /// ```
+    pub fn parse_in<T>(&mut self, name: &'static str, range: RangeInclusive<T>, expected: &str) -> Result<Option<T>>
+    where
+        T: FromStr + PartialOrd,
+        T::Err: fmt::Display,
+    {
+        let value = self.parse::<T>(name)?;
+        self.check_range(name, value, &range, expected)
+    }
+
+    /// The value of option `name` as a duration ([`parse_duration`]) within `range`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUrl`] naming the option.
+    pub fn duration_in(
+        &mut self,
+        name: &'static str,
+        range: RangeInclusive<Duration>,
+        expected: &str,
+    ) -> Result<Option<Duration>> {
+        let value = self.duration(name)?;
+        self.check_range(name, value, &range, expected)
+    }
+
+    /// An `http://` or `https://` URL (a service endpoint).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUrl`] naming the option.
+    ///
+    /// ```
+    /// use leasehold_core::config::StoreUrl;
+    ///
+    /// let url = StoreUrl::parse("s3://bucket?endpoint=localhost:9000", "s3")?;
+    /// let err = url.options().http_url("endpoint").unwrap_err();
+    /// assert!(err.to_string().ends_with("expected an http:// or https:// URL"), "{err}");
+    /// # Ok::<(), leasehold_core::Error>(())
+    /// ```
+    pub fn http_url(&mut self, name: &'static str) -> Result<Option<String>> {
+        self.typed(name, |value| {
+            let scheme = ["http://", "https://"].into_iter().find(|s| value.starts_with(s));
+            match scheme {
+                Some(scheme) if value.len() > scheme.len() => Ok(value.to_string()),
+                _ => Err("expected an http:// or https:// URL".to_string()),
+            }
+        })
+    }
+
+    /// A key id and its secret, which go together, and an optional token that needs both (a
+    /// cloud service's static credentials: `access_key_id`, `secret_access_key`,
+    /// `session_token`). Empty values count as not given; `None` when none is given.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUrl`] naming `key` when only some are given.
+    ///
+    /// ```
+    /// use leasehold_core::config::StoreUrl;
+    ///
+    /// let url = StoreUrl::parse("s3://bucket?access_key_id=AK", "s3")?;
+    /// let err = url.options().key_pair("access_key_id", "secret_access_key", "session_token").unwrap_err();
+    /// assert!(err.to_string().ends_with("access_key_id and secret_access_key go together (session_token needs both)"), "{err}");
+    /// # Ok::<(), leasehold_core::Error>(())
+    /// ```
+    pub fn key_pair(
+        &mut self,
+        key: &'static str,
+        secret: &'static str,
+        token: &'static str,
+    ) -> Result<Option<(Secret, Secret, Option<Secret>)>> {
+        let key_id = self.secret(key).filter(|s| !s.is_empty());
+        let secret_value = self.secret(secret).filter(|s| !s.is_empty());
+        let token_value = self.secret(token).filter(|s| !s.is_empty());
+        match (key_id, secret_value) {
+            (Some(key_id), Some(secret_value)) => Ok(Some((key_id, secret_value, token_value))),
+            (None, None) if token_value.is_none() => Ok(None),
+            _ => Err(self.invalid(key, format!("{key} and {secret} go together ({token} needs both)"))),
+        }
+    }
+
+    fn check_range<T: PartialOrd>(
+        &self,
+        name: &str,
+        value: Option<T>,
+        range: &RangeInclusive<T>,
+        expected: &str,
+    ) -> Result<Option<T>> {
+        match value {
+            Some(v) if !range.contains(&v) => Err(self.invalid(name, expected)),
+            v => Ok(v),
+        }
     }
 
     /// An [`Error::InvalidUrl`] about option `name` with reason `why`: for checks of the

@@ -181,6 +181,8 @@ impl ElectorBuilder {
                 not_before: Mutex::new(None),
                 earlier: Mutex::new(None),
                 one_driver: Arc::new(tokio::sync::Mutex::new(())),
+                campaigns_waiting: AtomicUsize::new(0),
+                campaign_wanted: tokio::sync::Notify::new(),
                 hand_over_requests,
                 give_up_when_refused_for: self.give_up_when_refused_for,
                 answered: AtomicU64::new(0),

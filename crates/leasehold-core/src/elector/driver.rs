@@ -60,6 +60,8 @@ pub(super) struct Driver {
     won_at: Option<Instant>,
     /// The term of the last reservation seen (a hand-over's successor not in office yet).
     reserved_term: Option<Term>,
+    /// Told once the campaign has settled (see [`campaign`]).
+    settled: Option<oneshot::Sender<()>>,
 }
 
 struct LeaderControl {
@@ -69,14 +71,17 @@ struct LeaderControl {
     work_stopped: bool,
 }
 
-/// Runs one campaign of `inner`'s candidate, and its leadership, to the end.
+/// Runs one campaign of `inner`'s candidate, and its leadership, to the end. `settled` is sent
+/// (or dropped) once the campaign has ended and every acquire it gave up on has come back; the
+/// driver may run on after it, sending again deletions whose outcome was unknown, until they are
+/// answered or a new campaign of the elector takes them over.
 ///
 /// The driver is made here and run by reference: its task holds it once (a driver moved into
 /// the future of a method taking `self` is held twice, once as the moved-from binding).
-pub(super) async fn campaign(inner: Arc<Inner>, elected: oneshot::Sender<Leader>) {
+pub(super) async fn campaign(inner: Arc<Inner>, elected: oneshot::Sender<Leader>, settled: oneshot::Sender<()>) {
     // Not `match Driver::new(..) { Ok(d) => d.run(..).await, .. }`: the matched temporary would
     // live across the await, a second driver's worth of bytes in the task.
-    let mut driver = match Driver::new(inner) {
+    let mut driver = match Driver::new(inner, settled) {
         Ok(driver) => driver,
         Err(e) => return warn!(error = %e, "the election cannot run"),
     };
@@ -84,7 +89,7 @@ pub(super) async fn campaign(inner: Arc<Inner>, elected: oneshot::Sender<Leader>
 }
 
 impl Driver {
-    fn new(inner: Arc<Inner>) -> Result<Self> {
+    fn new(inner: Arc<Inner>, settled: oneshot::Sender<()>) -> Result<Self> {
         let now = now();
         let first_attempt = inner
             .not_before
@@ -123,6 +128,7 @@ impl Driver {
             replied_sent: None,
             won_at: None,
             reserved_term: None,
+            settled: Some(settled),
         })
     }
 
@@ -185,7 +191,9 @@ impl Driver {
                 // would renew or release (and `run_until` returns once this driver is done): the
                 // machine stops campaigning (it would ask again otherwise) and gives back what
                 // they grant, each within its bound, as after a shutdown.
-                if self.late_acquires == 0 && self.machine.pending().is_none() {
+                // Deletions still to send again go to the next campaign's machine when one waits.
+                let left = self.machine.has_deletions_left() && !self.inner.campaign_waiting();
+                if self.late_acquires == 0 && self.machine.pending().is_none() && !left {
                     break;
                 }
                 if self.machine.is_following() {
@@ -197,12 +205,22 @@ impl Driver {
                 for ack in self.resign_acks.drain(..) {
                     let _ = ack.send(());
                 }
-                // Stopped for good, but calls the machine gave up on may still come back with a
-                // grant: wait for them (each ends within its bound) and let the machine release
-                // what they granted, so that nothing of this campaign lands after it ended. The
-                // next campaign of this elector starts once this driver is done.
-                if self.late.is_empty() && self.machine.pending().is_none() {
-                    break;
+                // Stopped for good, but acquires the machine gave up on may still come back with
+                // a grant: wait for them (each ends within its bound) and let the machine release
+                // what they granted, so that nothing of this campaign lands after it ended. (Other
+                // calls given up on are dropped with the driver: their answers change nothing.)
+                if self.machine.pending().is_none() && self.late_acquires == 0 {
+                    // Settled: whoever waits for this campaign may go on. A release, hand-over
+                    // or withdrawal whose outcome is unknown is still sent again until the
+                    // store answers it (`Machine::has_deletions_left`), here, or by the next
+                    // campaign's machine, which takes them over when it starts
+                    // (`Machine::continue_from`).
+                    if let Some(settled) = self.settled.take() {
+                        let _ = settled.send(());
+                    }
+                    if !self.machine.has_deletions_left() || self.inner.campaign_waiting() {
+                        break;
+                    }
                 }
             }
             if self.op.as_ref().map(|op| op.id) != self.machine.pending() {
@@ -276,6 +294,7 @@ impl Driver {
     async fn next_input(&mut self, mut elected: Option<&mut oneshot::Sender<Leader>>) -> Input {
         let mut wake = self.machine.next_wake().map(tokio::time::Instant::from_std);
         let work_running = self.leader.as_ref().is_some_and(|l| !l.work_stopped);
+        let left = self.machine.has_deletions_left();
         if work_running && self.inner.timing.stall_timeout.is_some() {
             // Wake up now and then so heartbeats are seen before a stall deadline (one timer for
             // both: each is a hundred bytes of the driver's future).
@@ -324,6 +343,10 @@ impl Driver {
                     Input::Reply(id, reply)
                 }
                 () = async { tokio::time::sleep_until(wake.expect("guarded")).await }, if wake.is_some() => Input::Tick,
+                // A new campaign waits while deletions are left to send again: look again (the
+                // run loop hands them over). A wake-up missed here comes with the next resend.
+                // (Boxed: the driver's future stays small.)
+                () = async { Box::pin(self.inner.campaign_wanted.notified()).await }, if left => Input::Tick,
                 change = async { changes.as_mut().expect("guarded").next().await }, if changes.is_some() => match change {
                     Some(crate::store::Change::Changed) => Input::Notified,
                     Some(crate::store::Change::YourTurn(turn)) => Input::YourTurn(turn),
@@ -479,10 +502,12 @@ mod tests {
             .build()
             .expect("valid");
         let (tx, _rx) = oneshot::channel();
-        let future = campaign(elector.inner.clone(), tx);
+        let (settled, _) = oneshot::channel();
+        let future = campaign(elector.inner.clone(), tx, settled);
         let size = std::mem::size_of_val(&future);
         // 2,624 bytes before the driver was held once and the heartbeat timer merged (1,544
-        // after, of which the machine is 624).
-        assert!(size <= 1_700, "the driver's future is {size} bytes");
+        // after, of which the machine is 624); 1,704 since the machine keeps the deletions it
+        // sends again (a `Vec`, and the pending deletion boxed).
+        assert!(size <= 1_750, "the driver's future is {size} bytes");
     }
 }

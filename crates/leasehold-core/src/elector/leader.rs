@@ -47,6 +47,10 @@ pub(super) struct Shared {
     pub(super) step_down_margin: Duration,
     /// The most a renewal can give: `ttl * (1 - drift)`.
     pub(super) believed_ttl: Duration,
+    /// The leadership this one lives inside ([`Leader::scoped`]): its step-down point is the
+    /// parent's, and passing it ends the parent (and with it every scoped one), never a scoped
+    /// one alone.
+    pub(super) parent: Option<Arc<Shared>>,
 }
 
 #[derive(Clone, Debug)]
@@ -156,6 +160,10 @@ impl Shared {
     pub(super) fn is_cancelled(&self) -> bool {
         if self.token.is_cancelled() {
             return true;
+        }
+        if let Some(parent) = &self.parent {
+            // The parent's token cancels this one's (a child token).
+            return parent.is_cancelled();
         }
         if now() < self.cancel_at() {
             return false;
@@ -274,6 +282,16 @@ impl Leader {
     ///
     /// Cancel safe.
     pub async fn cancelled(&self) {
+        if let Some(parent) = &self.shared.parent {
+            // A scoped leadership ends with its parent (whose driver cancels the parent's token
+            // at its step-down point, and so this one's) or by its own token: no timer of its
+            // own, so that thousands of them do not all wake at every renewal of the parent.
+            tokio::select! {
+                () = self.shared.token.cancelled() => {}
+                () = parent.token.cancelled() => {}
+            }
+            return;
+        }
         let mut status = self.shared.status.clone();
         loop {
             let cancel_at = self.shared.cancel_at();

@@ -163,6 +163,9 @@ fn lost_renewal_showing_us_at_a_newer_term_raises_the_term_floor() {
     // of ours makes it stand again: a read-back must still not adopt it.
     let out = h.step(3_000, Input::WorkStopped);
     let _ = h.reply(3_000, sent_op(&out), Reply::Release(Err(unreachable())));
+    // The release is sent again after a retry delay (see `stopping.rs`) and answered.
+    let resent = h.send_at(5_000);
+    let _ = h.reply(5_000, resent, Reply::Release(Ok(())));
     let t = 3_000 + BACKOFF;
     let op = h.send_at(t);
     let out = h.reply(t, op, Reply::Acquire(Err(unreachable())));

@@ -219,3 +219,116 @@ fn shutdown_as_leader_aborts_work_still_running_at_valid_until() {
     );
     assert!(h.m.is_stopped());
 }
+
+/// A release whose outcome is unknown (a transient error, or no answer) may not have been
+/// applied: on a store whose sessions the process keeps alive for its other leases (etcd,
+/// ZooKeeper) the lease would stay held by nobody's engine. It is sent again after a retry
+/// delay, while the machine is idle and not leading, until the store answers it; a definite
+/// error is not sent again. (The shared scenario `a_failed_release_does_not_keep_the_lease`
+/// runs it on every store.)
+#[test]
+fn a_release_whose_outcome_is_unknown_is_sent_again_until_answered() {
+    let mut h = Harness::leader();
+    let out = h.step(1_000, Input::Resign);
+    assert_eq!(sends(&out), vec![&Request::Release(grant(1, "v1"))]);
+    assert_eq!(
+        h.reply(1_100, OpId(1), Reply::Release(Err(unreachable()))),
+        vec![
+            Ev::Trouble("unreachable"),
+            Ev::SteppedDown {
+                term: Term(1),
+                work_stopped_after: Some(Duration::ZERO),
+                aborted: false
+            }
+        ]
+    );
+    assert!(h.m.has_deletions_left());
+    // A retry delay later (before the step-down back-off ends), sent again; unanswered, again.
+    assert_eq!(h.wake(), Some(3_100));
+    assert_eq!(h.tick(3_099), vec![]);
+    assert_eq!(h.tick(3_100), vec![Ev::Send(OpId(2), Request::Release(grant(1, "v1")))]);
+    // The campaign goes on meanwhile (its back-off ended at 5 100, with a request under way).
+    assert_eq!(
+        h.tick(6_100),
+        vec![Ev::Trouble("timeout"), Ev::Send(OpId(3), acquire(None))]
+    );
+    let _ = h.reply(
+        6_200,
+        OpId(3),
+        Reply::Acquire(Ok(Acquired::Held(held(holder(other(), 2, "v2", None))))),
+    );
+    assert_eq!(h.wake(), Some(8_100));
+    assert_eq!(h.tick(8_100), vec![Ev::Send(OpId(4), Request::Release(grant(1, "v1")))]);
+    // Answered: done (and the poll due at 8 200 goes out).
+    let out = h.reply(8_200, OpId(4), Reply::Release(Ok(())));
+    assert_eq!(sends(&out), vec![&acquire(None)]);
+    assert!(!h.m.has_deletions_left());
+
+    // A definite error is not sent again.
+    let mut h = Harness::leader();
+    let _ = h.step(1_000, Input::Resign);
+    let corrupt = Error::CorruptRecord {
+        store: "memory",
+        lease: "jobs".into(),
+        detail: "bad record".into(),
+    };
+    let _ = h.reply(1_100, OpId(1), Reply::Release(Err(corrupt)));
+    assert!(!h.m.has_deletions_left());
+    assert_eq!(h.wake(), Some(1_100 + BACKOFF));
+}
+
+/// The same for a hand-over (sent again as the hand-over it was) and for a stopped machine's
+/// withdrawal (a candidate left queued ahead of everyone behind it): the machine stays stopped
+/// and keeps sending it until the store answers.
+#[test]
+fn a_hand_over_or_withdrawal_whose_outcome_is_unknown_is_sent_again() {
+    let mut h = Harness::leader();
+    let out = h.step(
+        1_000,
+        Input::HandOver {
+            to: other(),
+            work_stopped: true,
+        },
+    );
+    let handing = Request::HandOver(grant(1, "v1"), other());
+    assert_eq!(sends(&out), vec![&handing]);
+    let _ = h.reply(1_100, OpId(1), Reply::Release(Err(unreachable())));
+    assert_eq!(h.tick(3_100), vec![Ev::Send(OpId(2), handing)]);
+    assert_eq!(h.reply(3_200, OpId(2), Reply::Release(Ok(()))), vec![]);
+    assert!(!h.m.has_deletions_left());
+
+    let mut h = Harness::follower();
+    let acquire_op = h.send_at(0);
+    let _ = h.step(500, Input::Shutdown);
+    let held_reply = Reply::Acquire(Ok(Acquired::Held(held(holder(other(), 1, "v1", None)))));
+    assert_eq!(
+        h.reply(550, acquire_op, held_reply),
+        vec![Ev::Send(OpId(1), Request::Withdraw)]
+    );
+    assert_eq!(
+        h.reply(600, OpId(1), Reply::Withdraw(Err(unreachable()))),
+        vec![Ev::Trouble("unreachable"), Ev::Stopped]
+    );
+    assert!(h.m.is_stopped() && h.m.has_deletions_left());
+    assert_eq!(h.wake(), Some(2_600));
+    assert_eq!(h.tick(2_600), vec![Ev::Send(OpId(2), Request::Withdraw)]);
+    assert_eq!(h.reply(2_700, OpId(2), Reply::Withdraw(Ok(()))), vec![]);
+    assert!(h.m.is_stopped() && !h.m.has_deletions_left());
+    assert_eq!(h.wake(), None);
+}
+
+/// A FIFO store may hand a candidate its place again, at the term of a release of its that was
+/// left unanswered: that term is in use now, and is never released by the release sent again.
+#[test]
+fn a_left_release_of_a_term_granted_again_is_dropped() {
+    let mut h = Harness::leader();
+    let _ = h.step(1_000, Input::Resign);
+    let _ = h.reply(1_100, OpId(1), Reply::Release(Err(unreachable())));
+    assert_eq!(h.tick(3_100), vec![Ev::Send(OpId(2), Request::Release(grant(1, "v1")))]);
+    let _ = h.reply(3_200, OpId(2), Reply::Release(Err(unreachable())));
+    assert_eq!(sends(&h.tick(5_100)), vec![&acquire(None)]);
+    let out = h.reply(5_150, OpId(3), Reply::Acquire(Ok(Acquired::Granted(grant(1, "v1b")))));
+    assert!(out.iter().any(|e| matches!(e, Ev::Elected { .. })), "{out:?}");
+    assert!(!h.m.has_deletions_left());
+    assert_eq!(h.wake(), Some(8_100));
+}

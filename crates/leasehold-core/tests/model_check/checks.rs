@@ -59,6 +59,8 @@ fn model(expiry: Expiry, drift: u32) -> Election {
         announce: false,
         queue: None,
         keepalives: 0,
+        kept_sessions: false,
+        refuse_only_deletions: false,
         step_downs: 0,
         lingering_work: false,
         clones: false,
@@ -358,6 +360,47 @@ fn a_turn_believed_from_the_last_keepalive_is_safe() {
     assert!(states >= 1_000_000, "explored only {states} states");
     assert!(!found.contains(&"at most one candidate believes it leads"));
     assert!(!found.contains(&"terms strictly increase"));
+    assert!(found.contains(&"leadership changes hands"));
+    assert!(found.contains(&"a successor is told its turn on its predecessor's release"));
+}
+
+/// etcd's queue with every session kept alive by its process (the other leases of a process
+/// share it), and a release or a withdrawal refused at once (not applied): the key it was to
+/// delete stays, and would hold the lease, or keep a stopped candidate queued ahead of the
+/// others, for as long as the process lives. The machine sends such a deletion again after a
+/// retry delay; the lease must be led again within the liveness bound. Nobody pauses and
+/// nothing is lost (a paused process would stop keeping its session alive too).
+fn failed_deletions_model() -> Election {
+    let timing = timing(200);
+    let retry = timing.retry_every.as_millis() as u64;
+    Election {
+        timing,
+        horizon_ms: 3_000,
+        losses: 0,
+        resigns: 2,
+        pauses: 0,
+        refusals: 1,
+        shutdowns: 1,
+        restarts: 1,
+        prompt: true,
+        queue: Some(true),
+        kept_sessions: true,
+        refuse_only_deletions: true,
+        led_within: Some(TTL_MS + 2 * retry + 2 * STEP_MS),
+        ..model(Expiry::ServerClock, 200)
+    }
+}
+
+#[test]
+fn a_failed_release_or_withdrawal_does_not_keep_the_lease() {
+    let (states, found) = check(failed_deletions_model(), 4_000_000);
+    println!("queue, sessions kept, a deletion refused: {states} unique states explored; discoveries: {found:?}");
+    assert!(!found.contains(&"at most one candidate believes it leads"));
+    assert!(!found.contains(&"terms strictly increase"));
+    assert!(
+        !found.contains(&"the lease is led again within the bound while a candidate campaigns"),
+        "a failed deletion kept the lease"
+    );
     assert!(found.contains(&"leadership changes hands"));
     assert!(found.contains(&"a successor is told its turn on its predecessor's release"));
 }

@@ -73,7 +73,10 @@
 //! Believed from that keepalive's send, no double leadership is found; believed from when the
 //! turn arrived, the checker finds one (the successor pauses, its session expires, the next
 //! candidate is granted while the successor still believes). That model has no message loss,
-//! no late requests, no hand-overs and no breaks.
+//! no late requests, no hand-overs and no breaks. A variant keeps every session alive, as a
+//! process does for its other leases, and refuses a release or withdrawal: with the machine's
+//! resending of deletions whose outcome is unknown switched off, the key stays and the checker
+//! finds the lease left with nobody past the liveness bound (issue 32).
 
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
@@ -86,6 +89,7 @@ use leasehold_core::{
 use stateright::{Checker, Model, Property};
 
 mod checks;
+mod groups;
 mod model;
 mod store;
 
@@ -282,6 +286,13 @@ struct Election {
     /// How many keepalives of a session the candidates' processes may send on their own (a
     /// waiting candidate's change stream keeps its session alive), at any moment.
     keepalives: u8,
+    /// With the queue: each process keeps its session alive for its other leases (etcd's and
+    /// ZooKeeper's stores share one session per TTL between a process's elections), so a
+    /// session never expires and a key only goes when it is deleted: a release or withdrawal
+    /// that is refused (not applied) leaves it, however long (processes do not pause here).
+    kept_sessions: bool,
+    /// Only releases, hand-overs and withdrawals are refused (the `refusals` budget).
+    refuse_only_deletions: bool,
     /// How many times a leader's handle may end the leadership itself ([`Action::StepDown`]).
     step_downs: u8,
     /// A deposed leader's work does not stop at once: it returns, hands over or resigns later

@@ -275,6 +275,7 @@ impl Model for Election {
             }
             // The driver ends after a step-down or a shutdown; the next campaign starts a new
             // machine (a follower with nothing outstanding stands for both).
+            // (Deletions left to send again go to the new campaign's machine.)
             if s.restarts_left > 0 && focused && (m.is_stopped() || (m.is_following() && m.pending().is_none())) {
                 actions.push(Action::Restart(i));
             }
@@ -314,6 +315,8 @@ impl Model for Election {
                     None => true,
                     Some(f) => f == *from && matches!(request, Request::Acquire(_)),
                 };
+                let deletion = matches!(request, Request::Release(_) | Request::HandOver(..) | Request::Withdraw);
+                let target = target && (deletion || !self.refuse_only_deletions);
                 if !target {
                     continue;
                 }

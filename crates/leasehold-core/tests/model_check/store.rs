@@ -147,6 +147,9 @@ impl Election {
 
     /// Sessions whose TTL ran out end, with their keys (an expired holder's term ends unmarked).
     pub(crate) fn expire_sessions(&self, s: &mut State) {
+        if self.kept_sessions {
+            return;
+        }
         for i in 0..self.candidates {
             if s.queue.sessions[i].is_some_and(|at| s.now >= at) {
                 s.queue.sessions[i] = None;

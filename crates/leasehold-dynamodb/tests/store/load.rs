@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use leasehold_core::{LeaseStore, Renewed, random_u64};
 
+use super::{fresh_lease, granted, request};
 use crate::common::{self, DynamoBackend, TABLE};
-use crate::{fresh_lease, granted, request};
 
 /// CPU seconds (user + system) of a process, from `/proc/PID/stat` (Linux only).
 fn cpu_seconds(pid: &str) -> Option<f64> {
@@ -18,7 +18,7 @@ fn cpu_seconds(pid: &str) -> Option<f64> {
 
 /// How many renewals a second one client gets through, and whose CPU they cost (this process,
 /// and the server's when `LEASEHOLD_DYNAMODB_PID_FILE` names it). Run by hand:
-/// `cargo test -p leasehold-dynamodb --test store -- --ignored --nocapture renew_throughput`;
+/// `cargo test -p leasehold-dynamodb --test integration -- --ignored --nocapture renew_throughput`;
 /// `PROBE_CONCURRENCY=1,16,64` and `PROBE_SECS=5` choose what to measure.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement, not a check"]
@@ -111,7 +111,7 @@ async fn renew_throughput() {
 /// Requests a second one store makes while 1,000 Electors on it each try to hold a lease, by
 /// operation (counted by core's `CountingStore`), and how many leases are held and were lost
 /// meanwhile. Each elector campaigns again when its leadership ends. Run by hand:
-/// `cargo test -p leasehold-dynamodb --test store -- --ignored --nocapture holding_1000_leases`;
+/// `cargo test -p leasehold-dynamodb --test integration -- --ignored --nocapture holding_1000_leases`;
 /// `RATE_TTL_MS` (default: the least the store allows), `RATE_LEASES` (1000) and
 /// `RATE_WINDOW_SECS` (10) choose what to measure. Prints; asserts nothing timed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant, SystemTime};
 use leasehold_core::{Acquired, CandidateId, Elector, EndReason, LeaseName, LeaseStore, Renewed, Term, random_u64};
 use leasehold_dynamodb::aws_sdk_dynamodb::types::AttributeValue;
 
+use super::{SIX_HOURS, expect_corrupt, fresh_lease, granted, request};
 use crate::common::{self, DynamoBackend, TABLE};
-use crate::{SIX_HOURS, expect_corrupt, fresh_lease, granted, request};
 
 /// A contender whose wall clock is 6 hours fast and one 6 hours slow: takeover timing and terms
 /// are exactly as with correct clocks, because the store compares no wall-clock time; the clocks

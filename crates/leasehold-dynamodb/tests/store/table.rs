@@ -10,8 +10,8 @@ use leasehold_dynamodb::aws_sdk_dynamodb::types::{
 };
 use leasehold_dynamodb::{DynamoDbConfig, DynamoDbStore, TableError};
 
+use super::{expect_corrupt, fresh_lease, granted, request};
 use crate::common::{self, DynamoBackend, TABLE, config};
-use crate::{expect_corrupt, fresh_lease, granted, request};
 
 /// Garbage written into the lease item by someone else: every operation fails with
 /// CorruptRecord naming the lease and the attribute, and nothing is granted.

@@ -1,5 +1,5 @@
 //! What the Postgres tests share: the server, raw connections, fault proxies (the conformance
-//! suite's backend is `leasehold_conformance::backends::postgres`).
+//! suite's backend is in `tests/conformance.rs`).
 
 #![allow(dead_code, unreachable_pub)]
 

@@ -9,8 +9,8 @@ use leasehold_conformance::{Direction, Fault, SafetyChecker};
 use leasehold_core::{AcquireRequest, Acquired, Elector, EndReason, Event, LeaseStore, Renewed};
 use leasehold_postgres::PostgresStore;
 
+use super::{acquire, candidate, granted, request};
 use crate::common::{self, lock_holder, server};
-use crate::{acquire, candidate, granted, request};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lock_session_holds_the_advisory_lock() {

@@ -6,8 +6,8 @@ use futures::StreamExt;
 use leasehold_core::{LeaseName, LeaseStore, Renewed};
 use leasehold_postgres::PostgresStore;
 
+use super::{acquire, candidate, granted};
 use crate::common::{self, server};
-use crate::{acquire, candidate, granted};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn releases_and_breaks_are_notified() {

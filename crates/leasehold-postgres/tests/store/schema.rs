@@ -6,8 +6,8 @@ use std::time::Duration;
 use leasehold_core::{Error, LeaseStore};
 use leasehold_postgres::{PostgresConfig, PostgresStore};
 
+use super::{acquire, granted, request};
 use crate::common::{self, lock_holder, server};
-use crate::{acquire, granted, request};
 
 /// A table of leasehold's name but another shape: a typed error naming it, nothing dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

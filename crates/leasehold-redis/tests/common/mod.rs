@@ -81,6 +81,15 @@ pub fn config(url: &str) -> RedisConfig {
     config
 }
 
+/// The test server without the restart guard: `restart` tests the guard, and may have
+/// restarted the server just before the other tests run.
+pub fn unguarded() -> Option<RedisBackend> {
+    let url = leasehold_conformance::require_server("redis", "LEASEHOLD_REDIS_URL")?;
+    let mut config = config(&url);
+    config.restart_guard = false;
+    Some(RedisBackend::with_config(config))
+}
+
 /// The services script and the URL it started Redis on, if the server is the one it manages
 /// (only then may a test restart it).
 pub fn services() -> Option<(PathBuf, String)> {

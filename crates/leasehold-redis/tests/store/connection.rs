@@ -9,8 +9,8 @@ use leasehold_conformance::{Direction, Fault, SafetyChecker};
 use leasehold_core::{Error, LeaseStore};
 use leasehold_redis::RedisStore;
 
+use super::{backend, lease, next};
 use crate::common::{TTL, elector, grant, id, request};
-use crate::{backend, lease, next};
 
 /// A leader whose network goes silent (no FIN, no reset) steps down before its `valid_until`,
 /// the server lets the key expire within a TTL, and a second candidate takes over within

@@ -5,8 +5,8 @@ use std::time::Duration;
 use leasehold_core::{EndReason, Error, Grant, LeaseStore, Renewed, Term};
 use leasehold_redis::RedisStore;
 
+use super::{backend, dump, lease, next};
 use crate::common::{TTL, grant, id, raw_cmd, request};
-use crate::{backend, dump, lease, next};
 
 /// Every kind of foreign or garbled key is a typed error naming the lease, for every operation,
 /// and nothing is written.

@@ -1,7 +1,7 @@
-//! Counting the ZooKeeper requests of this test process, as the server counts them: the `stat`
-//! four-letter word lists each client connection with the packets it received from it
-//! (`recved`, pings and handshakes included), and `/proc` tells which of those connections are
-//! this process's (by their local port). Other clients of the same server do not count.
+//! Helpers of the tests on one lease (`jobs`), and counting the ZooKeeper requests of this test
+//! process, as the server counts them: the `stat` four-letter word lists each client connection
+//! with the packets it received from it (`recved`, pings and handshakes included), and `/proc`
+//! tells which of those connections are this process's (by their local port). Other clients of the same server do not count.
 //! (Each test binary uses some of these helpers.)
 #![allow(dead_code)]
 
@@ -9,6 +9,29 @@ use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
+
+use leasehold_core::{AcquireRequest, CandidateId, LeaseName};
+
+/// The TTL of the tests on one lease, `jobs`.
+pub(crate) const TTL: Duration = Duration::from_secs(4);
+
+pub(crate) fn id(name: &str) -> CandidateId {
+    CandidateId::new(name).expect("valid candidate id")
+}
+
+pub(crate) fn lease() -> LeaseName {
+    LeaseName::new("jobs").expect("valid lease name")
+}
+
+/// `candidate`'s acquire of `jobs` with [`TTL`].
+pub(crate) fn request(candidate: &str) -> AcquireRequest {
+    AcquireRequest {
+        lease: lease(),
+        candidate: id(candidate),
+        ttl: TTL,
+        takeover: None,
+    }
+}
 
 /// `host:port` of a `zk://host:port[/chroot]` URL with one host.
 pub(crate) fn address(url: &str) -> String {

@@ -113,6 +113,7 @@ impl Driver {
                     abort: Mutex::new(None),
                     step_down_margin: self.inner.timing.step_down_margin,
                     believed_ttl: self.inner.timing.believed_ttl(),
+                    parent: None,
                 });
                 self.leader = Some(LeaderControl {
                     shared: shared.clone(),

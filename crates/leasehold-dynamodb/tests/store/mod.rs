@@ -1,8 +1,6 @@
 //! DynamoDB-specific behaviour beyond the shared suite: wall clocks that are hours off, the
 //! table's shape, items written by others, deleted items, and secrets in errors.
 
-#[path = "../common/mod.rs"]
-mod common;
 mod load;
 mod records;
 mod table;

@@ -2,8 +2,7 @@
 //! goes silent, locks that outlive their rows and rows that outlive their locks, notifications,
 //! breaking, the schema, and secrets. Each test skips (loudly) when the server is down.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 mod lock;
 mod notify;
 mod schema;

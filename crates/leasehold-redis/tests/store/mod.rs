@@ -2,27 +2,16 @@
 //! server's clock, a silently cut-off leader, lost replies, corrupt keys of every kind, history,
 //! notifications, terms that survive a lost counter, and secrets that never show.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 mod connection;
 mod records;
 
 use std::time::Duration;
 
-use common::{RedisBackend, TTL, grant, raw_cmd};
+use common::{RedisBackend, TTL, grant, raw_cmd, unguarded as backend};
 use futures::StreamExt;
-use leasehold_conformance::require_server;
 use leasehold_core::{Error, LeaseName, random_u64};
 use leasehold_redis::{RedisConfig, RedisStore, RedisStoreError};
-
-/// The test server, without the restart guard: `tests/restart.rs` tests the guard, and may have
-/// restarted the server just before these tests run.
-fn backend() -> Option<RedisBackend> {
-    let url = require_server("redis", "LEASEHOLD_REDIS_URL")?;
-    let mut config = common::config(&url);
-    config.restart_guard = false;
-    Some(RedisBackend::with_config(config))
-}
 
 fn lease(tag: &str) -> LeaseName {
     LeaseName::new(format!("store-{tag}-{:x}", random_u64())).unwrap()

@@ -1,0 +1,11 @@
+//! Every integration test of leasehold-mysql, in one binary (one link instead of one per file);
+//! each module was a test target of its own. cargo-nextest runs each test in its own process,
+//! so a module's tests are as isolated as before; filter by module: `test(/^restart::/)`.
+
+mod conformance;
+mod connect;
+mod gap_locks;
+mod measure;
+mod refusals;
+mod secured;
+mod session_end;
