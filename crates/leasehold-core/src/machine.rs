@@ -118,7 +118,10 @@ pub enum Input {
     /// Whether the store's announcements now reach this candidate with every grant and renewal
     /// ([`Announces::GrantsAndRenewals`](crate::Announces::GrantsAndRenewals), the stream live):
     /// then an idle follower attempts only once the version it watches has been unchanged for a
-    /// TTL, instead of polling for new versions. The driver says `false` when the stream ends.
+    /// TTL, instead of polling for new versions. The driver says `false` whenever the stream
+    /// ends, whatever it announced: the store may have lost what it would announce (a session
+    /// ended, a server restarted), so a follower reads within a retry interval, and the driver
+    /// asks for announcements again once a reply shows the store answers.
     RenewalsAnnounced(bool),
     /// A reply to the request with this id.
     Reply(OpId, Reply),

@@ -2,7 +2,7 @@
 //! `{lease}/leader/` whose name says who holds the lease now (term, holder's znode, TTL,
 //! candidate id). A session with a persistent recursive watch there learns of each new holder
 //! from the notification alone (its path), with no read: one request to set the watch, none per
-//! transition, however many watch.
+//! transition, however many watch. The stream ends with the session.
 
 use std::sync::Arc;
 
@@ -30,13 +30,14 @@ impl Inner {
     /// from ZooKeeper's notifications alone: the first call per lease sets one persistent watch
     /// (one request), and no transition costs a request, however many processes follow the
     /// lease this way. Only grants are announced (a release or an expiry is not: the next grant
-    /// is). Announcements made while the session is disconnected may be lost
-    /// ([ZOOKEEPER-4698](https://issues.apache.org/jira/browse/ZOOKEEPER-4698)).
+    /// is).
     ///
-    /// When the session ends (it expired, e.g. while the server restarted), the stream follows
-    /// the store's next session: once this store has one (its candidate's next request opens
-    /// it), the stream sets the watch there and first yields the holder one read shows then,
-    /// so a grant made while no session watched is not missed. It ends when that fails.
+    /// The stream first yields the holder one read shows right after the watch is set (when
+    /// the lease is held), so a grant made before the watch is not missed. It ends when the
+    /// session is disconnected or ends (a server restart): grants made meanwhile may have been
+    /// announced to nobody
+    /// ([ZOOKEEPER-4698](https://issues.apache.org/jira/browse/ZOOKEEPER-4698)), and the engine
+    /// reads and asks again.
     ///
     /// # Errors
     ///
@@ -45,53 +46,19 @@ impl Inner {
     pub(crate) async fn announced(self: &Arc<Self>, lease: &LeaseName) -> Result<BoxStream<'static, Observation>> {
         let subscribed = async {
             let client = self.reader().await?;
-            self.leader_watch(&client, lease).await
+            let (_, rx) = self.leader_watch(&client, lease).await?;
+            let now = self.observe_existing(&client, lease).await?;
+            Ok((rx, now))
         };
-        let (session, rx) = subscribed.await.map_err(|e| {
+        let (rx, now) = subscribed.await.map_err(|e| {
             during(
                 e,
                 Operation::Changes,
                 &format_args!("the announcements of lease {lease}"),
             )
         })?;
-        let following = Following {
-            inner: self.clone(),
-            lease: lease.clone(),
-            session,
-            current: watched_announcements(rx),
-        };
-        Ok(Box::pin(futures::stream::unfold(following, |mut f| async move {
-            f.next().await.map(|seen| (seen, f))
-        })))
-    }
-}
-
-/// The announcements of one lease, on whichever session of the store is live.
-struct Following {
-    inner: Arc<Inner>,
-    lease: LeaseName,
-    /// The session `current` comes from.
-    session: i64,
-    current: BoxStream<'static, Observation>,
-}
-
-impl Following {
-    async fn next(&mut self) -> Option<Observation> {
-        loop {
-            if let Some(seen) = self.current.next().await {
-                return Some(seen);
-            }
-            // The session ended: wait for the store's next one (no request until then), watch
-            // there, and catch up with one read.
-            let client = self.inner.next_session(self.session).await;
-            let (session, rx) = self.inner.leader_watch(&client, &self.lease).await.ok()?;
-            let now = self.inner.observe_existing(&client, &self.lease).await.ok()?;
-            self.session = session;
-            self.current = watched_announcements(rx);
-            if let Some(seen) = now.filter(|seen| seen.holder.is_some()) {
-                return Some(seen);
-            }
-        }
+        let now = now.filter(|seen| seen.holder.is_some());
+        Ok(futures::stream::iter(now).chain(watched_announcements(rx)).boxed())
     }
 }
 
@@ -105,8 +72,16 @@ impl Inner {
     ) -> Result<(i64, watch::Receiver<Option<Observation>>)> {
         let session = client.session_id().0;
         let key = (session, lease.clone());
-        if let Some(watching) = lock(&self.leader_watches).get(&key) {
-            return Ok((session, from_now(&watching.announced)));
+        {
+            let mut watches = lock(&self.leader_watches);
+            match watches.get(&key) {
+                // Its watcher stopped at a disconnection: watch again.
+                Some(watching) if watching.announced.has_changed().is_err() => {
+                    watches.remove(&key);
+                }
+                Some(watching) => return Ok((session, from_now(&watching.announced))),
+                None => {}
+            }
         }
         let mut watcher = client
             .watch(&self.leader_dir(lease), zk::AddWatchMode::PersistentRecursive)
@@ -132,7 +107,14 @@ impl Inner {
                             });
                         }
                     }
-                    zk::EventType::Session if event.session_state.is_terminated() => break,
+                    // A disconnection may hide announcements (a create and delete while no
+                    // connection watched are not replayed: ZOOKEEPER-4698): the stream ends.
+                    zk::EventType::Session
+                        if event.session_state.is_terminated()
+                            || event.session_state == zk::SessionState::Disconnected =>
+                    {
+                        break;
+                    }
                     _ => {}
                 }
             }

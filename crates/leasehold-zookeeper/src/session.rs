@@ -87,7 +87,6 @@ impl Inner {
             });
         }
         *slot = Some(client.clone());
-        self.sessions_opened.send_modify(|n| *n += 1);
         Ok(client)
     }
 
@@ -107,23 +106,6 @@ impl Inner {
             return None;
         }
         Some(client.clone())
-    }
-
-    /// A live session of this store other than `ended`; waits, without a request, until this
-    /// store opens one (see [`Inner::session`]).
-    pub(crate) async fn next_session(&self, ended: i64) -> zk::Client {
-        let mut opened = self.sessions_opened.subscribe();
-        loop {
-            opened.borrow_and_update();
-            let live = self.live_sessions().await;
-            if let Some(client) = live.into_iter().find(|c| c.session_id().0 != ended) {
-                return client;
-            }
-            if opened.changed().await.is_err() {
-                // Unreachable: `self` holds the sender.
-                std::future::pending::<()>().await;
-            }
-        }
     }
 
     /// Every live session of this store, without opening one.

@@ -23,8 +23,6 @@ pub(crate) struct Inner {
     pub(crate) nonce: u64,
     /// One session slot per TTL in milliseconds.
     pub(crate) sessions: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<Option<zk::Client>>>>>,
-    /// Bumped whenever a session is opened (announcement streams follow the store's sessions).
-    pub(crate) sessions_opened: watch::Sender<u64>,
     pub(crate) candidates: Mutex<HashMap<(LeaseName, CandidateId), Candidate>>,
     /// Candidate znodes of this store's sessions that have expired on the client's side: the
     /// server may keep them for up to a session timeout more, and nobody may adopt them.

@@ -12,7 +12,6 @@ use leasehold_core::{
     LeaseName, LeaseStore, Notifications, Observation, Operation, Renewed, Result, ShardRecord, ShardWrite, Term,
     Transition, random_u64,
 };
-use tokio::sync::watch;
 use zookeeper_client as zk;
 
 use crate::config::ZookeeperConfig;
@@ -98,7 +97,6 @@ impl ZookeeperStore {
                 ttl_range,
                 nonce: random_u64(),
                 sessions: Mutex::default(),
-                sessions_opened: watch::channel(0).0,
                 candidates: Mutex::default(),
                 dead: Mutex::default(),
                 leader_watches: Mutex::default(),

@@ -98,6 +98,14 @@ async fn followers_learn_each_new_holder_from_its_announcement_without_a_request
         .expect("announcements")
         .expect("ZooKeeper announces");
     let a_term = operator.inspect(&lease).await.expect("inspect").last_term;
+    // Each stream starts with the holder a read shows once its watch is set.
+    for (stream, whose) in [(&mut c_hears, "c"), (&mut d_hears, "d")] {
+        let first = next(stream, whose).await;
+        assert_eq!(
+            first.holder.map(|h| (h.id.to_string(), h.term)),
+            Some(("a".to_string(), a_term))
+        );
+    }
 
     // A's term ends from outside; B is granted and announced.
     let before = common::requests_by_connection(&addr);

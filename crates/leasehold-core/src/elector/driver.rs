@@ -45,6 +45,9 @@ pub(super) struct Driver {
     announcements_asked: Option<JoinHandle<Result<Option<Announcements>>>>,
     /// The store said it does not announce.
     announcements_unsupported: bool,
+    /// The announcements ended (or asking for them failed) while this candidate followed: ask
+    /// again with the next reply that shows another holder.
+    announcements_ended: bool,
     /// While elected: the leadership shared with the handles (its mailbox carries their commands).
     leader: Option<LeaderControl>,
     resign_acks: Vec<oneshot::Sender<()>>,
@@ -119,6 +122,7 @@ impl Driver {
             announcements: None,
             announcements_asked: None,
             announcements_unsupported: false,
+            announcements_ended: false,
             leader: None,
             resign_acks: Vec::new(),
             deposed: None,
@@ -371,20 +375,27 @@ impl Driver {
                             }
                         }
                         Ok(Ok(None)) => self.announcements_unsupported = true,
-                        Ok(Err(error)) => debug!(%error, "announcements unavailable"),
-                        Err(error) => debug!(%error, "asking for announcements ended without a reply"),
+                        Ok(Err(error)) => {
+                            debug!(%error, "announcements unavailable");
+                            self.announcements_ended = true;
+                        }
+                        Err(error) => {
+                            debug!(%error, "asking for announcements ended without a reply");
+                            self.announcements_ended = true;
+                        }
                     }
                     continue;
                 }
                 announced = async { announcements.as_mut().expect("guarded").next().await }, if announcements.is_some() => {
                     match announced {
                         Some(observation) => Input::Announced(observation),
+                        // Whatever the stream announced, its end may hide grants the store
+                        // lost (a session that ended, a server restart): read soon, and ask
+                        // again once the store answers (`track_previous`).
                         None => {
                             self.announcements = None;
-                            if self.inner.caps.announces == Announces::GrantsAndRenewals {
-                                break Input::RenewalsAnnounced(false);
-                            }
-                            continue;
+                            self.announcements_ended = true;
+                            break Input::RenewalsAnnounced(false);
                         }
                     }
                 }
@@ -440,6 +451,10 @@ impl Driver {
             | Input::Announced(o) => {
                 if let Some(h) = &o.holder {
                     self.reserved_term = h.reserved.then_some(h.term);
+                    if self.announcements_ended && h.id != self.inner.id {
+                        self.announcements_ended = false;
+                        self.ask_for_announcements();
+                    }
                 }
                 self.previous.seen(asked, now, o, &self.inner.id);
             }
