@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use leasehold_core::{Error, LeaseGroup, LeaseStore, ShardLeader, Term};
+use leasehold_core::{Error, Leader, LeaseGroup, LeaseStore, ShardLeader, Term};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -20,8 +20,8 @@ const MANY_SHARDS: u32 = 10_000;
 /// Who runs each shard, every term, and any overlap, as the shard tasks report it.
 #[derive(Default)]
 struct Book {
-    /// shard -> (member, term) of the task running it now.
-    running: Mutex<HashMap<u32, (String, Term)>>,
+    /// shard -> (member, term, leadership) of the task running it now (from a valid start).
+    running: Mutex<HashMap<u32, (String, Term, Leader)>>,
     /// shard -> (term, when its task ended) of the last task that ended.
     ended: Mutex<HashMap<u32, (Term, Instant)>>,
     violations: Mutex<Vec<String>>,
@@ -32,10 +32,17 @@ impl Book {
     fn start(&self, shard: &ShardLeader) {
         let (n, me, term) = (shard.shard(), shard.holder().to_string(), shard.term());
         *self.starts.lock().unwrap() += 1;
+        // A task that starts after its leadership ended (its member too busy to see the step-down
+        // in time) acts on nothing: `ensure_valid` refuses it. Only valid tasks count.
+        if shard.ensure_valid(Duration::ZERO).is_err() {
+            return;
+        }
         let mut running = self.running.lock().unwrap();
-        if let Some((other, other_term)) = running.get(&n) {
+        if let Some((other, other_term, other_leader)) = running.get(&n)
+            && other_leader.ensure_valid(Duration::ZERO).is_ok()
+        {
             self.violation(format!(
-                "shard {n}: {me} (term {term}) started while {other} (term {other_term}) runs"
+                "shard {n}: {me} (term {term}) started while {other} (term {other_term}) runs and is valid"
             ));
         }
         if let Some((last, _)) = self.ended.lock().unwrap().get(&n)
@@ -43,12 +50,12 @@ impl Book {
         {
             self.violation(format!("shard {n}: term {term} after term {last}"));
         }
-        running.insert(n, (me, term));
+        running.insert(n, (me, term, shard.leader().clone()));
     }
 
     fn end(&self, shard: &ShardLeader) {
         let mut running = self.running.lock().unwrap();
-        if running.get(&shard.shard()).is_some_and(|(_, t)| *t == shard.term()) {
+        if running.get(&shard.shard()).is_some_and(|(_, t, _)| *t == shard.term()) {
             running.remove(&shard.shard());
         }
         self.ended
@@ -63,7 +70,7 @@ impl Book {
 
     fn counts(&self) -> Vec<usize> {
         let mut per: HashMap<String, usize> = HashMap::new();
-        for (member, _) in self.running.lock().unwrap().values() {
+        for (member, _, _) in self.running.lock().unwrap().values() {
             *per.entry(member.clone()).or_default() += 1;
         }
         let mut counts: Vec<usize> = per.into_values().collect();
@@ -73,6 +80,20 @@ impl Book {
 
     fn starts(&self) -> usize {
         *self.starts.lock().unwrap()
+    }
+}
+
+/// Records a shard task's end when dropped: when it returns, and when the engine aborts it at
+/// `valid_until` (a member whose runtime was too busy to see its step-down in time: its task
+/// stopped then, and a later start elsewhere is no overlap).
+struct Running<'a> {
+    book: &'a Book,
+    shard: &'a ShardLeader,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.book.end(self.shard);
     }
 }
 
@@ -118,8 +139,11 @@ fn join_group(
             let book = book.clone();
             async move {
                 book.start(&shard);
+                let _running = Running {
+                    book: &book,
+                    shard: &shard,
+                };
                 shard.cancelled().await;
-                book.end(&shard);
                 Ok::<(), Error>(())
             }
         };

@@ -10,12 +10,19 @@
 //! by hand-over only.
 //!
 //! Checked after each seed:
-//! - `overlap`: no shard's task starts while another member's task of that shard runs, and each
-//!   shard's terms strictly increase;
+//! - `overlap`: no shard's task starts, valid (`ensure_valid`), while another member's task of
+//!   that shard runs and is valid, and each shard's terms strictly increase;
 //! - `planned-gap`: after the calm join, no shard runs nowhere for longer than [`PLANNED_GAP`]
 //!   between one task's end and the next one's start (planned moves hand over, with no expiry
 //!   gap; issue 31 finding 2 was a gap of TTL + the electors' `lock_delay`);
-//! - `unowned`: at the end every shard runs somewhere.
+//! - `unowned`: at the end every shard runs somewhere;
+//! - `owned`: each member's `owned()` names the shards whose task it runs (a difference may last
+//!   [`OWNED_STALE`]).
+//!
+//! Before the calm, a shard task now and then blocks the whole runtime for 0.2-1.5 s (the clock
+//! jumps while nothing runs): its member sees its step-down late, and the engine aborts the
+//! member's task, shard tasks and all, at `valid_until`. A task counts as stopped when it
+//! returns or is dropped.
 //!
 //! `LEASEHOLD_GROUP_SIM_SEEDS` sets how many seeds run (default [`DEFAULT_SEEDS`]);
 //! `LEASEHOLD_GROUP_SIM_SEED` runs one and prints its trace.
@@ -26,8 +33,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::{
-    AcquireRequest, Acquired, Announcements, CandidateId, Capabilities, Changes, Error, Grant, LeaseGroup, LeaseName,
-    LeaseStore, MemoryStore, Observation, Renewed, Result, ShardLeader, Term, Transition,
+    AcquireRequest, Acquired, Announcements, CandidateId, Capabilities, Changes, Error, Grant, Leader, LeaseGroup,
+    LeaseName, LeaseStore, MemoryStore, Observation, Renewed, Result, ShardLeader, Term, Transition,
 };
 use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
@@ -41,6 +48,13 @@ const JOIN_AFTER: Duration = Duration::from_secs(5);
 /// A planned move's longest allowed gap: a hand-over is taken at once, or at the next poll.
 const PLANNED_GAP: Duration = Duration::from_millis(500);
 const DEFAULT_SEEDS: u64 = 200;
+/// How often `owned()` is compared with what runs.
+const PROBE_EVERY: Duration = Duration::from_millis(100);
+/// How long `owned()` may differ from what runs (a task starts or stops a moment after the
+/// member's bookkeeping).
+const OWNED_STALE: Duration = Duration::from_secs(2);
+/// The chance that a shard task blocks the runtime once, before the calm.
+const BLOCKS: f64 = 0.03;
 
 /// splitmix64, as in the election simulation.
 #[derive(Debug)]
@@ -65,7 +79,8 @@ impl Rng {
 /// Who runs each shard, every term, and what went wrong.
 #[derive(Debug, Default)]
 struct Book {
-    running: HashMap<u32, (String, Term)>,
+    /// shard -> (member, term, leadership) of the task running it, from a start that was valid.
+    running: HashMap<u32, (String, Term, Leader)>,
     terms: HashMap<u32, Term>,
     stopped_at: HashMap<u32, Instant>,
     /// Gaps between a stop and the next start, from `watch_gaps_from` on.
@@ -73,6 +88,8 @@ struct Book {
     longest_gap: (Duration, u32),
     violations: Vec<String>,
     trace: Vec<String>,
+    /// Every member's group, to compare what it reports owning with what runs.
+    groups: Vec<LeaseGroup>,
 }
 
 impl Book {
@@ -83,9 +100,18 @@ impl Book {
             shard.shard(),
         );
         let now = Instant::now();
-        if let Some((other, other_term)) = self.running.get(&s) {
+        // A task that starts after its leadership ended (its member's runtime blocked past the
+        // step-down point) may run, but acts on nothing: `ensure_valid` refuses it.
+        if shard.leader().ensure_valid(Duration::ZERO).is_err() {
+            self.trace
+                .push(format!("{now:?} {me} starts shard {s} term {term}, no longer valid"));
+            return;
+        }
+        if let Some((other, other_term, other_leader)) = self.running.get(&s)
+            && other_leader.ensure_valid(Duration::ZERO).is_ok()
+        {
             self.violations.push(format!(
-                "overlap: shard {s}: {me} (term {term}) started while {other} (term {other_term}) runs"
+                "overlap: shard {s}: {me} (term {term}) started while {other} (term {other_term}) runs and is valid"
             ));
         }
         if self.terms.get(&s).is_some_and(|last| *last >= term) {
@@ -98,13 +124,13 @@ impl Book {
         {
             self.longest_gap = self.longest_gap.max((now - stopped, s));
         }
-        self.running.insert(s, (me.clone(), term));
+        self.running.insert(s, (me.clone(), term, shard.leader().clone()));
         self.trace.push(format!("{now:?} {me} starts shard {s} term {term}"));
     }
 
     fn stop(&mut self, shard: &ShardLeader) {
         let (term, s) = (shard.leader().term(), shard.shard());
-        if self.running.get(&s).is_some_and(|(_, t)| *t == term) {
+        if self.running.get(&s).is_some_and(|(_, t, _)| *t == term) {
             self.running.remove(&s);
             self.stopped_at.insert(s, Instant::now());
         }
@@ -114,6 +140,32 @@ impl Book {
             shard.leader().holder()
         ));
     }
+}
+
+/// Records a shard task's stop when dropped: it returned, or the engine aborted it.
+struct Running<'a> {
+    book: Arc<Mutex<Book>>,
+    shard: &'a ShardLeader,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.book.lock().unwrap_or_else(|p| p.into_inner()).stop(self.shard);
+    }
+}
+
+/// A blocking section in a shard's task: the whole runtime (every member, the store) stops
+/// while time passes, as a blocking call on a current-thread runtime does. A member's own task
+/// is then late to see its step-down, and the engine aborts it at `valid_until`.
+fn block_runtime(book: &Mutex<Book>, shard: &ShardLeader, length: Duration) {
+    book.lock().unwrap().trace.push(format!(
+        "{:?} {} blocks the runtime for {length:?} in shard {}",
+        Instant::now(),
+        shard.leader().holder(),
+        shard.shard()
+    ));
+    // The first poll of `advance` moves the clock; the rest is a yield, not wanted here.
+    let _ = futures::FutureExt::now_or_never(tokio::time::advance(length));
 }
 
 /// One member's way to the store: refusals, delays and cut-off windows until `calm_from`.
@@ -240,6 +292,7 @@ async fn member(
         group = group.electors(move |e| e.lock_delay(delay));
     }
     let group = group.build().expect("a valid group");
+    book.lock().unwrap().groups.push(group.clone());
     while Instant::now() < end {
         let calm = Instant::now() >= link.calm_from;
         let stop = CancellationToken::new();
@@ -259,12 +312,34 @@ async fn member(
                 }
             }
         };
+        let blocks = Arc::new(Mutex::new(Rng(rng.next())));
+        let calm_from = link.calm_from;
         let task = move |shard: ShardLeader| {
             let book = book_for_tasks.clone();
+            let blocks = blocks.clone();
             async move {
                 book.lock().unwrap().start(&shard);
+                // Counts as stopped however it stops: returned, or dropped when the engine
+                // aborts the member's task at `valid_until`.
+                let _running = Running {
+                    book: book.clone(),
+                    shard: &shard,
+                };
+                let block = {
+                    let mut rng = blocks.lock().unwrap();
+                    rng.chance(BLOCKS).then(|| (rng.ms(0, 3_000), rng.ms(200, 1_500)))
+                };
+                if let Some((after, length)) = block {
+                    tokio::select! {
+                        () = sleep(after) => {
+                            if Instant::now() < calm_from {
+                                block_runtime(&book, &shard, length);
+                            }
+                        }
+                        () = shard.leader().cancelled() => {}
+                    }
+                }
                 shard.leader().cancelled().await;
-                book.lock().unwrap().stop(&shard);
                 Ok::<(), Error>(())
             }
         };
@@ -280,6 +355,42 @@ async fn member(
             )
             .await;
         }
+    }
+}
+
+/// Every [`PROBE_EVERY`], compares each member's `owned()` with the shards whose task it runs
+/// (valid): a difference that lasts [`OWNED_STALE`] is a violation.
+async fn probe_owned(book: Arc<Mutex<Book>>, end: Instant) {
+    let mut differs_since: HashMap<String, Instant> = HashMap::new();
+    while Instant::now() < end {
+        sleep(PROBE_EVERY).await;
+        let now = Instant::now();
+        let mut book = book.lock().unwrap();
+        let mut found = Vec::new();
+        for group in &book.groups {
+            let id = group.id().to_string();
+            let mut runs: Vec<u32> = book
+                .running
+                .iter()
+                .filter(|(_, (m, _, _))| *m == id)
+                .map(|(s, _)| *s)
+                .collect();
+            runs.sort_unstable();
+            let owned = group.owned();
+            if owned == runs {
+                differs_since.remove(&id);
+                continue;
+            }
+            let since = *differs_since.entry(id.clone()).or_insert(now);
+            if now - since >= OWNED_STALE {
+                found.push(format!(
+                    "owned: {id} has reported owning {owned:?} for {:?} but runs {runs:?} ({now:?})",
+                    now - since
+                ));
+                differs_since.remove(&id);
+            }
+        }
+        book.violations.extend(found);
     }
 }
 
@@ -323,6 +434,7 @@ fn simulate(seed: u64) -> Book {
             let (link, member_rng) = (link(&mut rng), Rng(rng.next()));
             tokio::spawn(member(format!("m{m}"), link, book.clone(), member_rng, end, lock_delay));
         }
+        tokio::spawn(probe_owned(book.clone(), end - Duration::from_millis(2)));
         sleep_until(calm_from + JOIN_AFTER).await;
         book.lock().unwrap().watch_gaps_from = Some(Instant::now());
         let joiner = link(&mut rng);
@@ -388,6 +500,9 @@ fn simulation_lease_group() {
         }
         if !book.violations.is_empty() {
             println!("seed {seed} FAILED:");
+            if std::env::var("DBG_TRACE").is_ok() {
+                std::fs::write(format!("/tmp/seed-{seed}.trace"), book.trace.join("\n")).unwrap();
+            }
             for v in book.violations.iter().take(5) {
                 println!("  {v}");
             }

@@ -120,6 +120,9 @@ where
     Fut: Future<Output = std::result::Result<(), E>> + Send + 'static,
     E: fmt::Display + Send + 'static,
 {
+    // Aborted at `valid_until` (a member too busy to see its step-down in time), this future is
+    // dropped with its shard tasks: what the member reports owning goes with them.
+    let _owned = ClearOwned(inner.clone());
     let mut rounds = Rounds {
         records: vec![None; inner.shards as usize],
         running: HashMap::new(),
@@ -214,6 +217,16 @@ where
         let _ = tokio::time::timeout(inner.ttl, inner.store.release(&marker)).await;
     }
     outcome
+}
+
+/// Empties the member's [`LeaseGroup::owned`](super::LeaseGroup::owned) when dropped: when its
+/// leadership ends, however it ends.
+struct ClearOwned(Arc<Inner>);
+
+impl Drop for ClearOwned {
+    fn drop(&mut self) {
+        self.0.owned.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
 }
 
 /// One round. The listing's duration, or why the round failed.
