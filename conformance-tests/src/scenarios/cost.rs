@@ -113,7 +113,7 @@ pub async fn requests_per_transition_do_not_grow(backend: Arc<dyn Backend>) {
     for candidates in [1usize, 10, 100] {
         let lease = scene.other_lease(&candidates.to_string());
         let counts = Faults::new();
-        let (elected_tx, mut elected) = mpsc::unbounded_channel::<Term>();
+        let (elected_tx, mut elected) = mpsc::unbounded_channel::<(Instant, Term)>();
         let mut tasks = Vec::new();
         for i in 0..candidates {
             let store: Arc<dyn LeaseStore> = Arc::new(FaultyStore::counting(scene.connect().await, counts.clone()));
@@ -126,7 +126,7 @@ pub async fn requests_per_transition_do_not_grow(backend: Arc<dyn Backend>) {
             tasks.push(tokio::spawn(async move {
                 loop {
                     let leader = elector.campaign().await.expect("the election runs");
-                    let _ = tx.send(leader.term());
+                    let _ = tx.send((leader.elected_at(), leader.term()));
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     leader.resign().await;
                 }
@@ -147,14 +147,20 @@ pub async fn requests_per_transition_do_not_grow(backend: Arc<dyn Backend>) {
         let _ = tokio::time::timeout(Duration::from_secs(5), elected.recv()).await;
         counts.reset_counts();
         let started = Instant::now();
-        let mut last = Term(0);
+        let mut transitions = Vec::new();
         for _ in 0..TRANSITIONS {
-            let term = scene
+            let transition = scene
                 .within("a transition", ttl * 5, elected.recv())
                 .await
                 .expect("the campaigns hold senders");
-            assert!(term > last, "{p}: term {term} after {last}");
-            last = term;
+            transitions.push(transition);
+        }
+        // In the order of the elections (a candidate starved for a moment reports its election
+        // after a later one's), each term exceeds the one before.
+        transitions.sort();
+        for pair in transitions.windows(2) {
+            let ((_, before), (_, after)) = (pair[0], pair[1]);
+            assert!(after > before, "{p}: term {after} elected after term {before}");
         }
         let counts = counts.counts();
         let took = started.elapsed();
