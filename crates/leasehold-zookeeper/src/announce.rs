@@ -2,7 +2,7 @@
 //! `{lease}/leader/` whose name says who holds the lease now (term, holder's znode, TTL,
 //! candidate id). A session with a persistent recursive watch there learns of each new holder
 //! from the notification alone (its path), with no read: one request to set the watch, none per
-//! transition, however many watch. The stream ends with the session.
+//! transition, however many watch. A stream ends when its session is disconnected or ends.
 
 use std::sync::Arc;
 
